@@ -1,0 +1,142 @@
+"""Per-target plans as data: one YAML file per target, shipped in this package.
+
+A recipe says which layout the MoE experts take, what happens to the dense layers, and what the
+output's ``config.json`` declares. Schema (every key checked; errors name the key)::
+
+    name: sm121                      # the target name (``--target``)
+    description: one line            # what it produces
+    consumer: one line               # which kernel / engine reads it
+    engine: vllm                     # the engine, for the model card
+    experts:
+      layout: b12x                   # a name from mxrepack.layouts.LAYOUTS
+      options: {}                    # layout keyword options (optional)
+    dense:
+      format: bf16                   # what q/k/v/o, lm_head, router, embeddings become
+    config:
+      quantization_config: remove    # remove | native | mxrepack
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from mxrepack.errors import MxRepackError
+
+DENSE_FORMATS = ("bf16",)
+QUANT_CONFIG_MODES = ("remove", "native", "mxrepack")
+_SCHEMA = {
+    "name": str, "description": str, "consumer": str, "engine": str,
+    "experts": {"layout": str, "options": dict},
+    "dense": {"format": str},
+    "config": {"quantization_config": str},
+}
+_REQUIRED = ("name", "description", "experts.layout", "dense.format", "config.quantization_config")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    data: dict  # the validated YAML content
+    source: str  # where it came from (file path or "builtin:NAME")
+
+    @property
+    def description(self) -> str:
+        return self.data["description"]
+
+    @property
+    def consumer(self) -> str:
+        return self.data.get("consumer", "")
+
+    @property
+    def engine(self) -> str:
+        return self.data.get("engine", "")
+
+    @property
+    def expert_layout(self) -> str:
+        return self.data["experts"]["layout"]
+
+    @property
+    def expert_options(self) -> dict:
+        return dict(self.data["experts"].get("options") or {})
+
+    @property
+    def dense_format(self) -> str:
+        return self.data["dense"]["format"]
+
+    @property
+    def quantization_config(self) -> str:
+        return self.data["config"]["quantization_config"]
+
+
+def _builtin_files() -> dict[str, Path]:
+    folder = resources.files(__package__)
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def builtin_names() -> list[str]:
+    return sorted(_builtin_files())
+
+
+def _check(data: object, where: str) -> dict:
+    from mxrepack.layouts import LAYOUTS
+
+    if not isinstance(data, dict):
+        raise MxRepackError(f"recipe {where}: expected a mapping at the top level")
+
+    def walk(node: dict, schema: dict, path: str) -> None:
+        for key, value in node.items():
+            full = f"{path}{key}"
+            if key not in schema:
+                raise MxRepackError(f"recipe {where}: key '{full}' is not known (valid here: {', '.join(schema)})")
+            expected = schema[key]
+            if isinstance(expected, dict):
+                if not isinstance(value, dict):
+                    raise MxRepackError(f"recipe {where}: key '{full}' must be a mapping")
+                walk(value, expected, full + ".")
+            elif not isinstance(value, expected):
+                raise MxRepackError(f"recipe {where}: key '{full}' must be a {expected.__name__}, got {value!r}")
+
+    walk(data, _SCHEMA, "")
+    for req in _REQUIRED:
+        node = data
+        for part in req.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise MxRepackError(f"recipe {where}: key '{req}' is required")
+            node = node[part]
+    checks = [
+        ("experts.layout", data["experts"]["layout"], sorted(LAYOUTS)),
+        ("dense.format", data["dense"]["format"], DENSE_FORMATS),
+        ("config.quantization_config", data["config"]["quantization_config"], QUANT_CONFIG_MODES),
+    ]
+    for key, value, valid in checks:
+        if value not in valid:
+            raise MxRepackError(f"recipe {where}: key '{key}': unknown value {value!r} (valid: {', '.join(valid)})")
+    return data
+
+
+def load_recipe(target: str | None = None, path: str | Path | None = None) -> Recipe:
+    """A built-in recipe by target name, or a user recipe file (``--recipe FILE``)."""
+    if path is not None:
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            raise MxRepackError(f"recipe {p}: file does not exist") from None
+        except yaml.YAMLError as e:
+            raise MxRepackError(f"recipe {p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        data = _check(data, str(p))
+        return Recipe(data["name"], data, str(p))
+    files = _builtin_files()
+    if target not in files:
+        raise MxRepackError(f"unknown target {target!r}; valid targets: {', '.join(sorted(files))}")
+    data = _check(yaml.safe_load(files[target].read_text()), f"{target}.yaml")
+    return Recipe(data["name"], copy.deepcopy(data), f"builtin:{target}")
+
+
+def list_recipes() -> list[Recipe]:
+    return [load_recipe(name) for name in builtin_names()]

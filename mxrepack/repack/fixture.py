@@ -1,0 +1,172 @@
+"""Synthetic gpt-oss checkpoints with the official names, dtypes, shapes and config fields.
+
+Presets: ``tiny`` (widths that are multiples of 32 but not of 128, as 2880 is; 4 experts, top-2,
+2 layers, sliding/full alternation, sinks), ``20b`` and ``120b`` (the real shapes; ``layers`` cuts
+depth). Weights are random but shaped like the real thing: E2M1 codes uniform, E8M0 scales mostly
+2^-8..2^-4 with a tail to 2^2, BF16 dense weights ~N(0, 0.02), norms near 1. Data is generated and
+written in chunks, so a full-depth 120b fixture (65 GB) streams like a conversion does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import torch
+
+from mxrepack.errors import MxRepackError
+from mxrepack.repack import gptoss
+from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(hidden_size=288, intermediate_size=160, num_hidden_layers=2, num_local_experts=4,
+                 num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 vocab_size=512, sliding_window=8, initial_context_length=64, max_position_embeddings=512),
+    "20b": dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_local_experts=32,
+                num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                vocab_size=201088, sliding_window=128, initial_context_length=4096, max_position_embeddings=131072),
+    "120b": dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=36, num_local_experts=128,
+                 num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                 vocab_size=201088, sliding_window=128, initial_context_length=4096, max_position_embeddings=131072),
+}
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+                 "{% if add_generation_prompt %}<|start|>assistant{% endif %}\n")
+
+
+def fixture_config(preset: str = "tiny", layers: int | None = None, **overrides) -> dict:
+    if preset not in PRESETS:
+        raise MxRepackError(f"unknown fixture preset {preset!r}; valid: {', '.join(PRESETS)}")
+    p = {**PRESETS[preset], **overrides}
+    n = layers if layers is not None else p["num_hidden_layers"]
+    if n < 1:
+        raise MxRepackError(f"--layers must be at least 1, got {n}")
+    ctx = p["initial_context_length"]
+    return {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+        "hidden_size": p["hidden_size"], "intermediate_size": p["intermediate_size"], "num_hidden_layers": n,
+        "num_local_experts": p["num_local_experts"], "num_experts_per_tok": p["num_experts_per_tok"],
+        "experts_per_token": p["num_experts_per_tok"], "num_attention_heads": p["num_attention_heads"],
+        "num_key_value_heads": p["num_key_value_heads"], "head_dim": p["head_dim"],
+        "sliding_window": p["sliding_window"],
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+        "max_position_embeddings": p["max_position_embeddings"], "initial_context_length": ctx,
+        "rope_theta": 150000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "original_max_position_embeddings": ctx, "truncate": False},
+        "swiglu_limit": 7.0, "hidden_act": "silu", "attention_bias": True, "attention_dropout": 0.0,
+        "rms_norm_eps": 1e-05, "router_aux_loss_coef": 0.9, "output_router_logits": False,
+        "tie_word_embeddings": False, "vocab_size": p["vocab_size"],
+        "bos_token_id": p["vocab_size"] - 3, "eos_token_id": p["vocab_size"] - 2, "pad_token_id": p["vocab_size"] - 1,
+        "initializer_range": 0.02, "use_cache": True, "torch_dtype": "bfloat16",
+        "quantization_config": dict(gptoss.NATIVE_QUANTIZATION_CONFIG),
+    }
+
+
+def _original_config(c: dict) -> dict:
+    return {"num_hidden_layers": c["num_hidden_layers"], "num_experts": c["num_local_experts"],
+            "experts_per_token": c["num_experts_per_tok"], "vocab_size": c["vocab_size"],
+            "hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
+            "swiglu_limit": c["swiglu_limit"], "head_dim": c["head_dim"],
+            "num_attention_heads": c["num_attention_heads"], "num_key_value_heads": c["num_key_value_heads"],
+            "sliding_window": c["sliding_window"], "initial_context_length": c["initial_context_length"],
+            "rope_theta": c["rope_theta"], "rope_scaling_factor": 32.0, "rope_ntk_alpha": 1.0, "rope_ntk_beta": 32.0}
+
+
+def _generate(name: str, kind: str, shape: tuple[int, ...], rows: slice, seed: int) -> torch.Tensor:
+    """Rows of one synthetic tensor; deterministic per (name, seed, row), whatever the chunking."""
+    n = rows.stop - rows.start
+    g = torch.Generator().manual_seed((seed * 1_000_003 + sum(map(ord, name)) * 7919 + rows.start) % (2**63))
+    sub = (n, *shape[1:])
+    if kind == "blocks":
+        return torch.randint(0, 256, sub, generator=g, dtype=torch.uint8)
+    if kind == "scales":
+        # Mostly 2^-8..2^-4 (bytes 119..123) with a thin tail up to 2^2 (129): real-looking, and
+        # tame enough that a forward pass through random experts stays finite.
+        tail = torch.randn(sub, generator=g).abs().mul(2.0).floor().clamp(max=10).to(torch.uint8)
+        return (119 + tail).clamp(max=129)
+    if kind == "weight":
+        return (torch.randn(sub, generator=g) * 0.02).to(torch.bfloat16)
+    if name.endswith("layernorm.weight") or name == "model.norm.weight" or name.endswith("norm.scale"):
+        return (1.0 + 0.05 * torch.randn(sub, generator=g)).to(torch.bfloat16)
+    if name.endswith("sinks"):
+        return torch.randn(sub, generator=g).to(torch.bfloat16)
+    return (torch.randn(sub, generator=g) * 0.02).to(torch.bfloat16)
+
+
+def _original_tensors(c: dict) -> dict[str, tuple[tuple[int, ...], str, list[str]]]:
+    """original/ name -> (shape, kind, canonical tensors whose rows it holds, in order)."""
+    out: dict[str, tuple[tuple[int, ...], str, list[str]]] = {}
+    for canonical, (shape, kind) in gptoss.expected_tensors(gptoss.Dims.from_config(c)).items():
+        orig = gptoss.canonical_to_original(canonical)
+        if orig in out:  # q, k, v stack into the fused qkv
+            prev_shape, _, members = out[orig]
+            out[orig] = ((prev_shape[0] + shape[0], *shape[1:]), kind, members + [canonical])
+        else:
+            out[orig] = (shape, kind, [canonical])
+    return out
+
+
+def make_fixture(out: str | Path, preset: str = "tiny", layers: int | None = None, seed: int = 0,
+                 layout: str = "hf", shard_bytes: int = 4_800_000_000, overwrite: bool = False,
+                 chunk_bytes: int = 64 << 20, **overrides) -> Path:
+    """Write a synthetic gpt-oss checkpoint to ``out`` (HF layout, or ``layout="original"``)."""
+    if layout not in ("hf", "original"):
+        raise MxRepackError(f"unknown fixture layout {layout!r}; valid: hf, original")
+    out = Path(out)
+    if out.exists():
+        if not overwrite:
+            raise MxRepackError(f"{out}: already exists; pass --overwrite to replace it")
+        shutil.rmtree(out)
+    config = fixture_config(preset, layers, **overrides)
+    d = gptoss.Dims.from_config(config)
+    expected = gptoss.expected_tensors(d)
+    if layout == "hf":
+        members = {name: (shape, kind, [name]) for name, (shape, kind) in expected.items()}
+    else:
+        members = _original_tensors(config)
+    planned = [PlannedTensor(name, torch.uint8 if kind in ("blocks", "scales") else torch.bfloat16, shape)
+               for name, (shape, kind, _) in members.items()]
+    tmp = out.parent / f".{out.name}.fixture-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        shards = plan_shards(planned, shard_bytes)
+        weight_map = {}
+        for s, tensors in enumerate(shards):
+            fname = f"model-{s:05d}-of-{len(shards) - 1:05d}.safetensors"  # the official 0-based naming
+            writer = StreamingShardWriter(tmp / fname, tensors, metadata={"format": "pt"})
+            for t in tensors:
+                shape, kind, canon = members[t.name]
+                for member in canon:  # a fused original tensor is its canonical parts stacked by rows
+                    mshape = expected[member][0]
+                    row_bytes = max(1, t.nbytes // shape[0])
+                    step = max(1, chunk_bytes // row_bytes)
+                    for r0 in range(0, mshape[0], step):
+                        rows = slice(r0, min(r0 + step, mshape[0]))
+                        writer.write(t.name, _generate(member, kind, mshape, rows, seed))
+                weight_map[t.name] = fname
+            writer.close()
+        total = sum(t.nbytes for t in planned)
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        if layout == "hf":
+            (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        else:
+            (tmp / "config.json").write_text(json.dumps(_original_config(config), indent=2))
+            dtypes = {n: ("FP4" if k == "blocks" else "UE8" if k == "scales" else "BF16") for n, (_, k, _) in members.items()}
+            (tmp / "dtypes.json").write_text(json.dumps(dtypes, indent=2))
+        (tmp / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": config["bos_token_id"], "eos_token_id": [config["eos_token_id"]],
+             "pad_token_id": config["pad_token_id"], "do_sample": True}, indent=2))
+        (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def fixture_bytes(preset: str = "tiny", layers: int | None = None) -> int:
+    d = gptoss.Dims.from_config(fixture_config(preset, layers))
+    return sum(math.prod(s) * (1 if k in ("blocks", "scales") else 2) for s, k in gptoss.expected_tensors(d).values())

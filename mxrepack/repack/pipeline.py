@@ -1,0 +1,218 @@
+"""The main job: source -> plan -> layouts -> writer -> verify -> atomic rename.
+
+Output goes to a hidden sibling directory first (``.NAME.mxrepack-tmp-PID``); only a complete,
+verified result is renamed to the requested path. Interrupts and errors remove the temporary
+directory; a SIGKILL can leave it behind, and the next run removes such leftovers whose process is
+gone. The output path itself never holds a partial result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import mxrepack
+from mxrepack.errors import MxRepackError
+from mxrepack.recipes import Recipe, load_recipe
+from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
+from mxrepack.repack.plan import PlanItem, build_plan, rows_per_chunk
+from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards
+from mxrepack.repack.source import Checkpoint, open_checkpoint
+
+MANIFEST = "mxrepack.json"
+INDEX = "model.safetensors.index.json"
+DEFAULT_SHARD_BYTES = 5_000_000_000
+DEFAULT_CHUNK_BYTES = 256 << 20
+Progress = Callable[[int, int], None]  # (source bytes done, total)
+
+
+@dataclass
+class RepackResult:
+    out: Path
+    target: str
+    tensors: int
+    files: int
+    source_bytes: int
+    output_bytes: int
+    seconds: float
+    verify: dict
+
+    def summary(self) -> dict:
+        return {"out": str(self.out), "target": self.target, "tensors": self.tensors, "files": self.files,
+                "source_bytes": self.source_bytes, "output_bytes": self.output_bytes,
+                "seconds": round(self.seconds, 3), "verify": self.verify}
+
+
+def default_out(source: str, target: str) -> Path:
+    name = Path(source.rstrip("/")).name or "model"
+    return Path(f"{name}-{target}")
+
+
+def _stale_temp_dirs(out: Path) -> None:
+    """Remove temporary siblings left by runs that were killed (their process no longer exists)."""
+    for tmp in out.parent.glob(f".{out.name}.mxrepack-*"):
+        try:
+            pid = int(tmp.name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            pass
+
+
+def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
+    config = dict(ck.config)
+    mode = recipe.quantization_config
+    if mode == "remove":
+        config.pop("quantization_config", None)
+    elif mode == "native":
+        config["quantization_config"] = dict(NATIVE_QUANTIZATION_CONFIG)
+    else:
+        # A quant_method no stock engine knows: an engine that cannot read these layouts fails
+        # loudly instead of loading kernel-specific bytes as if they were the native format.
+        layouts = sorted({i.layout for i in plan})
+        config["quantization_config"] = {"quant_method": "mxrepack", "target": recipe.name, "layouts": layouts,
+                                         "mxrepack_version": mxrepack.__version__}
+    return config
+
+
+def _shard_name(i: int, n: int) -> str:
+    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_bytes: int,
+                   progress: Progress | None) -> tuple[dict[str, str], dict[str, dict]]:
+    by_name = {i.name: i for i in plan}
+    shards = plan_shards([PlannedTensor(i.name, i.dtype, i.shape) for i in plan], shard_bytes)
+    total = sum(i.source_bytes for i in plan)
+    done = 0
+    weight_map: dict[str, str] = {}
+    files: dict[str, dict] = {}
+    for s, tensors in enumerate(shards):
+        fname = _shard_name(s, len(shards))
+        writer = StreamingShardWriter(tmp / fname, tensors, metadata={"format": "pt", "producer": f"mxrepack {mxrepack.__version__}"})
+        try:
+            for t in tensors:
+                item = by_name[t.name]
+                step = rows_per_chunk(item, chunk_bytes)
+                for r0 in range(0, item.shape[0], step):
+                    r1 = min(r0 + step, item.shape[0])
+                    chunk = item.pack(**{k: src.read(r0, r1) for k, src in item.inputs.items()})
+                    if chunk.dtype != item.dtype or tuple(chunk.shape) != (r1 - r0, *item.shape[1:]):
+                        raise RuntimeError(f"{item.name}: layout {item.layout} produced {chunk.dtype} "
+                                           f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}")
+                    writer.write(item.name, chunk)
+                    done += sum(src.info.row_bytes * (r1 - r0) for src in item.inputs.values())
+                    if progress:
+                        progress(done, total)
+                weight_map[item.name] = fname
+            digest = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        files[fname] = {"sha256": digest, "size": writer.size}
+    return weight_map, files
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def _versions() -> dict:
+    import safetensors
+
+    return {"mxrepack": mxrepack.__version__, "torch": torch.__version__, "safetensors": safetensors.__version__,
+            "python": platform.python_version()}
+
+
+def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_map: dict[str, str],
+                   source_hashes: dict[str, str]) -> dict:
+    return {
+        "format": "mxrepack-manifest",
+        "format_version": 1,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "tool": _versions(),
+        "source": {**ck.origin, "layout": ck.layout,
+                   "files": {name: {"sha256": h, "size": (ck.root / name).stat().st_size} for name, h in source_hashes.items()}},
+        "target": {"name": recipe.name, "recipe_source": recipe.source, "recipe": recipe.data,
+                   "consumer": recipe.consumer, "engine": recipe.engine},
+        "tensors": {i.name: {**i.manifest_entry(), "file": weight_map[i.name]} for i in plan},
+        "files": {},
+    }
+
+
+def repack(source: str, target: str | None = None, out: str | Path | None = None, *, recipe_file: str | None = None,
+           revision: str | None = None, overwrite: bool = False, shard_bytes: int = DEFAULT_SHARD_BYTES,
+           chunk_bytes: int = DEFAULT_CHUNK_BYTES, hash_source: bool = True, progress: Progress | None = None,
+           checkpoint: Checkpoint | None = None) -> RepackResult:
+    """Convert ``source`` for ``target`` (or ``recipe_file``) into ``out``; see the module docstring."""
+    started = time.perf_counter()
+    recipe = load_recipe(target, recipe_file)
+    out = Path(out) if out is not None else default_out(source, recipe.name)
+    out = out.expanduser().absolute()
+    if out.exists() and not overwrite:
+        raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
+    if not out.parent.is_dir():
+        raise MxRepackError(f"{out.parent}: output's parent directory does not exist")
+    ck = checkpoint or open_checkpoint(source, revision)
+    plan = build_plan(ck, recipe)
+    hash_futures = ck.hash_files_async() if hash_source else {}
+
+    _stale_temp_dirs(out)
+    tmp = out.parent / f".{out.name}.mxrepack-tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    previous_term = signal.getsignal(signal.SIGTERM)
+    try:
+        # SIGTERM unwinds like Ctrl-C so the finally below removes the temporary directory.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not in the main thread
+        previous_term = None
+    try:
+        weight_map, files = _write_weights(tmp, plan, shard_bytes, chunk_bytes, progress)
+        total_size = sum(i.nbytes for i in plan)
+        _write_json(tmp / INDEX, {"metadata": {"total_size": total_size}, "weight_map": weight_map})
+        _write_json(tmp / "config.json", output_config(ck, recipe, plan))
+        for side in ck.side_files:
+            shutil.copyfile(side, tmp / side.name)
+        source_hashes = {name: f.result() for name, f in hash_futures.items()}
+        manifest = build_manifest(ck, recipe, plan, weight_map, source_hashes)
+        from mxrepack.repack.safetensors_io import sha256_file
+
+        for path in sorted(tmp.iterdir()):
+            if path.name not in files:
+                files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+        manifest["files"] = dict(sorted(files.items()))
+        _write_json(tmp / MANIFEST, manifest)
+
+        from mxrepack.repack.verify import verify_dir
+
+        report = verify_dir(tmp, checksums=False, source=ck)
+        if not report["ok"]:
+            raise MxRepackError(f"{out}: verification of the new output failed: {report['problems'][0]}")
+        if out.exists():
+            old = out.parent / f".{out.name}.mxrepack-old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except OSError as e:
+        where = e.filename or tmp
+        raise MxRepackError(f"{where}: write failed ({e.strerror or e}); is the disk full?") from None
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return RepackResult(out, recipe.name, len(plan), len(files), ck.total_bytes,
+                        sum(f["size"] for f in files.values()), time.perf_counter() - started, report)

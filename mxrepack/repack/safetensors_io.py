@@ -1,0 +1,236 @@
+"""Streaming safetensors: a header-checking reader that reads row ranges, and a writer that streams.
+
+Why not only ``safetensors.safe_open``: it maps whole files, and the touched pages of a 4.8 GB shard
+count against the process's resident memory until the file is closed. Reading row ranges with
+``os.pread`` keeps the footprint at one chunk, and lets us name exactly what is wrong with a
+truncated or corrupted file. The format (8-byte little-endian header length, JSON header, one
+contiguous data region) is small enough to handle exactly; files we write are re-opened with
+``safe_open`` in the verify step, so the official parser has the last word.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from mxrepack.errors import MxRepackError
+
+DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
+    "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32, "U32": torch.uint32,
+    "F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES[dtype]
+
+
+def dtype_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor's bytes live in a safetensors file."""
+
+    file: Path
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per index of dim 0 (the unit of every streamed read)."""
+        return self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.nbytes
+
+
+def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and check a safetensors header: every tensor must lie inside the file, without overlap."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise MxRepackError(f"{path}: not a safetensors file (only {size} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(_MAX_HEADER, size - 8):
+                raise MxRepackError(f"{path}: corrupted or truncated safetensors header "
+                                    f"(declares {n} header bytes, file has {size})")
+            raw = f.read(n)
+    except OSError as e:
+        raise MxRepackError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise MxRepackError(f"{path}: corrupted safetensors header (not valid JSON)") from None
+    if not isinstance(header, dict):
+        raise MxRepackError(f"{path}: corrupted safetensors header (not a JSON object)")
+    metadata = header.pop("__metadata__", None) or {}
+    base = 8 + n
+    infos: dict[str, TensorInfo] = {}
+    end_max = 0
+    for name, entry in header.items():
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise MxRepackError(f"{path}: tensor '{name}' has a malformed or unsupported header entry {entry!r}") from None
+        expected = math.prod(shape) * dtype_size(dtype)
+        if end - begin != expected or begin < 0:
+            raise MxRepackError(f"{path}: tensor '{name}' spans {end - begin} bytes, "
+                                f"expected {expected} for {entry['dtype']} {list(shape)}")
+        if base + end > size:
+            raise MxRepackError(f"{path}: truncated: tensor '{name}' ends at byte {base + end}, file has {size}")
+        infos[name] = TensorInfo(path, name, dtype, shape, base + begin, expected)
+        end_max = max(end_max, end)
+    return infos, metadata
+
+
+def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """Read rows ``[start, stop)`` of dim 0 (the whole tensor by default) into a fresh tensor."""
+    rows = info.shape[0] if info.shape else 1
+    stop = rows if stop is None else stop
+    if not 0 <= start <= stop <= rows:
+        raise ValueError(f"rows {start}:{stop} out of range for {info.name} {info.shape}")
+    count = (stop - start) * info.row_bytes
+    buf = bytearray(count)
+    fd = os.open(info.file, os.O_RDONLY)
+    try:
+        view, done = memoryview(buf), 0
+        while done < count:
+            got = os.preadv(fd, [view[done:]], info.start + start * info.row_bytes + done)
+            if got <= 0:
+                raise MxRepackError(f"{info.file}: truncated while reading tensor '{info.name}'")
+            done += got
+    finally:
+        os.close(fd)
+    flat = torch.frombuffer(buf, dtype=torch.uint8) if count else torch.empty(0, dtype=torch.uint8)
+    shape = (stop - start, *info.shape[1:]) if info.shape else ()
+    return flat.view(info.dtype).reshape(shape)
+
+
+@dataclass
+class PlannedTensor:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * dtype_size(self.dtype)
+
+
+def _header_bytes(tensors: list[PlannedTensor], metadata: dict[str, str] | None) -> bytes:
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(len(raw) + 8) % 8)  # data starts 8-byte aligned, as the reference writer does
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def plan_shards(tensors: Iterable[PlannedTensor], max_shard_bytes: int) -> list[list[PlannedTensor]]:
+    """Split tensors, in order, into shards of at most ``max_shard_bytes`` (a bigger tensor gets its own)."""
+    shards: list[list[PlannedTensor]] = []
+    current: list[PlannedTensor] = []
+    size = 0
+    for t in tensors:
+        if current and size + t.nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(t)
+        size += t.nbytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+class StreamingShardWriter:
+    """Write one safetensors file whose tensor list is known up front, data streamed in chunks.
+
+    The header (names, dtypes, shapes, offsets) is written first, so each tensor's bytes can follow
+    chunk by chunk, in order, without ever holding a whole tensor. The sha256 is computed on the way.
+    """
+
+    def __init__(self, path: Path, tensors: list[PlannedTensor], metadata: dict[str, str] | None = None):
+        self.path = Path(path)
+        self.tensors = tensors
+        self._index = 0
+        self._written = 0  # bytes of the current tensor
+        self._hash = hashlib.sha256()
+        self._file = open(self.path, "wb")
+        self.size = 0
+        self._emit(_header_bytes(tensors, metadata))
+
+    def _emit(self, data) -> None:
+        try:
+            self._file.write(data)
+        except OSError as e:
+            self._file.close()
+            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
+        self._hash.update(data)
+        self.size += len(data)
+
+    @property
+    def current(self) -> PlannedTensor | None:
+        return self.tensors[self._index] if self._index < len(self.tensors) else None
+
+    def write(self, name: str, chunk: torch.Tensor) -> None:
+        """Append the next rows of tensor ``name`` (which must be the current one, in header order)."""
+        t = self.current
+        if t is None or t.name != name:
+            raise RuntimeError(f"{self.path}: expected data for {t.name if t else 'nothing'}, got {name}")
+        if chunk.dtype != t.dtype or tuple(chunk.shape[1:]) != tuple(t.shape[1:]):
+            raise RuntimeError(f"{name}: chunk {chunk.dtype} {tuple(chunk.shape)} does not fit {t.dtype} {t.shape}")
+        data = chunk.contiguous().reshape(-1).view(torch.uint8).numpy()
+        if self._written + data.nbytes > t.nbytes:
+            raise RuntimeError(f"{name}: more data than its shape {t.shape}")
+        self._emit(memoryview(data))
+        self._written += data.nbytes
+        if self._written == t.nbytes:
+            self._index += 1
+            self._written = 0
+
+    def close(self) -> str:
+        """Finish the file (all tensors must be complete); returns its sha256."""
+        if self.current is not None:
+            raise RuntimeError(f"{self.path}: closed before {self.current.name} was written")
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as e:
+            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
+        finally:
+            self._file.close()
+        return self._hash.hexdigest()
+
+    def abort(self) -> None:
+        self._file.close()
+
+
+def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

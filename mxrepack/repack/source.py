@@ -1,0 +1,238 @@
+"""Open a gpt-oss checkpoint from a local directory, the Hugging Face cache or the Hub.
+
+The result, :class:`Checkpoint`, exposes every tensor under its canonical (HF) name as a
+:class:`SourceTensor`: a reference to bytes on disk that is read row range by row range, never
+loaded whole. Opening checks everything that can be checked without reading data (config, shards,
+headers, names, shapes, dtypes), so bad input fails before any output is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mxrepack.errors import MxRepackError
+from mxrepack.repack import gptoss
+from mxrepack.repack.safetensors_io import TensorInfo, dtype_name, read_header, read_rows, sha256_file
+
+HUB_ALLOW = ["*.safetensors", "model.safetensors.index.json", "config.json", *gptoss.SIDE_FILES]
+HUB_IGNORE = ["original/*", "metal/*"]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    """A canonical tensor: rows ``[row_start, row_stop)`` of a stored tensor."""
+
+    name: str
+    info: TensorInfo
+    row_start: int = 0
+    row_stop: int | None = None
+
+    @property
+    def rows(self) -> int:
+        stop = self.info.shape[0] if self.row_stop is None else self.row_stop
+        return stop - self.row_start
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.rows, *self.info.shape[1:])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.info.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.info.row_bytes
+
+    def read(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        stop = self.rows if stop is None else stop
+        return read_rows(self.info, self.row_start + start, self.row_start + stop)
+
+
+@dataclass
+class Checkpoint:
+    root: Path
+    layout: str  # "hf" or "original"
+    config: dict  # transformers-style config.json content
+    tensors: dict[str, SourceTensor]
+    files: list[Path]  # the safetensors files, in order
+    origin: dict = field(default_factory=dict)  # kind, repo_id, revision, path
+
+    @property
+    def dims(self) -> gptoss.Dims:
+        return gptoss.Dims.from_config(self.config)
+
+    @property
+    def side_files(self) -> list[Path]:
+        return [self.root / n for n in gptoss.SIDE_FILES if (self.root / n).is_file()]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def hash_files_async(self) -> dict[str, Future]:
+        """sha256 of every source file, in a background thread (hashlib releases the GIL).
+
+        Files from the Hub cache are content-addressed: a blob named by 64 hex digits *is* the
+        sha256 of the LFS file, so those cost nothing.
+        """
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mxrepack-hash")
+        futures: dict[str, Future] = {}
+        for path in [*self.files, self.root / "config.json", *self.side_files]:
+            rel = str(path.relative_to(self.root))
+            blob = os.path.realpath(path)
+            if path.is_symlink() and re.fullmatch(r"[0-9a-f]{64}", os.path.basename(blob)):
+                f: Future = Future()
+                f.set_result(os.path.basename(blob))
+                futures[rel] = f
+            elif path.is_file():
+                futures[rel] = pool.submit(sha256_file, path)
+        pool.shutdown(wait=False)
+        return futures
+
+
+def _load_json(path: Path, what: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise MxRepackError(f"{path}: missing; expected the {what}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MxRepackError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise MxRepackError(f"{path}: expected a JSON object for the {what}")
+    return data
+
+
+def resolve(source: str, revision: str | None = None) -> tuple[Path, dict]:
+    """A local directory for ``source`` (a path, or a Hub repo id resolved cache-first) and its origin."""
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise MxRepackError(f"{source}: not a directory; expected a checkpoint directory or a Hub repo id")
+        return path.resolve(), {"kind": "local", "path": str(path.resolve())}
+    if not _REPO_ID.match(source) or source.startswith((".", "/", "~")):
+        raise MxRepackError(f"{source}: path does not exist (expected a checkpoint directory or a Hub repo id like openai/gpt-oss-120b)")
+    return _from_hub(source, revision)
+
+
+def _from_hub(repo_id: str, revision: str | None) -> tuple[Path, dict]:
+    from huggingface_hub import snapshot_download
+
+    kwargs = dict(repo_id=repo_id, revision=revision, allow_patterns=HUB_ALLOW, ignore_patterns=HUB_IGNORE)
+    folder = None
+    try:
+        folder = Path(snapshot_download(local_files_only=True, **kwargs))
+        if not _complete(folder):
+            folder = None
+    except Exception:  # not cached (or only partly): go to the Hub
+        folder = None
+    if folder is None:
+        try:
+            folder = Path(snapshot_download(**kwargs))
+        except Exception as e:
+            reason = type(e).__name__ + (f": {str(e).splitlines()[0]}" if str(e) else "")
+            raise MxRepackError(
+                f"{repo_id}: not in the Hugging Face cache and the Hub could not be reached ({reason}); "
+                f"download it where there is network (huggingface-cli download {repo_id}) and pass the local "
+                f"directory, or point HF_HUB_CACHE at a cache that holds it") from None
+    return folder, {"kind": "hub", "repo_id": repo_id, "revision": folder.name, "requested_revision": revision,
+                    "path": str(folder)}
+
+
+def _complete(folder: Path) -> bool:
+    index = folder / "model.safetensors.index.json"
+    if not (folder / "config.json").is_file():
+        return False
+    if index.is_file():
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        return all((folder / s).is_file() for s in shards)
+    return any(folder.glob("*.safetensors"))
+
+
+def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
+    """Resolve ``source`` and check it is a complete, well-formed gpt-oss checkpoint."""
+    root, origin = resolve(source, revision)
+    raw_config = _load_json(root / "config.json", "model config (config.json)")
+    if "model_type" in raw_config:
+        if raw_config["model_type"] != "gpt_oss":
+            raise MxRepackError(f"{root / 'config.json'}: model_type is {raw_config['model_type']!r}, expected 'gpt_oss'")
+        layout, config = "hf", raw_config
+    elif "num_experts" in raw_config and "experts_per_token" in raw_config:
+        layout, config = "original", gptoss.hf_config_from_original(raw_config)
+    else:
+        raise MxRepackError(f"{root / 'config.json'}: not a gpt-oss config (no model_type 'gpt_oss', "
+                            f"nor the original/ keys num_experts and experts_per_token)")
+    try:
+        dims = gptoss.Dims.from_config(config)
+    except KeyError as e:
+        raise MxRepackError(f"{root / 'config.json'}: missing key {e.args[0]!r}") from None
+
+    files, where = _shard_files(root)
+    headers = {f: read_header(f)[0] for f in files}
+    tensors: dict[str, SourceTensor] = {}
+    for f in files:
+        for name, info in headers[f].items():
+            if where is not None and where.get(name) != f.name:
+                continue  # the index assigns this name elsewhere
+            if layout == "hf":
+                tensors[name] = SourceTensor(name, info)
+            else:
+                for canonical, start, stop in gptoss.original_to_canonical(name, dims):
+                    tensors[canonical] = SourceTensor(canonical, info, start, stop)
+    if where is not None:
+        for name, shard in where.items():
+            if name not in headers[root / shard]:
+                raise MxRepackError(f"{root / shard}: index lists tensor '{name}' but the file does not contain it")
+    ck = Checkpoint(root, layout, config, tensors, files, origin)
+    validate(ck)
+    return ck
+
+
+def _shard_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _load_json(index, "safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise MxRepackError(f"{index}: no weight_map")
+        shards = sorted(set(weight_map.values()))
+        for s in shards:
+            if not (root / s).is_file():
+                raise MxRepackError(f"{root / s}: shard listed in {index.name} is missing")
+        return [root / s for s in shards], weight_map
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise MxRepackError(f"{root}: no *.safetensors files and no model.safetensors.index.json")
+    return files, None
+
+
+def validate(ck: Checkpoint) -> None:
+    """Every expected tensor present with the right shape and dtype; MX scales match their blocks."""
+    expected = gptoss.expected_tensors(ck.dims)
+    for name, (shape, kind) in expected.items():
+        t = ck.tensors.get(name)
+        if t is None:
+            raise MxRepackError(f"{ck.root}: tensor '{name}' is missing (expected {kind} of shape {list(shape)})")
+        where = f"{t.info.file}: tensor '{name}'"
+        if kind == "scales":
+            blocks = ck.tensors.get(name.replace("_scales", "_blocks"))
+            if blocks is not None and tuple(t.shape) != tuple(blocks.shape[:-1]):
+                raise MxRepackError(f"{where}: scales shape {list(t.shape)} != blocks shape[:-1] {list(blocks.shape[:-1])}")
+        if tuple(t.shape) != tuple(shape):
+            raise MxRepackError(f"{where}: shape {list(t.shape)}, expected {list(shape)} from config.json")
+        allowed = gptoss.KIND_DTYPES[kind]
+        if t.dtype not in allowed:
+            raise MxRepackError(f"{where}: dtype {dtype_name(t.dtype)}, expected {' or '.join(dtype_name(a) for a in allowed)}")
+    extra = sorted(set(ck.tensors) - set(expected))
+    if extra:
+        raise MxRepackError(f"{ck.root}: unexpected tensor '{extra[0]}' (and {len(extra) - 1} more) for a gpt-oss "
+                            f"checkpoint with {ck.dims.layers} layers" if len(extra) > 1 else
+                            f"{ck.root}: unexpected tensor '{extra[0]}' for a gpt-oss checkpoint with {ck.dims.layers} layers")

@@ -1,0 +1,143 @@
+"""Check an output directory: manifest, checksums, index, headers, and a sample against the source.
+
+The source comparison rebuilds the plan from the recipe recorded in the manifest, reads the stored
+tensors of a few groups (the first and last layer's experts, the embeddings, lm_head), inverts the
+layout and compares with the source: bytes for exact layouts, dequantized values otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from mxrepack.errors import MxRepackError
+from mxrepack.layouts import ExpertDims, dense_weights, get_layout
+from mxrepack.recipes import Recipe
+from mxrepack.repack.plan import build_plan, expert_dims
+from mxrepack.repack.safetensors_io import read_header, read_rows, sha256_file
+from mxrepack.repack.source import Checkpoint, open_checkpoint
+
+MANIFEST = "mxrepack.json"
+INDEX = "model.safetensors.index.json"
+
+
+def load_manifest(directory: Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise MxRepackError(f"{path}: no manifest; not an mxrepack output (or not finished)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise MxRepackError(f"{path}: manifest is not valid JSON ({e})") from None
+    if manifest.get("format") != "mxrepack-manifest":
+        raise MxRepackError(f"{path}: not an mxrepack manifest (format={manifest.get('format')!r})")
+    return manifest
+
+
+def _sample_groups(plan) -> list[str]:
+    groups = [g for g in dict.fromkeys(i.group for i in plan)]
+    experts = [g for g in groups if g.endswith(".experts")]
+    dense = [g for g in groups if not g.endswith(".experts")]
+    picks = experts[:1] + experts[-1:] + [g for g in dense if g in ("model.embed_tokens.weight", "lm_head.weight")]
+    return list(dict.fromkeys(picks))
+
+
+def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint) -> tuple[int, list[str]]:
+    """Re-derive a sample of tensors from the source; returns (groups checked, problems)."""
+    recipe = Recipe(manifest["target"]["name"], manifest["target"]["recipe"], manifest["target"]["recipe_source"])
+    plan = build_plan(ck, recipe)
+    index = json.loads((directory / INDEX).read_text())["weight_map"]
+    headers: dict[str, dict] = {}
+
+    def stored(name: str) -> torch.Tensor:
+        fname = index[name]
+        if fname not in headers:
+            headers[fname] = read_header(directory / fname)[0]
+        return read_rows(headers[fname][name])
+
+    problems: list[str] = []
+    groups = _sample_groups(plan)
+    for group in groups:
+        items = [i for i in plan if i.group == group]
+        if not group.endswith(".experts"):
+            (item,) = items
+            if not torch.equal(stored(item.name).view(torch.uint8), item.inputs["value"].read().view(torch.uint8)):
+                problems.append(f"{item.name}: stored bytes differ from the source")
+            continue
+        layout = get_layout(items[0].layout)
+        prefix = items[0].name[: items[0].name.index(".mlp.experts.") + len(".mlp.experts.")]
+        dims: ExpertDims = expert_dims(ck)
+        stored_parts = {i.name[len(prefix):]: stored(i.name) for i in items}
+        source_parts = {}
+        for i in items:
+            for src in i.inputs.values():
+                source_parts[src.name[len(prefix):]] = src.read()
+        got = layout.unpack(stored_parts, dims)
+        if layout.exact_bytes:
+            bad = [k for k in got if not torch.equal(got[k].view(torch.uint8), source_parts[k].view(torch.uint8))]
+        else:
+            want = dense_weights(source_parts)
+            have = dense_weights(got)
+            bad = [k for k in want if not torch.equal(have[k], want[k])]
+        if bad:
+            problems.append(f"{prefix}{bad[0]}: layout {layout.name} does not invert to the source")
+    return len(groups), problems
+
+
+def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint | None | bool = None) -> dict:
+    """Verify an output directory. ``source``: a Checkpoint, None (open the recorded source if it is
+    reachable) or False (skip the source comparison). Returns a report; ``ok`` is False on any problem."""
+    directory = Path(directory)
+    manifest = load_manifest(directory)
+    problems: list[str] = []
+    for fname, meta in manifest["files"].items():
+        path = directory / fname
+        if not path.is_file():
+            problems.append(f"{path}: listed in the manifest but missing")
+            continue
+        if path.stat().st_size != meta["size"]:
+            problems.append(f"{path}: size {path.stat().st_size}, manifest says {meta['size']}")
+        elif checksums and sha256_file(path) != meta["sha256"]:
+            problems.append(f"{path}: sha256 differs from the manifest")
+    index_path = directory / INDEX
+    weight_map = json.loads(index_path.read_text())["weight_map"] if index_path.is_file() else {}
+    if not weight_map:
+        problems.append(f"{index_path}: missing or empty")
+    for name, entry in manifest["tensors"].items():
+        if weight_map.get(name) != entry["file"]:
+            problems.append(f"{index_path}: tensor '{name}' should map to {entry['file']}")
+    if not problems:
+        for fname in sorted(set(weight_map.values())):
+            try:
+                with safe_open(str(directory / fname), framework="pt") as f:
+                    keys = set(f.keys())
+                    for name in keys:
+                        sl = f.get_slice(name)
+                        entry = manifest["tensors"].get(name)
+                        if entry is None:
+                            problems.append(f"{fname}: tensor '{name}' is not in the manifest")
+                        elif list(sl.get_shape()) != entry["stored_shape"]:
+                            problems.append(f"{fname}: tensor '{name}' has shape {sl.get_shape()}, manifest says {entry['stored_shape']}")
+            except Exception as e:  # safetensors' own parser has the last word on the files we wrote
+                problems.append(f"{fname}: safetensors cannot open it ({e})")
+    checked_source = False
+    groups = 0
+    if source is not False and not problems:
+        ck = source
+        if ck is None:
+            path = manifest["source"].get("path")
+            if path and Path(path).is_dir():
+                try:
+                    ck = open_checkpoint(path)
+                except MxRepackError as e:
+                    problems.append(f"source {path}: {e}")
+        if isinstance(ck, Checkpoint):
+            groups, more = compare_with_source(directory, manifest, ck)
+            problems += more
+            checked_source = True
+    return {"ok": not problems, "directory": str(directory), "files": len(manifest["files"]),
+            "tensors": len(manifest["tensors"]), "checksums": checksums, "source_checked": checked_source,
+            "groups_compared": groups, "problems": problems}
