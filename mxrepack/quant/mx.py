@@ -18,7 +18,8 @@ Scale rules for quantization (``scale_rule``):
   the E2M1 mantissa width), then the same ``- emax_elem``. Fewer groups saturate; bit-identical to the
   library for bf16 weights (tested against the installed package).
 
-An all-zero group gets scale byte 0 (2**-127) under both rules; its elements are +0.
+An all-zero group gets scale byte 0 (2**-127) under both rules; its elements are +0. A negative value
+that rounds to zero is written -0 (code 8), as IEEE rounding and compressed-tensors do.
 """
 
 from __future__ import annotations
@@ -178,7 +179,9 @@ def _round_e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     code += a > 2.5
     code += a >= 3.5
     code += a > 5.0
-    sign = ((x < 0) & (code > 0)).to(torch.uint8) << 3  # -0 is written as +0, as compressed-tensors does
+    # The sign follows IEEE rounding (a tiny negative becomes -0, code 8) while an exact -0.0 input is
+    # written +0: the same bytes compressed-tensors' cast_to_fp4 produces.
+    sign = (x < 0).to(torch.uint8) << 3
     return code | sign
 
 

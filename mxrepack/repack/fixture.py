@@ -23,7 +23,7 @@ from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, 
 PRESETS: dict[str, dict] = {
     "tiny": dict(hidden_size=288, intermediate_size=160, num_hidden_layers=2, num_local_experts=4,
                  num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 vocab_size=512, sliding_window=8, initial_context_length=64, max_position_embeddings=512),
+                 vocab_size=512, sliding_window=8, initial_context_length=64, max_position_embeddings=2048),
     "20b": dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_local_experts=32,
                 num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
                 vocab_size=201088, sliding_window=128, initial_context_length=4096, max_position_embeddings=131072),

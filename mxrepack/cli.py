@@ -1,0 +1,192 @@
+"""The ``repack`` command.
+
+``repack SOURCE --target T [--out DIR]`` is the main job; the other commands are subcommands
+(``repack inspect PATH``, ``repack targets``, ``repack verify DIR``, ``repack make-fixture OUT``).
+A first argument that is not a subcommand name is taken as the SOURCE of the main job, so the
+literal ``repack openai/gpt-oss-120b --target sm121`` works; ``repack convert ...`` is the explicit
+spelling (for a local directory that happens to be named like a subcommand).
+
+Heavy imports (torch, transformers, triton) happen inside the commands, not at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mxrepack.errors import MxRepackError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want.")
+SUBCOMMANDS = {"convert", "inspect", "targets", "verify", "make-fixture"}
+
+
+def _parse_size(text: str) -> int:
+    units = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    t = text.strip().upper()
+    num = t.rstrip("KMGIB")
+    try:
+        return int(float(num) * units[t[len(num):]])
+    except (KeyError, ValueError):
+        raise MxRepackError(f"--shard-size {text!r}: expected a size like 5GB, 500MB or 2GiB") from None
+
+
+def _emit(data: dict, as_json: bool, human: str) -> None:
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        typer.echo(human)
+
+
+@app.command("convert")
+def convert(
+    source: str = typer.Argument(..., help="Checkpoint: local directory, Hub repo id (openai/gpt-oss-120b), or HF cache"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target name (see `repack targets`)"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory [default: ./NAME-TARGET]"),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe YAML file instead of a built-in target"),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory"),
+    shard_size: str = typer.Option("5GB", "--shard-size", help="Maximum bytes per output shard"),
+    no_source_hash: bool = typer.Option(False, "--no-source-hash", help="Skip the sha256 of local source files"),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON"),
+) -> None:
+    """Convert SOURCE for a target GPU (the main job)."""
+    from mxrepack.repack.pipeline import repack
+
+    if target is None and recipe is None:
+        raise MxRepackError("no target: pass --target NAME (see `repack targets`) or --recipe FILE")
+    shard_bytes = _parse_size(shard_size)
+    with _progress(enabled=not as_json) as progress:
+        result = repack(source, target, out, recipe_file=str(recipe) if recipe else None, revision=revision,
+                        overwrite=overwrite, shard_bytes=shard_bytes, hash_source=not no_source_hash,
+                        progress=progress)
+    s = result.summary()
+    human = (f"wrote {s['out']}: target {s['target']}, {s['tensors']} tensors in {s['files']} files, "
+             f"{s['output_bytes'] / 1e9:.3f} GB from {s['source_bytes'] / 1e9:.3f} GB in {s['seconds']:.1f} s; "
+             f"verified ({s['verify']['groups_compared']} groups re-derived from the source)")
+    _emit(s, as_json, human)
+
+
+class _progress:
+    """A rich progress bar (bytes/s and ETA) on stderr; a no-op when disabled or not a terminal."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+        self.bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                            TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+        self.bar.start()
+        self.task = self.bar.add_task("repacking", total=None)
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
+@app.command("inspect")
+def inspect_cmd(path: str = typer.Argument(..., help="Checkpoint directory or Hub repo id"),
+                as_json: bool = typer.Option(False, "--json", help="Print as JSON")) -> None:
+    """What is in a checkpoint: format, config summary, bytes per component."""
+    from mxrepack.repack.inspect import format_report, inspect_checkpoint
+
+    report = inspect_checkpoint(path)
+    _emit(report, as_json, format_report(report))
+
+
+@app.command("targets")
+def targets_cmd(as_json: bool = typer.Option(False, "--json", help="Print as JSON")) -> None:
+    """List the built-in targets and what each produces."""
+    from mxrepack.recipes import list_recipes
+
+    rows = [{"target": r.name, "experts": r.expert_layout, "dense": r.dense_format, "description": r.description,
+             "consumer": r.consumer} for r in list_recipes()]
+    width = max(len(r["target"]) for r in rows)
+    human = "\n".join(f"{r['target']:<{width}}  {r['description']}\n{'':<{width}}  consumer: {r['consumer']}" for r in rows)
+    _emit({"targets": rows}, as_json, human)
+
+
+@app.command("verify")
+def verify_cmd(directory: Path = typer.Argument(..., help="An mxrepack output directory"),
+               no_source: bool = typer.Option(False, "--no-source", help="Skip the comparison with the source"),
+               as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+    """Check checksums, index and headers, and re-derive a sample of tensors from the source if reachable."""
+    from mxrepack.repack.verify import verify_dir
+
+    report = verify_dir(directory, checksums=True, source=False if no_source else None)
+    if report["ok"]:
+        src = (f"{report['groups_compared']} groups match the source" if report["source_checked"]
+               else "source not checked (unreachable or --no-source)")
+        _emit(report, as_json, f"ok: {directory}: {report['files']} files, {report['tensors']} tensors; checksums match; {src}")
+    else:
+        if as_json:
+            typer.echo(json.dumps(report, indent=2))
+        raise MxRepackError(f"verify failed: {report['problems'][0]}" +
+                            (f" (and {len(report['problems']) - 1} more)" if len(report["problems"]) > 1 else ""))
+
+
+@app.command("make-fixture")
+def make_fixture_cmd(
+    out: Path = typer.Argument(..., help="Directory to create"),
+    preset: str = typer.Option("tiny", "--preset", help="tiny, 20b or 120b"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Cut the depth to N layers"),
+    seed: int = typer.Option(0, "--seed"),
+    layout: str = typer.Option("hf", "--layout", help="hf (transformers names) or original (gpt-oss original/)"),
+    overwrite: bool = typer.Option(False, "--overwrite"),
+) -> None:
+    """Write a synthetic gpt-oss checkpoint with the official names, dtypes and shapes."""
+    from mxrepack.repack.fixture import make_fixture
+
+    path = make_fixture(out, preset, layers, seed, layout, overwrite=overwrite)
+    typer.echo(f"wrote {path} ({preset}, {layout} layout)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        argv.insert(0, "convert")
+    # A file-size limit (RLIMIT_FSIZE) should surface as a write error, not kill the process.
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        app(args=argv, prog_name="repack", standalone_mode=False)
+    except MxRepackError as e:
+        typer.echo(f"error: {e}", err=True)
+        return 1
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted; nothing was written to the output path", err=True)
+        return 130
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            return e.exit_code
+        if isinstance(e, click.exceptions.Exit):
+            return e.exit_code
+        if isinstance(e, click.exceptions.Abort):
+            typer.echo("error: aborted", err=True)
+            return 130
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

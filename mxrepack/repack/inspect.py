@@ -1,0 +1,71 @@
+"""``repack inspect``: what a checkpoint directory holds, without reading any tensor data."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from mxrepack.errors import MxRepackError
+from mxrepack.repack import gptoss
+from mxrepack.repack.safetensors_io import dtype_name, read_header
+from mxrepack.repack.source import resolve
+
+CONFIG_KEYS = ("num_hidden_layers", "num_local_experts", "num_experts_per_tok", "hidden_size", "intermediate_size",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "sliding_window")
+
+
+def inspect_checkpoint(source: str) -> dict:
+    root, origin = resolve(source)
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise MxRepackError(f"{root}: no *.safetensors files")
+    config_path = root / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    original = "model_type" not in config and "num_experts" in config
+    if original:
+        config = gptoss.hf_config_from_original(config)
+    d = gptoss.Dims.from_config(config) if "num_local_experts" in config else None
+    manifest_path = root / "mxrepack.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+
+    components: dict[str, dict] = defaultdict(lambda: {"tensors": 0, "bytes": 0, "dtypes": set()})
+    total = 0
+    for f in files:
+        for name, info in read_header(f)[0].items():
+            canonical = name
+            if original and d is not None:
+                mapped = gptoss.original_to_canonical(name, d)
+                canonical = mapped[0][0] if mapped else name
+            c = components[gptoss.component(canonical)]
+            c["tensors"] += 1
+            c["bytes"] += info.nbytes
+            c["dtypes"].add(dtype_name(info.dtype))
+            total += info.nbytes
+    if manifest:
+        fmt = f"mxrepack target '{manifest['target']['name']}' (experts: {manifest['target']['recipe']['experts']['layout']})"
+    elif config.get("quantization_config", {}).get("quant_method") == "mxfp4":
+        fmt = "native gpt-oss MXFP4 (" + ("original/ layout" if original else "Hugging Face layout") + ")"
+    elif config.get("quantization_config"):
+        fmt = f"quantized ({config['quantization_config'].get('quant_method', 'unknown')})"
+    else:
+        fmt = "unquantized (no quantization_config)"
+    return {
+        "path": str(root), "origin": origin, "format": fmt,
+        "config": {k: config.get(k) for k in CONFIG_KEYS if k in config},
+        "files": len(files), "total_bytes": total,
+        "components": {k: {**v, "dtypes": sorted(v["dtypes"])} for k, v in sorted(components.items())},
+        "manifest": {"target": manifest["target"]["name"], "tool": manifest["tool"], "created": manifest["created"]} if manifest else None,
+    }
+
+
+def format_report(r: dict) -> str:
+    lines = [f"{r['path']}", f"  format: {r['format']}", f"  files: {r['files']} safetensors, {r['total_bytes'] / 1e9:.3f} GB"]
+    if r["config"]:
+        lines.append("  config: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()))
+    lines.append("  components:")
+    for name, c in r["components"].items():
+        lines.append(f"    {name:<11} {c['tensors']:>5} tensors {c['bytes'] / 1e6:>12.2f} MB  {'/'.join(c['dtypes'])}")
+    if r["manifest"]:
+        lines.append(f"  made by mxrepack {r['manifest']['tool']['mxrepack']} on {r['manifest']['created']}")
+    return "\n".join(lines)

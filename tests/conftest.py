@@ -1,0 +1,45 @@
+import os
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
+if not GOLDEN.is_dir():  # CI clones the project with shared/ beside it; allow an override
+    GOLDEN = Path(os.environ.get("MXREPACK_GOLDEN", GOLDEN))
+
+
+@pytest.fixture(scope="session")
+def golden():
+    from safetensors.torch import load_file
+
+    if not GOLDEN.is_dir():
+        pytest.skip(f"golden vectors not found at {GOLDEN}")
+    return lambda name: load_file(str(GOLDEN / name))
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Path:
+    """The tiny gpt-oss fixture, HF layout (shared, read-only by convention)."""
+    from mxrepack.repack.fixture import make_fixture
+
+    return make_fixture(tmp_path_factory.mktemp("src") / "tiny", "tiny", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_original(tmp_path_factory) -> Path:
+    from mxrepack.repack.fixture import make_fixture
+
+    return make_fixture(tmp_path_factory.mktemp("src") / "tiny-original", "tiny", seed=1, layout="original")
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    """A private, writable copy of a fixture directory (for tests that damage it)."""
+    import shutil
+
+    def make(src: Path) -> Path:
+        dst = tmp_path / (src.name + "-copy")
+        shutil.copytree(src, dst)
+        return dst
+
+    return make
