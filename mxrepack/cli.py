@@ -166,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
-        app(args=argv, prog_name="repack", standalone_mode=False)
+        rc = app(args=argv, prog_name="repack", standalone_mode=False)
+        if rc == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM during a conversion) into 130
+            typer.echo("error: interrupted; nothing was written to the output path", err=True)
+        if isinstance(rc, int):
+            return rc
     except MxRepackError as e:
         typer.echo(f"error: {e}", err=True)
         return 1

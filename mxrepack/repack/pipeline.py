@@ -23,6 +23,7 @@ import torch
 
 import mxrepack
 from mxrepack.errors import MxRepackError
+from mxrepack.quant import check_e8m0
 from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
 from mxrepack.repack.plan import PlanItem, build_plan, rows_per_chunk
@@ -107,7 +108,11 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
                 step = rows_per_chunk(item, chunk_bytes)
                 for r0 in range(0, item.shape[0], step):
                     r1 = min(r0 + step, item.shape[0])
-                    chunk = item.pack(**{k: src.read(r0, r1) for k, src in item.inputs.items()})
+                    inputs = {k: src.read(r0, r1) for k, src in item.inputs.items()}
+                    for k, src in item.inputs.items():
+                        if src.name.endswith("_scales"):
+                            check_e8m0(inputs[k], f"{src.info.file}: tensor '{src.name}'")
+                    chunk = item.pack(**inputs)
                     if chunk.dtype != item.dtype or tuple(chunk.shape) != (r1 - r0, *item.shape[1:]):
                         raise RuntimeError(f"{item.name}: layout {item.layout} produced {chunk.dtype} "
                                            f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}")

@@ -1,0 +1,261 @@
+"""End to end: repack the tiny fixture, the manifest, verify, atomicity, and every bad input."""
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from mxrepack.errors import MxRepackError
+from mxrepack.layouts import LAYOUTS, dense_weights
+from mxrepack.repack.pipeline import repack
+from mxrepack.repack.source import open_checkpoint
+from mxrepack.repack.verify import verify_dir
+
+
+def _tensors(directory: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+    out = {}
+    for fname in sorted(set(index.values())):
+        with safe_open(str(directory / fname), framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})
+    return out
+
+
+@pytest.mark.parametrize("target", sorted(["bf16", "mxfp4"]))
+def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
+    out = tmp_path / "out"
+    result = repack(str(tiny), target, out, shard_bytes=400_000)
+    assert result.files > 3 and result.verify["ok"] and result.verify["source_checked"]
+    names = sorted(os.listdir(out))
+    assert "mxrepack.json" in names and "config.json" in names and "model.safetensors.index.json" in names
+    assert "generation_config.json" in names and "chat_template.jinja" in names
+    shards = [n for n in names if n.endswith(".safetensors")]
+    assert len(shards) >= 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    manifest = json.loads((out / "mxrepack.json").read_text())
+    assert manifest["target"]["name"] == target and manifest["tool"]["mxrepack"]
+    assert set(manifest["source"]["files"]) >= {"config.json", "model-00000-of-00000.safetensors"}
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
+    entry = manifest["tensors"]["model.layers.1.mlp.experts." + ("gate_up_proj" if target == "bf16" else "gate_up_proj_blocks")]
+    assert entry["layout"] == target and entry["file"] in shards and entry["logical_shape"]
+    config = json.loads((out / "config.json").read_text())
+    assert ("quantization_config" in config) == (target == "mxfp4")
+    assert verify_dir(out)["ok"]
+
+
+def test_bf16_values_and_original_layout_agree(tiny, tiny_original, tmp_path):
+    a = _tensors(repack(str(tiny), "bf16", tmp_path / "a").out)
+    b = _tensors(repack(str(tiny_original), "bf16", tmp_path / "b").out)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # original/ fused qkv splits to the same q/k/v
+    ck = open_checkpoint(str(tiny))
+    p = "model.layers.0.mlp.experts."
+    src = dense_weights({k: ck.tensors[p + k].read() for k in ("gate_up_proj_blocks", "gate_up_proj_scales",
+                         "gate_up_proj_bias", "down_proj_blocks", "down_proj_scales", "down_proj_bias")})
+    assert torch.equal(a[p + "gate_up_proj"].float(), src["gate_up_proj"].transpose(1, 2))
+    assert a[p + "gate_up_proj"].shape == (4, 288, 320) and a[p + "down_proj"].shape == (4, 160, 288)
+
+
+def test_mxfp4_target_is_byte_identical(tiny, tmp_path):
+    ck = open_checkpoint(str(tiny))
+    out = _tensors(repack(str(tiny), "mxfp4", tmp_path / "o").out)
+    assert out.keys() == ck.tensors.keys()
+    assert all(torch.equal(out[k].view(torch.uint8), ck.tensors[k].read().view(torch.uint8)) for k in out)
+
+
+def test_layout_roundtrips_on_tiny(tiny):
+    from mxrepack.layouts import ExpertDims
+
+    ck = open_checkpoint(str(tiny))
+    p = "model.layers.1.mlp.experts."
+    parts = {k: ck.tensors[p + k].read() for k in ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
+                                                    "down_proj_blocks", "down_proj_scales", "down_proj_bias")}
+    dims = ExpertDims(4, 288, 160)
+    for layout in LAYOUTS.values():
+        stored = {o.suffix: o.pack(**{k: parts[k] for k in o.inputs}) for o in layout.outputs(dims)}
+        for o in layout.outputs(dims):
+            assert tuple(stored[o.suffix].shape) == o.shape and stored[o.suffix].dtype == o.dtype
+        back = layout.unpack(stored, dims)
+        if layout.exact_bytes:
+            assert all(torch.equal(back[k], parts[k]) for k in parts)
+        else:
+            want, have = dense_weights(parts), dense_weights(back)
+            assert all(torch.equal(want[k], have[k]) for k in want)
+
+
+def test_existing_output_is_refused_then_replaced_with_overwrite(tiny, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    with pytest.raises(MxRepackError, match="already exists; pass --overwrite"):
+        repack(str(tiny), "bf16", out)
+    assert (out / "keep").exists()
+    repack(str(tiny), "bf16", out, overwrite=True)
+    assert not (out / "keep").exists() and (out / "mxrepack.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary siblings left
+
+
+def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
+    good = tmp_path / "mine.yaml"
+    good.write_text("name: mine\ndescription: d\nexperts: {layout: mxfp4}\ndense: {format: bf16}\n"
+                    "config: {quantization_config: native}\n")
+    assert repack(str(tiny), None, tmp_path / "o", recipe_file=str(good)).target == "mine"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: b\ndescription: d\nexperts: {layout: nope}\ndense: {format: bf16}\nconfig: {quantization_config: remove}\n")
+    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: bf16, mxfp4"):
+        repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
+    bad.write_text("name: b\ndescription: d\nexperts: {layout: bf16, colour: red}\n")
+    with pytest.raises(MxRepackError, match="key 'experts.colour' is not known"):
+        repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
+    assert not (tmp_path / "o2").exists()
+
+
+# --- bad input: one-line error naming the file/tensor, and nothing left at the output path -------
+
+def _damage_header(path: Path, name: str, **changes) -> None:
+    """Rewrite one tensor's header entry (keeping the data) to fake a malformed checkpoint."""
+    import struct
+
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header[name].update(changes)
+    new = json.dumps(header, separators=(",", ":")).encode()
+    new += b" " * (n - len(new)) if len(new) <= n else b""
+    assert len(new) == n, "header grew; pick a change that keeps its size"
+    path.write_bytes(raw[:8] + new + raw[8 + n:])
+
+
+def _shard(d: Path) -> Path:
+    return d / "model-00000-of-00000.safetensors"
+
+
+BLOCKS = "model.layers.1.mlp.experts.down_proj_blocks"
+SCALES = "model.layers.1.mlp.experts.down_proj_scales"
+
+
+def _bad_missing_path(d):
+    return str(d) + "-nope", "path does not exist"
+
+
+def _bad_config(d):
+    c = json.loads((d / "config.json").read_text())
+    c["model_type"] = "llama"
+    (d / "config.json").write_text(json.dumps(c))
+    return str(d), "model_type is 'llama', expected 'gpt_oss'"
+
+
+def _bad_missing_shard(d):
+    _shard(d).unlink()
+    return str(d), "model-00000-of-00000.safetensors: shard listed in model.safetensors.index.json is missing"
+
+
+def _bad_truncated(d):
+    data = _shard(d).read_bytes()
+    _shard(d).write_bytes(data[: len(data) - 1000])
+    return str(d), "truncated: tensor"
+
+
+def _bad_corrupt_header(d):
+    data = bytearray(_shard(d).read_bytes())
+    data[20:30] = b"\xff" * 10
+    _shard(d).write_bytes(bytes(data))
+    return str(d), "corrupted safetensors header"
+
+
+def _bad_scales_shape(d):
+    _damage_header(_shard(d), SCALES, shape=[4, 5, 288])  # same bytes, wrong shape
+    return str(d), f"tensor '{SCALES}': scales shape [4, 5, 288] != blocks shape[:-1] [4, 288, 5]"
+
+
+def _bad_dtype(d):
+    _damage_header(_shard(d), SCALES, dtype="I8")
+    return str(d), f"tensor '{SCALES}': dtype I8, expected U8"
+
+
+def _bad_e8m0_nan(d):
+    from mxrepack.repack.safetensors_io import read_header
+
+    info = read_header(_shard(d))[0][SCALES]
+    with open(_shard(d), "r+b") as f:
+        f.seek(info.start + 7)
+        f.write(b"\xff")
+    return str(d), f"tensor '{SCALES}': 1 E8M0 scale byte(s) are 255 (NaN)"
+
+
+BAD_INPUTS = [_bad_missing_path, _bad_config, _bad_missing_shard, _bad_truncated, _bad_corrupt_header,
+              _bad_scales_shape, _bad_dtype, _bad_e8m0_nan]
+
+
+@pytest.mark.parametrize("damage", BAD_INPUTS, ids=lambda f: f.__name__[5:])
+def test_bad_input_one_line_error_and_no_output(tiny, copy_of, tmp_path, damage):
+    source, message = damage(copy_of(tiny))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", source, "--target", "bf16", "--out", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_unknown_target_lists_valid_ones(tiny, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "sm999", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, mxfp4"
+
+
+def test_disk_full_during_write(tiny, tmp_path):
+    out = tmp_path / "out"
+
+    def limit():  # the file-size limit makes write() fail with EFBIG, like a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "bf16", "--out", str(out)],
+                          capture_output=True, text=True, preexec_fn=limit)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "write failed" in proc.stderr and "is the disk full?" in proc.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def _start_and_wait_for(src: Path, out: Path, pattern: str, signum: int) -> subprocess.Popen:
+    """Start a conversion and send ``signum`` as soon as a file matching ``pattern`` appears."""
+    proc = subprocess.Popen([sys.executable, "-m", "mxrepack.cli", str(src), "--target", "bf16", "--out", str(out),
+                             "--shard-size", "2MB"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(out.parent.glob(pattern)) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signum)
+    proc.wait()
+    return proc
+
+
+@pytest.mark.parametrize("moment", [".out.mxrepack-tmp-*", ".out.mxrepack-tmp-*/model-00002-*"])
+def test_sigkill_leaves_nothing_at_output_path(tmp_path, moment):
+    from mxrepack.repack.fixture import make_fixture
+
+    src = make_fixture(tmp_path / "src", "tiny", layers=16, num_local_experts=64)
+    out = tmp_path / "out"
+    proc = _start_and_wait_for(src, out, moment, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists()
+    assert list(tmp_path.glob(".out.mxrepack-tmp-*"))  # the kill left its temporary sibling...
+    result = repack(str(src), "mxfp4", out)  # ...which the next run removes
+    assert result.verify["ok"] and not list(tmp_path.glob(".out.mxrepack-tmp-*"))
+
+
+def test_sigterm_cleans_up(tmp_path):
+    from mxrepack.repack.fixture import make_fixture
+
+    src = make_fixture(tmp_path / "src", "tiny", layers=16, num_local_experts=64)
+    out = tmp_path / "out"
+    proc = _start_and_wait_for(src, out, ".out.mxrepack-tmp-*/model-00002-*", signal.SIGTERM)
+    assert proc.returncode != 0
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
