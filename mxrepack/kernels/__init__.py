@@ -1,0 +1,1 @@
+"""Kernels: torch references for every layout (``reference``); Triton GEMMs build on them."""

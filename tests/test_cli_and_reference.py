@@ -1,0 +1,81 @@
+"""The CLI's subcommands, verify catching tampering, and the torch reference GEMM."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from mxrepack.cli import main
+from mxrepack.eval import tensor_error
+from mxrepack.kernels.reference import expert_mlp, mxfp4_linear
+from mxrepack.layouts import dense_weights
+from mxrepack.repack.source import open_checkpoint
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "mxrepack.cli", *map(str, args)], capture_output=True, text=True)
+
+
+def test_targets_inspect_and_verify(tiny, tmp_path, capsys):
+    assert main(["targets", "--json"]) == 0
+    targets = {t["target"]: t for t in json.loads(capsys.readouterr().out)["targets"]}
+    assert {"bf16", "mxfp4"} <= set(targets) and targets["bf16"]["consumer"]
+    assert main(["inspect", str(tiny), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["format"].startswith("native gpt-oss MXFP4") and report["config"]["num_local_experts"] == 4
+    assert report["components"]["experts"]["dtypes"] == ["BF16", "U8"]
+    out = tmp_path / "out"
+    assert main([str(tiny), "--target", "bf16", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out), "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert v["ok"] and v["source_checked"] and v["checksums"]
+    assert main(["inspect", str(out)]) == 0
+    assert "mxrepack target 'bf16'" in capsys.readouterr().out
+
+
+def test_verify_detects_tampering_and_missing_manifest(tiny, tmp_path):
+    out = tmp_path / "out"
+    assert run(tiny, "--target", "mxfp4", "--out", out).returncode == 0
+    shard = sorted(out.glob("model-*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    proc = run("verify", out)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: verify failed:") and "sha256 differs" in proc.stderr
+    (out / "mxrepack.json").unlink()
+    proc = run("verify", out)
+    assert proc.returncode == 1 and "no manifest" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_make_fixture_cli_and_real_presets(tmp_path):
+    from mxrepack.repack import gptoss
+    from mxrepack.repack.fixture import fixture_bytes, fixture_config
+
+    proc = run("make-fixture", tmp_path / "f", "--layers", "3", "--layout", "original")
+    assert proc.returncode == 0, proc.stderr
+    ck = open_checkpoint(str(tmp_path / "f"))
+    assert ck.layout == "original" and ck.dims.layers == 3 and ck.dims.hidden % 128 and ck.dims.intermediate % 128
+    assert run("make-fixture", tmp_path / "f").returncode == 1  # exists, no --overwrite
+    # the real shapes (writing them is the benchmark's job): formats.md 1.3
+    d = gptoss.Dims.from_config(fixture_config("120b"))
+    t = gptoss.expected_tensors(d)
+    assert t["model.layers.35.mlp.experts.gate_up_proj_blocks"][0] == (128, 5760, 90, 16)
+    assert t["model.layers.0.self_attn.q_proj.weight"][0] == (4096, 2880) and t["lm_head.weight"][0] == (201088, 2880)
+    assert abs(fixture_bytes("120b") - 65_248_815_744) / 65_248_815_744 < 0.001  # the real index's total_size
+    assert abs(fixture_bytes("20b") - 13_761_264_768) / 13_761_264_768 < 0.001
+
+
+def test_reference_gemm_and_expert(tiny):
+    ck = open_checkpoint(str(tiny))
+    p = "model.layers.0.mlp.experts."
+    parts = {k: ck.tensors[p + k].read() for k in ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
+                                                    "down_proj_blocks", "down_proj_scales", "down_proj_bias")}
+    x = torch.randn(5, 288).to(torch.bfloat16)
+    y = mxfp4_linear(x, parts["gate_up_proj_blocks"][1], parts["gate_up_proj_scales"][1], parts["gate_up_proj_bias"][1])
+    w = dense_weights(parts)
+    assert tensor_error(x.double() @ w["gate_up_proj"][1].double().T + w["gate_up_proj_bias"][1].double(), y)["rel_fro"] < 1e-6
+    assert expert_mlp(x, w, 2).shape == (5, 288)
+    e = tensor_error(torch.ones(4, dtype=torch.float64), torch.full((4,), 1.01, dtype=torch.float64))
+    assert abs(e["rel_fro"] - 0.01) < 1e-9 and abs(e["sqnr_db"] - 40) < 1e-6
