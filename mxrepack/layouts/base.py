@@ -52,7 +52,10 @@ class ExpertLayout:
         raise NotImplementedError
 
     def unpack(self, stored: dict[str, torch.Tensor], dims: ExpertDims) -> dict[str, torch.Tensor]:
-        """Stored tensors (by suffix) -> source parts, or dense weights where ``exact_bytes`` is False."""
+        """Stored tensors (by suffix) -> source parts, or dense weights where ``exact_bytes`` is False.
+
+        Works on any contiguous expert range (the first dimension), like ``pack``.
+        """
         raise NotImplementedError
 
     def spec(self, dims: ExpertDims) -> dict:

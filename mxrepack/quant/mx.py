@@ -101,7 +101,7 @@ def check_e8m0(scales: torch.Tensor, where: str) -> None:
     """Refuse E8M0 byte 255 (NaN): it has no meaning as a weight scale."""
     if scales.dtype != torch.uint8:
         raise MxRepackError(f"{where}: E8M0 scales must be uint8, got {scales.dtype}")
-    if bool((scales == E8M0_NAN).any()):
+    if scales.numel() and int(scales.max()) == E8M0_NAN:  # a max-reduction is several times faster than ==/any
         count = int((scales == E8M0_NAN).sum())
         raise MxRepackError(f"{where}: {count} E8M0 scale byte(s) are 255 (NaN); expected 0..254")
 

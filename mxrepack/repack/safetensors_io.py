@@ -14,11 +14,14 @@ import hashlib
 import json
 import math
 import os
+import queue
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from mxrepack.errors import MxRepackError
@@ -109,7 +112,7 @@ def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> torc
     if not 0 <= start <= stop <= rows:
         raise ValueError(f"rows {start}:{stop} out of range for {info.name} {info.shape}")
     count = (stop - start) * info.row_bytes
-    buf = bytearray(count)
+    buf = np.empty(count, dtype=np.uint8)  # not zero-filled: every byte is read into below
     fd = os.open(info.file, os.O_RDONLY)
     try:
         view, done = memoryview(buf), 0
@@ -120,7 +123,7 @@ def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> torc
             done += got
     finally:
         os.close(fd)
-    flat = torch.frombuffer(buf, dtype=torch.uint8) if count else torch.empty(0, dtype=torch.uint8)
+    flat = torch.from_numpy(buf)
     shape = (stop - start, *info.shape[1:]) if info.shape else ()
     return flat.view(info.dtype).reshape(shape)
 
@@ -165,6 +168,32 @@ def plan_shards(tensors: Iterable[PlannedTensor], max_shard_bytes: int) -> list[
     return shards
 
 
+class _BackgroundHash:
+    """sha256 on a second thread: hashlib releases the GIL, so hashing overlaps reading and packing.
+
+    Chunks are hashed in the order given; each is kept alive until hashed (the queue is short, so
+    at most a few chunks are held).
+    """
+
+    def __init__(self):
+        self._hash = hashlib.sha256()
+        self._queue: queue.Queue = queue.Queue(maxsize=3)
+        self._thread = threading.Thread(target=self._run, name="mxrepack-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            self._hash.update(data)
+
+    def update(self, data) -> None:
+        self._queue.put(data)
+
+    def hexdigest(self) -> str:
+        self._queue.put(None)
+        self._thread.join()
+        return self._hash.hexdigest()
+
+
 class StreamingShardWriter:
     """Write one safetensors file whose tensor list is known up front, data streamed in chunks.
 
@@ -177,7 +206,7 @@ class StreamingShardWriter:
         self.tensors = tensors
         self._index = 0
         self._written = 0  # bytes of the current tensor
-        self._hash = hashlib.sha256()
+        self._hash = _BackgroundHash()
         self._file = open(self.path, "wb")
         self.size = 0
         self._emit(_header_bytes(tensors, metadata))
@@ -226,6 +255,7 @@ class StreamingShardWriter:
 
     def abort(self) -> None:
         self._file.close()
+        self._hash.hexdigest()  # stop the thread
 
 
 def sha256_file(path: Path, chunk: int = 16 << 20) -> str:

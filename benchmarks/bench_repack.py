@@ -1,0 +1,86 @@
+"""Whole-model repack vs a plain `cp` of the same input files, with peak RSS. Not a test.
+
+    python benchmarks/bench_repack.py --preset 120b --layers 4 --targets mxfp4,bf16 --workdir /tmp/mxbench
+
+Makes a synthetic checkpoint of real gpt-oss shapes (kept between runs), then for each target runs
+`repack` in a child process and `cp -r` of the same files, and reports wall time, the ratio
+repack/cp, source GB/s and the child's peak RSS (from wait4). Page cache: one untimed read of the
+source first, so both `cp` and `repack` read from a warm cache (the machine has no way to drop it).
+Prints a Markdown table and writes JSON next to the workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+
+def run_child(cmd: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS bytes of one child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def warm(path: Path) -> None:
+    for f in sorted(path.iterdir()):
+        with open(f, "rb") as fh:
+            while fh.read(64 << 20):
+                pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="120b")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--targets", default="mxfp4,bf16")
+    ap.add_argument("--workdir", default="/tmp/mxbench")
+    ap.add_argument("--out", default=None, help="JSON results file")
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / f"{args.preset}-L{args.layers}"
+    repack = [sys.executable, "-m", "mxrepack.cli"]
+    if not (src / "config.json").exists():
+        t, _ = run_child([*repack, "make-fixture", str(src), "--preset", args.preset, "--layers", str(args.layers), "--overwrite"])
+        print(f"made {src} in {t:.1f} s", file=sys.stderr)
+    src_bytes = sum(f.stat().st_size for f in src.iterdir())
+    rows = []
+    for target in args.targets.split(","):
+        warm(src)
+        dst_cp = work / "cp-copy"
+        shutil.rmtree(dst_cp, ignore_errors=True)
+        cp_s, cp_rss = run_child(["cp", "-r", str(src), str(dst_cp)])
+        shutil.rmtree(dst_cp)
+        out = work / f"out-{target}"
+        warm(src)
+        rp_s, rp_rss = run_child([*repack, str(src), "--target", target, "--out", str(out), "--overwrite", "--json"])
+        out_bytes = sum(f.stat().st_size for f in out.iterdir())
+        shutil.rmtree(out)
+        rows.append({"target": target, "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, "cp_s": cp_s,
+                     "repack_s": rp_s, "ratio": rp_s / cp_s, "source_GBps": src_bytes / 1e9 / rp_s,
+                     "peak_rss_MB": rp_rss / 1e6})
+    info = {"date": date.today().isoformat(), "machine": f"{platform.node()} {os.cpu_count()} cores",
+            "preset": args.preset, "layers": args.layers, "rows": rows}
+    Path(args.out or work / "bench_repack.json").write_text(json.dumps(info, indent=2))
+    print(f"| target | source GB | output GB | cp s | repack s | repack/cp | source GB/s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['target']} | {r['source_GB']:.2f} | {r['output_GB']:.2f} | {r['cp_s']:.1f} | {r['repack_s']:.1f} | "
+              f"{r['ratio']:.2f} | {r['source_GBps']:.2f} | {r['peak_rss_MB']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
