@@ -29,7 +29,7 @@ def _tensors(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("target", ["bf16", "mxfp4", "sm121-marlin"])
+@pytest.mark.parametrize("target", ["bf16", "mxfp4", "sm121-marlin", "sm100"])
 def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     out = tmp_path / "out"
     result = repack(str(tiny), target, out, shard_bytes=400_000)
@@ -43,7 +43,7 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     assert manifest["target"]["name"] == target and manifest["tool"]["mxrepack"]
     assert set(manifest["source"]["files"]) >= {"config.json", "model-00000-of-00000.safetensors"}
     assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
-    suffix = {"bf16": "gate_up_proj", "mxfp4": "gate_up_proj_blocks", "sm121-marlin": "w13_weight"}[target]
+    suffix = {"bf16": "gate_up_proj", "mxfp4": "gate_up_proj_blocks"}.get(target, "w13_weight")
     entry = manifest["tensors"]["model.layers.1.mlp.experts." + suffix]
     assert entry["layout"] == manifest["target"]["recipe"]["experts"]["layout"] and entry["file"] in shards
     config = json.loads((out / "config.json").read_text())
@@ -53,9 +53,10 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     elif target == "mxfp4":
         assert quant["quant_method"] == "mxfp4"
     else:  # kernel layouts must not be mistaken for the native format by a stock engine
-        assert quant["quant_method"] == "mxrepack" and quant["target"] == target and quant["layouts"] == ["marlin", "passthrough"]
+        layout = {"sm121-marlin": "marlin", "sm100": "trtllm"}[target]
+        assert quant["quant_method"] == "mxrepack" and quant["target"] == target and quant["layouts"] == sorted([layout, "passthrough"])
         assert entry["padding"] == {"hidden": [288, 512], "intermediate": [160, 256]}
-        assert entry["stored_shape"] == [4, 32, 1024] and entry["logical_shape"] == [4, 18, 640]
+        assert entry["stored_shape"] == {"marlin": [4, 32, 1024], "trtllm": [4, 512, 256]}[layout]
     assert verify_dir(out)["ok"]
 
 
@@ -118,7 +119,7 @@ def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
     assert repack(str(tiny), None, tmp_path / "o", recipe_file=str(good)).target == "mine"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: b\ndescription: d\nexperts: {layout: nope}\ndense: {format: bf16}\nconfig: {quantization_config: remove}\n")
-    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: bf16, marlin, mxfp4"):
+    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: bf16, marlin, mxfp4, trtllm"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     bad.write_text("name: b\ndescription: d\nexperts: {layout: bf16, colour: red}\n")
     with pytest.raises(MxRepackError, match="key 'experts.colour' is not known"):
@@ -219,7 +220,7 @@ def test_unknown_target_lists_valid_ones(tiny, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "sm999", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, mxfp4, sm121-marlin, sm80, sm89"
+    assert proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, mxfp4, sm100, sm121-marlin, sm80, sm89"
 
 
 def test_disk_full_during_write(tiny, tmp_path):

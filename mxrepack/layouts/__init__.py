@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts import bf16, marlin, mxfp4
+from mxrepack.layouts import bf16, marlin, mxfp4, trtllm
 from mxrepack.layouts.base import EXPERTS_PREFIX, ExpertDims, ExpertLayout, OutputSpec, dense_weights
 
-LAYOUTS: dict[str, ExpertLayout] = {m.LAYOUT.name: m.LAYOUT for m in (mxfp4, bf16, marlin)}
+LAYOUTS: dict[str, ExpertLayout] = {m.LAYOUT.name: m.LAYOUT for m in (mxfp4, bf16, marlin, trtllm)}
 
 
 def get_layout(name: str) -> ExpertLayout:

@@ -1,0 +1,110 @@
+"""``trtllm``: FlashInfer TRT-LLM-gen MXFP4 MoE weights (sm100 family), as vLLM 0.33.0 prepares them.
+
+Matches ``oracle/mxfp4.py::convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` for
+``FLASHINFER_TRTLLM_MXFP4_BF16`` byte for byte (golden ``flashinfer_trtllm.safetensors``). Steps
+(layouts.md 2.1-2.4; the golden README: vLLM 0.33.0 pads intermediate to 128, hidden to 256):
+
+* zero-pad hidden to a multiple of 256 and intermediate to a multiple of 128;
+* w13 only: swap every two rows (checkpoint ``[g0,u0,g1,u1..]`` -> ``[u0,g0,u1,g1..]``) of
+  weights, scales and bias;
+* per expert, the epilogue-tile-128 row shuffle: in each 32-row block, out row ``p`` is in row
+  ``(p % 8) * 4 + p // 8`` -- weights, scales and biases alike;
+* scales: the 128x4 scale-factor swizzle (rows in blocks of 128, 4 scale columns per 512-byte atom,
+  ``view(R/128, 4, 32, C/4, 4).permute(0, 3, 2, 1, 4)``), stored flat in the ``[E, rows, K/32]``
+  shape vLLM reshapes it to, raw E8M0 bytes (vLLM tags them float8_e4m3fn; the bytes are E8M0);
+* biases as float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec
+from mxrepack.layouts.marlin import _pad_rows_cols, round_up
+
+UPSTREAM = ("vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_TRTLLM_MXFP4_BF16); "
+            "flashinfer fb28d72 get_shuffle_matrix_a_row_indices(epilogue_tile_m=128), 128x4 block_scale_interleave")
+_ROW_SHUFFLE = torch.tensor([(p % 8) * 4 + p // 8 for p in range(32)])
+
+
+def swap_row_pairs(x: torch.Tensor) -> torch.Tensor:
+    """Rows ``[r0, r1, r2, r3, ...]`` -> ``[r1, r0, r3, r2, ...]`` along dim 1 (self-inverse)."""
+    return x.unflatten(1, (-1, 2)).flip(2).flatten(1, 2)
+
+
+def shuffle_rows(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """The epilogue-tile-128 row shuffle within 32-row blocks along dim 1."""
+    perm = torch.argsort(_ROW_SHUFFLE) if inverse else _ROW_SHUFFLE
+    return x.unflatten(1, (-1, 32))[:, :, perm].flatten(1, 2)
+
+
+def swizzle_128x4(s: torch.Tensor) -> torch.Tensor:
+    """``[E, R, C]`` (R % 128 == 0, C % 4 == 0) -> the 128x4 scale-factor layout, same shape, flat order."""
+    E, R, C = s.shape
+    return s.reshape(E, R // 128, 4, 32, C // 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(E, R, C)
+
+
+def unswizzle_128x4(s: torch.Tensor) -> torch.Tensor:
+    E, R, C = s.shape
+    return s.reshape(E, R // 128, C // 4, 32, 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(E, R, C)
+
+
+class TrtllmLayout(ExpertLayout):
+    name = "trtllm"
+    description = ("FlashInfer TRT-LLM-gen MXFP4 MoE (sm100): hidden padded to 256, intermediate to 128; gate/up "
+                   "row pairs swapped, epilogue-128 row shuffle, 128x4-swizzled E8M0 scales, fp32 biases")
+
+    def outputs(self, d: ExpertDims) -> list[OutputSpec]:
+        H, I, E = d.hidden, d.intermediate, d.experts
+        Hp, Ip = round_up(H, 256), round_up(I, 128)
+        pad = {"hidden": [H, Hp], "intermediate": [I, Ip]}
+
+        def w13(gate_up_proj_blocks):
+            return shuffle_rows(swap_row_pairs(_pad_rows_cols(gate_up_proj_blocks.flatten(2), 2 * Ip, Hp // 2)))
+
+        def w13_scale(gate_up_proj_scales):
+            return swizzle_128x4(shuffle_rows(swap_row_pairs(_pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32))))
+
+        def w13_bias(gate_up_proj_bias):
+            b = _pad_rows_cols(gate_up_proj_bias.to(torch.float32).unsqueeze(-1), 2 * Ip, 1)
+            return shuffle_rows(swap_row_pairs(b)).squeeze(-1)
+
+        def w2(down_proj_blocks):
+            return shuffle_rows(_pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2))
+
+        def w2_scale(down_proj_scales):
+            return swizzle_128x4(shuffle_rows(_pad_rows_cols(down_proj_scales, Hp, Ip // 32)))
+
+        def w2_bias(down_proj_bias):
+            return shuffle_rows(_pad_rows_cols(down_proj_bias.to(torch.float32).unsqueeze(-1), Hp, 1)).squeeze(-1)
+
+        u = UPSTREAM
+        return [
+            OutputSpec("w13_weight", torch.uint8, (E, 2 * Ip, Hp // 2), ("gate_up_proj_blocks",), w13, (E, 2 * I, H // 2), pad, u),
+            OutputSpec("w13_weight_scale", torch.uint8, (E, 2 * Ip, Hp // 32), ("gate_up_proj_scales",), w13_scale, (E, 2 * I, H // 32), pad, u),
+            OutputSpec("w13_bias", torch.float32, (E, 2 * Ip), ("gate_up_proj_bias",), w13_bias, (E, 2 * I), pad, u),
+            OutputSpec("w2_weight", torch.uint8, (E, Hp, Ip // 2), ("down_proj_blocks",), w2, (E, H, I // 2), pad, u),
+            OutputSpec("w2_weight_scale", torch.uint8, (E, Hp, Ip // 32), ("down_proj_scales",), w2_scale, (E, H, I // 32), pad, u),
+            OutputSpec("w2_bias", torch.float32, (E, Hp), ("down_proj_bias",), w2_bias, (E, H), pad, u),
+        ]
+
+    def unpack(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
+        H, I = d.hidden, d.intermediate
+
+        def back13(x):
+            return swap_row_pairs(shuffle_rows(x, inverse=True))[:, : 2 * I]
+
+        w13 = back13(stored["w13_weight"])[:, :, : H // 2]
+        w2 = shuffle_rows(stored["w2_weight"], inverse=True)[:, :H, : I // 2]
+        E = w13.shape[0]
+        return {
+            "gate_up_proj_blocks": w13.reshape(E, 2 * I, H // 32, 16).contiguous(),
+            "gate_up_proj_scales": back13(unswizzle_128x4(stored["w13_weight_scale"]))[:, :, : H // 32].contiguous(),
+            "gate_up_proj_bias": back13(stored["w13_bias"].unsqueeze(-1)).squeeze(-1).to(torch.bfloat16).contiguous(),
+            "down_proj_blocks": w2.reshape(E, H, I // 32, 16).contiguous(),
+            "down_proj_scales": shuffle_rows(unswizzle_128x4(stored["w2_weight_scale"]), inverse=True)[:, :H, : I // 32].contiguous(),
+            "down_proj_bias": shuffle_rows(stored["w2_bias"].unsqueeze(-1), inverse=True).squeeze(-1)[:, :H].to(torch.bfloat16).contiguous(),
+        }
+
+
+LAYOUT = TrtllmLayout()
