@@ -24,6 +24,7 @@ from mxrepack.errors import MxRepackError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want.")
 SUBCOMMANDS = {"convert", "inspect", "targets", "verify", "make-fixture"}
+INTERRUPTED = "error: interrupted; nothing was written to the output path"
 
 
 def _parse_size(text: str) -> int:
@@ -168,14 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = app(args=argv, prog_name="repack", standalone_mode=False)
         if rc == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM during a conversion) into 130
-            typer.echo("error: interrupted; nothing was written to the output path", err=True)
+            typer.echo(INTERRUPTED, err=True)
         if isinstance(rc, int):
             return rc
     except MxRepackError as e:
         typer.echo(f"error: {e}", err=True)
         return 1
     except KeyboardInterrupt:
-        typer.echo("error: interrupted; nothing was written to the output path", err=True)
+        typer.echo(INTERRUPTED, err=True)
         return 130
     except Exception as e:  # click usage errors
         import click

@@ -70,6 +70,24 @@ class ExpertLayout:
         }
 
 
+def passthrough(**parts: torch.Tensor) -> torch.Tensor:
+    """The pack function of a tensor stored unchanged (exactly one input)."""
+    (value,) = parts.values()
+    return value
+
+
+def round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def pad_rows_cols(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Zero-pad dims 1 and 2 of ``[E, r, c]`` to ``[E, rows, cols]`` (real data top-left, as vLLM's loader
+    copies the checkpoint into zero-initialised padded parameters)."""
+    out = x.new_zeros((x.shape[0], rows, cols))
+    out[:, : x.shape[1], : x.shape[2]] = x
+    return out
+
+
 def dense_weights(parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Expert parts -> ``{gate_up_proj, gate_up_proj_bias, down_proj, down_proj_bias}`` as float,
     weights in checkpoint ``[E, out, in]`` order. Already-dense parts pass through (cast).

@@ -22,24 +22,13 @@ from __future__ import annotations
 import torch
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec
+from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up
 from mxrepack.quant import pack_fp4, unpack_fp4
 
 UPSTREAM = "vllm 0.33.0 marlin_utils_fp4.prepare_moe_mxfp4_layer_for_marlin (gptq_marlin_repack, marlin_permute_scales, mxfp4_marlin_process_scales, marlin_permute_bias)"
 _SCALE_PERM = torch.tensor([i + 8 * j for i in range(8) for j in range(8)])
 _BIAS_PERM = torch.tensor([2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)])
 _E8M0_SWAP = torch.tensor([0, 2, 1, 3])  # self-inverse
-
-
-def round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
-
-
-def _pad_rows_cols(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Zero-pad dims 1 and 2 of ``[E, r, c]`` to ``[E, rows, cols]`` (real data top-left)."""
-    out = x.new_zeros((x.shape[0], rows, cols))
-    out[:, : x.shape[1], : x.shape[2]] = x
-    return out
 
 
 def repack_weight(packed: torch.Tensor) -> torch.Tensor:
@@ -111,22 +100,22 @@ class MarlinLayout(ExpertLayout):
 
         def w13(gate_up_proj_blocks):
             x = gate_up_proj_blocks.flatten(2)
-            return repack_weight(_pad_rows_cols(x, 2 * Ip, Hp // 2))
+            return repack_weight(pad_rows_cols(x, 2 * Ip, Hp // 2))
 
         def w13_scale(gate_up_proj_scales):
-            return permute_scales(_pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32), fp8).view(torch.float8_e8m0fnu)
+            return permute_scales(pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32), fp8).view(torch.float8_e8m0fnu)
 
         def w13_bias(gate_up_proj_bias):
-            return permute_bias(_pad_rows_cols(gate_up_proj_bias.unsqueeze(-1), 2 * Ip, 1).squeeze(-1).to(torch.bfloat16))
+            return permute_bias(pad_rows_cols(gate_up_proj_bias.unsqueeze(-1), 2 * Ip, 1).squeeze(-1).to(torch.bfloat16))
 
         def w2(down_proj_blocks):
-            return repack_weight(_pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2))
+            return repack_weight(pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2))
 
         def w2_scale(down_proj_scales):
-            return permute_scales(_pad_rows_cols(down_proj_scales, Hp, Ip // 32), fp8).view(torch.float8_e8m0fnu)
+            return permute_scales(pad_rows_cols(down_proj_scales, Hp, Ip // 32), fp8).view(torch.float8_e8m0fnu)
 
         def w2_bias(down_proj_bias):
-            return permute_bias(_pad_rows_cols(down_proj_bias.unsqueeze(-1), Hp, 1).squeeze(-1).to(torch.bfloat16))
+            return permute_bias(pad_rows_cols(down_proj_bias.unsqueeze(-1), Hp, 1).squeeze(-1).to(torch.bfloat16))
 
         u = UPSTREAM + (" with FP8-activation scales (+6)" if fp8 else "")
         return [

@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec
+from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, passthrough
 from mxrepack.repack.gptoss import EXPERT_PARTS
-
-
-def _same(**parts: torch.Tensor) -> torch.Tensor:
-    (value,) = parts.values()
-    return value
 
 
 class NativeMxfp4Layout(ExpertLayout):
@@ -32,7 +27,7 @@ class NativeMxfp4Layout(ExpertLayout):
             "down_proj_scales": ((E, H, I // 32), torch.uint8),
             "down_proj_bias": ((E, H), torch.bfloat16),
         }
-        return [OutputSpec(part, dtype, shape, (part,), _same, work_factor=1,
+        return [OutputSpec(part, dtype, shape, (part,), passthrough, work_factor=1,
                            upstream="openai/gpt-oss checkpoint format (HF layout)")
                 for part, (shape, dtype) in ((p, shapes[p]) for p in EXPERT_PARTS)]
 

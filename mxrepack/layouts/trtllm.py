@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec
-from mxrepack.layouts.marlin import _pad_rows_cols, round_up
+from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up
 
 UPSTREAM = ("vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_TRTLLM_MXFP4_BF16); "
             "flashinfer fb28d72 get_shuffle_matrix_a_row_indices(epilogue_tile_m=128), 128x4 block_scale_interleave")
@@ -60,23 +59,23 @@ class TrtllmLayout(ExpertLayout):
         pad = {"hidden": [H, Hp], "intermediate": [I, Ip]}
 
         def w13(gate_up_proj_blocks):
-            return shuffle_rows(swap_row_pairs(_pad_rows_cols(gate_up_proj_blocks.flatten(2), 2 * Ip, Hp // 2)))
+            return shuffle_rows(swap_row_pairs(pad_rows_cols(gate_up_proj_blocks.flatten(2), 2 * Ip, Hp // 2)))
 
         def w13_scale(gate_up_proj_scales):
-            return swizzle_128x4(shuffle_rows(swap_row_pairs(_pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32))))
+            return swizzle_128x4(shuffle_rows(swap_row_pairs(pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32))))
 
         def w13_bias(gate_up_proj_bias):
-            b = _pad_rows_cols(gate_up_proj_bias.to(torch.float32).unsqueeze(-1), 2 * Ip, 1)
+            b = pad_rows_cols(gate_up_proj_bias.to(torch.float32).unsqueeze(-1), 2 * Ip, 1)
             return shuffle_rows(swap_row_pairs(b)).squeeze(-1)
 
         def w2(down_proj_blocks):
-            return shuffle_rows(_pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2))
+            return shuffle_rows(pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2))
 
         def w2_scale(down_proj_scales):
-            return swizzle_128x4(shuffle_rows(_pad_rows_cols(down_proj_scales, Hp, Ip // 32)))
+            return swizzle_128x4(shuffle_rows(pad_rows_cols(down_proj_scales, Hp, Ip // 32)))
 
         def w2_bias(down_proj_bias):
-            return shuffle_rows(_pad_rows_cols(down_proj_bias.to(torch.float32).unsqueeze(-1), Hp, 1)).squeeze(-1)
+            return shuffle_rows(pad_rows_cols(down_proj_bias.to(torch.float32).unsqueeze(-1), Hp, 1)).squeeze(-1)
 
         u = UPSTREAM
         return [

@@ -27,11 +27,9 @@ from mxrepack.quant import check_e8m0
 from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
 from mxrepack.repack.plan import PlanItem, build_plan, rows_per_chunk
-from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards
+from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, open_checkpoint
-
-MANIFEST = "mxrepack.json"
-INDEX = "model.safetensors.index.json"
+from mxrepack.repack.verify import INDEX, MANIFEST, verify_dir
 DEFAULT_SHARD_BYTES = 5_000_000_000
 DEFAULT_CHUNK_BYTES = 256 << 20
 Progress = Callable[[int, int], None]  # (source bytes done, total)
@@ -192,15 +190,11 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
             shutil.copyfile(side, tmp / side.name)
         source_hashes = {name: f.result() for name, f in hash_futures.items()}
         manifest = build_manifest(ck, recipe, plan, weight_map, source_hashes)
-        from mxrepack.repack.safetensors_io import sha256_file
-
         for path in sorted(tmp.iterdir()):
             if path.name not in files:
                 files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
         manifest["files"] = dict(sorted(files.items()))
         _write_json(tmp / MANIFEST, manifest)
-
-        from mxrepack.repack.verify import verify_dir
 
         # Checksums were computed from the bytes as written; the source comparison proves the layout.
         report = verify_dir(tmp, checksums=False, source=ck, quick=True)

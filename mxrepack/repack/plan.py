@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from mxrepack.layouts import EXPERTS_PREFIX, ExpertDims, get_layout
+from mxrepack.layouts.base import passthrough
 from mxrepack.recipes import Recipe
 from mxrepack.repack.gptoss import EXPERT_PARTS, expected_tensors
 from mxrepack.repack.safetensors_io import dtype_size
@@ -58,11 +59,6 @@ class PlanItem:
         }
 
 
-def _passthrough(**parts: torch.Tensor) -> torch.Tensor:
-    (value,) = parts.values()
-    return value
-
-
 def expert_dims(ck: Checkpoint) -> ExpertDims:
     d = ck.dims
     return ExpertDims(d.experts, d.hidden, d.intermediate)
@@ -78,7 +74,7 @@ def build_plan(ck: Checkpoint, recipe: Recipe) -> list[PlanItem]:
     for name in expected_tensors(ck.dims):  # canonical order: embeddings, norm, lm_head, then layer by layer
         if ".mlp.experts." not in name:
             src = ck.tensors[name]
-            items.append(PlanItem(name, src.dtype, src.shape, {"value": src}, _passthrough, "passthrough", name))
+            items.append(PlanItem(name, src.dtype, src.shape, {"value": src}, passthrough, "passthrough", name))
             continue
         layer = int(name.split(".")[2])
         if layer in expert_done:
