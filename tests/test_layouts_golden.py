@@ -46,7 +46,7 @@ def test_marlin_scale_permutation_before_swap_matches_vllm(golden):
 
 
 def test_trtllm_matches_vllm_flashinfer(golden):
-    from mxrepack.layouts.trtllm import swizzle_128x4
+    from mxrepack.layouts.base import swizzle_128x4
 
     g = golden("flashinfer_trtllm.safetensors")
     out = _pack(get_layout("trtllm"), _inputs(g), GOLDEN_DIMS)
@@ -58,25 +58,69 @@ def test_trtllm_matches_vllm_flashinfer(golden):
     assert torch.equal(swizzle_128x4(s)[0].reshape(-1), g["fi.swizzle_block_scale.w13_scale_padded_e0"].reshape(-1))
 
 
-def _random_parts(E, H, I, seed):
+def _layout(name):
+    from mxrepack.layouts import make_layout
+
+    if name == "marlin-fp8":
+        return make_layout("marlin", {"fp8_activations": True})
+    if name == "triton-blackwell-scales":
+        return make_layout("triton-hopper", {"value": "strided", "scale": "blackwell"})
+    return get_layout(name)
+
+
+def _random_parts(E, H, I, seed, scales=(100, 140)):
     g = torch.Generator().manual_seed(seed)
     return {
         "gate_up_proj_blocks": torch.randint(0, 256, (E, 2 * I, H // 32, 16), generator=g, dtype=torch.uint8),
-        "gate_up_proj_scales": torch.randint(100, 140, (E, 2 * I, H // 32), generator=g, dtype=torch.uint8),
+        "gate_up_proj_scales": torch.randint(*scales, (E, 2 * I, H // 32), generator=g, dtype=torch.uint8),
         "gate_up_proj_bias": torch.randn(E, 2 * I, generator=g).to(torch.bfloat16),
         "down_proj_blocks": torch.randint(0, 256, (E, H, I // 32, 16), generator=g, dtype=torch.uint8),
-        "down_proj_scales": torch.randint(100, 140, (E, H, I // 32), generator=g, dtype=torch.uint8),
+        "down_proj_scales": torch.randint(*scales, (E, H, I // 32), generator=g, dtype=torch.uint8),
         "down_proj_bias": torch.randn(E, H, generator=g).to(torch.bfloat16),
     }
 
 
-@pytest.mark.parametrize("name", ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4"])
+_TRITON_GOLDEN = {"hopper": ("HopperMXValueLayout", "HopperMXScaleLayout"), "strided": ("StridedLayout", "StridedLayout"),
+                  "blackwell": ("BlackwellMXValueLayout", "BlackwellMXScaleLayout")}
+
+
+@pytest.mark.parametrize("kind", sorted(_TRITON_GOLDEN))
+def test_triton_kernels_layouts_match_vllm_vendored_triton_kernels(golden, kind):
+    """Every value and scale layout in triton_kernels.safetensors (stored in memory order)."""
+    from mxrepack.layouts.triton_hopper import TritonHopperLayout
+
+    g = golden("triton_kernels.safetensors")
+    out = _pack(TritonHopperLayout(value=kind, scale=kind), _inputs(g), GOLDEN_DIMS)
+    vname, sname = _TRITON_GOLDEN[kind]
+    for w in ("w13", "w2"):
+        for mine, theirs in ((f"{w}_weight", f"out.{w}_weight.{vname}"), (f"{w}_weight_scale", f"out.{w}_scale.{sname}")):
+            ref = g[theirs]
+            assert out[mine].numel() == ref.numel(), (mine, out[mine].shape, ref.shape)
+            assert torch.equal(out[mine].reshape(-1), ref.reshape(-1)), mine
+        assert out[f"{w}_bias"].dtype == torch.float32
+
+
+def test_triton_hopper_bit_twiddle_lets_a_mask_read_bf16():
+    """The documented property of the Hopper value twiddle: ``(word << 3j) & 0x81C081C0`` is code j of
+    both halves as bf16 sign + exponent/mantissa bits (j < 3)."""
+    from mxrepack.layouts.triton_hopper import twiddle_bits, untwiddle_bits
+
+    x = torch.randint(0, 256, (64, 4), dtype=torch.uint8)
+    words = twiddle_bits(x).view(torch.int32).reshape(-1).to(torch.int64) & 0xFFFFFFFF
+    for j in range(3):
+        got = ((words << (3 * j)) & 0x81C081C0)
+        lo, hi = x[:, j].to(torch.int64) & 15, x[:, j].to(torch.int64) >> 4
+        want = ((lo & 8) << 12) | ((lo & 7) << 6) | ((hi & 8) << 28) | ((hi & 7) << 22)
+        assert torch.equal(got, want)
+    assert torch.equal(untwiddle_bits(twiddle_bits(x)), x)
+
+
+@pytest.mark.parametrize("name", ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4", "b12x", "strided",
+                                  "triton-hopper", "triton-blackwell-scales"])
 @settings(max_examples=12, deadline=None)
 @given(E=st.integers(1, 3), h=st.integers(1, 10), i=st.integers(1, 10), seed=st.integers(0, 2**31))
 def test_roundtrip_is_byte_exact(name, E, h, i, seed):
-    from mxrepack.layouts.marlin import MarlinLayout
-
-    layout = MarlinLayout(fp8_activations=True) if name == "marlin-fp8" else get_layout(name)
+    layout = _layout(name)
     dims = ExpertDims(E, 32 * h, 32 * i)  # multiples of 32, mostly not of 128
     parts = _random_parts(E, dims.hidden, dims.intermediate, seed)
     stored = _pack(layout, parts, dims)
@@ -94,15 +138,58 @@ def test_roundtrip_is_byte_exact(name, E, h, i, seed):
         assert all(torch.equal(one[k].view(torch.uint8), stored[k][1:2].view(torch.uint8)) for k in one)
 
 
-def test_marlin_reference_gemm_padding_is_inert():
-    """A product through the padded, repacked layout equals the unpadded reference."""
-    from mxrepack.kernels.reference import expert_mlp
+ALL_LAYOUTS = ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4", "b12x", "strided", "triton-hopper",
+               "triton-blackwell-scales"]
 
-    dims = ExpertDims(2, 160, 96)
-    parts = _random_parts(2, 160, 96, 7)
-    layout = get_layout("marlin")
+
+@pytest.mark.parametrize("name", ALL_LAYOUTS)
+@settings(max_examples=4, deadline=None)
+@given(h=st.integers(1, 6), i=st.integers(1, 6), seed=st.integers(0, 2**31))
+def test_reference_gemm_on_padded_layout_equals_unpadded(name, h, i, seed):
+    """A whole MoE block computed from the padded stored tensors (zero-padded activations, output
+    cropped) equals the same block on the unpadded source parts.
+
+    Tolerance: 1e-5 relative. Every product is exact in fp32 up to accumulation order; padded K adds
+    exact zeros, but BLAS may block a longer K differently, so sums can differ by fp32 reassociation
+    (~1e-7 relative per add). A layout bug (wrong row, nibble or scale) gives O(1) errors. Scales are
+    drawn from 2^-12..2^0 as in real checkpoints: with 2^13-sized weights an fp32 ulp of the first
+    projection, amplified through the SwiGLU and a huge down weight, would swamp any tolerance.
+    """
+    from mxrepack.kernels.reference import layout_moe_reference
+
+    E, T, k = 3, 6, 2
+    dims = ExpertDims(E, 32 * h, 32 * i)
+    parts = _random_parts(E, dims.hidden, dims.intermediate, seed, scales=(115, 128))
+    layout = _layout(name)
     stored = _pack(layout, parts, dims)
-    x = torch.randn(5, 160).to(torch.bfloat16)
-    want = expert_mlp(x, dense_weights(parts), 1)
-    got = expert_mlp(x, dense_weights(layout.unpack(stored, dims)), 1)
-    assert torch.equal(want, got)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, dims.hidden, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    wts = torch.softmax(torch.randn(T, k, generator=g), -1)
+    mxfp4 = get_layout("mxfp4")
+    want = layout_moe_reference(x, _pack(mxfp4, parts, dims), mxfp4, dims, ids, wts, padded=False)
+    got = layout_moe_reference(x, stored, layout, dims, ids, wts, padded=True)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_b12x_rows_are_up_then_gate_padded_per_half():
+    dims = ExpertDims(1, 160, 96)
+    parts = _random_parts(1, 160, 96, 3)
+    out = _pack(get_layout("b12x"), parts, dims)
+    w = parts["gate_up_proj_blocks"].flatten(2)
+    Ip, Hp = 128, 256
+    assert out["w13_weight"].shape == (1, 2 * Ip, Hp // 2)
+    assert torch.equal(out["w13_weight"][0, :96, :80], w[0, 1::2])  # up
+    assert torch.equal(out["w13_weight"][0, Ip:Ip + 96, :80], w[0, 0::2])  # gate
+    assert not out["w13_weight"][0, 96:Ip].any() and not out["w13_weight"][0, :, 80:].any()
+
+
+def test_layout_options_are_checked():
+    from mxrepack.errors import MxRepackError
+    from mxrepack.layouts import make_layout
+
+    with pytest.raises(MxRepackError, match="not accepted by layout 'marlin'"):
+        make_layout("marlin", {"tile": 64})
+    with pytest.raises(MxRepackError, match="value='tma'"):
+        make_layout("triton-hopper", {"value": "tma"})

@@ -29,7 +29,7 @@ def _tensors(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("target", ["bf16", "mxfp4", "sm121-marlin", "sm100"])
+@pytest.mark.parametrize("target", ["bf16", "mxfp4", "sm121-marlin", "sm100", "sm90", "sm121"])
 def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     out = tmp_path / "out"
     result = repack(str(tiny), target, out, shard_bytes=400_000)
@@ -53,10 +53,17 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     elif target == "mxfp4":
         assert quant["quant_method"] == "mxfp4"
     else:  # kernel layouts must not be mistaken for the native format by a stock engine
-        layout = {"sm121-marlin": "marlin", "sm100": "trtllm"}[target]
+        layout = {"sm121-marlin": "marlin", "sm100": "trtllm", "sm90": "triton-hopper", "sm121": "b12x"}[target]
         assert quant["quant_method"] == "mxrepack" and quant["target"] == target and quant["layouts"] == sorted([layout, "passthrough"])
-        assert entry["padding"] == {"hidden": [288, 512], "intermediate": [160, 256]}
-        assert entry["stored_shape"] == {"marlin": [4, 32, 1024], "trtllm": [4, 512, 256]}[layout]
+        assert quant["groups"]["experts"]["layout"] == layout
+        assert quant["groups"]["experts"]["stored"]["w13_weight"]["logical_shape"][0] == 4
+        padding = {"marlin": {"hidden": [288, 512], "intermediate": [160, 256]},
+                   "trtllm": {"hidden": [288, 512], "intermediate": [160, 256]},
+                   "b12x": {"hidden": [288, 384], "intermediate": [160, 256]}}
+        if layout in padding:
+            assert entry["padding"] == padding[layout]
+        assert entry["stored_shape"] == {"marlin": [4, 32, 1024], "trtllm": [4, 512, 256], "b12x": [4, 512, 192],
+                                         "triton-hopper": [4, 80, 640]}[layout]
     assert verify_dir(out)["ok"]
 
 
@@ -119,10 +126,14 @@ def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
     assert repack(str(tiny), None, tmp_path / "o", recipe_file=str(good)).target == "mine"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: b\ndescription: d\nexperts: {layout: nope}\ndense: {format: bf16}\nconfig: {quantization_config: remove}\n")
-    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: bf16, marlin, mxfp4, trtllm"):
+    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: b12x, bf16, marlin, mxfp4, strided, triton-hopper, trtllm\)"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     bad.write_text("name: b\ndescription: d\nexperts: {layout: bf16, colour: red}\n")
     with pytest.raises(MxRepackError, match="key 'experts.colour' is not known"):
+        repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
+    bad.write_text("name: b\ndescription: d\nexperts: {layout: marlin, options: {tile: 3}}\ndense: {format: bf16}\n"
+                   "config: {quantization_config: mxrepack}\n")
+    with pytest.raises(MxRepackError, match="key 'experts.options': .*not accepted by layout 'marlin'"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     assert not (tmp_path / "o2").exists()
 
@@ -220,7 +231,7 @@ def test_unknown_target_lists_valid_ones(tiny, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "sm999", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, mxfp4, sm100, sm121-marlin, sm80, sm89"
+    assert proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, mxfp4, sm100, sm120, sm121, sm121-marlin, sm80, sm89, sm90"
 
 
 def test_disk_full_during_write(tiny, tmp_path):

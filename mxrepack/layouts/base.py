@@ -51,12 +51,19 @@ class ExpertLayout:
     def outputs(self, dims: ExpertDims) -> list[OutputSpec]:
         raise NotImplementedError
 
-    def unpack(self, stored: dict[str, torch.Tensor], dims: ExpertDims) -> dict[str, torch.Tensor]:
-        """Stored tensors (by suffix) -> source parts, or dense weights where ``exact_bytes`` is False.
+    def unpack_padded(self, stored: dict[str, torch.Tensor], dims: ExpertDims) -> dict[str, torch.Tensor]:
+        """Stored tensors (by suffix) -> source parts at the layout's padded sizes, in checkpoint order
+        (gate/up rows interleaved, padding rows/columns after the real ones), or dense weights
+        ``[E, out, in]`` where ``exact_bytes`` is False.
 
+        This is what a consumer kernel computes with; cropping it gives the source (``unpack``).
         Works on any contiguous expert range (the first dimension), like ``pack``.
         """
         raise NotImplementedError
+
+    def unpack(self, stored: dict[str, torch.Tensor], dims: ExpertDims) -> dict[str, torch.Tensor]:
+        """The exact inverse of packing: stored tensors -> source parts (or dense weights)."""
+        return crop_parts(self.unpack_padded(stored, dims), dims)
 
     def spec(self, dims: ExpertDims) -> dict:
         """A JSON-able description for the manifest."""
@@ -86,6 +93,50 @@ def pad_rows_cols(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     out = x.new_zeros((x.shape[0], rows, cols))
     out[:, : x.shape[1], : x.shape[2]] = x
     return out
+
+
+def crop_parts(parts: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
+    """Padded checkpoint-order parts -> the logical sizes (rows: 2I or H; columns: H or I)."""
+    H, I = d.hidden, d.intermediate
+    out = {}
+    for name, x in parts.items():
+        rows, cols = (2 * I, H) if name.startswith("gate_up_proj") else (H, I)
+        if name.endswith("_blocks"):
+            x = x[:, :rows, : cols // 32]
+        elif name.endswith("_scales"):
+            x = x[:, :rows, : cols // 32]
+        elif name.endswith("_bias"):
+            x = x[:, :rows]
+        else:  # dense [E, out, in]
+            x = x[:, :rows, :cols]
+        out[name] = x.contiguous()
+    return out
+
+
+def interleave_halves(x: torch.Tensor) -> torch.Tensor:
+    """Dim 1 ``[a0..a(n-1), b0..b(n-1)]`` -> ``[a0, b0, a1, b1, ...]``."""
+    return x.unflatten(1, (2, -1)).transpose(1, 2).flatten(1, 2)
+
+
+def deinterleave_halves(x: torch.Tensor) -> torch.Tensor:
+    """Dim 1 ``[a0, b0, a1, b1, ...]`` -> ``[a0..a(n-1), b0..b(n-1)]`` (inverse of interleave_halves)."""
+    return x.unflatten(1, (-1, 2)).transpose(1, 2).flatten(1, 2)
+
+
+def swizzle_128x4(s: torch.Tensor) -> torch.Tensor:
+    """The 128x4 block-scale-factor layout (CUTLASS ``Sm1xxBlockScaledBasicChunk``, FlashInfer
+    ``block_scale_interleave``; layouts.md 2.4) of ``[E, R, C]`` with R % 128 == 0 and C % 4 == 0.
+
+    Rows in blocks of 128, 4 scale columns per 512-byte atom, atoms K-major inside a row block; inside
+    an atom byte ``(r % 32) * 16 + (r % 128 // 32) * 4 + c % 4``. Same shape, flat order.
+    """
+    E, R, C = s.shape
+    return s.reshape(E, R // 128, 4, 32, C // 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(E, R, C)
+
+
+def unswizzle_128x4(s: torch.Tensor) -> torch.Tensor:
+    E, R, C = s.shape
+    return s.reshape(E, R // 128, C // 4, 32, 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(E, R, C)
 
 
 def dense_weights(parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

@@ -53,7 +53,7 @@ class Bf16Layout(ExpertLayout):
             OutputSpec("down_proj_bias", torch.bfloat16, (E, H), ("down_proj_bias",), _bias, upstream=UPSTREAM),
         ]
 
-    def unpack(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
+    def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         return {
             "gate_up_proj": stored["gate_up_proj"].transpose(1, 2),
             "gate_up_proj_bias": stored["gate_up_proj_bias"],

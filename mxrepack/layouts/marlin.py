@@ -127,19 +127,17 @@ class MarlinLayout(ExpertLayout):
             OutputSpec("w2_bias", torch.bfloat16, (E, Hp), ("down_proj_bias",), w2_bias, (E, H), pad, u),
         ]
 
-    def unpack(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
-        H, I = d.hidden, d.intermediate
+    def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         fp8 = self.fp8_activations
-        w13 = unrepack_weight(stored["w13_weight"])[:, : 2 * I, : H // 2]
-        w2 = unrepack_weight(stored["w2_weight"])[:, :H, : I // 2]
+        w13, w2 = unrepack_weight(stored["w13_weight"]), unrepack_weight(stored["w2_weight"])
         E = w13.shape[0]
         return {
-            "gate_up_proj_blocks": w13.reshape(E, 2 * I, H // 32, 16).contiguous(),
-            "gate_up_proj_scales": unpermute_scales(stored["w13_weight_scale"].view(torch.uint8), fp8)[:, : 2 * I, : H // 32].contiguous(),
-            "gate_up_proj_bias": unpermute_bias(stored["w13_bias"])[:, : 2 * I].contiguous(),
-            "down_proj_blocks": w2.reshape(E, H, I // 32, 16).contiguous(),
-            "down_proj_scales": unpermute_scales(stored["w2_weight_scale"].view(torch.uint8), fp8)[:, :H, : I // 32].contiguous(),
-            "down_proj_bias": unpermute_bias(stored["w2_bias"])[:, :H].contiguous(),
+            "gate_up_proj_blocks": w13.reshape(E, w13.shape[1], -1, 16),
+            "gate_up_proj_scales": unpermute_scales(stored["w13_weight_scale"].view(torch.uint8), fp8),
+            "gate_up_proj_bias": unpermute_bias(stored["w13_bias"]),
+            "down_proj_blocks": w2.reshape(E, w2.shape[1], -1, 16),
+            "down_proj_scales": unpermute_scales(stored["w2_weight_scale"].view(torch.uint8), fp8),
+            "down_proj_bias": unpermute_bias(stored["w2_bias"]),
         }
 
 

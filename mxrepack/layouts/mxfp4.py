@@ -31,7 +31,7 @@ class NativeMxfp4Layout(ExpertLayout):
                            upstream="openai/gpt-oss checkpoint format (HF layout)")
                 for part, (shape, dtype) in ((p, shapes[p]) for p in EXPERT_PARTS)]
 
-    def unpack(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
+    def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         return {p: stored[p] for p in EXPERT_PARTS}
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up
+from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up, swizzle_128x4,
+                                   unswizzle_128x4)
 
 UPSTREAM = ("vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_TRTLLM_MXFP4_BF16); "
             "flashinfer fb28d72 get_shuffle_matrix_a_row_indices(epilogue_tile_m=128), 128x4 block_scale_interleave")
@@ -35,17 +36,6 @@ def shuffle_rows(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """The epilogue-tile-128 row shuffle within 32-row blocks along dim 1."""
     perm = torch.argsort(_ROW_SHUFFLE) if inverse else _ROW_SHUFFLE
     return x.unflatten(1, (-1, 32))[:, :, perm].flatten(1, 2)
-
-
-def swizzle_128x4(s: torch.Tensor) -> torch.Tensor:
-    """``[E, R, C]`` (R % 128 == 0, C % 4 == 0) -> the 128x4 scale-factor layout, same shape, flat order."""
-    E, R, C = s.shape
-    return s.reshape(E, R // 128, 4, 32, C // 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(E, R, C)
-
-
-def unswizzle_128x4(s: torch.Tensor) -> torch.Tensor:
-    E, R, C = s.shape
-    return s.reshape(E, R // 128, C // 4, 32, 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(E, R, C)
 
 
 class TrtllmLayout(ExpertLayout):
@@ -87,22 +77,22 @@ class TrtllmLayout(ExpertLayout):
             OutputSpec("w2_bias", torch.float32, (E, Hp), ("down_proj_bias",), w2_bias, (E, H), pad, u),
         ]
 
-    def unpack(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
-        H, I = d.hidden, d.intermediate
-
+    def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         def back13(x):
-            return swap_row_pairs(shuffle_rows(x, inverse=True))[:, : 2 * I]
+            return swap_row_pairs(shuffle_rows(x, inverse=True))
 
-        w13 = back13(stored["w13_weight"])[:, :, : H // 2]
-        w2 = shuffle_rows(stored["w2_weight"], inverse=True)[:, :H, : I // 2]
+        def back2(x):
+            return shuffle_rows(x, inverse=True)
+
+        w13, w2 = back13(stored["w13_weight"]), back2(stored["w2_weight"])
         E = w13.shape[0]
         return {
-            "gate_up_proj_blocks": w13.reshape(E, 2 * I, H // 32, 16).contiguous(),
-            "gate_up_proj_scales": back13(unswizzle_128x4(stored["w13_weight_scale"]))[:, :, : H // 32].contiguous(),
-            "gate_up_proj_bias": back13(stored["w13_bias"].unsqueeze(-1)).squeeze(-1).to(torch.bfloat16).contiguous(),
-            "down_proj_blocks": w2.reshape(E, H, I // 32, 16).contiguous(),
-            "down_proj_scales": shuffle_rows(unswizzle_128x4(stored["w2_weight_scale"]), inverse=True)[:, :H, : I // 32].contiguous(),
-            "down_proj_bias": shuffle_rows(stored["w2_bias"].unsqueeze(-1), inverse=True).squeeze(-1)[:, :H].to(torch.bfloat16).contiguous(),
+            "gate_up_proj_blocks": w13.reshape(E, w13.shape[1], -1, 16),
+            "gate_up_proj_scales": back13(unswizzle_128x4(stored["w13_weight_scale"])),
+            "gate_up_proj_bias": back13(stored["w13_bias"].unsqueeze(-1)).squeeze(-1).to(torch.bfloat16),
+            "down_proj_blocks": w2.reshape(E, w2.shape[1], -1, 16),
+            "down_proj_scales": back2(unswizzle_128x4(stored["w2_weight_scale"])),
+            "down_proj_bias": back2(stored["w2_bias"].unsqueeze(-1)).squeeze(-1).to(torch.bfloat16),
         }
 
 

@@ -83,7 +83,7 @@ def builtin_names() -> list[str]:
 
 
 def _check(data: object, where: str) -> dict:
-    from mxrepack.layouts import LAYOUTS
+    from mxrepack.layouts import LAYOUTS, make_layout
 
     if not isinstance(data, dict):
         raise MxRepackError(f"recipe {where}: expected a mapping at the top level")
@@ -116,6 +116,10 @@ def _check(data: object, where: str) -> dict:
     for key, value, valid in checks:
         if value not in valid:
             raise MxRepackError(f"recipe {where}: key '{key}': unknown value {value!r} (valid: {', '.join(valid)})")
+    try:
+        make_layout(data["experts"]["layout"], data["experts"].get("options"))
+    except MxRepackError as e:
+        raise MxRepackError(f"recipe {where}: key 'experts.options': {e}") from None
     return data
 
 

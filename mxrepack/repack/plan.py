@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from mxrepack.layouts import EXPERTS_PREFIX, ExpertDims, get_layout
+from mxrepack.layouts import EXPERTS_PREFIX, ExpertDims, make_layout
 from mxrepack.layouts.base import passthrough
 from mxrepack.recipes import Recipe
 from mxrepack.repack.gptoss import EXPERT_PARTS, expected_tensors
@@ -65,9 +65,7 @@ def expert_dims(ck: Checkpoint) -> ExpertDims:
 
 
 def build_plan(ck: Checkpoint, recipe: Recipe) -> list[PlanItem]:
-    layout = get_layout(recipe.expert_layout)
-    if recipe.expert_options:
-        layout = type(layout)(**recipe.expert_options)
+    layout = make_layout(recipe.expert_layout, recipe.expert_options)
     specs = layout.outputs(expert_dims(ck))
     items: list[PlanItem] = []
     expert_done: set[int] = set()

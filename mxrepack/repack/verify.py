@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts import ExpertDims, dense_weights, get_layout
+from mxrepack.layouts import ExpertDims, dense_weights, make_layout
 from mxrepack.recipes import Recipe
 from mxrepack.repack.plan import build_plan, expert_dims
 from mxrepack.repack.safetensors_io import read_header, read_rows, sha256_file
@@ -75,7 +75,7 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
                     problems.append(f"{item.name}: stored bytes differ from the source (rows {r0}:{r1})")
                     break
             continue
-        layout = get_layout(items[0].layout)
+        layout = make_layout(recipe.expert_layout, recipe.expert_options)
         prefix = items[0].name[: items[0].name.index(".mlp.experts.") + len(".mlp.experts.")]
         dims: ExpertDims = expert_dims(ck)
         for r0 in range(0, step if first_chunk_only else rows, step):

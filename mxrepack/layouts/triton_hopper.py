@@ -1,0 +1,238 @@
+"""``triton-hopper``: OpenAI triton_kernels ``matmul_ogs`` MXFP4 weights as vLLM hands them to it on Hopper.
+
+Pinned to the triton_kernels that vLLM 0.33.0 vendors (``vllm/third_party/triton_kernels``, the
+``(cls, kwargs)`` layout API) and to vLLM's ``mxfp4_utils._swizzle_mxfp4`` call: values are the
+checkpoint ``[E, N, K/2]`` viewed as ``[E, K/2, N]`` with the MX axis on K, scales ``[E, K/32, N]``.
+Byte-exact against golden ``triton_kernels.safetensors`` for every value/scale layout below; stored
+tensors are the storage bytes in memory order (layouts.md 3.3).
+
+Value layouts (``value=``):
+
+* ``hopper`` -- ``HopperMXValueLayout(mx_axis=1)`` (mma v3): rows N padded to 16, packed K bytes to
+  32; each thread's bytes of 4 mma tiles along K made contiguous (``[E, N/4, 4*K/2]``), then every
+  32-bit word's eight nibbles bit-twiddled so a bf16 upcast is a mask and a shift;
+* ``strided`` -- the checkpoint bytes unchanged; ``blackwell`` -- K bytes zero-padded to 128.
+
+Scale layouts (``scale=``): ``hopper`` -- ``HopperMXScaleLayout(mx_axis=1, num_warps)``: N padded to
+``32 * num_warps``, K/32 to 2, tiles of ``(2, warps, 2, 8) x (K/64, 2)`` reordered to
+``[E, N/32, 32*K/32]``; ``strided`` -- unchanged; ``blackwell`` -- the 128x4 swizzle with N padded to 128
+and K/32 to 8, ``[E, N/128, K/128, 2, 256]`` (the golden's ``[1, E*N/128, ...]`` is the same bytes).
+
+Not applied (the golden README says the same): vLLM's TRITON backend also zero-pads the intermediate
+size to 64 (a no-op for gpt-oss, 2880 = 45 * 64) and, from vLLM PR #47303, the Hopper scale K/32 axis
+to a multiple of 4. Gate/up rows stay interleaved (triton_kernels' fused swiglu reads pairs); biases are
+float32, as vLLM holds them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mxrepack.errors import MxRepackError
+from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up, swizzle_128x4,
+                                   unswizzle_128x4)
+
+UPSTREAM = "triton_kernels as vendored in vllm 0.33.0 (vllm/third_party/triton_kernels), via vllm mxfp4_utils._swizzle_mxfp4"
+LAYOUT_NAMES = {"hopper": ("HopperMXValueLayout(mx_axis=1)", "HopperMXScaleLayout(mx_axis=1, num_warps={w})"),
+                "strided": ("StridedLayout", "StridedLayout"),
+                "blackwell": ("BlackwellMXValueLayout", "BlackwellMXScaleLayout")}
+
+
+# --- the Hopper value bit-twiddle ---------------------------------------------------------------
+# In each little-endian 32-bit word of 4 bytes (8 FP4 codes, low nibbles = half 0, high nibbles =
+# half 1), code j of a half (j = byte index) is spread over that half's 16 bits so that
+# ``(word << 3j) & 0b1000000111000000`` leaves a bf16 with the code's sign and exponent/mantissa bits
+# (j < 3); the fourth code fills the holes. Source bit -> destination bit, per half:
+def _half_map(j: int) -> dict[int, int]:
+    if j < 3:  # sign -> 15 - 3j, e/m bits 0..2 -> 6..8 shifted right by 3j
+        return {3: 15 - 3 * j, 0: 6 - 3 * j, 1: 7 - 3 * j, 2: 8 - 3 * j}
+    return {3: 14, 1: 10, 2: 11, 0: 13}
+
+
+def _word_bit_perm() -> list[int]:
+    dst = [0] * 32
+    for j in range(4):
+        for half in range(2):
+            for b, d in _half_map(j).items():
+                dst[8 * j + 4 * half + b] = 16 * half + d
+    assert sorted(dst) == list(range(32))
+    return dst
+
+
+def _byte_luts(dst: list[int]) -> np.ndarray:
+    """A bit permutation of a 32-bit word as four 256-entry tables, one per source byte, to OR."""
+    luts = np.zeros((4, 256), dtype=np.uint32)
+    v = np.arange(256, dtype=np.uint32)
+    for j in range(4):
+        for b in range(8):
+            luts[j] |= ((v >> b) & 1) << np.uint32(dst[8 * j + b])
+    return luts
+
+
+_TWIDDLE = _word_bit_perm()
+_TWIDDLE_LUTS = _byte_luts(_TWIDDLE)
+_UNTWIDDLE_LUTS = _byte_luts([_TWIDDLE.index(i) for i in range(32)])
+
+
+def _permute_word_bits(x: torch.Tensor, luts: np.ndarray) -> torch.Tensor:
+    """Apply a 32-bit-word bit permutation to a uint8 tensor whose last dim is a multiple of 4."""
+    b = x.contiguous().numpy().reshape(-1, 4)
+    w = luts[0][b[:, 0]]
+    for j in (1, 2, 3):
+        w |= luts[j][b[:, j]]
+    return torch.from_numpy(w.view(np.uint8).reshape(x.shape))
+
+
+def twiddle_bits(x: torch.Tensor) -> torch.Tensor:
+    return _permute_word_bits(x, _TWIDDLE_LUTS)
+
+
+def untwiddle_bits(x: torch.Tensor) -> torch.Tensor:
+    return _permute_word_bits(x, _UNTWIDDLE_LUTS)
+
+
+# --- value layouts on checkpoint-order bytes [E, N, K/2] ----------------------------------------
+def hopper_value_swizzle(w: torch.Tensor) -> torch.Tensor:
+    """``[E, N, Kb]`` -> ``[E, N16/4, 4 * Kb32]`` (N padded to 16, Kb to 32 bytes).
+
+    With ``n = 16 r + 8 w0 + 2 t0 + s0`` and ``kb = 32 c + 8 kt + 4 w1 + t1``, byte (n, kb) goes to
+    row ``4 r + t0``, column ``128 c + 64 s0 + 16 t1 + 4 kt + 2 w1 + w0``: the bytes one thread needs
+    for four k16 mma tiles become one 16-byte vector, and threads 4-7 sit beside 0-3 (a full line).
+    """
+    E, N, Kb = w.shape
+    w = pad_rows_cols(w, round_up(N, 16), round_up(Kb, 32))
+    N, Kb = w.shape[1], w.shape[2]
+    w = w.view(E, N // 16, 2, 4, 2, Kb // 32, 4, 2, 4)  # e, r, w0, t0, s0, c, kt, w1, t1
+    w = w.permute(0, 1, 3, 5, 4, 8, 6, 7, 2).reshape(E, N // 4, Kb * 4)
+    return twiddle_bits(w)
+
+
+def hopper_value_unswizzle(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`hopper_value_swizzle`, at the padded size ``[E, N16, Kb32]``."""
+    E, N4, Kb4 = x.shape
+    N, Kb = N4 * 4, Kb4 // 4
+    w = untwiddle_bits(x).view(E, N // 16, 4, Kb // 32, 2, 4, 4, 2, 2)  # e, r, t0, c, s0, t1, kt, w1, w0
+    return w.permute(0, 1, 8, 2, 4, 3, 6, 7, 5).reshape(E, N, Kb)
+
+
+def blackwell_value_pad(w: torch.Tensor) -> torch.Tensor:
+    return pad_rows_cols(w, w.shape[1], round_up(w.shape[2], 128))
+
+
+# --- scale layouts on checkpoint-order bytes [E, N, K/32] ---------------------------------------
+def hopper_scale_swizzle(s: torch.Tensor, num_warps: int = 8) -> torch.Tensor:
+    """``[E, N, Ks]`` -> ``[E, Np/32, 32 * Ks2]`` (N padded to ``32 * num_warps``, Ks to 2).
+
+    With ``n = 32 W r + 16 W a + 16 w + 8 b + c`` (a, b < 2; w < W warps; c < 8) and ``k = 2 kk + d``,
+    scale (n, k) goes to row ``W r + w``, column ``64 kk + 32 a + 4 c + 2 d + b``.
+    """
+    E, N, Ks = s.shape
+    W = num_warps
+    s = pad_rows_cols(s, round_up(N, 32 * W), round_up(Ks, 2))
+    N, Ks = s.shape[1], s.shape[2]
+    s = s.view(E, N // (32 * W), 2, W, 2, 8, Ks // 2, 2)  # e, r, a, w, b, c, kk, d
+    return s.permute(0, 1, 3, 6, 2, 5, 7, 4).reshape(E, N // 32, Ks * 32)
+
+
+def hopper_scale_unswizzle(x: torch.Tensor, num_warps: int = 8) -> torch.Tensor:
+    E, N32, Ks32 = x.shape
+    W, N, Ks = num_warps, N32 * 32, Ks32 // 32
+    s = x.view(E, N // (32 * W), W, Ks // 2, 2, 8, 2, 2)  # e, r, w, kk, a, c, d, b
+    return s.permute(0, 1, 4, 2, 7, 5, 3, 6).reshape(E, N, Ks)
+
+
+def blackwell_scale_swizzle(s: torch.Tensor) -> torch.Tensor:
+    E, N, Ks = s.shape
+    s = swizzle_128x4(pad_rows_cols(s, round_up(N, 128), round_up(Ks, 8)))
+    return s.view(E, s.shape[1] // 128, s.shape[2] // 4, 2, 256)
+
+
+def blackwell_scale_unswizzle(x: torch.Tensor) -> torch.Tensor:
+    E, N128, K4 = x.shape[:3]
+    return unswizzle_128x4(x.reshape(E, N128 * 128, K4 * 4))
+
+
+class TritonHopperLayout(ExpertLayout):
+    name = "triton-hopper"
+    description = ("OpenAI triton_kernels matmul_ogs (as vLLM 0.33.0 calls it on Hopper): HopperMXValueLayout "
+                   "bit-twiddled values, HopperMXScaleLayout scales, fp32 biases, gate/up interleaved")
+
+    def __init__(self, value: str = "hopper", scale: str = "hopper", num_warps: int = 8):
+        for what, v in (("value", value), ("scale", scale)):
+            if v not in LAYOUT_NAMES:
+                raise MxRepackError(f"triton-hopper option {what}={v!r}: expected one of {', '.join(LAYOUT_NAMES)}")
+        if num_warps not in (1, 2, 4, 8, 16):
+            raise MxRepackError(f"triton-hopper option num_warps={num_warps!r}: expected a power of two <= 16")
+        self.value, self.scale, self.num_warps = value, scale, num_warps
+
+    def _value(self, w: torch.Tensor) -> torch.Tensor:
+        return {"hopper": hopper_value_swizzle, "blackwell": blackwell_value_pad, "strided": lambda t: t}[self.value](w)
+
+    def _value_shape(self, E: int, N: int, Kb: int) -> tuple[int, ...]:
+        if self.value == "hopper":
+            return (E, round_up(N, 16) // 4, round_up(Kb, 32) * 4)
+        return (E, N, round_up(Kb, 128) if self.value == "blackwell" else Kb)
+
+    def _unvalue(self, x: torch.Tensor) -> torch.Tensor:
+        return hopper_value_unswizzle(x) if self.value == "hopper" else x
+
+    def _scale(self, s: torch.Tensor) -> torch.Tensor:
+        if self.scale == "hopper":
+            return hopper_scale_swizzle(s, self.num_warps)
+        return blackwell_scale_swizzle(s) if self.scale == "blackwell" else s
+
+    def _scale_shape(self, E: int, N: int, Ks: int) -> tuple[int, ...]:
+        if self.scale == "hopper":
+            return (E, round_up(N, 32 * self.num_warps) // 32, round_up(Ks, 2) * 32)
+        if self.scale == "blackwell":
+            return (E, round_up(N, 128) // 128, round_up(Ks, 8) // 4, 2, 256)
+        return (E, N, Ks)
+
+    def _unscale(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale == "hopper":
+            return hopper_scale_unswizzle(x, self.num_warps)
+        return blackwell_scale_unswizzle(x) if self.scale == "blackwell" else x
+
+    def outputs(self, d: ExpertDims) -> list[OutputSpec]:
+        H, I, E = d.hidden, d.intermediate, d.experts
+        vname, sname = LAYOUT_NAMES[self.value][0], LAYOUT_NAMES[self.scale][1].format(w=self.num_warps)
+        u = f"{UPSTREAM}: value {vname}, scale {sname}"
+        specs = []
+        for w, proj, N, K in (("w13", "gate_up_proj", 2 * I, H), ("w2", "down_proj", H, I)):
+            vshape, sshape = self._value_shape(E, N, K // 2), self._scale_shape(E, N, K // 32)
+            pad = {}
+            if vshape != (E, N, K // 2):
+                pad["value_storage"] = [[E, N, K // 2], list(vshape)]
+            if sshape != (E, N, K // 32):
+                pad["scale_storage"] = [[E, N, K // 32], list(sshape)]
+            specs += [
+                OutputSpec(f"{w}_weight", torch.uint8, vshape, (f"{proj}_blocks",),
+                           _by_part(f"{proj}_blocks", lambda b: self._value(b.flatten(2))), (E, N, K // 2), pad, u),
+                OutputSpec(f"{w}_weight_scale", torch.uint8, sshape, (f"{proj}_scales",),
+                           _by_part(f"{proj}_scales", self._scale), (E, N, K // 32), pad, u),
+                OutputSpec(f"{w}_bias", torch.float32, (E, N), (f"{proj}_bias",),
+                           _by_part(f"{proj}_bias", lambda b: b.to(torch.float32)), upstream=u),
+            ]
+        return specs
+
+    def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
+        out = {}
+        for w, proj in (("w13", "gate_up_proj"), ("w2", "down_proj")):
+            v = self._unvalue(stored[f"{w}_weight"])
+            s = self._unscale(stored[f"{w}_weight_scale"])
+            # values and scales may be padded differently: keep the common (still padded) extent
+            E, N, Kb = v.shape[0], min(v.shape[1], s.shape[1]), min(v.shape[2], s.shape[2] * 16)
+            out[f"{proj}_blocks"] = v[:, :N, :Kb].reshape(E, N, Kb // 16, 16)
+            out[f"{proj}_scales"] = s[:, :N, : Kb // 16]
+            out[f"{proj}_bias"] = stored[f"{w}_bias"].to(torch.bfloat16)
+        return out
+
+
+def _by_part(part: str, fn):
+    def pack(**parts: torch.Tensor) -> torch.Tensor:
+        return fn(parts[part])
+    return pack
+
+
+LAYOUT = TritonHopperLayout()
