@@ -23,7 +23,9 @@ from mxrepack.errors import MxRepackError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want.")
-SUBCOMMANDS = {"convert", "inspect", "targets", "verify", "make-fixture"}
+SUBCOMMANDS = {"convert", "inspect", "targets", "verify", "make-fixture", "kernels"}
+kernels_app = typer.Typer(no_args_is_help=True, help="mxrepack's Triton kernels: build proofs.")
+app.add_typer(kernels_app, name="kernels")
 INTERRUPTED = "error: interrupted; nothing was written to the output path"
 
 
@@ -157,6 +159,36 @@ def make_fixture_cmd(
 
     path = make_fixture(out, preset, layers, seed, layout, overwrite=overwrite)
     typer.echo(f"wrote {path} ({preset}, {layout} layout)")
+
+
+@kernels_app.command("check")
+def kernels_check_cmd(
+    arch: Optional[list[int]] = typer.Option(None, "--arch", help="Compute capability to build for (repeatable): 90, 100, 120, 121; default all"),
+    kernel: Optional[list[str]] = typer.Option(None, "--kernel", help="Only this kernel (repeatable)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Parallel compiles (default: CPU count)"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON record per (kernel, config, arch)"),
+) -> None:
+    """AOT-compile every shipped kernel configuration (no GPU needed) and check sm_12x limits:
+    shared memory <= 101376 bytes, no TMA in the PTX, native FP4 MMA on the W4A4 path."""
+    import os
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    from mxrepack.kernels.check import format_table, run_check
+
+    try:
+        records = run_check(arch or None, kernel or None, jobs)
+    except ValueError as e:
+        raise MxRepackError(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(records, indent=1))
+    else:
+        typer.echo(format_table(records))
+    bad = [r for r in records if not r["ok"]]
+    if bad:
+        raise MxRepackError(f"kernels check: {len(bad)} of {len(records)} builds failed, first: "
+                            f"{bad[0]['kernel']} {bad[0]['config']} {bad[0]['mode']} {bad[0]['arch']}: {bad[0]['error']}")
+    if not as_json:
+        typer.echo(f"ok: {len(records)} builds")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,6 @@ import torch
 
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up
-from mxrepack.quant import pack_fp4, unpack_fp4
 
 UPSTREAM = "vllm 0.33.0 marlin_utils_fp4.prepare_moe_mxfp4_layer_for_marlin (gptq_marlin_repack, marlin_permute_scales, mxfp4_marlin_process_scales, marlin_permute_bias)"
 _SCALE_PERM = torch.tensor([i + 8 * j for i in range(8) for j in range(8)])
@@ -32,25 +31,32 @@ _E8M0_SWAP = torch.tensor([0, 2, 1, 3])  # self-inverse
 
 
 def repack_weight(packed: torch.Tensor) -> torch.Tensor:
-    """``[E, N, K/2]`` uint8 (checkpoint nibble order) -> Marlin int32 ``[E, K/16, 2N]``."""
+    """``[E, N, K/2]`` uint8 (checkpoint nibble order) -> Marlin int32 ``[E, K/16, 2N]``.
+
+    Done on bytes, not nibbles: the two codes of a source byte are k and k+1 of one column, and a
+    word's bytes are (slots 0-1) lo(B0)|lo(B1), (2-3) lo(B2)|lo(B3), (4-5) hi(B0)|hi(B1), (6-7)
+    hi(B2)|hi(B3) for the source bytes B(c, a) at rows k + 8a, column n + 8c. So one byte permute
+    gathers each word's four source bytes, and four byte-wise mask/shift ops finish it.
+    """
     E, N, K = packed.shape[0], packed.shape[1], packed.shape[2] * 2
     if N % 64 or K % 16:
         raise MxRepackError(f"Marlin repack needs N % 64 == 0 and K % 16 == 0, got N={N}, K={K}")
-    codes = unpack_fp4(packed)  # [E, N, K]: codes[e, n, k]
-    # k = 16 kt + 8 a + 2 l4 + b ; n = 64 nt + 16 warp + 8 c + l8 ; lane = 4 l8 + l4 ; nibble slot = 4 b + 2 c + a
-    q = codes.view(E, N // 64, 4, 2, 8, K // 16, 2, 4, 2)  # e, nt, warp, c, l8, kt, a, l4, b
-    q = q.permute(0, 5, 1, 4, 7, 2, 8, 3, 6)  # e, kt, nt, l8, l4, warp, b, c, a
-    return pack_fp4(q.reshape(E, K // 16, 2 * N, 8)).view(torch.int32).reshape(E, K // 16, 2 * N)
+    # byte kb = 8 kt + 4 a + l4 ; n = 64 nt + 16 warp + 8 c + l8
+    b = packed.view(E, N // 64, 4, 2, 8, K // 16, 2, 4)  # e, nt, warp, c, l8, kt, a, l4
+    b = b.permute(0, 5, 1, 4, 7, 2, 3, 6).reshape(E, K // 16, 2 * N, 4)  # e, kt, nt, l8, l4, warp, (c, a)
+    b0, b1, b2, b3 = b.unbind(-1)
+    out = torch.stack([(b0 & 15) | (b1 << 4), (b2 & 15) | (b3 << 4), (b0 >> 4) | (b1 & 0xF0), (b2 >> 4) | (b3 & 0xF0)], -1)
+    return out.view(torch.int32).reshape(E, K // 16, 2 * N)
 
 
 def unrepack_weight(words: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`repack_weight`."""
     E, K16, N2 = words.shape
     N, K = N2 // 2, K16 * 16
-    slots = unpack_fp4(words.contiguous().view(torch.uint8).view(E, K16, N2, 4))  # [..., 8] slots
-    q = slots.view(E, K // 16, N // 64, 8, 4, 4, 2, 2, 2)  # e, kt, nt, l8, l4, warp, b, c, a
-    q = q.permute(0, 2, 5, 7, 3, 1, 8, 4, 6)  # e, nt, warp, c, l8, kt, a, l4, b
-    return pack_fp4(q.reshape(E, N, K))
+    o0, o1, o2, o3 = words.contiguous().view(torch.uint8).view(E, K16, N2, 4).unbind(-1)
+    b = torch.stack([(o0 & 15) | (o2 << 4), (o0 >> 4) | (o2 & 0xF0), (o1 & 15) | (o3 << 4), (o1 >> 4) | (o3 & 0xF0)], -1)
+    b = b.view(E, K // 16, N // 64, 8, 4, 4, 2, 2)  # e, kt, nt, l8, l4, warp, c, a
+    return b.permute(0, 2, 5, 6, 3, 1, 7, 4).reshape(E, N, K // 2)
 
 
 def permute_scales(scales: torch.Tensor, fp8_activations: bool = False) -> torch.Tensor:

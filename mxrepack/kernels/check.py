@@ -1,0 +1,140 @@
+"""``repack kernels check``: prove every shipped kernel configuration builds for each GPU arch, on CPU.
+
+Each (kernel, config, mode) is compiled ahead of time with ``triton.compile(ASTSource(...),
+target=GPUTarget("cuda", cap, 32))`` -- Triton's own front end, LLVM and the ptxas it ships, so no GPU
+is needed -- and the result is inspected:
+
+* ``shared_bytes``: the compiled kernel's shared memory (``metadata.shared``); on sm_12x it must be
+  <= 101376 bytes (99 KiB, the opt-in per-block limit of consumer Blackwell);
+* ``tma``: any ``cp.async.bulk.tensor``, ``.tile::scatter4`` or ``.tile::gather4`` in the PTX (ptxas
+  rejects TMA scatter on sm_121a; our kernels use none on any arch);
+* ``mma``: the MMA instructions found (``mma.sync...``, ``wgmma...``, ``tcgen05.mma...``); the W4A4 path
+  must reach the native FP4 tensor cores on sm_12x: ``mma.sync...kind::mxf4nvf4.block_scale``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from mxrepack.kernels import linear_mxfp4 as lin
+from mxrepack.kernels import moe_mxfp4 as moe
+
+SM12X_SHARED_LIMIT = 101376
+ARCHS = {90: "sm_90a", 100: "sm_100a", 120: "sm_120a", 121: "sm_121a"}
+_TMA = re.compile(r"cp\.async\.bulk\.tensor|\.tile::scatter4|\.tile::gather4")
+_MMA = re.compile(r"\b(mma\.sync\.aligned[\w.:]*|wgmma\.mma_async[\w.:]*|tcgen05\.mma[\w.:]*)")
+_A_TYPE = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "e2m1": "*u8"}
+
+
+def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
+    a_fmt = lin.MODES[mode]
+    sig = {"x_ptr": _A_TYPE[a_fmt], "xs_ptr": "*u8", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16",
+           "y_ptr": "*bf16" if cfg.split_k == 1 else "*fp32", "M": "i32", "N": "i32", "K": "i32",
+           "stride_xm": "i32", "stride_xsm": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_ym": "i32",
+           "A_FMT": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
+           "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+    const = {"A_FMT": a_fmt, "HAS_BIAS": True, "SPLIT_K": cfg.split_k, "BLOCK_M": cfg.block_m,
+             "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    return ASTSource(lin._linear_mxfp4_kernel, sig, const)
+
+
+def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
+    common = {"A_FMT": act, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    gate_up = {"x_ptr": _A_TYPE[act], "xs_ptr": "*u8", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
+               "h_ptr": "*bf16", "order_ptr": "*i32", "blk_e_ptr": "*i32", "blk_s_ptr": "*i32", "blk_end_ptr": "*i32",
+               "H": "i32", "Hp": "i32", "Ip": "i32", "TOPK": "i32", "stride_x": "i32", "stride_xs": "i32",
+               "stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_h": "i32",
+               "alpha": "fp32", "limit": "fp32", **{k: "constexpr" for k in common}}
+    down = {"h_ptr": _A_TYPE[act], "hs_ptr": "*u8", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
+            "y_ptr": "*fp32", "order_ptr": "*i32", "wts_ptr": "*fp32", "blk_e_ptr": "*i32", "blk_s_ptr": "*i32",
+            "blk_end_ptr": "*i32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_hs": "i32",
+            "stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_y": "i32",
+            **{k: "constexpr" for k in common}}
+    return {"moe_gate_up_swiglu": ASTSource(moe._gate_up_kernel, gate_up, dict(common)),
+            "moe_down_combine": ASTSource(moe._down_kernel, down, dict(common))}
+
+
+def shipped_kernels():
+    """(kernel, config name, mode, ASTSource, num_warps, num_stages) for every shipped configuration."""
+    for mode in lin.MODES:
+        for name, cfg in lin.CONFIGS.items():
+            yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
+    for act, mode in (("bf16", "w4a16"), ("e4m3", "w4a8"), ("e2m1", "w4a4")):
+        for name, cfg in moe.MOE_CONFIGS.items():
+            for kernel, src in _moe_sources(act, cfg).items():
+                yield kernel, f"{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
+
+
+def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: int, num_stages: int, cap: int) -> dict:
+    arch = ARCHS[cap]
+    rec = {"kernel": kernel, "config": config, "mode": mode, "arch": arch, "num_warps": num_warps,
+           "num_stages": num_stages, "shared_bytes": None, "mma": [], "tma": False, "ok": False, "error": None}
+    try:
+        compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32),
+                                  options={"num_warps": num_warps, "num_stages": num_stages})
+    except Exception as e:  # a compile failure is a finding, reported per record
+        rec["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+        return rec
+    ptx = compiled.asm["ptx"]
+    rec["shared_bytes"] = int(compiled.metadata.shared)
+    rec["mma"] = sorted(set(_MMA.findall(ptx)))
+    rec["tma"] = bool(_TMA.search(ptx))
+    problems = []
+    if rec["tma"]:
+        problems.append("TMA instructions in PTX")
+    if cap >= 120:
+        if rec["shared_bytes"] > SM12X_SHARED_LIMIT:
+            problems.append(f"shared memory {rec['shared_bytes']} > {SM12X_SHARED_LIMIT}")
+        if mode == "w4a4" and not any("kind::mxf4nvf4.block_scale" in m for m in rec["mma"]):
+            problems.append("W4A4 does not use mma.sync kind::mxf4nvf4.block_scale")
+    if not rec["mma"]:
+        problems.append("no MMA instruction found")
+    rec["ok"] = not problems
+    rec["error"] = "; ".join(problems) or None
+    return rec
+
+
+def _check_index(i: int, cap: int) -> dict:
+    kernel, config, mode, src, warps, stages = list(shipped_kernels())[i]
+    return check_one(kernel, config, mode, src, warps, stages, cap)
+
+
+def run_check(caps: list[int] | None = None, kernels: list[str] | None = None, jobs: int | None = None) -> list[dict]:
+    """One record per (kernel, config, mode, arch); compiles in ``jobs`` processes (default: all cores)."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    caps = caps or sorted(ARCHS)
+    unknown = [c for c in caps if c not in ARCHS]
+    if unknown:
+        raise ValueError(f"unknown compute capability {unknown[0]}; known: {', '.join(map(str, ARCHS))}")
+    work = [(i, cap) for i, k in enumerate(shipped_kernels()) if not kernels or k[0] in kernels for cap in caps]
+    jobs = jobs or os.cpu_count() or 1
+    if jobs == 1:
+        return [_check_index(i, cap) for i, cap in work]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(_check_index, *zip(*work)))
+
+
+def format_table(records: list[dict]) -> str:
+    lines = [f"{'kernel':<20} {'config':<26} {'mode':<6} {'arch':<8} {'shared':>7} {'ok':<3} mma / problem",
+             "-" * 110]
+    for r in records:
+        mma = ", ".join(m.replace("mma.sync.aligned.", "mma.sync.") for m in r["mma"]) or "-"
+        shared = "-" if r["shared_bytes"] is None else str(r["shared_bytes"])
+        note = mma if r["ok"] else f"FAIL: {r['error']}"
+        lines.append(f"{r['kernel']:<20} {r['config']:<26} {r['mode']:<6} {r['arch']:<8} {shared:>7} "
+                     f"{'yes' if r['ok'] else 'NO':<3} {note}")
+    return "\n".join(lines)
+
+
+def triton_version() -> str:
+    return triton.__version__
+
+
+__all__ = ["ARCHS", "SM12X_SHARED_LIMIT", "format_table", "run_check", "shipped_kernels", "asdict"]

@@ -1,0 +1,144 @@
+"""Dense MXFP4 GEMM ``y = x @ W.T + b`` in Triton, for any K % 32 == 0 and any N (gpt-oss: 2880 wide).
+
+W is MXFP4 in the plain ``strided`` form: packed E2M1 bytes ``[N, K/2]`` (low nibble = even k) and raw
+E8M0 scales ``[N, K/32]``, row-major, no TMA descriptors and no swizzled shared-memory layouts, so the
+same kernel compiles for sm_90a, sm_100a and sm_120a/sm_121a (``repack kernels check``). Modes:
+
+* ``w4a16`` -- BF16 activations: ``tl.dot_scaled(bf16, e2m1)``; Triton upcasts W in registers;
+* ``w4a8``  -- activations quantized on the fly to MXFP8 E4M3 with E8M0 group scales (``mx_quant``);
+* ``w4a4``  -- activations quantized to MXFP4: e2m1 x e2m1, the native FP4 tensor-core MMA on sm_12x
+  (``mma.sync ... kind::mxf4nvf4.block_scale``).
+
+One kernel, two schedules: prefill tiles M and N; decode (M <= 16) uses a 16-row tile and split-K, so
+that a narrow layer (k/v: N = 512) still puts enough CTAs in flight to stream the weights at full
+bandwidth; split-K partial sums are added with fp32 atomics into a zeroed fp32 buffer.
+The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from mxrepack.kernels.mx_quant import quantize_activations
+
+MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def name(self) -> str:
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
+
+
+# The shipped configurations (``repack kernels check`` compiles each for every arch). Stages are kept
+# so that every one fits sm_12x's 101376 bytes of shared memory.
+DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=4)
+DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=4)
+PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
+PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3)
+CONFIGS = {"decode": DECODE, "decode_split": DECODE_SPLIT, "prefill": PREFILL, "prefill_small": PREFILL_SMALL}
+
+
+def pick_config(M: int, N: int, K: int, sm_count: int = 132) -> LinearConfig:
+    """Decode for M <= 16 (split-K when the N tiles alone cannot fill the GPU), prefill otherwise."""
+    if M <= 16:
+        tiles = triton.cdiv(N, DECODE.block_n)
+        if tiles >= 2 * sm_count:
+            return DECODE
+        k_tiles = triton.cdiv(K, DECODE.block_k)
+        split = max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(4 * sm_count, tiles))))
+        return LinearConfig(DECODE.block_m, DECODE.block_n, DECODE.block_k, split, DECODE.num_warps, DECODE.num_stages)
+    return PREFILL if M >= 1024 else PREFILL_SMALL
+
+
+@triton.jit
+def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
+                         stride_xm, stride_xsm, stride_wn, stride_wsn, stride_ym,
+                         A_FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rkb = tl.arange(0, BLOCK_K // 2)  # packed bytes
+    rks = tl.arange(0, BLOCK_K // 32)  # scale groups
+    m_ok, n_ok = rm < M, rn < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
+        k0 = kt * BLOCK_K
+        kb_ok = (k0 // 2 + rkb) < K // 2
+        ks_ok = (k0 // 32 + rks) < K // 32
+        # weights: [BLOCK_N, BLOCK_K/2] bytes (zero past K: code 0 is 0.0), scales [BLOCK_N, BLOCK_K/32]
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0)
+        ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :], mask=n_ok[:, None] & ks_ok[None, :], other=127)
+        if A_FMT == "bf16":
+            a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
+            acc = tl.dot_scaled(a, None, "bf16", w.T, ws, "e2m1", acc)
+        else:
+            if A_FMT == "e2m1":
+                a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :], mask=m_ok[:, None] & kb_ok[None, :], other=0)
+            else:
+                a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
+            xs = tl.load(xs_ptr + rm[:, None] * stride_xsm + (k0 // 32 + rks)[None, :], mask=m_ok[:, None] & ks_ok[None, :], other=127)
+            acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
+    if HAS_BIAS:
+        if pid_k == 0:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        tl.atomic_add(y, acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
+
+
+def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 mode: str = "w4a16", config: LinearConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [M, K]`` (bf16) times MXFP4 ``W [N, K]`` -> ``[M, N]`` bf16 (into ``out`` when given)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    M, K = x.shape
+    N = w_packed.shape[0]
+    if w_packed.shape != (N, K // 2) or w_scales.shape != (N, K // 32) or K % 32:
+        raise ValueError(f"weights {tuple(w_packed.shape)}/{tuple(w_scales.shape)} do not fit x {tuple(x.shape)}: "
+                         f"expected [N, {K // 2}] packed and [N, {K // 32}] scales, K % 32 == 0")
+    cfg = config or pick_config(M, N, K, _sm_count(x.device))
+    a_fmt = MODES[mode]
+    if a_fmt == "bf16":
+        a, a_scales = x.contiguous(), None
+    else:
+        a, a_scales = quantize_activations(x, a_fmt)
+    if out is None:
+        out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    y = out if cfg.split_k == 1 else torch.zeros(M, N, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
+    _linear_mxfp4_kernel[grid](
+        a, a_scales if a_scales is not None else w_scales, w_packed, w_scales, bias if bias is not None else w_scales, y,
+        M, N, K, a.stride(0), a_scales.stride(0) if a_scales is not None else 0, w_packed.stride(0), w_scales.stride(0),
+        y.stride(0), A_FMT=a_fmt, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.split_k > 1:
+        out.copy_(y)
+    return out
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def config_dict(cfg: LinearConfig) -> dict:
+    return asdict(cfg)

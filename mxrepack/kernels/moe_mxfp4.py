@@ -1,0 +1,219 @@
+"""gpt-oss MoE block with MXFP4 experts in Triton: route, sort, gate_up + SwiGLU, down, combine.
+
+Weights are the ``strided`` layout (``mxrepack.layouts.strided``): w13 ``[E, 2*Ip, Hp/2]`` with rows
+``[gate | up]``, w2 ``[E, Hp, Ip/2]``, row-major E8M0 scales, fp32 biases, hidden and intermediate padded
+(2880 -> 2944). No TMA anywhere (sm_12x rejects TMA scatter), only plain loads and stores:
+
+1. ``moe_schedule`` (torch, no host sync): sort the ``T*k`` (token, slot) assignments by expert and cut
+   each expert's run into ``BLOCK_M`` row blocks: per block its expert, first and end sorted position.
+2. ``_gate_up_kernel``: per (row block, N tile) gather the tokens' rows of x, two accumulators (gate
+   rows n and up rows Ip + n of the same expert), + bias, the gpt-oss SwiGLU (alpha 1.702, limit 7:
+   gate clamped above, up on both sides, ``(up + 1) * gate * sigmoid(alpha * gate)``), stored in sorted
+   order ``[T*k, Ip]`` bf16. Padded rows have zero weights and bias, so they produce exactly 0.
+3. ``_down_kernel``: sorted rows times w2 + bias, times the routing weight, stored (plain stores) at the
+   assignment's own row ``t*k + slot`` of ``[T*k, H]`` fp32 -- a scatter with ordinary stores.
+4. combine: ``sum`` over the k slots of each token (torch).
+
+``activations="e4m3"|"e2m1"`` quantizes x and the intermediate on the fly (MXFP8 / MXFP4), as the dense
+kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_moe_reference`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from mxrepack.kernels.mx_quant import quantize_activations
+
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def name(self) -> str:
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
+
+
+MOE_DECODE = MoeConfig(16, 64, 128, num_warps=4, num_stages=4)
+MOE_PREFILL = MoeConfig(64, 128, 128, num_warps=4, num_stages=3)
+MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
+
+
+def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
+    return MOE_DECODE if tokens * topk <= 16 * experts else MOE_PREFILL
+
+
+def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
+    """(sorted assignment ids, per-block expert, start, end); blocks past the real ones have expert -1.
+
+    The block count is bounded by ``cdiv(T*k, block_m) + experts`` so the grid needs no host sync.
+    """
+    flat = topk_ids.flatten()
+    order = torch.argsort(flat, stable=True).to(torch.int32)
+    counts = torch.bincount(flat, minlength=experts)
+    blocks = (counts + block_m - 1) // block_m
+    cum_blocks = torch.cumsum(blocks, 0)
+    starts = torch.cumsum(counts, 0) - counts
+    nb = triton.cdiv(flat.numel(), block_m) + experts
+    b = torch.arange(nb, device=flat.device)
+    expert = torch.searchsorted(cum_blocks, b, right=True)
+    valid = expert < experts
+    e = expert.clamp(max=experts - 1)
+    start = starts[e] + (b - (cum_blocks[e] - blocks[e])) * block_m
+    end = starts[e] + counts[e]
+    neg = torch.full_like(expert, -1)
+    return order, torch.where(valid, expert, neg).to(torch.int32), start.to(torch.int32), end.to(torch.int32)
+
+
+@triton.jit
+def _load_a(a_ptr, rows, row_ok, k0, K, stride_a, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One ``[BLOCK_M, BLOCK_K]`` activation tile of gathered rows (packed ``BLOCK_K/2`` bytes for e2m1)."""
+    if A_FMT == "e2m1":
+        rb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        a = tl.load(a_ptr + rows[:, None] * stride_a + rb[None, :], mask=row_ok[:, None] & (rb < K // 2)[None, :], other=0)
+    else:
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rows[:, None] * stride_a + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :], other=0.0)
+    return a
+
+
+@triton.jit
+def _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K: tl.constexpr):
+    rs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    return tl.load(as_ptr + rows[:, None] * stride_as + rs[None, :], mask=row_ok[:, None] & (rs < K // 32)[None, :], other=127)
+
+
+@triton.jit
+def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+    if A_FMT == "bf16":
+        acc = tl.dot_scaled(a, None, "bf16", w, ws, "e2m1", acc)
+    else:
+        acc = tl.dot_scaled(a, _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K), A_FMT, w, ws, "e2m1", acc)
+    return acc
+
+
+@triton.jit
+def _load_w(w_ptr, ws_ptr, rn, k0, Kp, stride_wn, stride_wsn, BLOCK_K: tl.constexpr):
+    """``[BLOCK_N, BLOCK_K/2]`` packed weights as ``[BLOCK_K/2, BLOCK_N]`` and ``[BLOCK_N, BLOCK_K/32]`` scales.
+    Rows are always in range (the layout pads N to the tile); K past the padded width reads zeros."""
+    rb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    rs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    w = tl.load(w_ptr + rn[:, None] * stride_wn + rb[None, :], mask=(rb < Kp // 2)[None, :], other=0)
+    s = tl.load(ws_ptr + rn[:, None] * stride_wsn + rs[None, :], mask=(rs < Kp // 32)[None, :], other=127)
+    return w.T, s
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
+                    H, Hp, Ip, TOPK, stride_x, stride_xs, stride_we, stride_wn, stride_wse, stride_wsn, stride_h,
+                    alpha, limit, A_FMT: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_b, pid_n = tl.program_id(0), tl.program_id(1)
+    e = tl.load(blk_e_ptr + pid_b)
+    if e < 0:
+        return
+    start, end = tl.load(blk_s_ptr + pid_b), tl.load(blk_end_ptr + pid_b)
+    pos = start + tl.arange(0, BLOCK_M)  # sorted positions
+    row_ok = pos < end
+    tok = tl.load(order_ptr + pos, mask=row_ok, other=0) // TOPK
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
+    w_e = w_ptr + e.to(tl.int64) * stride_we
+    s_e = ws_ptr + e.to(tl.int64) * stride_wse
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, Hp, BLOCK_K):
+        a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
+        wg, sg = _load_w(w_e, s_e, rn, k0, Hp, stride_wn, stride_wsn, BLOCK_K)
+        wu, su = _load_w(w_e, s_e, Ip + rn, k0, Hp, stride_wn, stride_wsn, BLOCK_K)
+        acc_g = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, acc_g, A_FMT, BLOCK_K)
+        acc_u = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, acc_u, A_FMT, BLOCK_K)
+    gate = acc_g + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
+    up = acc_u + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = (up + 1.0) * gate * tl.sigmoid(alpha * gate)
+    tl.store(h_ptr + pos[:, None] * stride_h + rn[None, :], h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
+                 H, Hp, Ip, stride_h, stride_hs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
+                 A_FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_b, pid_n = tl.program_id(0), tl.program_id(1)
+    e = tl.load(blk_e_ptr + pid_b)
+    if e < 0:
+        return
+    start, end = tl.load(blk_s_ptr + pid_b), tl.load(blk_end_ptr + pid_b)
+    pos = start + tl.arange(0, BLOCK_M)
+    row_ok = pos < end
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
+    w_e = w_ptr + e.to(tl.int64) * stride_we
+    s_e = ws_ptr + e.to(tl.int64) * stride_wse
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, Ip, BLOCK_K):
+        a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
+        w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K)
+        acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K)
+    acc += tl.load(b_ptr + e * Hp + rn)[None, :]
+    assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
+    acc *= tl.load(wts_ptr + assignment, mask=row_ok, other=0.0)[:, None]
+    tl.store(y_ptr + assignment[:, None].to(tl.int64) * stride_y + rn[None, :], acc,
+             mask=row_ok[:, None] & (rn < H)[None, :])
+
+
+def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: dict[str, torch.Tensor],
+              activations: str = "bf16", config: MoeConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One gpt-oss MoE block: ``x [T, H]`` bf16, ``topk_ids/topk_weights [T, k]`` -> ``[T, H]`` bf16.
+
+    ``w``: the strided layout's tensors by suffix (``w13_weight``, ``w13_weight_scale``, ``w13_bias``,
+    ``w2_weight``, ``w2_weight_scale``, ``w2_bias``).
+    """
+    if activations not in ("bf16", "e4m3", "e2m1"):
+        raise ValueError(f"activations must be bf16, e4m3 or e2m1, got {activations!r}")
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    w13, s13, b13 = w["w13_weight"], w["w13_weight_scale"], w["w13_bias"]
+    w2, s2, b2 = w["w2_weight"], w["w2_weight_scale"], w["w2_bias"]
+    E, Ip2, Hp2 = w13.shape
+    Ip, Hp = Ip2 // 2, Hp2 * 2
+    if w2.shape != (E, Hp, Ip // 2) or H > Hp:
+        raise ValueError(f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer")
+    cfg = config or pick_moe_config(T, k, E)
+    if Ip % cfg.block_n or Hp % cfg.block_n:
+        raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of block_n={cfg.block_n}")
+    order, blk_e, blk_s, blk_end = moe_schedule(topk_ids, E, cfg.block_m)
+    nb = blk_e.numel()
+    x = x.contiguous()
+    if activations == "bf16":
+        a, a_s = x, None
+    else:
+        a, a_s = quantize_activations(x if H % 32 == 0 else torch.nn.functional.pad(x, (0, 32 - H % 32)), activations)
+    h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
+    _gate_up_kernel[(nb, Ip // cfg.block_n)](
+        a, a_s if a_s is not None else s13, w13, s13, b13, h, order, blk_e, blk_s, blk_end,
+        H, Hp, Ip, k, a.stride(0), a_s.stride(0) if a_s is not None else 0, w13.stride(0), w13.stride(1),
+        s13.stride(0), s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, A_FMT=activations,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if activations == "bf16":
+        ha, ha_s = h, None
+    else:
+        ha, ha_s = quantize_activations(h, activations)
+    y = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
+    _down_kernel[(nb, Hp // cfg.block_n)](
+        ha, ha_s if ha_s is not None else s2, w2, s2, b2, y, order, topk_weights.to(torch.float32).contiguous().view(-1),
+        blk_e, blk_s, blk_end, H, Hp, Ip, ha.stride(0), ha_s.stride(0) if ha_s is not None else 0, w2.stride(0),
+        w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), A_FMT=activations,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    result = y.view(T, k, H).sum(1)
+    if out is None:
+        return result.to(torch.bfloat16)
+    return out.copy_(result)
