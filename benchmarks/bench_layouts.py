@@ -2,7 +2,7 @@
 
     python benchmarks/bench_layouts.py [--experts 128] [--chunk 16] [--layouts marlin,trtllm]
 
-One layer = 128 experts, hidden = intermediate = 2880: 1.19 GB of packed source (blocks, scales,
+One layer = 128 experts, hidden = intermediate = 2880: 1.69 GB of packed source (blocks, scales,
 biases). Random bytes (values don't matter to a permutation). Each layout packs the layer in chunks of
 ``--chunk`` experts, as the pipeline streams it, and the figure is source bytes / wall seconds on this
 machine's threads. A baseline measured in the same run: ``torch.clone`` of the same source bytes (a

@@ -45,7 +45,8 @@ def test_activation_quantizer_matches_codec_bytes(fmt):
 
 
 def _small(cfg: LinearConfig) -> LinearConfig:  # interpreter-sized tiles, same schedule
-    return LinearConfig(min(cfg.block_m, 32), min(cfg.block_n, 32), min(cfg.block_k, 128), cfg.split_k)
+    return LinearConfig(min(cfg.block_m, 32), min(cfg.block_n, 32), min(cfg.block_k, 128), cfg.split_k,
+                        manual_dequant=cfg.manual_dequant)
 
 
 @pytest.mark.parametrize("mode", ["w4a16", "w4a8", "w4a4"])

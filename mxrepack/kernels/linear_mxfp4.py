@@ -17,6 +17,7 @@ The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -36,15 +37,18 @@ class LinearConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    manual_dequant: bool = False  # W4A16 only: integer-op dequant + tl.dot instead of tl.dot_scaled
 
     def name(self) -> str:
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
+                + ("d" if self.manual_dequant else ""))
 
 
 # The shipped configurations (``repack kernels check`` compiles each for every arch). Stages are kept
 # so that every one fits sm_12x's 101376 bytes of shared memory.
-DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=4)
-DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=4)
+# Decode: the best of a 72-config sweep on lm_head M=1 (H200, docs/PERF.md): integer-op dequant + tl.dot.
+DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=3, manual_dequant=True)
+DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, manual_dequant=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
 PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3)
 CONFIGS = {"decode": DECODE, "decode_split": DECODE_SPLIT, "prefill": PREFILL, "prefill_small": PREFILL_SMALL}
@@ -58,15 +62,32 @@ def pick_config(M: int, N: int, K: int, sm_count: int = 132) -> LinearConfig:
             return DECODE
         k_tiles = triton.cdiv(K, DECODE.block_k)
         split = max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(4 * sm_count, tiles))))
-        return LinearConfig(DECODE.block_m, DECODE.block_n, DECODE.block_k, split, DECODE.num_warps, DECODE.num_stages)
+        return LinearConfig(DECODE.block_m, DECODE.block_n, DECODE.block_k, split, DECODE.num_warps, DECODE.num_stages,
+                            DECODE.manual_dequant)
     return PREFILL if M >= 1024 else PREFILL_SMALL
+
+
+@triton.jit
+def _dequant_bf16(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Packed E2M1 bytes ``[BLOCK_N, BLOCK_K/2]`` and E8M0 scales ``[BLOCK_N, BLOCK_K/32]`` -> bf16
+    ``[BLOCK_N, BLOCK_K]`` with integer ops: a code's sign and 3 exponent/mantissa bits placed at fp32
+    bits 31 and 22-24 read as ``value * 2^-126`` (1 -> subnormal 0.5 * 2^-126 too); times 2^126, times the scale."""
+    w = w.to(tl.int32)
+    codes = tl.reshape(tl.join(w & 15, w >> 4), (BLOCK_N, BLOCK_K))
+    f = (((codes & 8) << 28) | ((codes & 7) << 22)).to(tl.float32, bitcast=True)
+    s = ws.to(tl.int32)
+    mult = tl.where(s == 0, 5.877471754111438e-39, (s << 23).to(tl.float32, bitcast=True))  # 2^(s-127)
+    f = f * 8.507059173023462e37  # 2^126: now the E2M1 value itself
+    f = tl.reshape(tl.reshape(f, (BLOCK_N, BLOCK_K // 32, 32)) * mult[:, :, None], (BLOCK_N, BLOCK_K))
+    return f.to(tl.bfloat16)
 
 
 @triton.jit
 def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
                          stride_xm, stride_xsm, stride_wn, stride_wsn, stride_ym,
                          A_FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,7 +107,14 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
         ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :], mask=n_ok[:, None] & ks_ok[None, :], other=127)
         if A_FMT == "bf16":
             a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
-            acc = tl.dot_scaled(a, None, "bf16", w.T, ws, "e2m1", acc)
+            if MANUAL_DEQUANT:
+                wd = tl.trans(_dequant_bf16(w, ws, BLOCK_N, BLOCK_K))
+                if INTERPRETER:  # Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
+                    acc = tl.dot(a.to(tl.float32), wd.to(tl.float32), acc)
+                else:
+                    acc = tl.dot(a, wd, acc)
+            else:
+                acc = tl.dot_scaled(a, None, "bf16", w.T, ws, "e2m1", acc)
         else:
             if A_FMT == "e2m1":
                 a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :], mask=m_ok[:, None] & kb_ok[None, :], other=0)
@@ -128,7 +156,9 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
         a, a_scales if a_scales is not None else w_scales, w_packed, w_scales, bias if bias is not None else w_scales, y,
         M, N, K, a.stride(0), a_scales.stride(0) if a_scales is not None else 0, w_packed.stride(0), w_scales.stride(0),
         y.stride(0), A_FMT=a_fmt, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=cfg.manual_dequant and a_fmt == "bf16",
+        INTERPRETER=os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:
         out.copy_(y)
     return out
