@@ -75,7 +75,7 @@ def main() -> None:
     info = {"date": date.today().isoformat(), "machine": f"{platform.node()} {os.cpu_count()} cores",
             "preset": args.preset, "layers": args.layers, "rows": rows}
     Path(args.out or work / "bench_repack.json").write_text(json.dumps(info, indent=2))
-    print(f"| target | source GB | output GB | cp s | repack s | repack/cp | source GB/s | peak RSS MB |")
+    print("| target | source GB | output GB | cp s | repack s | repack/cp | source GB/s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['target']} | {r['source_GB']:.2f} | {r['output_GB']:.2f} | {r['cp_s']:.1f} | {r['repack_s']:.1f} | "

@@ -20,24 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, deinterleave_halves, interleave_halves,
-                                   pad_rows_cols, round_up, swizzle_128x4, unswizzle_128x4)
+from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, gate_up_from_halves, gate_up_halves_padded,
+                                   pad_rows_cols, packed_expert_outputs, round_up, swizzle_128x4, unswizzle_128x4)
 
 UPSTREAM = ("flashinfer PR #4290 fused_moe/cute_dsl/b12x_moe.b12x_fused_moe (quant_mode mxfp4, "
             "swigluoai_uninterleave) weight prep; not golden-tested (no upstream vector), 128x4 swizzle = "
             "flashinfer swizzle_block_scale")
-
-
-def up_gate_padded(x: torch.Tensor, rows_per_half: int, cols: int) -> torch.Tensor:
-    """Interleaved gate/up rows ``[E, 2I, c]`` -> ``[up | gate]``, each half zero-padded to ``rows_per_half``."""
-    gate, up = deinterleave_halves(x).unflatten(1, (2, -1)).unbind(1)
-    return torch.cat([pad_rows_cols(up, rows_per_half, cols), pad_rows_cols(gate, rows_per_half, cols)], dim=1)
-
-
-def gate_up_interleaved(x: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`up_gate_padded` at the padded size: ``[up | gate]`` -> interleaved (gate first)."""
-    up, gate = x.unflatten(1, (2, -1)).unbind(1)
-    return interleave_halves(torch.cat([gate, up], dim=1))
 
 
 class B12xLayout(ExpertLayout):
@@ -49,45 +37,30 @@ class B12xLayout(ExpertLayout):
         self.tile = tile
 
     def outputs(self, d: ExpertDims) -> list[OutputSpec]:
-        H, I, E = d.hidden, d.intermediate, d.experts
-        Hp, Ip = round_up(H, 128), round_up(I, self.tile)
-        pad = {"hidden": [H, Hp], "intermediate": [I, Ip]}
-        u = UPSTREAM
+        Hp, Ip = round_up(d.hidden, 128), round_up(d.intermediate, self.tile)
 
-        def w13(gate_up_proj_blocks):
-            return up_gate_padded(gate_up_proj_blocks.flatten(2), Ip, Hp // 2)
+        def up_gate(x, cols):
+            return gate_up_halves_padded(x, Ip, cols, up_first=True)
 
-        def w13_scale(gate_up_proj_scales):
-            return swizzle_128x4(up_gate_padded(gate_up_proj_scales, Ip, Hp // 32))
-
-        def w13_bias(gate_up_proj_bias):
-            return up_gate_padded(gate_up_proj_bias.unsqueeze(-1), Ip, 1).squeeze(-1)
-
-        def w2(down_proj_blocks):
-            return pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2)
-
-        def w2_scale(down_proj_scales):
-            return swizzle_128x4(pad_rows_cols(down_proj_scales, Hp, Ip // 32))
-
-        def w2_bias(down_proj_bias):
-            return pad_rows_cols(down_proj_bias.unsqueeze(-1), Hp, 1).squeeze(-1)
-
-        return [
-            OutputSpec("w13_weight", torch.uint8, (E, 2 * Ip, Hp // 2), ("gate_up_proj_blocks",), w13, (E, 2 * I, H // 2), pad, u),
-            OutputSpec("w13_weight_scale", torch.uint8, (E, 2 * Ip, Hp // 32), ("gate_up_proj_scales",), w13_scale, (E, 2 * I, H // 32), pad, u),
-            OutputSpec("w13_bias", torch.bfloat16, (E, 2 * Ip), ("gate_up_proj_bias",), w13_bias, (E, 2 * I), pad, u),
-            OutputSpec("w2_weight", torch.uint8, (E, Hp, Ip // 2), ("down_proj_blocks",), w2, (E, H, I // 2), pad, u),
-            OutputSpec("w2_weight_scale", torch.uint8, (E, Hp, Ip // 32), ("down_proj_scales",), w2_scale, (E, H, I // 32), pad, u),
-            OutputSpec("w2_bias", torch.bfloat16, (E, Hp), ("down_proj_bias",), w2_bias, (E, H), pad, u),
-        ]
+        return packed_expert_outputs(d, Hp, Ip, {
+            "w13_weight": lambda gate_up_proj_blocks: up_gate(gate_up_proj_blocks.flatten(2), Hp // 2),
+            "w13_weight_scale": lambda gate_up_proj_scales: swizzle_128x4(up_gate(gate_up_proj_scales, Hp // 32)),
+            "w13_bias": lambda gate_up_proj_bias: up_gate(gate_up_proj_bias.unsqueeze(-1), 1).squeeze(-1),
+            "w2_weight": lambda down_proj_blocks: pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2),
+            "w2_weight_scale": lambda down_proj_scales: swizzle_128x4(pad_rows_cols(down_proj_scales, Hp, Ip // 32)),
+            "w2_bias": lambda down_proj_bias: pad_rows_cols(down_proj_bias.unsqueeze(-1), Hp, 1).squeeze(-1),
+        }, torch.bfloat16, UPSTREAM)
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
-        w13, w2 = gate_up_interleaved(stored["w13_weight"]), stored["w2_weight"]
+        def gate_up(x):
+            return gate_up_from_halves(x, up_first=True)
+
+        w13, w2 = gate_up(stored["w13_weight"]), stored["w2_weight"]
         E = w13.shape[0]
         return {
             "gate_up_proj_blocks": w13.reshape(E, w13.shape[1], -1, 16),
-            "gate_up_proj_scales": gate_up_interleaved(unswizzle_128x4(stored["w13_weight_scale"])),
-            "gate_up_proj_bias": gate_up_interleaved(stored["w13_bias"].unsqueeze(-1)).squeeze(-1),
+            "gate_up_proj_scales": gate_up(unswizzle_128x4(stored["w13_weight_scale"])),
+            "gate_up_proj_bias": gate_up(stored["w13_bias"].unsqueeze(-1)).squeeze(-1),
             "down_proj_blocks": w2.reshape(E, w2.shape[1], -1, 16),
             "down_proj_scales": unswizzle_128x4(stored["w2_weight_scale"]),
             "down_proj_bias": stored["w2_bias"],

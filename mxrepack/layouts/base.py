@@ -113,6 +113,41 @@ def crop_parts(parts: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch
     return out
 
 
+def packed_expert_outputs(d: ExpertDims, Hp: int, Ip: int, packs: dict[str, Callable[..., torch.Tensor]],
+                          bias_dtype: torch.dtype, upstream: str) -> list[OutputSpec]:
+    """The six outputs of a layout that keeps packed FP4 bytes ``[E, rows, K/2]``, E8M0 byte scales
+    ``[E, rows, K/32]`` (in any flat order of that size) and biases ``[E, rows]``, at the padded widths
+    ``Hp``/``Ip``; ``packs`` maps each suffix (``w13_weight`` ...) to its pack function."""
+    H, I, E = d.hidden, d.intermediate, d.experts
+    pad = {"hidden": [H, Hp], "intermediate": [I, Ip]}
+    rows = {"w13": (2 * Ip, 2 * I, Hp, H, "gate_up_proj"), "w2": (Hp, H, Ip, I, "down_proj")}
+    out = []
+    for w, (n_pad, n, k_pad, k, proj) in rows.items():
+        out += [
+            OutputSpec(f"{w}_weight", torch.uint8, (E, n_pad, k_pad // 2), (f"{proj}_blocks",), packs[f"{w}_weight"],
+                       (E, n, k // 2), pad, upstream),
+            OutputSpec(f"{w}_weight_scale", torch.uint8, (E, n_pad, k_pad // 32), (f"{proj}_scales",),
+                       packs[f"{w}_weight_scale"], (E, n, k // 32), pad, upstream),
+            OutputSpec(f"{w}_bias", bias_dtype, (E, n_pad), (f"{proj}_bias",), packs[f"{w}_bias"], (E, n), pad, upstream),
+        ]
+    return out
+
+
+def gate_up_halves_padded(x: torch.Tensor, rows_per_half: int, cols: int, up_first: bool = False) -> torch.Tensor:
+    """Interleaved gate/up rows ``[E, 2I, c]`` -> ``[gate | up]`` (or ``[up | gate]``), each half zero-padded
+    to ``rows_per_half`` rows on its own and to ``cols`` columns."""
+    gate, up = deinterleave_halves(x).unflatten(1, (2, -1)).unbind(1)
+    first, second = (up, gate) if up_first else (gate, up)
+    return torch.cat([pad_rows_cols(first, rows_per_half, cols), pad_rows_cols(second, rows_per_half, cols)], dim=1)
+
+
+def gate_up_from_halves(x: torch.Tensor, up_first: bool = False) -> torch.Tensor:
+    """Inverse of :func:`gate_up_halves_padded` at the padded size: halves -> interleaved rows (gate first)."""
+    first, second = x.unflatten(1, (2, -1)).unbind(1)
+    gate, up = (second, first) if up_first else (first, second)
+    return interleave_halves(torch.cat([gate, up], dim=1))
+
+
 def interleave_halves(x: torch.Tensor) -> torch.Tensor:
     """Dim 1 ``[a0..a(n-1), b0..b(n-1)]`` -> ``[a0, b0, a1, b1, ...]``."""
     return x.unflatten(1, (2, -1)).transpose(1, 2).flatten(1, 2)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up, swizzle_128x4,
-                                   unswizzle_128x4)
+from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, packed_expert_outputs, round_up,
+                                   swizzle_128x4, unswizzle_128x4)
 
 UPSTREAM = ("vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_TRTLLM_MXFP4_BF16); "
             "flashinfer fb28d72 get_shuffle_matrix_a_row_indices(epilogue_tile_m=128), 128x4 block_scale_interleave")
@@ -44,9 +44,7 @@ class TrtllmLayout(ExpertLayout):
                    "row pairs swapped, epilogue-128 row shuffle, 128x4-swizzled E8M0 scales, fp32 biases")
 
     def outputs(self, d: ExpertDims) -> list[OutputSpec]:
-        H, I, E = d.hidden, d.intermediate, d.experts
-        Hp, Ip = round_up(H, 256), round_up(I, 128)
-        pad = {"hidden": [H, Hp], "intermediate": [I, Ip]}
+        Hp, Ip = round_up(d.hidden, 256), round_up(d.intermediate, 128)
 
         def w13(gate_up_proj_blocks):
             return shuffle_rows(swap_row_pairs(pad_rows_cols(gate_up_proj_blocks.flatten(2), 2 * Ip, Hp // 2)))
@@ -67,15 +65,9 @@ class TrtllmLayout(ExpertLayout):
         def w2_bias(down_proj_bias):
             return shuffle_rows(pad_rows_cols(down_proj_bias.to(torch.float32).unsqueeze(-1), Hp, 1)).squeeze(-1)
 
-        u = UPSTREAM
-        return [
-            OutputSpec("w13_weight", torch.uint8, (E, 2 * Ip, Hp // 2), ("gate_up_proj_blocks",), w13, (E, 2 * I, H // 2), pad, u),
-            OutputSpec("w13_weight_scale", torch.uint8, (E, 2 * Ip, Hp // 32), ("gate_up_proj_scales",), w13_scale, (E, 2 * I, H // 32), pad, u),
-            OutputSpec("w13_bias", torch.float32, (E, 2 * Ip), ("gate_up_proj_bias",), w13_bias, (E, 2 * I), pad, u),
-            OutputSpec("w2_weight", torch.uint8, (E, Hp, Ip // 2), ("down_proj_blocks",), w2, (E, H, I // 2), pad, u),
-            OutputSpec("w2_weight_scale", torch.uint8, (E, Hp, Ip // 32), ("down_proj_scales",), w2_scale, (E, H, I // 32), pad, u),
-            OutputSpec("w2_bias", torch.float32, (E, Hp), ("down_proj_bias",), w2_bias, (E, H), pad, u),
-        ]
+        return packed_expert_outputs(d, Hp, Ip, {"w13_weight": w13, "w13_weight_scale": w13_scale, "w13_bias": w13_bias,
+                                                  "w2_weight": w2, "w2_weight_scale": w2_scale, "w2_bias": w2_bias},
+                                     torch.float32, UPSTREAM)
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         def back13(x):

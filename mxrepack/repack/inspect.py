@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from pathlib import Path
 
 from mxrepack.errors import MxRepackError
 from mxrepack.repack import gptoss
