@@ -139,8 +139,8 @@ def moe(rows: list, bw: float, quick: bool) -> None:
     w13, s13 = rand_mx(E, 2 * Ip, Hp)
     w2, s2 = rand_mx(E, Hp, Ip)
     # zero the padding as the strided layout does (rows I..Ip of each half, columns H..Hp)
-    for t, rows_real, cols_real in ((w13, None, H // 2), (w2, H, I // 2)):
-        t[..., cols_real:] = 0
+    w13[..., H // 2:] = 0
+    w2[..., I // 2:] = 0
     s13[..., H // 32:] = 127
     s2[..., I // 32:] = 127
     w13.view(E, 2, Ip, -1)[:, :, I:] = 0

@@ -14,8 +14,8 @@ is needed -- and the result is inspected:
 
 from __future__ import annotations
 
+import functools
 import re
-from dataclasses import asdict
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -101,9 +101,13 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     return rec
 
 
+@functools.cache
+def _shipped() -> list:
+    return list(shipped_kernels())
+
+
 def _check_index(i: int, cap: int) -> dict:
-    kernel, config, mode, src, warps, stages = list(shipped_kernels())[i]
-    return check_one(kernel, config, mode, src, warps, stages, cap)
+    return check_one(*_shipped()[i], cap)
 
 
 def run_check(caps: list[int] | None = None, kernels: list[str] | None = None, jobs: int | None = None) -> list[dict]:
@@ -115,7 +119,7 @@ def run_check(caps: list[int] | None = None, kernels: list[str] | None = None, j
     unknown = [c for c in caps if c not in ARCHS]
     if unknown:
         raise ValueError(f"unknown compute capability {unknown[0]}; known: {', '.join(map(str, ARCHS))}")
-    work = [(i, cap) for i, k in enumerate(shipped_kernels()) if not kernels or k[0] in kernels for cap in caps]
+    work = [(i, cap) for i, k in enumerate(_shipped()) if not kernels or k[0] in kernels for cap in caps]
     jobs = jobs or os.cpu_count() or 1
     if jobs == 1:
         return [_check_index(i, cap) for i, cap in work]
@@ -135,8 +139,4 @@ def format_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def triton_version() -> str:
-    return triton.__version__
-
-
-__all__ = ["ARCHS", "SM12X_SHARED_LIMIT", "format_table", "run_check", "shipped_kernels", "asdict"]
+__all__ = ["ARCHS", "SM12X_SHARED_LIMIT", "format_table", "run_check", "shipped_kernels"]

@@ -18,7 +18,7 @@ The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -168,7 +168,3 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132
-
-
-def config_dict(cfg: LinearConfig) -> dict:
-    return asdict(cfg)

@@ -81,23 +81,18 @@ def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
         # loudly instead of loading kernel-specific bytes as if they were the native format.
         layouts = sorted({i.layout for i in plan})
         groups: dict[str, dict] = {}
-        for i in plan:  # one entry per tensor group, described by its first tensor
-            key = "experts" if i.group.endswith(".experts") else i.layout
-            if key not in groups:
-                groups[key] = {"layout": i.layout, "padding": i.padding,
-                               "tensors": ("model.layers.*.mlp.experts." + i.name.split(".mlp.experts.")[1]
-                                           if key == "experts" else None)}
-            if key == "experts":
-                groups[key].setdefault("stored", {})[i.name.split(".mlp.experts.")[1]] = {
-                    "dtype": str(i.dtype).removeprefix("torch."), "shape": list(i.shape),
-                    "logical_shape": list(i.logical_shape or i.shape)}
-        if "experts" in groups:
-            groups["experts"].pop("tensors")
-            groups["experts"]["modules"] = "model.layers.*.mlp.experts"
-            groups["experts"]["options"] = recipe.expert_options
+        experts = [i for i in plan if i.group == "layers.0.experts"]  # every layer is laid out the same
+        if experts:
+            groups["experts"] = {
+                "layout": experts[0].layout, "padding": experts[0].padding,
+                "stored": {i.name.split(".mlp.experts.")[1]: {"dtype": str(i.dtype).removeprefix("torch."),
+                                                              "shape": list(i.shape),
+                                                              "logical_shape": list(i.logical_shape or i.shape)}
+                           for i in experts},
+                "modules": "model.layers.*.mlp.experts", "options": recipe.expert_options}
         config["quantization_config"] = {"quant_method": "mxrepack", "target": recipe.name, "layouts": layouts,
-                                         "groups": {k: v for k, v in groups.items() if k == "experts"},
-                                         "consumer": recipe.consumer, "mxrepack_version": mxrepack.__version__}
+                                         "groups": groups, "consumer": recipe.consumer,
+                                         "mxrepack_version": mxrepack.__version__}
     return config
 
 

@@ -62,6 +62,7 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
         return read_rows(headers[fname][name], r0, r1)
 
     problems: list[str] = []
+    layout = make_layout(recipe.expert_layout, recipe.expert_options)
     groups = _sample_groups(plan)
     for group in groups:
         items = [i for i in plan if i.group == group]
@@ -75,7 +76,6 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
                     problems.append(f"{item.name}: stored bytes differ from the source (rows {r0}:{r1})")
                     break
             continue
-        layout = make_layout(recipe.expert_layout, recipe.expert_options)
         prefix = items[0].name[: items[0].name.index(".mlp.experts.") + len(".mlp.experts.")]
         dims: ExpertDims = expert_dims(ck)
         for r0 in range(0, step if first_chunk_only else rows, step):
