@@ -57,6 +57,11 @@ def convert(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory"),
     shard_size: str = typer.Option("5GB", "--shard-size", help="Maximum bytes per output shard"),
     no_source_hash: bool = typer.Option(False, "--no-source-hash", help="Skip the sha256 of local source files"),
+    dense: Optional[str] = typer.Option(None, "--dense", help="Dense layers: mxfp4, mxfp8 or bf16 [default: the recipe's]"),
+    dense_layers: Optional[str] = typer.Option(None, "--dense-layers", help="Which dense layers, e.g. qkv,o,lm_head (keys: q,k,v,o,qkv,attn,lm_head,embed,router; module names; re:REGEX)"),
+    scale_rule: Optional[str] = typer.Option(None, "--scale-rule", help="ocp or compressed-tensors"),
+    scale_search: Optional[bool] = typer.Option(None, "--scale-search/--no-scale-search", help="Try each group's scale one step up, keep the lower error"),
+    activations: Optional[Path] = typer.Option(None, "--activations", help="safetensors of recorded layer inputs for the error report"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON"),
 ) -> None:
     """Convert SOURCE for a target GPU (the main job)."""
@@ -68,8 +73,13 @@ def convert(
     with _progress(enabled=not as_json) as progress:
         result = repack(source, target, out, recipe_file=str(recipe) if recipe else None, revision=revision,
                         overwrite=overwrite, shard_bytes=shard_bytes, hash_source=not no_source_hash,
-                        progress=progress)
+                        progress=progress, dense=dense, dense_layers=dense_layers, scale_rule=scale_rule,
+                        scale_search=scale_search, activations=activations)
     s = result.summary()
+    if s["quantization_error"] and not as_json:
+        from mxrepack.quant.dense import format_error_table
+
+        typer.echo(format_error_table(s["quantization_error"]))
     human = (f"wrote {s['out']}: target {s['target']}, {s['tensors']} tensors in {s['files']} files, "
              f"{s['output_bytes'] / 1e9:.3f} GB from {s['source_bytes'] / 1e9:.3f} GB in {s['seconds']:.1f} s; "
              f"verified ({s['verify']['groups_compared']} groups re-derived from the source)")

@@ -185,23 +185,62 @@ def _round_e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     return code | sign
 
 
-def quantize_mxfp4(w: torch.Tensor, scale_rule: str = "ocp") -> tuple[torch.Tensor, torch.Tensor]:
-    """float ``[..., K]`` -> (packed uint8 ``[..., K/2]``, E8M0 uint8 ``[..., K/32]``)."""
-    exp = mx_scale_exponents(_group_amax(w), "fp4", scale_rule)
-    inv = e8m0_to_float((-exp + E8M0_BIAS).clamp(0, 254).to(torch.uint8))  # exact 2**-e
-    # Scales below 2**-126 have no exact reciprocal in range; divide instead (rare, tiny groups).
+def _scaled_groups(w: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
+    """``w / 2**exp`` per group of 32, exact (a power-of-two multiply, or a divide below 2**-126)."""
     scaled = w.to(torch.float32).unflatten(-1, (-1, MX_GROUP))
-    small = exp < -126
-    scaled = torch.where(small.unsqueeze(-1), scaled / e8m0_to_float((exp + E8M0_BIAS).to(torch.uint8)).unsqueeze(-1),
-                         scaled * inv.unsqueeze(-1))
-    codes = _round_e2m1_codes(scaled).flatten(-2)
-    return pack_fp4(codes), (exp + E8M0_BIAS).to(torch.uint8)
+    inv = e8m0_to_float((-exp + E8M0_BIAS).clamp(0, 254).to(torch.uint8))
+    small = exp < -126  # 2**-exp overflows fp32: divide by the (subnormal) scale instead
+    if bool(small.any()):
+        return torch.where(small.unsqueeze(-1), scaled / e8m0_to_float((exp + E8M0_BIAS).to(torch.uint8)).unsqueeze(-1),
+                           scaled * inv.unsqueeze(-1))
+    return scaled * inv.unsqueeze(-1)
 
 
-def quantize_mxfp8(w: torch.Tensor, scale_rule: str = "ocp") -> tuple[torch.Tensor, torch.Tensor]:
-    """float ``[..., K]`` -> (float8_e4m3fn ``[..., K]``, E8M0 uint8 ``[..., K/32]``); saturating."""
+_FP4_MAGNITUDES = torch.tensor(FP4_VALUES[:8])
+
+
+def _fp4_group_error(scaled: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Squared error per group, in units of the scale, of E2M1 ``codes`` for ``scaled`` values."""
+    values = _FP4_MAGNITUDES[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
+    return (values - scaled).square().sum(-1)
+
+
+def quantize_mxfp4(w: torch.Tensor, scale_rule: str = "ocp", search: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """float ``[..., K]`` -> (packed uint8 ``[..., K/2]``, E8M0 uint8 ``[..., K/32]``).
+
+    ``search``: per group, also try the next larger scale (``e + 1``) and keep whichever gives the
+    lower squared error. The rule's scale clips groups whose max rounds above 6; one step up halves
+    the resolution but removes the clipping, which wins for groups dominated by one outlier.
+    """
+    exp = mx_scale_exponents(_group_amax(w), "fp4", scale_rule)
+    scaled = _scaled_groups(w, exp)
+    codes = _round_e2m1_codes(scaled)
+    if search:
+        up = (exp + 1).clamp(max=127)
+        scaled_up = scaled * 0.5
+        codes_up = _round_e2m1_codes(scaled_up)
+        # Errors in the units of the original scale: the candidate's are 4x (its scale is 2x).
+        better = _fp4_group_error(scaled_up, codes_up) * 4 < _fp4_group_error(scaled, codes)
+        better &= exp < 127
+        codes = torch.where(better.unsqueeze(-1), codes_up, codes)
+        exp = torch.where(better, up, exp)
+    return pack_fp4(codes.flatten(-2)), (exp + E8M0_BIAS).to(torch.uint8)
+
+
+def quantize_mxfp8(w: torch.Tensor, scale_rule: str = "ocp", search: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """float ``[..., K]`` -> (float8_e4m3fn ``[..., K]``, E8M0 uint8 ``[..., K/32]``); saturating.
+
+    ``search`` as for :func:`quantize_mxfp4` (try ``e + 1``, keep the lower squared error).
+    """
     exp = mx_scale_exponents(_group_amax(w), "fp8", scale_rule)
-    scale = e8m0_to_float((exp + E8M0_BIAS).to(torch.uint8))
-    scaled = w.to(torch.float32).unflatten(-1, (-1, MX_GROUP)) / scale.unsqueeze(-1)
-    values = scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).flatten(-2)
-    return values, (exp + E8M0_BIAS).to(torch.uint8)
+    scaled = _scaled_groups(w, exp)
+    values = scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    if search:
+        scaled_up = scaled * 0.5
+        values_up = scaled_up.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+        err = (values.to(torch.float32) - scaled).square().sum(-1)
+        err_up = (values_up.to(torch.float32) - scaled_up).square().sum(-1) * 4
+        better = (err_up < err) & (exp < 127)
+        values = torch.where(better.unsqueeze(-1), values_up, values)
+        exp = torch.where(better, exp + 1, exp)
+    return values.flatten(-2), (exp + E8M0_BIAS).to(torch.uint8)

@@ -11,9 +11,13 @@ output's ``config.json`` declares. Schema (every key checked; errors name the ke
       layout: b12x                   # a name from mxrepack.layouts.LAYOUTS
       options: {}                    # layout keyword options (optional)
     dense:
-      format: bf16                   # what q/k/v/o, lm_head, router, embeddings become
+      format: mxfp4                  # bf16 (unchanged) | mxfp4 | mxfp8
+      layers: [qkv, o, lm_head]      # which dense weights (mxrepack.quant.dense: keys, module names, re:REGEX)
+      scale_rule: ocp                # ocp | compressed-tensors
+      scale_search: false            # per group, try the scale one step up and keep the lower error
+      scales: plain                  # plain [N, K/32] | swizzled (CUTLASS 128x4; pads N and K to 128)
     config:
-      quantization_config: remove    # remove | native | mxrepack
+      quantization_config: mxrepack  # remove | native | mxrepack | compressed-tensors
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ import yaml
 
 from mxrepack.errors import MxRepackError
 
-DENSE_FORMATS = ("bf16",)
-QUANT_CONFIG_MODES = ("remove", "native", "mxrepack")
+DENSE_FORMATS = ("bf16", "mxfp4", "mxfp8")
+QUANT_CONFIG_MODES = ("remove", "native", "mxrepack", "compressed-tensors")
 _SCHEMA = {
     "name": str, "description": str, "consumer": str, "engine": str,
     "experts": {"layout": str, "options": dict},
-    "dense": {"format": str},
+    "dense": {"format": str, "layers": list, "scale_rule": str, "scale_search": bool, "scales": str},
     "config": {"quantization_config": str},
 }
 _REQUIRED = ("name", "description", "experts.layout", "dense.format", "config.quantization_config")
@@ -69,8 +73,42 @@ class Recipe:
         return self.data["dense"]["format"]
 
     @property
+    def dense_layers(self) -> list[str]:
+        from mxrepack.quant.dense import DEFAULT_LAYERS
+
+        return list(self.data["dense"].get("layers") or DEFAULT_LAYERS)
+
+    @property
+    def dense_layout(self):
+        """The DenseMxLayout for the quantized dense layers, or None when they stay BF16."""
+        from mxrepack.layouts.dense import DenseMxLayout
+
+        d = self.data["dense"]
+        if d["format"] == "bf16":
+            return None
+        return DenseMxLayout(d["format"], d.get("scales", "plain"), d.get("scale_rule", "ocp"), d.get("scale_search", False))
+
+    @property
     def quantization_config(self) -> str:
         return self.data["config"]["quantization_config"]
+
+    def with_overrides(self, dense: str | None = None, dense_layers: str | None = None, scale_rule: str | None = None,
+                       scale_search: bool | None = None) -> "Recipe":
+        """This recipe with the CLI's ``--dense``/``--dense-layers``/``--scale-rule``/``--scale-search``
+        applied (validated like the file; the manifest records the result)."""
+        from mxrepack.quant.dense import parse_layers
+
+        data = copy.deepcopy(self.data)
+        changes = {"format": dense, "layers": parse_layers(dense_layers) if dense_layers is not None else None,
+                   "scale_rule": scale_rule, "scale_search": scale_search}
+        changed = {k: v for k, v in changes.items() if v is not None}
+        if not changed:
+            return self
+        data["dense"].update(changed)
+        if data["dense"]["format"] != "bf16" and data["config"]["quantization_config"] in ("native", "remove"):
+            # A stock-loader config would make engines read quantized dense weights as BF16.
+            data["config"]["quantization_config"] = "mxrepack"
+        return Recipe(self.name, _check(data, f"{self.source} with command-line overrides"), self.source)
 
 
 def _builtin_files() -> dict[str, Path]:
@@ -120,6 +158,21 @@ def _check(data: object, where: str) -> dict:
         make_layout(data["experts"]["layout"], data["experts"].get("options"))
     except MxRepackError as e:
         raise MxRepackError(f"recipe {where}: key 'experts.options': {e}") from None
+    dense = data["dense"]
+    if dense["format"] != "bf16":
+        from mxrepack.layouts.dense import DenseMxLayout
+        from mxrepack.quant.dense import _pattern
+
+        try:
+            DenseMxLayout(dense["format"], dense.get("scales", "plain"), dense.get("scale_rule", "ocp"))
+            for entry in dense.get("layers") or []:
+                _pattern(str(entry))
+        except MxRepackError as e:
+            raise MxRepackError(f"recipe {where}: {e}") from None
+        if data["config"]["quantization_config"] in ("native", "remove"):
+            raise MxRepackError(f"recipe {where}: dense.format {dense['format']} needs config.quantization_config "
+                                "mxrepack or compressed-tensors (a stock mxfp4 or no config would load the "
+                                "quantized dense weights as BF16)")
     return data
 
 

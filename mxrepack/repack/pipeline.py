@@ -24,6 +24,7 @@ import torch
 import mxrepack
 from mxrepack.errors import MxRepackError
 from mxrepack.quant import check_e8m0
+from mxrepack.quant.dense import load_activations
 from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
 from mxrepack.repack.plan import PlanItem, build_plan, rows_per_chunk
@@ -45,11 +46,13 @@ class RepackResult:
     output_bytes: int
     seconds: float
     verify: dict
+    quantization_error: dict
 
     def summary(self) -> dict:
         return {"out": str(self.out), "target": self.target, "tensors": self.tensors, "files": self.files,
                 "source_bytes": self.source_bytes, "output_bytes": self.output_bytes,
-                "seconds": round(self.seconds, 3), "verify": self.verify}
+                "seconds": round(self.seconds, 3), "verify": self.verify,
+                "quantization_error": self.quantization_error}
 
 
 def default_out(source: str, target: str) -> Path:
@@ -90,6 +93,13 @@ def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
                                                               "logical_shape": list(i.logical_shape or i.shape)}
                            for i in experts},
                 "modules": "model.layers.*.mlp.experts", "options": recipe.expert_options}
+        dense = recipe.dense_layout
+        if dense is not None:
+            quantized = [i for i in plan if i.layout == dense.name]
+            groups["dense"] = {**dense.spec(), "layers": recipe.dense_layers,
+                               "modules": sorted({i.group.removesuffix(".weight") for i in quantized}),
+                               "stored": {i.name.rsplit(".", 1)[1]: str(i.dtype).removeprefix("torch.")
+                                          for i in quantized[:2]}}
         config["quantization_config"] = {"quant_method": "mxrepack", "target": recipe.name, "layouts": layouts,
                                          "groups": groups, "consumer": recipe.consumer,
                                          "mxrepack_version": mxrepack.__version__}
@@ -122,6 +132,8 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
                         if src.name.endswith("_scales"):
                             check_e8m0(inputs[k], f"{src.info.file}: tensor '{src.name}'")
                     chunk = item.pack(**inputs)
+                    if item.observer is not None:
+                        item.observer.observe(inputs, chunk)
                     if chunk.dtype != item.dtype or tuple(chunk.shape) != (r1 - r0, *item.shape[1:]):
                         raise RuntimeError(f"{item.name}: layout {item.layout} produced {chunk.dtype} "
                                            f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}")
@@ -138,6 +150,12 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
     return weight_map, files
 
 
+def _finite(report: dict) -> dict:
+    """JSON has no Infinity: an exact quantization (zero error) reports SQNR as null."""
+    return {k: {f: (None if isinstance(v, float) and v == float("inf") else v) for f, v in r.items()}
+            for k, r in report.items()}
+
+
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
@@ -147,6 +165,11 @@ def _versions() -> dict:
 
     return {"mxrepack": mxrepack.__version__, "torch": torch.__version__, "safetensors": safetensors.__version__,
             "python": platform.python_version()}
+
+
+def quantization_report(plan: list[PlanItem]) -> dict[str, dict]:
+    """Per quantized dense weight: its error statistics (mxrepack.quant.dense.ErrorStats)."""
+    return {i.group: i.observer.result() for i in plan if i.observer is not None}
 
 
 def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_map: dict[str, str],
@@ -161,6 +184,7 @@ def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_
         "target": {"name": recipe.name, "recipe_source": recipe.source, "recipe": recipe.data,
                    "consumer": recipe.consumer, "engine": recipe.engine},
         "tensors": {i.name: {**i.manifest_entry(), "file": weight_map[i.name]} for i in plan},
+        "quantization_error": _finite(quantization_report(plan)),
         "files": {},
     }
 
@@ -168,10 +192,15 @@ def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_
 def repack(source: str, target: str | None = None, out: str | Path | None = None, *, recipe_file: str | None = None,
            revision: str | None = None, overwrite: bool = False, shard_bytes: int = DEFAULT_SHARD_BYTES,
            chunk_bytes: int = DEFAULT_CHUNK_BYTES, hash_source: bool = True, progress: Progress | None = None,
-           checkpoint: Checkpoint | None = None) -> RepackResult:
-    """Convert ``source`` for ``target`` (or ``recipe_file``) into ``out``; see the module docstring."""
+           checkpoint: Checkpoint | None = None, dense: str | None = None, dense_layers: str | None = None,
+           scale_rule: str | None = None, scale_search: bool | None = None,
+           activations: str | Path | None = None) -> RepackResult:
+    """Convert ``source`` for ``target`` (or ``recipe_file``) into ``out``; see the module docstring.
+
+    ``dense``/``dense_layers``/``scale_rule``/``scale_search`` override the recipe's dense section;
+    ``activations`` is a safetensors file of recorded layer inputs for the error report."""
     started = time.perf_counter()
-    recipe = load_recipe(target, recipe_file)
+    recipe = load_recipe(target, recipe_file).with_overrides(dense, dense_layers, scale_rule, scale_search)
     out = Path(out) if out is not None else default_out(source, recipe.name)
     out = out.expanduser().absolute()
     if out.exists() and not overwrite:
@@ -179,7 +208,7 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
     if not out.parent.is_dir():
         raise MxRepackError(f"{out.parent}: output's parent directory does not exist")
     ck = checkpoint or open_checkpoint(source, revision)
-    plan = build_plan(ck, recipe)
+    plan = build_plan(ck, recipe, load_activations(activations))
     hash_futures = ck.hash_files_async() if hash_source else {}
 
     _stale_temp_dirs(out)
@@ -226,4 +255,5 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
             signal.signal(signal.SIGTERM, previous_term)
         shutil.rmtree(tmp, ignore_errors=True)
     return RepackResult(out, recipe.name, len(plan), len(files), ck.total_bytes,
-                        sum(f["size"] for f in files.values()), time.perf_counter() - started, report)
+                        sum(f["size"] for f in files.values()), time.perf_counter() - started, report,
+                        manifest["quantization_error"])

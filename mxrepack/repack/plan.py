@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import torch
 
+from mxrepack.errors import MxRepackError
 from mxrepack.layouts import EXPERTS_PREFIX, ExpertDims, make_layout
 from mxrepack.layouts.base import passthrough
+from mxrepack.layouts.dense import DenseMxLayout
+from mxrepack.quant.dense import ErrorStats, check_finite, select_dense
 from mxrepack.recipes import Recipe
 from mxrepack.repack.gptoss import EXPERT_PARTS, expected_tensors
 from mxrepack.repack.safetensors_io import dtype_size
-from mxrepack.repack.source import Checkpoint, SourceTensor
+from mxrepack.repack.source import Checkpoint, SourceTensor, ZeroPaddedRows
 
 
 @dataclass
@@ -34,6 +38,8 @@ class PlanItem:
     padding: dict = field(default_factory=dict)
     upstream: str | None = None
     work_factor: int = 1
+    row_align: int = 1  # chunks start at multiples of this many rows (e.g. 128-row scale swizzle blocks)
+    observer: object | None = None  # has observe(inputs, chunk) and result(): fed by the pipeline only
 
     @property
     def nbytes(self) -> int:
@@ -64,15 +70,74 @@ def expert_dims(ck: Checkpoint) -> ExpertDims:
     return ExpertDims(d.experts, d.hidden, d.intermediate)
 
 
-def build_plan(ck: Checkpoint, recipe: Recipe) -> list[PlanItem]:
+class DenseQuantizer:
+    """Quantizes one dense weight chunk by chunk for its two stored tensors, and measures the error.
+
+    The values item and the error observer see the same chunk object one after the other; the last
+    result is kept (by identity, holding a reference) so the chunk is quantized once for both."""
+
+    def __init__(self, layout: DenseMxLayout, src: SourceTensor, logical: tuple[int, int], recorded=None):
+        self.layout, self.src, self.k = layout, src, logical[1]
+        self.where = f"{src.info.file}: tensor '{src.name}'"
+        self.stats = ErrorStats(src.name, self.k, recorded)
+        self._last: tuple | None = None
+
+    def _quantize(self, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._last is not None and self._last[0] is value:
+            return self._last[1]
+        check_finite(value, self.where)
+        out = self.layout.quantize(value)
+        self._last = (value, out)
+        return out
+
+    def pack(self, value: torch.Tensor, role: str) -> torch.Tensor:
+        return self.layout.store(*self._quantize(value), self.k, role)
+
+    def observe(self, inputs: dict[str, torch.Tensor], chunk: torch.Tensor) -> None:
+        value = inputs["value"]
+        values, scales = self._quantize(value)
+        self.stats.add(value, self.layout.dequantize(values, scales))
+
+    def result(self) -> dict:
+        return {"format": self.layout.format, **self.stats.result()}
+
+
+def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tensor | None) -> list[PlanItem]:
+    where = f"{src.info.file}: tensor '{src.name}'"
+    if src.dtype != torch.bfloat16:
+        raise MxRepackError(f"{where}: dtype {str(src.dtype).removeprefix('torch.')}, expected bfloat16 for dense MX quantization")
+    if len(src.shape) != 2:
+        raise MxRepackError(f"{where}: shape {list(src.shape)}, expected a 2-D [out, in] weight")
+    try:
+        outputs = layout.outputs(src.shape)
+    except MxRepackError as e:
+        raise MxRepackError(f"{where}: {e}") from None
+    rows = outputs[0].shape[0]
+    source = src if rows == src.rows else ZeroPaddedRows(src, rows)
+    quantizer = DenseQuantizer(layout, src, src.shape, recorded)
+    module = src.name.removesuffix(".weight")
+    return [PlanItem(f"{module}.{o.suffix}", o.dtype, o.shape, {"value": source}, partial(quantizer.pack, role=o.role),
+                     layout.name, src.name, o.logical_shape, layout.padding(src.shape), layout.upstream, work_factor=8,
+                     row_align=128 if layout.scales == "swizzled" else 1,
+                     observer=quantizer if o.role == "values" else None)
+            for o in outputs]
+
+
+def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tensor] | None = None) -> list[PlanItem]:
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
     specs = layout.outputs(expert_dims(ck))
+    dense_layout = recipe.dense_layout
+    names = list(expected_tensors(ck.dims))
+    quantized = set(select_dense(names, recipe.dense_layers, f"recipe {recipe.source}: dense.layers")) if dense_layout else set()
     items: list[PlanItem] = []
     expert_done: set[int] = set()
-    for name in expected_tensors(ck.dims):  # canonical order: embeddings, norm, lm_head, then layer by layer
+    for name in names:  # canonical order: embeddings, norm, lm_head, then layer by layer
         if ".mlp.experts." not in name:
             src = ck.tensors[name]
-            items.append(PlanItem(name, src.dtype, src.shape, {"value": src}, passthrough, "passthrough", name))
+            if name in quantized:
+                items += _dense_items(src, dense_layout, (activations or {}).get(name))
+            else:
+                items.append(PlanItem(name, src.dtype, src.shape, {"value": src}, passthrough, "passthrough", name))
             continue
         layer = int(name.split(".")[2])
         if layer in expert_done:
@@ -90,4 +155,5 @@ def build_plan(ck: Checkpoint, recipe: Recipe) -> list[PlanItem]:
 def rows_per_chunk(item: PlanItem, budget_bytes: int) -> int:
     """How many rows to handle at once so that inputs + output + temporaries stay near the budget."""
     per_row = item.row_bytes * item.work_factor + sum(s.nbytes // max(s.rows, 1) for s in item.inputs.values())
-    return max(1, min(item.shape[0], budget_bytes // max(per_row, 1)))
+    rows = max(1, min(item.shape[0], budget_bytes // max(per_row, 1)))
+    return max(item.row_align, rows // item.row_align * item.row_align)

@@ -57,6 +57,48 @@ class SourceTensor:
         return read_rows(self.info, self.row_start + start, self.row_start + stop)
 
 
+@dataclass(frozen=True)
+class ZeroPaddedRows:
+    """A source tensor read as if it had ``total_rows`` rows, the extra ones zero (padding a dense
+    weight's output rows to a layout's block size while streaming)."""
+
+    source: SourceTensor
+    total_rows: int
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def info(self) -> TensorInfo:
+        return self.source.info
+
+    @property
+    def rows(self) -> int:
+        return self.total_rows
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.total_rows, *self.source.shape[1:])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.source.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.nbytes
+
+    def read(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        stop = self.total_rows if stop is None else stop
+        real = self.source.read(min(start, self.source.rows), min(stop, self.source.rows))
+        if stop <= self.source.rows:
+            return real
+        out = real.new_zeros((stop - start, *self.source.shape[1:]))
+        out[: real.shape[0]] = real
+        return out
+
+
 @dataclass
 class Checkpoint:
     root: Path

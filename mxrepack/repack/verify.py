@@ -42,7 +42,11 @@ def _sample_groups(plan) -> list[str]:
     experts = [g for g in groups if g.endswith(".experts")]
     dense = [g for g in groups if not g.endswith(".experts")]
     picks = experts[:1] + experts[-1:] + [g for g in dense if g in ("model.embed_tokens.weight", "lm_head.weight")]
-    return list(dict.fromkeys(picks))
+    quantized = {}
+    for i in plan:  # the first tensor of each dense layout that is not a plain copy
+        if not i.group.endswith(".experts") and i.layout != "passthrough":
+            quantized.setdefault(i.layout, i.group)
+    return list(dict.fromkeys(picks + list(quantized.values())))
 
 
 def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_bytes: int = 128 << 20,
@@ -69,12 +73,18 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
         rows = items[0].shape[0]
         step = max(1, chunk_bytes // max(sum(i.row_bytes * max(i.work_factor, 4) for i in items), 1))
         if not group.endswith(".experts"):
-            (item,) = items
-            for r0 in range(0, step if first_chunk_only else rows, step):
-                r1 = min(r0 + step, rows)
-                if not torch.equal(stored(item.name, r0, r1).view(torch.uint8), item.inputs["value"].read(r0, r1).view(torch.uint8)):
-                    problems.append(f"{item.name}: stored bytes differ from the source (rows {r0}:{r1})")
-                    break
+            # Dense tensors: stored bytes == the layout applied to the source rows again (a copy, or a
+            # deterministic quantization), chunk by chunk in whole row blocks.
+            align = max(i.row_align for i in items)
+            step = max(align, step // align * align)
+            for item in items:
+                for r0 in range(0, step if first_chunk_only else rows, step):
+                    r1 = min(r0 + step, rows)
+                    want = item.pack(**{k: src.read(r0, r1) for k, src in item.inputs.items()})
+                    if not torch.equal(stored(item.name, r0, r1).view(torch.uint8), want.view(torch.uint8)):
+                        problems.append(f"{item.name}: stored bytes differ from the source (rows {r0}:{r1}) "
+                                        f"under layout {item.layout}")
+                        break
             continue
         prefix = items[0].name[: items[0].name.index(".mlp.experts.") + len(".mlp.experts.")]
         dims: ExpertDims = expert_dims(ck)

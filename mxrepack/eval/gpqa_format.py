@@ -1,0 +1,109 @@
+"""The GPQA conventions of ``gpt_oss.evals`` as data and pure functions: prompt, sampling, grading.
+
+Kept apart from the harness so that the tiny model's training script, the harness and the parity
+test all use one definition (formats.md 2.4, evals.md):
+
+* data: CSV rows with ``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``;
+* sampling: ``rng = random.Random(0)``; rows repeated ``n_repeats`` times; each sample in order draws
+  ``rng.sample(range(4), 4)`` and the choices ``[correct, inc1, inc2, inc3]`` are reordered by it;
+* prompt: the question, a blank line, ``(A) ...`` to ``(D) ...``, a blank line, the instruction line,
+  sent as one user message;
+* grading: an ordered ladder of patterns; the earliest pattern that matches wins, ties between
+  matches of one pattern go to the shortest; nothing matches -> the first character after an
+  optional leading ``**`` (which may be any character, and is then graded wrong).
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mxrepack.errors import MxRepackError
+
+COLUMNS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+INSTRUCTION = "Express your final answer as the corresponding option 'A', 'B', 'C', or 'D'."
+LETTERS = "ABCD"
+
+
+def format_prompt(question: str, choices: list[str]) -> str:
+    options = "\n".join(f"({LETTERS[i]}) {c}" for i, c in enumerate(choices))
+    return f"{question}\n\n{options}\n\n{INSTRUCTION}"
+
+
+@dataclass(frozen=True)
+class Sample:
+    index: int  # position in the sampled list
+    row: int  # row of the CSV it came from
+    prompt: str
+    answer: str  # the correct letter
+    choices: tuple[str, ...]
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    path = Path(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise MxRepackError(f"{path}: missing column(s) {', '.join(missing)}; expected the gpqa_diamond.csv columns")
+            rows = [dict(r) for r in reader]
+    except FileNotFoundError:
+        raise MxRepackError(f"{path}: file does not exist; expected a CSV in the gpqa_diamond.csv format") from None
+    if not rows:
+        raise MxRepackError(f"{path}: no rows")
+    return rows
+
+
+def build_samples(rows: list[dict], n_repeats: int = 1, num_examples: int | None = None) -> list[Sample]:
+    """The samples gpt_oss.evals' GPQAEval draws: same rng, same order, same permutations."""
+    rng = random.Random(0)
+    picked = list(enumerate(rows))
+    if num_examples:
+        if n_repeats != 1:
+            raise MxRepackError("--num-examples needs --n-repeats 1 (as gpt_oss.evals asserts)")
+        picked = rng.sample(picked, num_examples)
+    picked = picked * n_repeats
+    samples = []
+    for i, (r, row) in enumerate(picked):
+        perm = rng.sample(range(4), 4)
+        base = [row[c] for c in COLUMNS[1:]]
+        choices = [base[p] for p in perm]
+        answer = LETTERS[choices.index(row["Correct Answer"])]
+        samples.append(Sample(i, r, format_prompt(row["Question"], choices), answer, tuple(choices)))
+    return samples
+
+
+_WRAP = r"(?:\*{1,2}|_{1,2})"
+# The ladder, in the order gpt_oss.evals' abcd_grader tries it (its list order, which puts the
+# \boxed forms before the bare "(A)" form whatever their comment numbers say).
+GRADER_LADDER: list[tuple[str, re.Pattern]] = [
+    ("markdown Answer:", re.compile(rf"{_WRAP}Answers?\s*[:\-–]?{_WRAP}\s*([ABCD])\b", re.I)),
+    ("line Answer:", re.compile(rf"^\s*{_WRAP}?Answer:?{_WRAP}?\s*:?\s*{_WRAP}?([ABCD]){_WRAP}?\s*", re.I | re.M)),
+    ("Answer: (X)", re.compile(r"\bAnswers?\b\s*[:\-–]?\s*\(\s*([ABCD])\s*\)", re.I)),
+    ("Answer: X", re.compile(r"\bAnswers?\b\s*[:\-–]?\s*([ABCD])\b", re.I)),
+    ("Option/Choice X", re.compile(r"\b(?:Option|Choice)\b\s*[:\-–]?\s*([ABCD])\b", re.I)),
+    ("\\boxed{X}", re.compile(r"\\boxed\{[^}]*?([ABCD])[^}]*\}", re.M)),
+    ("\\boxed{\\textbf{X}}", re.compile(r"\\boxed\{[^}]*?\\textbf\{[^}]*?([ABCD])[^}]*\}[^}]*\}", re.M)),
+    ("\\boxed{\\text{X}}", re.compile(r"\\boxed\{[^}]*?\\text\{[^}]*?([ABCD])[^}]*\}[^}]*\}", re.M)),
+    ("(X) or [X]", re.compile(r"(?<![A-Za-z0-9])[(\[]\s*([ABCD])\s*[)\]](?![A-Za-z0-9])")),
+    ("*X*", re.compile(rf"(?<![A-Za-z0-9]){_WRAP}([ABCD]){_WRAP}(?![A-Za-z0-9])")),
+    ("\\textbf{X}", re.compile(r"\\textbf\{[^}]*?([ABCD])[^}]*\}")),
+    ("**X) text**", re.compile(rf"(?<![A-Za-z0-9]){_WRAP}\s*([ABCD])\)[^*_\n]+?{_WRAP}(?![A-Za-z0-9])")),
+    ("line starting with X", re.compile(rf"^\s*{_WRAP}?([ABCD]){_WRAP}?\s*[.)\-–:]?\s*.*$", re.M)),
+]
+
+
+def extract_letter(text: str) -> str:
+    """The letter gpt_oss.evals' grader reads from a response (see the module docstring)."""
+    found = []
+    for priority, (_, pattern) in enumerate(GRADER_LADDER):
+        m = pattern.search(text)
+        if m and m.group(1).upper() in LETTERS:
+            found.append((priority, len(m.group(0)), m.group(1).upper()))
+    if found:
+        return min(found)[2]
+    return text.removeprefix("**")[:1]
