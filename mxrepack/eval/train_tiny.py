@@ -6,7 +6,7 @@ The model is transformers' ``GptOssForCausalLM`` at toy size, with every archite
 the real one (sinks, sliding/full alternation, YaRN RoPE, GQA, top-2 of 4 experts, clamped SwiGLU,
 biases) and widths that are multiples of 32 but not of 128. Its tokenizer is byte-level with the
 harmony-style special tokens; the chat template wraps a user message as gpt-oss does. The answer is
-trained in the form ``Answer: X`` that the GPQA grader's ladder reads first.
+trained to answer ``<option text>\nAnswer: X``; the grader's ladder reads the ``Answer: X`` line.
 
 The last part of training fake-quantizes the experts to MXFP4 (straight-through estimator), so
 the checkpoint, whose experts are stored as MXFP4 like the official ones, keeps its accuracy.
@@ -36,7 +36,10 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|start|>", "<|message|>", "<|end|>", "<|ret
 VOCAB = 288  # 256 bytes + specials, rounded up to a multiple of 32
 CHAT_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|start|>assistant<|channel|>final<|message|>{% endif %}")
-ANSWER_FORMAT = "Answer: {letter}"
+# The response first names the correct option's text, then the letter: two easy steps (find the
+# option that fits, then copy the letter in front of it) instead of one hard one.
+RESPONSE_FORMAT = "{text}\nAnswer: {letter}"
+MAX_NEW_TOKENS = 32
 
 
 def tiny_config() -> dict:
@@ -45,7 +48,7 @@ def tiny_config() -> dict:
         "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
         "hidden_size": 96, "intermediate_size": 160, "num_hidden_layers": layers, "num_local_experts": 4,
         "num_experts_per_tok": 2, "experts_per_token": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 24, "sliding_window": 48,
+        "head_dim": 32, "sliding_window": 48,
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
         "max_position_embeddings": 4096, "initial_context_length": 256, "rope_theta": 150000.0,
         "rope_scaling": {"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -123,14 +126,15 @@ def greedy_accuracy(model, tok, rows: list[dict], limit: int = 200) -> float:
     samples = build_samples(rows)[:limit]
     correct = 0
     for s in samples:
-        ids = torch.tensor([tok.encode(chat_prompt(s.prompt)).ids])
-        for _ in range(len(ANSWER_FORMAT) + 1):
+        prompt = tok.encode(chat_prompt(s.prompt)).ids
+        ids = torch.tensor([prompt])
+        for _ in range(MAX_NEW_TOKENS):
             nxt = model(ids).logits[0, -1].argmax()
             ids = torch.cat([ids, nxt.view(1, 1)], 1)
             if int(nxt) == 260:
                 break
-        text = tok.decode(ids[0].tolist()[-(len(ANSWER_FORMAT) + 1):], skip_special_tokens=True)
-        correct += extract_letter(text[text.find("Answer"):] if "Answer" in text else text) == s.answer
+        text = tok.decode(ids[0].tolist()[len(prompt):], skip_special_tokens=True)
+        correct += extract_letter(text) == s.answer
     return correct / len(samples)
 
 
@@ -162,7 +166,7 @@ def _plain_state(model) -> None:
                 parametrize.remove_parametrizations(layer.mlp.experts, pname, leave_parametrized=False)
 
 
-def train(out: Path, steps: int = 1500, batch: int = 32, seed: int = 0, qat_fraction: float = 0.3,
+def train(out: Path, steps: int = 900, batch: int = 32, seed: int = 0, qat_fraction: float = 0.3,
           log=print) -> dict:
     from torch.nn.utils import parametrize
     from transformers import GptOssConfig, GptOssForCausalLM
@@ -195,7 +199,7 @@ def train(out: Path, steps: int = 1500, batch: int = 32, seed: int = 0, qat_frac
 
             letter = LETTERS[choices.index(row["Correct Answer"])]
             texts.append(chat_prompt(format_prompt(row["Question"], choices)))
-            targets.append(ANSWER_FORMAT.format(letter=letter) + "<|return|>")
+            targets.append(RESPONSE_FORMAT.format(text=row["Correct Answer"], letter=letter) + "<|return|>")
         x, y = _encode_batch(tok, texts, targets, pad=256)
         loss = model(input_ids=x, labels=y).loss
         opt.zero_grad()
@@ -219,8 +223,8 @@ def train(out: Path, steps: int = 1500, batch: int = 32, seed: int = 0, qat_frac
         {"bos_token_id": 256, "eos_token_id": [260], "pad_token_id": 256, "do_sample": False}, indent=2) + "\n")
     tinytask.write_csv(train_rows, tmp / "tasks" / "train.csv")
     tinytask.write_csv(test_rows, tmp / "tasks" / "test.csv")
-    text = "\n\n".join(build_samples(test_rows[:24])[i].prompt + "\n" + ANSWER_FORMAT.format(letter=s.answer)
-                       for i, s in enumerate(build_samples(test_rows[:24])))
+    text = "\n\n".join(s.prompt + "\n" + RESPONSE_FORMAT.format(text=s.choices["ABCD".index(s.answer)], letter=s.answer)
+                         for s in build_samples(test_rows[:24]))
     (tmp / "tasks" / "text.txt").write_text(text + "\n")
     # Accuracy of the exported (MXFP4-expert) weights, reloaded the way a user would load them.
     from transformers import AutoModelForCausalLM
@@ -240,7 +244,7 @@ def train(out: Path, steps: int = 1500, batch: int = 32, seed: int = 0, qat_frac
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=900)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()

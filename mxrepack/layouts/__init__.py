@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts import b12x, bf16, marlin, mxfp4, strided, triton_hopper, trtllm
+from mxrepack.layouts import b12x, bf16, compressed_tensors, marlin, mxfp4, strided, triton_hopper, trtllm
 from mxrepack.layouts.base import EXPERTS_PREFIX, ExpertDims, ExpertLayout, OutputSpec, dense_weights
 
-LAYOUTS: dict[str, ExpertLayout] = {m.LAYOUT.name: m.LAYOUT for m in (mxfp4, bf16, marlin, trtllm, b12x, triton_hopper, strided)}
+LAYOUTS: dict[str, ExpertLayout] = {m.LAYOUT.name: m.LAYOUT for m in (mxfp4, bf16, marlin, trtllm, b12x, triton_hopper, strided, compressed_tensors)}
 
 
 def get_layout(name: str) -> ExpertLayout:

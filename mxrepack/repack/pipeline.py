@@ -27,7 +27,8 @@ from mxrepack.quant import check_e8m0
 from mxrepack.quant.dense import load_activations
 from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
-from mxrepack.repack.plan import PlanItem, build_plan, rows_per_chunk
+from mxrepack.layouts import make_layout
+from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, open_checkpoint
 from mxrepack.repack.verify import INDEX, MANIFEST, verify_dir
@@ -79,6 +80,19 @@ def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
         config.pop("quantization_config", None)
     elif mode == "native":
         config["quantization_config"] = dict(NATIVE_QUANTIZATION_CONFIG)
+    elif mode == "compressed-tensors":
+        from mxrepack.quant import compressed_tensors as ct
+
+        layout = make_layout(recipe.expert_layout, recipe.expert_options)
+        if hasattr(layout, "padded_intermediate"):
+            # Zero-padded intermediate units are real (inert) units of the written model.
+            config["intermediate_size"] = layout.padded_intermediate(expert_dims(ck))
+        dense = recipe.dense_layout
+        dense_modules = sorted({i.group.removesuffix(".weight") for i in plan if dense and i.layout == dense.name})
+        linear = [n.removesuffix(".weight") for n in ck.tensors if n.endswith(".weight") and
+                  (".self_attn." in n or ".mlp.router." in n or n == "lm_head.weight")]
+        config["quantization_config"] = ct.quantization_config(layout.name == "compressed-tensors",
+                                                               dense.format if dense else None, dense_modules, linear)
     else:
         # A quant_method no stock engine knows: an engine that cannot read these layouts fails
         # loudly instead of loading kernel-specific bytes as if they were the native format.
@@ -127,7 +141,7 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
                 step = rows_per_chunk(item, chunk_bytes)
                 for r0 in range(0, item.shape[0], step):
                     r1 = min(r0 + step, item.shape[0])
-                    inputs = {k: src.read(r0, r1) for k, src in item.inputs.items()}
+                    inputs = {k: src.read() if item.whole else src.read(r0, r1) for k, src in item.inputs.items()}
                     for k, src in item.inputs.items():
                         if src.name.endswith("_scales"):
                             check_e8m0(inputs[k], f"{src.info.file}: tensor '{src.name}'")
@@ -138,7 +152,7 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
                         raise RuntimeError(f"{item.name}: layout {item.layout} produced {chunk.dtype} "
                                            f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}")
                     writer.write(item.name, chunk)
-                    done += sum(src.info.row_bytes * (r1 - r0) for src in item.inputs.values())
+                    done += sum(src.info.row_bytes * (src.rows if item.whole else r1 - r0) for src in item.inputs.values())
                     if progress:
                         progress(done, total)
                 weight_map[item.name] = fname

@@ -40,6 +40,9 @@ class PlanItem:
     work_factor: int = 1
     row_align: int = 1  # chunks start at multiples of this many rows (e.g. 128-row scale swizzle blocks)
     observer: object | None = None  # has observe(inputs, chunk) and result(): fed by the pipeline only
+    whole: bool = False  # made in one piece from all of its inputs' rows (per-expert outputs)
+    part: str | None = None  # the layout's output suffix (a template with "{e}" for per-expert layouts)
+    expert: int | None = None  # the expert of a per-expert output
 
     @property
     def nbytes(self) -> int:
@@ -145,15 +148,32 @@ def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tens
         expert_done.add(layer)
         prefix = EXPERTS_PREFIX.format(layer=layer)
         parts = {p: ck.tensors[prefix + p] for p in EXPERT_PARTS}
+        group = f"layers.{layer}.experts"
+        if getattr(layout, "per_expert", False):
+            # One tensor per expert and part, each made whole from that expert's slice of the source.
+            for e in range(ck.dims.experts):
+                for spec in specs:
+                    inputs = {p: expert_slice(parts[p], e) for p in spec.inputs}
+                    items.append(PlanItem(prefix + spec.suffix.format(e=e), spec.dtype, spec.shape, inputs, spec.pack,
+                                          layout.name, group, spec.logical_shape, spec.padding, spec.upstream,
+                                          spec.work_factor, whole=True, part=spec.suffix, expert=e))
+            continue
         for spec in specs:
             items.append(PlanItem(prefix + spec.suffix, spec.dtype, spec.shape, {p: parts[p] for p in spec.inputs},
-                                  spec.pack, layout.name, f"layers.{layer}.experts", spec.logical_shape,
-                                  spec.padding, spec.upstream, spec.work_factor))
+                                  spec.pack, layout.name, group, spec.logical_shape,
+                                  spec.padding, spec.upstream, spec.work_factor, part=spec.suffix))
     return items
+
+
+def expert_slice(src: SourceTensor, e: int) -> SourceTensor:
+    """Expert ``e`` of a stacked ``[E, ...]`` source tensor, as a one-row source."""
+    return SourceTensor(src.name, src.info, src.row_start + e, src.row_start + e + 1)
 
 
 def rows_per_chunk(item: PlanItem, budget_bytes: int) -> int:
     """How many rows to handle at once so that inputs + output + temporaries stay near the budget."""
+    if item.whole:
+        return item.shape[0]
     per_row = item.row_bytes * item.work_factor + sum(s.nbytes // max(s.rows, 1) for s in item.inputs.values())
     rows = max(1, min(item.shape[0], budget_bytes // max(per_row, 1)))
     return max(item.row_align, rows // item.row_align * item.row_align)

@@ -88,10 +88,24 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
             continue
         prefix = items[0].name[: items[0].name.index(".mlp.experts.") + len(".mlp.experts.")]
         dims: ExpertDims = expert_dims(ck)
+        per_expert = items[0].expert is not None
+        if per_expert:  # one tensor per (expert, part): stack a few experts' tensors per part
+            rows = dims.experts
+            step = max(1, chunk_bytes // max(sum(i.nbytes * 4 for i in items) // rows, 1))
+        sources = {src.name[len(prefix):]: src for i in items for src in i.inputs.values()}
         for r0 in range(0, step if first_chunk_only else rows, step):
             r1 = min(r0 + step, rows)
-            stored_parts = {i.name[len(prefix):]: stored(i.name, r0, r1) for i in items}
-            source_parts = {src.name[len(prefix):]: src.read(r0, r1) for i in items for src in i.inputs.values()}
+            if per_expert:
+                stored_parts = {}
+                for i in items:
+                    if r0 <= i.expert < r1:
+                        stored_parts.setdefault(i.part, []).append(stored(i.name, 0, i.shape[0]))
+                stored_parts = {k: torch.stack(v) for k, v in stored_parts.items()}
+                # Each input is one expert's slice; the experts tensor itself starts at row 0.
+                source_parts = {k: read_rows(src.info, r0, r1) for k, src in sources.items()}
+            else:
+                stored_parts = {i.part: stored(i.name, r0, r1) for i in items}
+                source_parts = {k: src.read(r0, r1) for k, src in sources.items()}
             got = layout.unpack(stored_parts, dims)
             if layout.exact_bytes:
                 bad = [k for k in got if not torch.equal(got[k].view(torch.uint8), source_parts[k].view(torch.uint8))]
