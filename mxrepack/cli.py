@@ -23,9 +23,11 @@ from mxrepack.errors import MxRepackError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want.")
-SUBCOMMANDS = {"convert", "inspect", "targets", "verify", "make-fixture", "kernels"}
+SUBCOMMANDS = {"convert", "inspect", "targets", "verify", "make-fixture", "kernels", "eval", "push"}
 kernels_app = typer.Typer(no_args_is_help=True, help="mxrepack's Triton kernels: build proofs.")
 app.add_typer(kernels_app, name="kernels")
+eval_app = typer.Typer(no_args_is_help=True, help="Evidence: logit fidelity, GPQA-style accuracy, regression gate, report.")
+app.add_typer(eval_app, name="eval")
 INTERRUPTED = "error: interrupted; nothing was written to the output path"
 
 
@@ -62,6 +64,8 @@ def convert(
     scale_rule: Optional[str] = typer.Option(None, "--scale-rule", help="ocp or compressed-tensors"),
     scale_search: Optional[bool] = typer.Option(None, "--scale-search/--no-scale-search", help="Try each group's scale one step up, keep the lower error"),
     activations: Optional[Path] = typer.Option(None, "--activations", help="safetensors of recorded layer inputs for the error report"),
+    push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", help="Then upload the result to this Hub repo (ORG/NAME)"),
+    private: bool = typer.Option(False, "--private", help="With --push-to-hub: create the repo private"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON"),
 ) -> None:
     """Convert SOURCE for a target GPU (the main job)."""
@@ -69,6 +73,8 @@ def convert(
 
     if target is None and recipe is None:
         raise MxRepackError("no target: pass --target NAME (see `repack targets`) or --recipe FILE")
+    if push_to_hub is not None and push_to_hub.count("/") != 1:
+        raise MxRepackError(f"--push-to-hub {push_to_hub!r}: expected ORG/NAME")
     shard_bytes = _parse_size(shard_size)
     with _progress(enabled=not as_json) as progress:
         result = repack(source, target, out, recipe_file=str(recipe) if recipe else None, revision=revision,
@@ -84,6 +90,33 @@ def convert(
              f"{s['output_bytes'] / 1e9:.3f} GB from {s['source_bytes'] / 1e9:.3f} GB in {s['seconds']:.1f} s; "
              f"verified ({s['verify']['groups_compared']} groups re-derived from the source)")
     _emit(s, as_json, human)
+    if push_to_hub:
+        from mxrepack.hub import plan_push, push
+
+        url = push(plan_push(result.out, push_to_hub, private))
+        typer.echo(f"pushed {result.out} to {url}", err=as_json)
+
+
+@app.command("push")
+def push_cmd(
+    directory: Path = typer.Argument(..., help="An mxrepack output directory (its manifest must verify)"),
+    repo_id: str = typer.Option(..., "--repo-id", help="ORG/NAME on the Hugging Face Hub"),
+    private: bool = typer.Option(False, "--private", help="Create the repo private"),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch to push to (created if missing)"),
+    commit_message: Optional[str] = typer.Option(None, "--commit-message", help="Commit message"),
+    eval_results: Optional[list[Path]] = typer.Option(None, "--eval", help="`repack eval gpqa/logits` JSON for the card (repeatable)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the repo, files and card; no network"),
+) -> None:
+    """Upload a verified output directory with a generated model card (token: HF_TOKEN or `hf auth login`)."""
+    from mxrepack.hub import plan_push, push
+
+    plan = plan_push(directory, repo_id, private, revision, commit_message, eval_results or [])
+    if dry_run:
+        typer.echo(plan.describe())
+        typer.echo("dry run: nothing was sent")
+        return
+    url = push(plan)
+    typer.echo(f"pushed {directory} to {url} ({len(plan.files)} files)")
 
 
 class _progress:
@@ -199,6 +232,164 @@ def kernels_check_cmd(
                             f"{bad[0]['kernel']} {bad[0]['config']} {bad[0]['mode']} {bad[0]['arch']}: {bad[0]['error']}")
     if not as_json:
         typer.echo(f"ok: {len(records)} builds")
+
+
+def _write_json_file(path: Optional[Path], data: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+@eval_app.command("logits")
+def eval_logits_cmd(
+    reference: Path = typer.Argument(..., help="Reference checkpoint (source or mxrepack output)"),
+    candidate: Path = typer.Argument(..., help="Candidate checkpoint"),
+    text: Optional[Path] = typer.Option(None, "--text", help="Token set (text file) [default: REFERENCE/tasks/text.txt]"),
+    ctx: int = typer.Option(256, "--ctx", help="Tokens per window"),
+    max_tokens: int = typer.Option(4096, "--max-tokens", help="Tokens of the text to use"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result JSON here"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
+) -> None:
+    """KL divergence, top-1 agreement, perplexity delta and a first-token check, candidate vs reference."""
+    from mxrepack.eval.logits import compare_logits
+
+    r = compare_logits(reference, candidate, text, ctx, max_tokens)
+    _write_json_file(output, r)
+    kl, ft = r["kl"], r["first_token"]
+    human = (f"{r['tokens']} tokens: KL mean {kl['mean']:.3g} median {kl['median']:.3g} p99 {kl['p99']:.3g} max {kl['max']:.3g}; "
+             f"same top-1 {r['same_top']:.4f}; PPL {r['ppl']['reference']:.4f} -> {r['ppl']['candidate']:.4f} "
+             f"(ratio {r['ppl']['ratio']:.4f}); first token {'ok' if ft['ok'] else 'MISMATCH'} ({ft['prompts']} prompts)")
+    _emit(r, as_json, human)
+
+
+@eval_app.command("gpqa")
+def eval_gpqa_cmd(
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1"),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name on the server"),
+    local: Optional[Path] = typer.Option(None, "--local", help="Run this checkpoint in process instead of a server"),
+    data: Optional[Path] = typer.Option(None, "--data", help="CSV in the gpqa_diamond.csv format [default: the bundled tiny task]"),
+    n_repeats: int = typer.Option(1, "--n-repeats", help="Repeat each question (gpt_oss.evals uses 8)"),
+    num_examples: Optional[int] = typer.Option(None, "--num-examples", help="A random subset (needs --n-repeats 1)"),
+    concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight"),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="[default: 1.0 for servers, 0 (greedy) local]"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Completion token limit"),
+    reasoning_effort: Optional[str] = typer.Option(None, "--reasoning-effort", help="low, medium or high (servers)"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds per request"),
+    retries: int = typer.Option(5, "--retries", help="Retries per request (exponential backoff)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token for the server"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result JSON here"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result (without samples) as JSON"),
+) -> None:
+    """GPQA-style multiple choice with gpt_oss.evals' sampling, prompt and grading."""
+    from mxrepack.eval.gpqa import LocalBackend, OpenAIChatBackend, run_gpqa
+
+    if (local is None) == (base_url is None):
+        raise MxRepackError("pass exactly one of --base-url URL (with --model) or --local PATH")
+    if local is not None:
+        backend = LocalBackend(local, temperature or 0.0, max_tokens)
+        default_data = local / "tasks" / "test.csv"
+    else:
+        if not model:
+            raise MxRepackError("--base-url needs --model NAME (the served model's name; see GET /v1/models)")
+        backend = OpenAIChatBackend(base_url, model, api_key, 1.0 if temperature is None else temperature, max_tokens,
+                                    reasoning_effort, timeout, retries)
+        default_data = None
+    if data is None:
+        from mxrepack.eval.bundled import bundled_model
+
+        data = default_data if default_data is not None and default_data.is_file() else bundled_model() / "tasks" / "test.csv"
+    r = run_gpqa(backend, data, n_repeats, num_examples, concurrency)
+    _write_json_file(output, r)
+    summary = {k: v for k, v in r.items() if k != "samples"}
+    _emit(summary, as_json, f"score {r['score']:.4f} +- {r['stderr']:.4f} (stderr) over {r['n_samples']} samples; "
+                            f"{r['requests_per_s']} requests/s" + (f"; wrote {output}" if output else ""))
+
+
+@eval_app.command("compare")
+def eval_compare_cmd(
+    baseline: Path = typer.Argument(..., help="Baseline `repack eval gpqa` JSON"),
+    candidate: Path = typer.Argument(..., help="Candidate JSON"),
+    z: float = typer.Option(1.96, "--z", help="Standard errors of the difference that a drop may reach"),
+    tolerance: float = typer.Option(0.0, "--tolerance", help="Absolute drop allowed on top (vLLM CI: 0.05)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The regression gate: exit 1 when the candidate is worse than chance explains."""
+    from mxrepack.eval.gpqa import compare
+
+    def load(p: Path) -> dict:
+        try:
+            return json.loads(p.read_text())
+        except FileNotFoundError:
+            raise MxRepackError(f"{p}: file does not exist") from None
+        except json.JSONDecodeError as e:
+            raise MxRepackError(f"{p}: not JSON ({e})") from None
+
+    g = compare(load(baseline), load(candidate), z, tolerance)
+    _emit(g, as_json, f"{'PASSED' if g['passed'] else 'FAILED'}: candidate {g['candidate']:.4f} vs baseline "
+                      f"{g['baseline']:.4f} (delta {g['delta']:+.4f}, allowed drop {g['allowed_drop']:.4f})")
+    if not g["passed"]:
+        raise typer.Exit(1)
+
+
+@eval_app.command("report")
+def eval_report_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for report.json/.md/.html"),
+    model_dir: Optional[Path] = typer.Option(None, "--model", help="An mxrepack output (for its quantization error)"),
+    gpqa: Optional[list[Path]] = typer.Option(None, "--gpqa", help="GPQA result JSON (repeatable; first = baseline)"),
+    logits: Optional[Path] = typer.Option(None, "--logits", help="A `repack eval logits` JSON"),
+) -> None:
+    """A readable page of the evidence: tables plus plots."""
+    from mxrepack.eval.gpqa import compare
+    from mxrepack.eval.report import build_report, write_report
+
+    gate = None
+    if gpqa and len(gpqa) >= 2:
+        gate = compare(json.loads(gpqa[0].read_text()), json.loads(gpqa[-1].read_text()))
+    paths = write_report(build_report(model_dir, gpqa or [], logits, gate), out)
+    typer.echo(f"wrote {paths['markdown']} and {paths['html']}")
+
+
+@eval_app.command("serve")
+def eval_serve_cmd(
+    path: Path = typer.Argument(..., help="Checkpoint to serve (source or mxrepack output)"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    name: str = typer.Option("local", "--name", help="Model name reported by /v1/models"),
+) -> None:
+    """Serve a checkpoint through the torch runner as an OpenAI-compatible chat endpoint."""
+    from mxrepack.eval.local import LocalChatModel
+    from mxrepack.eval.server import ChatServer
+
+    server = ChatServer(LocalChatModel(path), name, host, port)
+    typer.echo(f"serving {path} at {server.base_url} (Ctrl-C to stop)")
+    try:
+        server.httpd.serve_forever()
+    finally:
+        server.httpd.server_close()
+
+
+@eval_app.command("record-activations")
+def eval_record_cmd(
+    path: Path = typer.Argument(..., help="Checkpoint (source) to run"),
+    out: Path = typer.Argument(..., help="safetensors file to write (weight name -> [tokens, K])"),
+    text: Optional[Path] = typer.Option(None, "--text", help="Text to run [default: PATH/tasks/text.txt]"),
+    max_tokens: int = typer.Option(512, "--max-tokens"),
+) -> None:
+    """Record every Linear's input on a text, for `repack ... --activations` error reports."""
+    from mxrepack.eval.local import LocalChatModel
+
+    m = LocalChatModel(path)
+    text = text or path / "tasks" / "text.txt"
+    if not text.is_file():
+        raise MxRepackError(f"{text}: no such text file; pass --text FILE")
+    ids = m.tokenizer.encode(text.read_text(), add_special_tokens=False).ids[:max_tokens]
+    import torch
+    from safetensors.torch import save_file
+
+    hidden: dict = {}
+    m.runner.forward(torch.tensor(ids), hidden=hidden)
+    save_file({k: torch.cat(v).to(torch.bfloat16).contiguous() for k, v in hidden.items()}, str(out))
+    typer.echo(f"wrote {out}: {len(hidden)} layers x {len(ids)} tokens")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ gone. The output path itself never holds a partial result.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -193,7 +194,7 @@ def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_
         "format_version": 1,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "tool": _versions(),
-        "source": {**ck.origin, "layout": ck.layout,
+        "source": {**ck.origin, "layout": ck.layout, "dims": dataclasses.asdict(ck.dims),
                    "files": {name: {"sha256": h, "size": (ck.root / name).stat().st_size} for name, h in source_hashes.items()}},
         "target": {"name": recipe.name, "recipe_source": recipe.source, "recipe": recipe.data,
                    "consumer": recipe.consumer, "engine": recipe.engine},

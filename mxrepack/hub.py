@@ -1,0 +1,254 @@
+"""Publish a target checkpoint to the Hugging Face Hub with a generated model card (formats.md 6).
+
+:func:`plan_push` does everything that needs no network: verifies the directory against its manifest
+(checksums), lists the files and sizes, and renders the model card (``huggingface_hub.ModelCard``,
+offline: no ``validate()``). :func:`push` then runs ``create_repo(exist_ok=True)``, ``create_branch``
+for a non-default revision, and ``upload_folder`` (streaming and resumable: re-running the same push
+continues where it stopped). ``--dry-run`` prints the plan and calls nothing on the Hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mxrepack
+from mxrepack.errors import MxRepackError
+from mxrepack.repack.verify import MANIFEST, load_manifest, verify_dir
+
+CARD = "README.md"
+# Licenses of known sources, for when the source's own card is not at hand.
+KNOWN_LICENSES = {"openai/gpt-oss-120b": "apache-2.0", "openai/gpt-oss-20b": "apache-2.0"}
+
+BODY = """
+# {{ model_name }}
+
+{{ summary }}
+
+- **Base model:** {% if base_model %}[{{ base_model }}](https://huggingface.co/{{ base_model }}){% else %}a local checkpoint{% endif %}
+- **Target:** `{{ target }}` — {{ description }}
+- **Consumer:** {{ consumer }}{% if engine %} (engine: {{ engine }}){% endif %}
+- **Made with:** mxrepack {{ tool_version }} (torch {{ torch_version }}), {{ created }}
+
+## What is in it
+
+| component | layout | stored as | padding |
+|---|---|---|---|
+{% for row in layouts -%}
+| {{ row.component }} | `{{ row.layout }}` | {{ row.stored }} | {{ row.padding }} |
+{% endfor %}
+{{ layout_notes }}
+
+## How to load it
+
+{{ load_howto }}
+
+## Provenance: the manifest
+
+`mxrepack.json` records the source (repo, revision, sha256 of every source file), the recipe, and for
+every tensor its layout, logical and stored shape, padding and the upstream function its bytes match,
+plus the sha256 of every file here. Check a download with:
+
+```
+pip install mxrepack
+repack verify {{ local_name }}
+```
+
+## Accuracy
+
+{% if evals -%}
+| evaluation | metric | value | stderr | samples |
+|---|---|---|---|---|
+{% for e in evals -%}
+| {{ e.name }} | {{ e.metric }} | {{ "%.4f"|format(e.value) }} | {{ e.stderr }} | {{ e.n }} |
+{% endfor %}
+{%- else -%}
+No evaluation results were attached to this upload (`repack push --eval RESULT.json`).
+{%- endif %}
+{% if quant_rows %}
+Data-free quantization error of the dense layers (relative Frobenius norm, SQNR):
+
+| tensors | format | mean rel. error | worst rel. error | mean SQNR dB |
+|---|---|---|---|---|
+{% for q in quant_rows -%}
+| {{ q.kind }} ({{ q.n }}) | {{ q.format }} | {{ "%.4f"|format(q.mean) }} | {{ "%.4f"|format(q.worst) }} | {{ q.sqnr }} |
+{% endfor %}
+{%- endif %}
+"""
+
+
+@dataclass
+class PushPlan:
+    directory: Path
+    repo_id: str
+    private: bool
+    revision: str | None
+    commit_message: str
+    files: list[tuple[str, int]]  # (path in repo, bytes)
+    card: str  # README.md content
+    manifest: dict = field(repr=False, default_factory=dict)
+
+    def describe(self) -> str:
+        total = sum(s for _, s in self.files)
+        lines = [f"repo: {self.repo_id} ({'private' if self.private else 'public'}), revision: {self.revision or 'main'}",
+                 f"commit message: {self.commit_message}", f"files ({len(self.files)}, {total / 1e9:.3f} GB):"]
+        lines += [f"  {size:>14,d}  {name}" for name, size in self.files]
+        return "\n".join(lines) + "\n--- " + CARD + " ---\n" + self.card
+
+
+def _license(manifest: dict) -> str | None:
+    src = manifest["source"]
+    path = src.get("path")
+    if path and (Path(path) / CARD).is_file():
+        from huggingface_hub import ModelCard
+
+        lic = ModelCard.load(Path(path) / CARD).data.to_dict().get("license")
+        if lic:
+            return lic
+    return KNOWN_LICENSES.get(src.get("repo_id") or "")
+
+
+def _eval_entries(paths: list[Path]) -> list[dict]:
+    out = []
+    for p in paths:
+        try:
+            r = json.loads(Path(p).read_text())
+        except (FileNotFoundError, json.JSONDecodeError) as e:
+            raise MxRepackError(f"{p}: cannot read eval result ({e})") from None
+        if r.get("eval") == "gpqa":
+            out.append({"name": f"GPQA-style ({Path(r['data']['path']).name}, {r['n_repeats']} repeats)", "metric": "accuracy",
+                        "value": r["score"], "stderr": f"{r['stderr']:.4f}", "n": r["n_samples"],
+                        "dataset": Path(r["data"]["path"]).stem})
+        elif r.get("eval") == "logits":
+            out.append({"name": "KL divergence to the source (mean)", "metric": "kl_mean", "value": r["kl"]["mean"],
+                        "stderr": "-", "n": r["tokens"], "dataset": Path(r["text"]).stem})
+            out.append({"name": "top-1 agreement with the source", "metric": "same_top", "value": r["same_top"],
+                        "stderr": "-", "n": r["tokens"], "dataset": Path(r["text"]).stem})
+        else:
+            raise MxRepackError(f"{p}: not a `repack eval gpqa` or `repack eval logits` result")
+    return out
+
+
+def _layout_rows(manifest: dict) -> list[dict]:
+    rows: dict[str, dict] = {}
+    for name, t in manifest["tensors"].items():
+        comp = ("experts" if ".mlp.experts." in name else "lm_head" if name.startswith("lm_head") else
+                "attention" if ".self_attn." in name else "router" if ".router." in name else
+                "embeddings" if "embed" in name else "norms")
+        key = f"{comp}/{t['layout']}"
+        if key not in rows:
+            pad = ", ".join(f"{k} {v[0]}→{v[1]}" for k, v in (t.get("padding") or {}).items()) or "none"
+            rows[key] = {"component": comp, "layout": t["layout"], "stored": t["dtype"], "padding": pad}
+    return list(rows.values())
+
+
+def _quant_rows(manifest: dict) -> list[dict]:
+    groups: dict[tuple, list] = {}
+    for name, r in (manifest.get("quantization_error") or {}).items():
+        kind = name.split(".")[-2] if ".self_attn." in name else name.split(".")[0]
+        groups.setdefault((kind, r.get("format", "")), []).append(r)
+    return [{"kind": k, "format": f, "n": len(v), "mean": sum(r["rel_fro"] for r in v) / len(v),
+             "worst": max(r["rel_fro"] for r in v),
+             "sqnr": "%.2f" % (sum(r["sqnr_db"] for r in v if r["sqnr_db"] is not None) / max(1, sum(r["sqnr_db"] is not None for r in v)))}
+            for (k, f), v in sorted(groups.items())]
+
+
+def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> str:
+    """The model card (YAML metadata + README body), rendered offline."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    target = manifest["target"]
+    base = manifest["source"].get("repo_id")
+    evals = _eval_entries(list(eval_paths))
+    name = repo_id.split("/")[-1]
+    tags = ["gpt_oss", "mxfp4", target["name"], "mxrepack", "quantized"]
+    if target.get("engine"):
+        tags.append(target["engine"])
+    data = ModelCardData(
+        base_model=base, license=_license(manifest), library_name="transformers", tags=tags, model_name=name,
+        pipeline_tag="text-generation", base_model_relation="quantized" if base else None,
+        quantized_by=f"mxrepack {manifest['tool']['mxrepack']}",
+        eval_results=[EvalResult(task_type="text-generation", dataset_type=e["dataset"], dataset_name=e["dataset"],
+                                 metric_type=e["metric"], metric_value=e["value"], metric_name=e["name"])
+                      for e in evals] or None)
+    experts = target["recipe"]["experts"]["layout"]
+    dense = target["recipe"]["dense"]
+    load = {
+        "mxfp4": "Any engine that reads the official gpt-oss checkpoints (transformers, vLLM, SGLang) loads this as is.",
+        "bf16": "Stock transformers: `AutoModelForCausalLM.from_pretrained(repo)` (no quantizer; experts are BF16).",
+        "compressed-tensors": "vLLM and transformers read `quantization_config` (compressed-tensors, "
+                              "`mxfp4-pack-quantized`): `vllm serve " + repo_id + "`. Experts are per-expert Linear "
+                              "tensors; check your vLLM version's gpt-oss loader supports per-expert compressed-tensors keys.",
+    }.get(target["name"], f"The weights are laid out for **{target.get('consumer')}**; `config.json` declares "
+                           "`quant_method: mxrepack` so that a stock loader refuses it instead of misreading it. Load "
+                           "the tensors straight into the consumer's parameters (names follow vLLM's FusedMoE: "
+                           "`w13_weight`, `w13_weight_scale`, ...); `repack verify` proves the bytes.")
+    notes = (f"Experts: `{experts}` layout. Dense layers: {dense['format']}" +
+             (f" ({', '.join(dense.get('layers') or [])}; scale rule {dense.get('scale_rule', 'ocp')})" if dense["format"] != "bf16" else "") +
+             ". Padding is zero bytes and zero scales: numerically inert (proved in mxrepack's tests).")
+    card = ModelCard.from_template(
+        data, template_str="---\n{{ card_data }}\n---\n" + BODY, model_name=name,
+        summary=f"{base or 'A gpt-oss checkpoint'} repacked by mxrepack for **{target['name']}**: {target['recipe']['description']}.",
+        base_model=base, target=target["name"], description=target["recipe"]["description"], consumer=target.get("consumer"),
+        engine=target.get("engine"), tool_version=manifest["tool"]["mxrepack"], torch_version=manifest["tool"].get("torch"),
+        created=manifest.get("created"), layouts=_layout_rows(manifest), layout_notes=notes, load_howto=load,
+        local_name=name, evals=evals, quant_rows=_quant_rows(manifest))
+    return str(card)
+
+
+def plan_push(directory: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
+              commit_message: str | None = None, eval_paths: list[Path] = ()) -> PushPlan:
+    directory = Path(directory)
+    if "/" not in repo_id or repo_id.count("/") != 1:
+        raise MxRepackError(f"--repo-id {repo_id!r}: expected ORG/NAME")
+    manifest = load_manifest(directory)  # refuses a directory without a manifest
+    report = verify_dir(directory, checksums=True, source=False)
+    if not report["ok"]:
+        raise MxRepackError(f"{directory}: refusing to push, the manifest does not verify: {report['problems'][0]}")
+    files = sorted((p.relative_to(directory).as_posix(), p.stat().st_size) for p in directory.rglob("*")
+                   if p.is_file() and not p.relative_to(directory).as_posix().startswith(".cache/") and p.name != CARD)
+    card = render_card(manifest, repo_id, eval_paths)
+    files.append((CARD, len(card.encode())))
+    message = commit_message or f"mxrepack {mxrepack.__version__}: {manifest['target']['name']} checkpoint"
+    return PushPlan(directory, repo_id, private, revision, message, sorted(files), card, manifest)
+
+
+def _token() -> str:
+    token = os.environ.get("HF_TOKEN")
+    if not token:
+        from huggingface_hub import get_token
+
+        token = get_token()
+    if not token:
+        raise MxRepackError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
+    return token
+
+
+def push(plan: PushPlan, api=None) -> str:
+    """Upload a planned push; returns the repo URL. ``api`` is an ``HfApi`` (injected in tests)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise MxRepackError("offline mode (HF_HUB_OFFLINE=1): unset it to push, or use --dry-run")
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=_token())
+    (plan.directory / CARD).write_text(plan.card)
+    try:
+        url = api.create_repo(plan.repo_id, private=plan.private, repo_type="model", exist_ok=True)
+        if plan.revision and plan.revision != "main":
+            api.create_branch(plan.repo_id, branch=plan.revision, repo_type="model", exist_ok=True)
+        api.upload_folder(repo_id=plan.repo_id, folder_path=str(plan.directory), repo_type="model",
+                          revision=plan.revision, commit_message=plan.commit_message, ignore_patterns=[".cache/*"])
+    except MxRepackError:
+        raise
+    except Exception as e:  # network, auth, quota: one line that says what happened
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MxRepackError(f"push to {plan.repo_id} failed: {msg} (re-run the same command to resume)") from None
+    return str(url)
+
+
+__all__ = ["MANIFEST", "PushPlan", "plan_push", "push", "render_card"]

@@ -1,0 +1,192 @@
+"""The reference runner, the GPQA harness (local and over real HTTP), logits comparison, gate, report."""
+
+import json
+import random
+import socket
+
+import pytest
+import torch
+
+from mxrepack.errors import MxRepackError
+from mxrepack.eval.gpqa import OpenAIChatBackend, compare, run_gpqa
+from mxrepack.eval.gpqa_format import INSTRUCTION, build_samples, extract_letter, format_prompt
+from mxrepack.eval.model import KVCache, load_runner, load_weights
+
+
+def test_runner_logits_equal_transformers(tiny):
+    from transformers import GptOssForCausalLM, Mxfp4Config
+
+    ref = GptOssForCausalLM.from_pretrained(str(tiny), quantization_config=Mxfp4Config(dequantize=True),
+                                            dtype=torch.float32, attn_implementation="eager")
+    runner = load_runner(tiny)
+    ids = torch.randint(0, 512, (40,))  # longer than the sliding window (8): both attention kinds matter
+    with torch.no_grad():
+        want = ref(ids[None]).logits[0]
+    got = runner.forward(ids)
+    # Same fp32 math in a different order (head-batched matmuls, expert loop): rounding-level
+    # differences only; 1e-5 of the logit scale (~1.4) leaves three orders of margin.
+    assert (got - want).abs().max() < 1e-5 * want.abs().max().clamp(min=1)
+    cache = KVCache(runner.d.layers)
+    stepwise = torch.cat([runner.forward(ids[:25], cache), runner.forward(ids[25:31], cache), runner.forward(ids[31:], cache)])
+    assert (stepwise - got).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("target", ["bf16", "mxfp4", "sm121-marlin", "sm100", "sm90", "compressed-tensors"])
+def test_runner_reads_every_target_through_its_inverse(tiny, tmp_path, target):
+    from mxrepack.repack.pipeline import repack
+
+    out = repack(str(tiny), target, tmp_path / target, dense="bf16" if target == "compressed-tensors" else None).out
+    ids = torch.randint(0, 512, (12,))
+    assert torch.equal(load_runner(out).forward(ids), load_runner(tiny).forward(ids))
+
+
+def test_runner_on_quantized_dense_target_is_close(tiny, tmp_path):
+    from mxrepack.repack.pipeline import repack
+
+    out = repack(str(tiny), "sm121", tmp_path / "sm121").out
+    w = load_weights(out)
+    assert "lm_head.weight" in w.mx and w.mx["lm_head.weight"][0] == "mxfp4"
+    ids = torch.randint(0, 512, (12,))
+    a, b = load_runner(tiny).forward(ids), load_runner(out).forward(ids)
+    assert not torch.equal(a, b) and (a - b).norm() / a.norm() < 0.3
+
+
+def test_triton_fast_path_matches_reference(tiny, tmp_path):
+    from mxrepack.repack.pipeline import repack
+
+    out = repack(str(tiny), "sm121", tmp_path / "sm121").out
+    ids = torch.randint(0, 512, (6,))
+    ref = load_runner(out).forward(ids)
+    fast = load_runner(out, use_kernels=True).forward(ids)  # Triton interpreter in CI
+    # bf16 activations into the kernels vs the fp32 reference: ~1e-2 relative
+    assert (fast - ref).norm() / ref.norm() < 3e-2
+
+
+def test_gpqa_sampling_prompt_and_grading_follow_gpt_oss_evals():
+    rows = [{"Question": f"Q{i}?", "Correct Answer": f"right{i}", "Incorrect Answer 1": f"w{i}a",
+             "Incorrect Answer 2": f"w{i}b", "Incorrect Answer 3": f"w{i}c"} for i in range(3)]
+    samples = build_samples(rows, n_repeats=2)
+    # Documented: one Random(0); rows repeated in order; each sample draws sample(range(4), 4) in turn.
+    rng = random.Random(0)
+    for s, row in zip(samples, rows * 2):
+        perm = rng.sample(range(4), 4)
+        base = [row["Correct Answer"], row["Incorrect Answer 1"], row["Incorrect Answer 2"], row["Incorrect Answer 3"]]
+        choices = [base[p] for p in perm]
+        assert s.answer == "ABCD"[choices.index(row["Correct Answer"])]
+        assert s.prompt == (f"{row['Question']}\n\n(A) {choices[0]}\n(B) {choices[1]}\n(C) {choices[2]}\n(D) {choices[3]}\n\n"
+                            "Express your final answer as the corresponding option 'A', 'B', 'C', or 'D'.")
+    assert format_prompt("Q", list("wxyz")).endswith(INSTRUCTION)
+    canned = {
+        "Answer: C": "C", "**Answer:** B": "B", "answer: d": "D", "The final Answer: (A)": "A",
+        "I pick Option C.": "C", "It is \\boxed{B}.": "B", "So (D) it is.": "D", "clearly **A**": "A",
+        "\\textbf{C} wins": "C", "**D) forty-two**": "D", "B. because": "B",
+        # earlier rungs win over later ones, whatever the order in the text:
+        "(A) looks tempting but Answer: B": "B", "(A) or \\boxed{C}": "C",
+        # nothing matches: the first character (after a leading **), even if it is no letter
+        "I am not sure": "I", "**maybe": "m", "": "",
+    }
+    for text, letter in canned.items():
+        assert extract_letter(text) == letter, text
+
+
+@pytest.fixture(scope="module")
+def served_tiny(tmp_path_factory):
+    """The bundled trained model behind a real HTTP server on localhost."""
+    from mxrepack.eval.bundled import bundled_model
+    from mxrepack.eval.local import LocalChatModel
+
+    return LocalChatModel(bundled_model())
+
+
+def _small_csv(tmp_path, n=12):
+    from mxrepack.eval.bundled import bundled_model
+    from mxrepack.eval.gpqa_format import read_rows
+    from mxrepack.eval.tinytask import write_csv
+
+    path = tmp_path / "small.csv"
+    write_csv(read_rows(bundled_model() / "tasks" / "test.csv")[:n], path)
+    return path
+
+
+def test_gpqa_over_http_equals_local_and_survives_faults(served_tiny, tmp_path):
+    from mxrepack.eval.gpqa import LocalBackend
+    from mxrepack.eval.server import ChatServer
+
+    data = _small_csv(tmp_path)
+    local = run_gpqa(LocalBackend(model=served_tiny), data, concurrency=1)
+    with ChatServer(served_tiny, "tiny") as server:
+        remote = run_gpqa(OpenAIChatBackend(server.base_url, "tiny", temperature=0.0, timeout=30), data, concurrency=4)
+    assert [s["response"] for s in remote["samples"]] == [s["response"] for s in local["samples"]]
+    assert remote["score"] == local["score"] and remote["n_samples"] == 12 and remote["requests_per_s"] > 0
+    for s in remote["samples"]:
+        assert set(s) >= {"prompt", "response", "extracted", "answer", "correct"}
+    for fault in ({"error_every": 2}, {"drop_every": 3}):
+        with ChatServer(served_tiny, "tiny", fault=fault) as server:
+            backend = OpenAIChatBackend(server.base_url, "tiny", temperature=0.0, timeout=30, retries=3, backoff=0.01)
+            r = run_gpqa(backend, data, concurrency=3)
+        assert [s["response"] for s in r["samples"]] == [s["response"] for s in local["samples"]], fault
+        assert backend.attempts > 12  # the failures were retried
+
+
+def test_gpqa_http_timeouts_and_dead_servers_are_one_line_errors(served_tiny, tmp_path):
+    from mxrepack.eval.server import ChatServer
+
+    with ChatServer(served_tiny, "tiny", fault={"delay": 1.0}) as server:
+        backend = OpenAIChatBackend(server.base_url, "tiny", timeout=0.2, retries=1, backoff=0.01)
+        with pytest.raises(MxRepackError, match=r"no answer after 2 attempts \(last: .*timed out"):
+            backend.complete([{"role": "user", "content": "hi"}])
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = OpenAIChatBackend(f"http://127.0.0.1:{port}/v1", "tiny", retries=1, backoff=0.01, timeout=2)
+    with pytest.raises(MxRepackError, match="no answer after 2 attempts"):
+        backend.complete([{"role": "user", "content": "hi"}])
+
+
+def test_bundled_model_answers_well_above_chance():
+    from mxrepack.eval.bundled import bundled_model
+    from mxrepack.eval.gpqa import LocalBackend
+
+    path = bundled_model()
+    r = run_gpqa(LocalBackend(path), path / "tasks" / "test.csv", num_examples=60, concurrency=1)
+    assert r["score"] > 0.25 + 4 * r["stderr"]  # chance is 0.25
+
+
+def test_regression_gate_rule_and_cli(tmp_path):
+    from mxrepack.cli import main
+
+    base = {"score": 0.70, "stderr": 0.02}
+    assert compare(base, {"score": 0.66, "stderr": 0.02})["passed"]  # 0.04 < 1.96 * 0.028
+    assert not compare(base, {"score": 0.60, "stderr": 0.02})["passed"]
+    assert compare(base, {"score": 0.60, "stderr": 0.02}, tolerance=0.05)["passed"]
+    assert compare(base, {"score": 0.90, "stderr": 0.0})["passed"]
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    (tmp_path / "c.json").write_text(json.dumps({"score": 0.5, "stderr": 0.01}))
+    assert main(["eval", "compare", str(tmp_path / "b.json"), str(tmp_path / "b.json")]) == 0
+    assert main(["eval", "compare", str(tmp_path / "b.json"), str(tmp_path / "c.json")]) == 1
+
+
+def test_logits_compare_report_and_cli(tmp_path):
+    from mxrepack.cli import main
+    from mxrepack.eval.bundled import bundled_model
+    from mxrepack.eval.logits import compare_logits
+    from mxrepack.repack.pipeline import repack
+
+    src = bundled_model()
+    same = compare_logits(src, src, max_tokens=300)
+    assert same["kl"]["max"] < 1e-9 and same["same_top"] == 1.0 and same["first_token"]["ok"]
+    out = repack(str(src), "sm121", tmp_path / "sm121").out
+    logits_json = tmp_path / "logits.json"
+    assert main(["eval", "logits", str(src), str(out), "--max-tokens", "300", "-o", str(logits_json)]) == 0
+    r = json.loads(logits_json.read_text())
+    assert 0 < r["kl"]["mean"] < 0.5 and r["same_top"] > 0.8 and r["tokens"] == 299
+    assert r["ppl"]["ratio"] > 0 and r["per_position"] and sum(r["kl_histogram"]["counts"]) == 299
+    g1, g2 = tmp_path / "g1.json", tmp_path / "g2.json"
+    g1.write_text(json.dumps({"eval": "gpqa", "score": 0.8, "stderr": 0.03, "n_samples": 100, "backend": "a"}))
+    g2.write_text(json.dumps({"eval": "gpqa", "score": 0.78, "stderr": 0.03, "n_samples": 100, "backend": "b"}))
+    assert main(["eval", "report", "--out", str(tmp_path / "rep"), "--model", str(out), "--gpqa", str(g1),
+                 "--gpqa", str(g2), "--logits", str(logits_json)]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "PASSED" in md and "KL mean" in md and "lm_head.weight" in md
+    assert html.count("<svg") == 3 and json.loads((tmp_path / "rep" / "report.json").read_text())["gate"]["passed"]

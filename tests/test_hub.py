@@ -1,0 +1,123 @@
+"""repack push: planning, the model card, refusals, and the upload calls (no network in any test)."""
+
+import json
+import socket
+
+import pytest
+import yaml
+
+from mxrepack.cli import main
+from mxrepack.errors import MxRepackError
+from mxrepack.hub import plan_push, push
+from mxrepack.repack.pipeline import repack
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a network connection was attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.fixture
+def output(tiny, tmp_path):
+    return repack(str(tiny), "sm121", tmp_path / "tiny-sm121").out
+
+
+def _front_matter(card: str) -> dict:
+    return yaml.safe_load(card.split("---")[1])
+
+
+def test_dry_run_prints_plan_and_card_without_network(output, no_network, capsys, tmp_path):
+    gpqa = tmp_path / "gpqa.json"
+    gpqa.write_text(json.dumps({"eval": "gpqa", "score": 0.81, "stderr": 0.012, "n_samples": 1584, "n_repeats": 8,
+                                "data": {"path": "gpqa_diamond.csv"}}))
+    assert main(["push", str(output), "--repo-id", "me/tiny-sm121", "--dry-run", "--eval", str(gpqa)]) == 0
+    text = capsys.readouterr().out
+    assert "repo: me/tiny-sm121 (public), revision: main" in text and "dry run: nothing was sent" in text
+    assert "model-00001-of-00001.safetensors" in text and "mxrepack.json" in text and "README.md" in text
+    assert not (output / "README.md").exists()  # a dry run writes nothing either
+
+
+def test_card_metadata_and_body(output, tmp_path, no_network):
+    manifest_path = output / "mxrepack.json"
+    manifest = json.loads(manifest_path.read_text())
+    gpqa = tmp_path / "gpqa.json"
+    gpqa.write_text(json.dumps({"eval": "gpqa", "score": 0.81, "stderr": 0.012, "n_samples": 1584, "n_repeats": 8,
+                                "data": {"path": "gpqa_diamond.csv"}}))
+    plan = plan_push(output, "me/tiny-sm121", eval_paths=[gpqa])
+    meta = _front_matter(plan.card)
+    assert "gpt_oss" in meta["tags"] and "mxfp4" in meta["tags"] and "sm121" in meta["tags"] and "flashinfer" in meta["tags"]
+    results = meta["model-index"][0]["results"]
+    assert results[0]["metrics"][0]["value"] == 0.81 and results[0]["metrics"][0]["type"] == "accuracy"
+    assert "| GPQA-style (gpqa_diamond.csv, 8 repeats) | accuracy | 0.8100 | 0.0120 | 1584 |" in plan.card
+    assert "b12x" in plan.card and "hidden 288→384" in plan.card and "repack verify" in plan.card
+    assert manifest["tool"]["mxrepack"] in plan.card
+    # a Hub source carries its base model, the quantized relation and its license
+    manifest["source"] = {**manifest["source"], "repo_id": "openai/gpt-oss-120b", "path": None}
+    from mxrepack.hub import render_card
+
+    meta = _front_matter(render_card(manifest, "me/gpt-oss-120b-sm121"))
+    assert meta["base_model"] == "openai/gpt-oss-120b" and meta["base_model_relation"] == "quantized"
+    assert meta["license"] == "apache-2.0"
+
+
+def test_refuses_unverified_or_unmanifested_directories(output, tmp_path, no_network):
+    with pytest.raises(MxRepackError, match="no manifest"):
+        plan_push(tmp_path, "me/x")
+    shard = next(output.glob("model-*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(MxRepackError, match="refusing to push, the manifest does not verify: .*sha256 differs"):
+        plan_push(output, "me/x")
+    with pytest.raises(MxRepackError, match="expected ORG/NAME"):
+        plan_push(output, "noslash")
+
+
+def test_no_token_and_offline_are_one_line_errors(output, monkeypatch, tmp_path, no_network):
+    plan = plan_push(output, "me/x")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored login either
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    with pytest.raises(MxRepackError, match="offline mode"):
+        push(plan)
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    with pytest.raises(MxRepackError, match="no Hugging Face token: set HF_TOKEN"):
+        push(plan)
+
+
+def test_push_calls_create_repo_branch_and_upload_folder(output, no_network):
+    calls = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, **kw):
+            calls.append(("create_repo", repo_id, kw))
+            return f"https://huggingface.co/{repo_id}"
+
+        def create_branch(self, repo_id, **kw):
+            calls.append(("create_branch", repo_id, kw))
+
+        def upload_folder(self, **kw):
+            calls.append(("upload_folder", kw["repo_id"], kw))
+
+    plan = plan_push(output, "me/tiny-sm121", private=True, revision="v1", commit_message="first")
+    assert push(plan, api=FakeApi()) == "https://huggingface.co/me/tiny-sm121"
+    assert calls[0] == ("create_repo", "me/tiny-sm121", {"private": True, "repo_type": "model", "exist_ok": True})
+    assert calls[1][0] == "create_branch" and calls[1][2]["branch"] == "v1" and calls[1][2]["exist_ok"]
+    up = calls[2][2]
+    assert up["folder_path"] == str(output) and up["revision"] == "v1" and up["commit_message"] == "first"
+    assert (output / "README.md").read_text() == plan.card
+
+    class Failing(FakeApi):
+        def upload_folder(self, **kw):
+            raise ConnectionError("connection reset by peer\nsecond line")
+
+    with pytest.raises(MxRepackError, match=r"push to me/tiny-sm121 failed: connection reset by peer \(re-run"):
+        push(plan, api=Failing())
