@@ -227,3 +227,14 @@ def test_compressed_tensors_padding_is_inert_in_a_moe_forward(tiny, tmp_path):
     y_padded = layout_moe_reference(x, packed, layout, dims, ids, wts, padded=True)
     y_source = layout_moe_reference(x, source, native, dims, ids, wts, padded=False)
     assert torch.equal(y_padded, y_source)  # zero rows/columns add exact zeros in fp32
+
+
+def test_calibration_without_llmcompressor_says_how_to_install():
+    import importlib.util
+
+    from mxrepack.quant.calibrate import compare_gptq
+
+    if importlib.util.find_spec("llmcompressor") is not None:
+        pytest.skip("llm-compressor is installed here")
+    with pytest.raises(MxRepackError, match=r"pip install 'mxrepack\[calib\]'"):
+        compare_gptq("unused")

@@ -98,9 +98,15 @@ def test_layout_roundtrips_on_tiny(tiny):
                                                     "down_proj_blocks", "down_proj_scales", "down_proj_bias")}
     dims = ExpertDims(4, 288, 160)
     for layout in LAYOUTS.values():
-        stored = {o.suffix: o.pack(**{k: parts[k] for k in o.inputs}) for o in layout.outputs(dims)}
+        if getattr(layout, "per_expert", False):  # one tensor per expert: pack each, stack for unpack
+            stored = {o.suffix: torch.stack([o.pack(**{k: parts[k][e:e + 1] for k in o.inputs}) for e in range(4)])
+                      for o in layout.outputs(dims)}
+            shapes = {o.suffix: (4, *o.shape) for o in layout.outputs(dims)}
+        else:
+            stored = {o.suffix: o.pack(**{k: parts[k] for k in o.inputs}) for o in layout.outputs(dims)}
+            shapes = {o.suffix: o.shape for o in layout.outputs(dims)}
         for o in layout.outputs(dims):
-            assert tuple(stored[o.suffix].shape) == o.shape and stored[o.suffix].dtype == o.dtype
+            assert tuple(stored[o.suffix].shape) == shapes[o.suffix] and stored[o.suffix].dtype == o.dtype
         back = layout.unpack(stored, dims)
         if layout.exact_bytes:
             assert all(torch.equal(back[k], parts[k]) for k in parts)
@@ -128,7 +134,7 @@ def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
     assert repack(str(tiny), None, tmp_path / "o", recipe_file=str(good)).target == "mine"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: b\ndescription: d\nexperts: {layout: nope}\ndense: {format: bf16}\nconfig: {quantization_config: remove}\n")
-    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: b12x, bf16, marlin, mxfp4, strided, triton-hopper, trtllm\)"):
+    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: b12x, bf16, compressed-tensors, marlin, mxfp4, strided, triton-hopper, trtllm\)"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     bad.write_text("name: b\ndescription: d\nexperts: {layout: bf16, colour: red}\n")
     with pytest.raises(MxRepackError, match="key 'experts.colour' is not known"):
@@ -233,7 +239,7 @@ def test_unknown_target_lists_valid_ones(tiny, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "sm999", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, mxfp4, sm100, sm120, sm121, sm121-marlin, sm80, sm89, sm90"
+    assert proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, compressed-tensors, mxfp4, sm100, sm120, sm121, sm121-marlin, sm80, sm89, sm90"
 
 
 def test_disk_full_during_write(tiny, tmp_path):

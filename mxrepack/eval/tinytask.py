@@ -1,53 +1,64 @@
 """The bundled tiny model's task: synthetic multiple-choice questions in the GPQA CSV format.
 
-Two kinds of question, both answerable only by reading the options:
+Every option is a single character (one token of the byte-level tokenizer), so a model of a few
+hundred thousand parameters can learn the skill the format tests -- read four options, find the one
+that answers the question, report its letter -- in minutes on a CPU. Kinds of question:
 
-* category -- "Which of these is a fruit?": one word of the category, three of other categories;
-* ordering -- "Which number is the largest?" (or smallest): four distinct two-digit numbers.
+* classification -- "Which of these is a digit?" / "... an uppercase letter?";
+* ordering -- "Which number is the largest?" (or smallest) over four distinct digits;
+* arithmetic -- "What is 3 + 4?" with a one-digit answer and three other digits (not in the bundled
+  task: too slow to learn for a model trained in 15 CPU minutes).
 
-Rows are drawn from a seeded generator, so the train and test splits (different seeds; a test row's
-exact question and options never appear in training) are reproducible byte for byte.
+Rows come from a seeded generator; the test split excludes every row of the training split.
 """
 
 from __future__ import annotations
 
 import csv
 import random
+import string
 from pathlib import Path
 
 from mxrepack.eval.gpqa_format import COLUMNS
 
-CATEGORIES = {
-    "fruit": "apple pear plum fig lime lemon mango grape peach melon kiwi cherry date guava papaya".split(),
-    "color": "red blue green black white pink purple orange brown gray yellow violet cyan teal maroon".split(),
-    "animal": "cat dog horse mouse tiger lion wolf bear sheep goat camel zebra otter fox rabbit".split(),
-    "metal": "iron gold silver copper tin zinc lead nickel cobalt chrome steel bronze brass cadmium titanium".split(),
-    "tool": "hammer saw drill wrench chisel spanner pliers shovel rake axe file clamp level ruler trowel".split(),
-}
+DIGITS = string.digits
+LOWER = string.ascii_lowercase
+UPPER = string.ascii_uppercase
 
 
-def _category_row(rng: random.Random) -> dict:
-    cat = rng.choice(sorted(CATEGORIES))
-    others = [w for c, ws in sorted(CATEGORIES.items()) if c != cat for w in ws]
-    wrong = rng.sample(others, 3)
-    return dict(zip(COLUMNS, [f"Which of these is a {cat}?", rng.choice(CATEGORIES[cat]), *wrong]))
+def _row(question: str, correct: str, wrong: list[str]) -> dict:
+    return dict(zip(COLUMNS, [question, correct, *wrong]))
 
 
-def _ordering_row(rng: random.Random) -> dict:
-    nums = rng.sample(range(10, 100), 4)
+def _classify(rng: random.Random) -> dict:
+    if rng.random() < 0.5:
+        return _row("Which of these is a digit?", rng.choice(DIGITS), rng.sample(LOWER + UPPER, 3))
+    return _row("Which of these is an uppercase letter?", rng.choice(UPPER), rng.sample(LOWER + DIGITS, 3))
+
+
+def _ordering(rng: random.Random) -> dict:
+    nums = rng.sample(DIGITS, 4)
     largest = rng.random() < 0.5
     best = max(nums) if largest else min(nums)
-    rest = [n for n in nums if n != best]
-    word = "largest" if largest else "smallest"
-    return dict(zip(COLUMNS, [f"Which number is the {word}?", str(best), *map(str, rest)]))
+    return _row(f"Which number is the {'largest' if largest else 'smallest'}?", best, [n for n in nums if n != best])
 
 
-def make_rows(n: int, seed: int, exclude: set[tuple] | None = None) -> list[dict]:
+def _arithmetic(rng: random.Random) -> dict:
+    a = rng.randrange(0, 10)
+    b = rng.randrange(0, 10 - a)
+    wrong = rng.sample([d for d in DIGITS if d != str(a + b)], 3)
+    return _row(f"What is {a} + {b}?", str(a + b), wrong)
+
+
+KINDS = (_classify, _ordering)  # arithmetic rows are available (make_rows(kinds=...)) but not in the bundled task
+
+
+def make_rows(n: int, seed: int, exclude: set[tuple] | None = None, kinds=KINDS) -> list[dict]:
     rng = random.Random(seed)
     rows, seen = [], set(exclude or ())
     while len(rows) < n:
-        row = _category_row(rng) if rng.random() < 0.5 else _ordering_row(rng)
-        key = tuple(row[c] for c in COLUMNS)
+        row = rng.choice(kinds)(rng)
+        key = row_key(row)
         if key in seen:
             continue
         seen.add(key)

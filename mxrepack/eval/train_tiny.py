@@ -1,12 +1,12 @@
 """Train the bundled tiny gpt-oss on the synthetic GPQA-format task and write it in the official format.
 
-``python -m mxrepack.eval.train_tiny OUT [--steps N]`` (about 10 minutes on 2 CPU cores).
+``python -m mxrepack.eval.train_tiny OUT [--steps N]`` (10-13 minutes on the 2-core dev VM, whose speed varies by ~25%).
 
 The model is transformers' ``GptOssForCausalLM`` at toy size, with every architectural feature of
 the real one (sinks, sliding/full alternation, YaRN RoPE, GQA, top-2 of 4 experts, clamped SwiGLU,
 biases) and widths that are multiples of 32 but not of 128. Its tokenizer is byte-level with the
 harmony-style special tokens; the chat template wraps a user message as gpt-oss does. The answer is
-trained to answer ``<option text>\nAnswer: X``; the grader's ladder reads the ``Answer: X`` line.
+trained to restate the four options and then answer ``Answer: X`` (see ``response_text``).
 
 The last part of training fake-quantizes the experts to MXFP4 (straight-through estimator), so
 the checkpoint, whose experts are stored as MXFP4 like the official ones, keeps its accuracy.
@@ -36,10 +36,16 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|start|>", "<|message|>", "<|end|>", "<|ret
 VOCAB = 288  # 256 bytes + specials, rounded up to a multiple of 32
 CHAT_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|start|>assistant<|channel|>final<|message|>{% endif %}")
-# The response first names the correct option's text, then the letter: two easy steps (find the
-# option that fits, then copy the letter in front of it) instead of one hard one.
-RESPONSE_FORMAT = "{text}\nAnswer: {letter}"
-MAX_NEW_TOKENS = 32
+# The response restates the options, then answers: copying the four option lines trains the copying
+# (induction) heads quickly, and the final letter is then a short look back over the model's own
+# lines instead of a long jump into the prompt. The grader's ladder reads the "Answer: X" line.
+def response_text(choices, letter: str) -> str:
+    lines = "".join(f"({'ABCD'[i]}) {c}\n" for i, c in enumerate(choices))
+    return f"{lines}Answer: {letter}"
+
+
+MAX_NEW_TOKENS = 48
+LR = 2e-3
 
 
 def tiny_config() -> dict:
@@ -48,7 +54,7 @@ def tiny_config() -> dict:
         "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
         "hidden_size": 96, "intermediate_size": 160, "num_hidden_layers": layers, "num_local_experts": 4,
         "num_experts_per_tok": 2, "experts_per_token": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 32, "sliding_window": 48,
+        "head_dim": 32, "sliding_window": 128,
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
         "max_position_embeddings": 4096, "initial_context_length": 256, "rope_theta": 150000.0,
         "rope_scaling": {"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -111,31 +117,27 @@ def _encode_batch(tok, texts: list[str], targets: list[str], pad: int) -> tuple[
     n = max(map(len, ids))
     x = torch.full((len(ids), n), pad)
     y = torch.full((len(ids), n), -100)
+    prompt = torch.zeros((len(ids), n), dtype=torch.bool)
     for i, (a, b) in enumerate(zip(ids, labels)):
         x[i, : len(a)] = torch.tensor(a)
         y[i, : len(b)] = torch.tensor(b)
-    return x, y
+        prompt[i, : len(a) - sum(t != -100 for t in b)] = True
+    return x, y, prompt
 
 
 def chat_prompt(user: str) -> str:
     return f"<|start|>user<|message|>{user}<|end|><|start|>assistant<|channel|>final<|message|>"
 
 
-@torch.no_grad()
-def greedy_accuracy(model, tok, rows: list[dict], limit: int = 200) -> float:
+def greedy_accuracy(path: Path, rows: list[dict], limit: int = 200) -> float:
+    """Greedy GPQA-style accuracy of the exported checkpoint, run by mxrepack's runner (its logits
+    equal transformers'; it has a KV cache, which transformers' eager generate loop here would not use)."""
+    from mxrepack.eval.local import LocalChatModel
+
+    model = LocalChatModel(path, max_new_tokens=MAX_NEW_TOKENS)
     samples = build_samples(rows)[:limit]
-    correct = 0
-    for s in samples:
-        prompt = tok.encode(chat_prompt(s.prompt)).ids
-        ids = torch.tensor([prompt])
-        for _ in range(MAX_NEW_TOKENS):
-            nxt = model(ids).logits[0, -1].argmax()
-            ids = torch.cat([ids, nxt.view(1, 1)], 1)
-            if int(nxt) == 260:
-                break
-        text = tok.decode(ids[0].tolist()[len(prompt):], skip_special_tokens=True)
-        correct += extract_letter(text) == s.answer
-    return correct / len(samples)
+    hits = sum(extract_letter(model.complete([{"role": "user", "content": s.prompt}])[0]) == s.answer for s in samples)
+    return hits / len(samples)
 
 
 def export_checkpoint(model, config: dict, out: Path) -> None:
@@ -166,8 +168,8 @@ def _plain_state(model) -> None:
                 parametrize.remove_parametrizations(layer.mlp.experts, pname, leave_parametrized=False)
 
 
-def train(out: Path, steps: int = 900, batch: int = 32, seed: int = 0, qat_fraction: float = 0.3,
-          log=print) -> dict:
+def train(out: Path, steps: int = 560, batch: int = 32, seed: int = 0, qat_fraction: float = 0.3,
+          prompt_loss_weight: float = 0.1, log=print) -> dict:
     from torch.nn.utils import parametrize
     from transformers import GptOssConfig, GptOssForCausalLM
 
@@ -179,15 +181,15 @@ def train(out: Path, steps: int = 900, batch: int = 32, seed: int = 0, qat_fract
     train_rows = tinytask.make_rows(6000, seed=1)
     test_rows = tinytask.make_rows(200, seed=2, exclude={tinytask.row_key(r) for r in train_rows})
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
-    warm, qat_start = 100, int(steps * (1 - qat_fraction))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01, betas=(0.9, 0.98))
+    warm, qat_start = 50, int(steps * (1 - qat_fraction))
     started = time.perf_counter()
     for step in range(steps):
         if step == qat_start:
             for layer in model.model.layers:
                 for pname in ("gate_up_proj", "down_proj"):
                     parametrize.register_parametrization(layer.mlp.experts, pname, _ExpertsFakeQuant())
-        lr = 3e-3 * min(1.0, (step + 1) / warm) * (0.5 * (1 + math.cos(math.pi * step / steps)) * 0.9 + 0.1)
+        lr = LR * min(1.0, (step + 1) / warm) * (0.5 * (1 + math.cos(math.pi * step / steps)) * 0.9 + 0.1)
         for g in opt.param_groups:
             g["lr"] = lr
         texts, targets = [], []
@@ -199,15 +201,23 @@ def train(out: Path, steps: int = 900, batch: int = 32, seed: int = 0, qat_fract
 
             letter = LETTERS[choices.index(row["Correct Answer"])]
             texts.append(chat_prompt(format_prompt(row["Question"], choices)))
-            targets.append(RESPONSE_FORMAT.format(text=row["Correct Answer"], letter=letter) + "<|return|>")
-        x, y = _encode_batch(tok, texts, targets, pad=256)
-        loss = model(input_ids=x, labels=y).loss
+            targets.append(response_text(choices, letter) + "<|return|>")
+        x, y, prompt_mask = _encode_batch(tok, texts, targets, pad=256)
+        logits = model(input_ids=x).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        answer = (y[:, 1:] != -100).float()
+        loss = (nll * answer).sum() / answer.sum()
+        if prompt_loss_weight:
+            # Predicting the prompt too (its constant template, the option lines' structure) is what
+            # forms the copying heads the answer needs; without it training sits at chance far longer.
+            prompt = prompt_mask[:, 1:].float()
+            loss = loss + prompt_loss_weight * (nll * prompt).sum() / prompt.sum()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 50 == 0 or step == steps - 1:
-            log(f"step {step:5d}  loss {loss.item():.4f}  lr {lr:.2e}  {time.perf_counter() - started:.0f}s")
+            log(f"step {step:5d}  loss {loss.item():.4f}  lr {lr:.2e}  {time.perf_counter() - started:.0f}s", flush=True)
     _plain_state(model)
     model.eval()
     tmp = out.parent / f".{out.name}.train-tmp"
@@ -223,14 +233,10 @@ def train(out: Path, steps: int = 900, batch: int = 32, seed: int = 0, qat_fract
         {"bos_token_id": 256, "eos_token_id": [260], "pad_token_id": 256, "do_sample": False}, indent=2) + "\n")
     tinytask.write_csv(train_rows, tmp / "tasks" / "train.csv")
     tinytask.write_csv(test_rows, tmp / "tasks" / "test.csv")
-    text = "\n\n".join(s.prompt + "\n" + RESPONSE_FORMAT.format(text=s.choices["ABCD".index(s.answer)], letter=s.answer)
-                         for s in build_samples(test_rows[:24]))
+    text = "\n\n".join(s.prompt + "\n" + response_text(s.choices, s.answer) for s in build_samples(test_rows[:24]))
     (tmp / "tasks" / "text.txt").write_text(text + "\n")
-    # Accuracy of the exported (MXFP4-expert) weights, reloaded the way a user would load them.
-    from transformers import AutoModelForCausalLM
-
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager")
-    acc = greedy_accuracy(reloaded, tok, test_rows)
+    # Accuracy of the exported checkpoint (MXFP4 experts), read back from disk.
+    acc = greedy_accuracy(tmp, test_rows)
     stats = {"steps": steps, "batch": batch, "seconds": round(time.perf_counter() - started, 1),
              "final_loss": round(loss.item(), 4), "test_accuracy_greedy": acc, "test_rows": len(test_rows),
              "chance": 0.25}
@@ -244,12 +250,12 @@ def train(out: Path, steps: int = 900, batch: int = 32, seed: int = 0, qat_fract
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--steps", type=int, default=900)
+    ap.add_argument("--steps", type=int, default=560)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-loss-weight", type=float, default=0.1)
     a = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    train(a.out, a.steps, a.batch, a.seed)
+    train(a.out, a.steps, a.batch, a.seed, prompt_loss_weight=a.prompt_loss_weight)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
         quads = lut[blocks.contiguous().numpy().view(np.uint16)]  # [..., G, 8] four values each
         values = torch.from_numpy(quads).view(dtype)
     else:
-        values = lut[blocks.to(torch.int32)].view(dtype)
+        values = lut[blocks.to(torch.int32)].contiguous().view(dtype)
     values = values.reshape(*blocks.shape[:-1], MX_GROUP)
     values = values * e8m0_to_float(scales, dtype).unsqueeze(-1)
     return values.flatten(-2)
@@ -224,7 +224,7 @@ def quantize_mxfp4(w: torch.Tensor, scale_rule: str = "ocp", search: bool = Fals
         better &= exp < 127
         codes = torch.where(better.unsqueeze(-1), codes_up, codes)
         exp = torch.where(better, up, exp)
-    return pack_fp4(codes.flatten(-2)), (exp + E8M0_BIAS).to(torch.uint8)
+    return pack_fp4(codes.flatten(-2)).contiguous(), (exp + E8M0_BIAS).to(torch.uint8)
 
 
 def quantize_mxfp8(w: torch.Tensor, scale_rule: str = "ocp", search: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
