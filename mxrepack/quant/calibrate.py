@@ -101,14 +101,20 @@ def compare_gptq(model_dir: str | Path, samples: int = 128, held_out: int = 64) 
             w_free = dequantize_mxfp4(*quantize_mxfp4(w, "compressed-tensors"), torch.float32)
             x = test_inputs[name]
             ref = (x @ w.T).norm()
-            rows[name] = {"data_free_out_rel": float((x @ (w_free - w).T).norm() / ref),
+            grid = None
+            if hasattr(mod, "weight_scale"):  # GPTQ's output must lie on its MXFP4 grid: w / scale in E2M1
+                q = w_gptq.unflatten(-1, (-1, 32)) / mod.weight_scale.detach().float().unsqueeze(-1)
+                values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+                grid = bool(torch.isin(q.abs(), values).all())
+            rows[name] = {"on_mxfp4_grid": grid, "data_free_out_rel": float((x @ (w_free - w).T).norm() / ref),
                           "gptq_out_rel": float((x @ (w_gptq - w).T).norm() / ref),
                           "data_free_weight_rel": float((w_free - w).norm() / w.norm()),
                           "gptq_weight_rel": float((w_gptq - w).norm() / w.norm())}
-        mean = {k: sum(r[k] for r in rows.values()) / len(rows) for k in next(iter(rows.values()))}
+        mean = {k: sum(r[k] for r in rows.values()) / len(rows) for k in next(iter(rows.values())) if k != "on_mxfp4_grid"}
         return {"model": str(model_dir), "scheme": "MXFP4A16", "targets": ATTENTION, "calibration_samples": len(calib),
                 "held_out_prompts": held_out, "gptq_seconds": round(seconds, 1), "mean": mean,
-                "output_error_reduction": 1 - mean["gptq_out_rel"] / mean["data_free_out_rel"], "layers": rows}
+                "output_error_reduction": 1 - mean["gptq_out_rel"] / mean["data_free_out_rel"],
+                "all_on_mxfp4_grid": all(r["on_mxfp4_grid"] for r in rows.values()), "layers": rows}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -109,14 +109,18 @@ class ErrorStats:
     def add(self, w: torch.Tensor, q: torch.Tensor) -> None:
         w, q = w.float(), q.float()
         d = q - w
-        self.err2 += float(d.double().square().sum())
-        self.ref2 += float(w.double().square().sum())
+
+        def sq(t: torch.Tensor) -> float:  # fp32 norms per row, summed in fp64: fast and accurate
+            return float(torch.linalg.vector_norm(t, dim=-1).double().square().sum()) if t.numel() else 0.0
+
+        self.err2 += sq(d)
+        self.ref2 += sq(w)
         if d.numel():
             self.max_abs = max(self.max_abs, float(d.abs().max()))
         for key, x in (("random", self.x_random), ("recorded", self.x_recorded)):
             if x is not None:
-                self.out[key][0] += float((x @ d.T).double().square().sum())
-                self.out[key][1] += float((x @ w.T).double().square().sum())
+                self.out[key][0] += sq(x @ d.T)
+                self.out[key][1] += sq(x @ w.T)
 
     def result(self) -> dict:
         def ratio(a, b):
