@@ -22,6 +22,7 @@ $(BIN)/repack: pyproject.toml constraints-cpu.txt
 venv: $(BIN)/repack
 
 demo: venv
+	mkdir -p $(DEMO)
 	$(BIN)/repack inspect $(TINY)
 	$(BIN)/repack $(TINY) --target $(TARGET) --out $(DEMO)/tiny-gpt-oss-$(TARGET) --overwrite
 	$(BIN)/repack verify $(DEMO)/tiny-gpt-oss-$(TARGET)

@@ -134,6 +134,47 @@ def _markdown(report: dict, svg_names: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _inline(text: str) -> str:
+    import re
+
+    text = html.escape(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+
+def _markdown_to_html(md: str, images: dict[str, str]) -> str:
+    """The small Markdown subset report.md uses: headings, tables, image lines (inlined SVG), paragraphs."""
+    import re
+
+    out, table = [], []
+
+    def flush():
+        if table:
+            rows = [r.strip().strip("|").split("|") for r in table if not re.fullmatch(r"\|[-| ]+\|", r.strip())]
+            head, body = rows[0], rows[1:]
+            out.append("<table><tr>" + "".join(f"<th>{_inline(c.strip())}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{_inline(c.strip())}</td>" for c in r) + "</tr>" for r in body)
+                       + "</table>")
+            table.clear()
+
+    for line in md.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        flush()
+        image = re.fullmatch(r"!\[.*\]\((.+)\)", line.strip())
+        if image and image.group(1) in images:
+            out.append(images[image.group(1)])
+        elif line.startswith("## "):
+            out.append(f"<h2>{_inline(line[3:])}</h2>")
+        elif line.startswith("# "):
+            out.append(f"<h1>{_inline(line[2:])}</h1>")
+        elif line.strip():
+            out.append(f"<p>{_inline(line)}</p>")
+    flush()
+    return "\n".join(out)
+
+
 def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,11 +185,10 @@ def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     md = _markdown(report, names)
     (out / "report.md").write_text(md)
-    body = html.escape(md)
-    for k, svg in plots.items():  # inline each plot where the Markdown references it
-        body = body.replace(html.escape(f"]({names[k]})"), "]\n" + svg + "\n")
-    page = ("<!doctype html><html><head><meta charset='utf-8'><title>mxrepack report</title>"
-            "<style>body{font-family:sans-serif;max-width:900px;margin:2em auto;white-space:pre-wrap}</style>"
-            f"</head><body>{body}</body></html>\n")
+    page = ("<!doctype html><html><head><meta charset='utf-8'><title>mxrepack report</title><style>"
+            "body{font-family:sans-serif;max-width:960px;margin:2em auto;line-height:1.4}"
+            "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
+            "th{background:#f3f3f3}code{background:#f6f6f6}</style></head><body>\n"
+            + _markdown_to_html(md, {names[k]: svg for k, svg in plots.items()}) + "\n</body></html>\n")
     (out / "report.html").write_text(page)
     return {"json": out / "report.json", "markdown": out / "report.md", "html": out / "report.html"}
