@@ -192,3 +192,28 @@ def test_logits_compare_report_and_cli(tmp_path):
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "PASSED" in md and "KL mean" in md and "lm_head.weight" in md
     assert html.count("<svg") == 3 and json.loads((tmp_path / "rep" / "report.json").read_text())["gate"]["passed"]
+
+
+def test_gpqa_cli_local_and_backend_choice(tmp_path):
+    from mxrepack.cli import main
+    from mxrepack.eval.bundled import bundled_model
+
+    data = _small_csv(tmp_path, n=4)
+    out = tmp_path / "r.json"
+    assert main(["eval", "gpqa", "--local", str(bundled_model()), "--data", str(data), "--n-repeats", "2", "-o", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["n_samples"] == 8 and r["n_repeats"] == 2 and {"score", "stderr", "samples"} <= set(r)
+    assert main(["eval", "gpqa", "--data", str(data)]) == 1  # neither backend
+    assert main(["eval", "gpqa", "--base-url", "http://127.0.0.1:9/v1", "--data", str(data)]) == 1  # no --model
+
+
+def test_recorded_activations_from_the_runner_feed_the_error_report(tmp_path):
+    from mxrepack.cli import main
+    from mxrepack.eval.bundled import bundled_model
+    from mxrepack.repack.pipeline import repack
+
+    acts = tmp_path / "acts.safetensors"
+    assert main(["eval", "record-activations", str(bundled_model()), str(acts), "--max-tokens", "64"]) == 0
+    r = repack(str(bundled_model()), "sm121", tmp_path / "o", activations=acts)
+    for name, entry in r.quantization_error.items():
+        assert entry["out_rel_recorded"] is not None and 0 < entry["out_rel_recorded"] < 0.5, name
