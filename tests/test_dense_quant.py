@@ -238,3 +238,27 @@ def test_calibration_without_llmcompressor_says_how_to_install():
         pytest.skip("llm-compressor is installed here")
     with pytest.raises(MxRepackError, match=r"pip install 'mxrepack\[calib\]'"):
         compare_gptq("unused")
+
+
+def test_swizzled_dense_scales_through_the_pipeline(tiny, tmp_path):
+    from mxrepack.layouts.base import unswizzle_128x4
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: swz\ndescription: b12x experts, MXFP4 dense with 128x4 scales\nexperts:\n  layout: b12x\n"
+                      "dense:\n  format: mxfp4\n  layers: [qkv, o, lm_head]\n  scales: swizzled\n"
+                      "config:\n  quantization_config: mxrepack\n")
+    out = repack(str(tiny), recipe_file=str(recipe), out=tmp_path / "o", chunk_bytes=1 << 16).out  # many 128-row chunks
+    assert verify_dir(out)["ok"]
+    stored = _stored(out)
+    src = open_checkpoint(str(tiny)).tensors["lm_head.weight"].read()  # [512, 288]
+    packed, scales = stored["lm_head.weight_packed"], stored["lm_head.weight_scale"]
+    assert packed.shape == (512, 192) and scales.shape == (512, 12)  # K 288 -> 384
+    want_v, want_s = quantize_mxfp4(src)
+    assert torch.equal(packed[:, :144], want_v) and torch.equal(unswizzle_128x4(scales[None])[0][:, :9], want_s)
+    entry = json.loads((out / "mxrepack.json").read_text())["tensors"]["model.layers.0.self_attn.k_proj.weight_scale"]
+    assert entry["padding"] == {"rows": [64, 128], "cols": [288, 384]} and entry["stored_shape"] == [128, 12]
+    from mxrepack.eval.model import load_runner
+
+    plain = repack(str(tiny), "sm121", tmp_path / "plain").out  # same quantization, plain scales
+    ids = torch.randint(0, 512, (10,))
+    assert torch.equal(load_runner(out).forward(ids), load_runner(plain).forward(ids))
