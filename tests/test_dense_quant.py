@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from mxrepack.errors import MxRepackError
@@ -15,17 +14,11 @@ from mxrepack.quant import dequantize_mxfp4, dequantize_mxfp8, quantize_mxfp4, q
 from mxrepack.quant.dense import select_dense
 from mxrepack.repack.fixture import make_fixture
 from mxrepack.repack.pipeline import repack
+from mxrepack.repack.safetensors_io import read_directory
 from mxrepack.repack.source import open_checkpoint
 from mxrepack.repack.verify import verify_dir
 
 
-def _stored(directory):
-    index = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
-    out = {}
-    for fname in sorted(set(index.values())):
-        with safe_open(str(directory / fname), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
 
 
 def test_mxfp8_compressed_tensors_rule_matches_installed_library():
@@ -92,7 +85,7 @@ def test_layer_selection_and_errors():
 
 def test_sm121_quantizes_dense_by_default_and_dense_bf16_keeps_them(tiny, tmp_path):
     out = repack(str(tiny), "sm121", tmp_path / "a").out
-    stored = _stored(out)
+    stored = read_directory(out)
     ck = open_checkpoint(str(tiny))
     for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.o_proj", "lm_head"):
         assert name + ".weight" not in stored
@@ -110,7 +103,7 @@ def test_sm121_quantizes_dense_by_default_and_dense_bf16_keeps_them(tiny, tmp_pa
     quant = json.loads((out / "config.json").read_text())["quantization_config"]["groups"]["dense"]
     assert quant["format"] == "mxfp4" and "lm_head" in quant["modules"]
 
-    kept = _stored(repack(str(tiny), "sm121", tmp_path / "b", dense="bf16").out)
+    kept = read_directory(repack(str(tiny), "sm121", tmp_path / "b", dense="bf16").out)
     assert kept["lm_head.weight"].dtype == torch.bfloat16 and "lm_head.weight_packed" not in kept
 
 
@@ -179,7 +172,7 @@ def test_compressed_tensors_target_round_trips_through_the_library(tiny, tmp_pat
     assert "lm_head" in qc["ignore"] and qc["config_groups"]["group_0"]["weights"]["group_size"] == 32
     assert config["intermediate_size"] == 256  # 160 padded to 128
 
-    stored = _stored(out)
+    stored = read_directory(out)
     ck = open_checkpoint(str(tiny))
     I = 160
     for layer in (0, 1):
@@ -208,7 +201,7 @@ def test_compressed_tensors_padding_is_inert_in_a_moe_forward(tiny, tmp_path):
     from mxrepack.kernels.reference import layout_moe_reference
 
     out = repack(str(tiny), "compressed-tensors", tmp_path / "ct").out
-    stored = _stored(out)
+    stored = read_directory(out)
     layout = get_layout("compressed-tensors")
     dims = ExpertDims(4, 288, 160)
     p = "model.layers.1.mlp.experts."
@@ -249,7 +242,7 @@ def test_swizzled_dense_scales_through_the_pipeline(tiny, tmp_path):
                       "config:\n  quantization_config: mxrepack\n")
     out = repack(str(tiny), recipe_file=str(recipe), out=tmp_path / "o", chunk_bytes=1 << 16).out  # many 128-row chunks
     assert verify_dir(out)["ok"]
-    stored = _stored(out)
+    stored = read_directory(out)
     src = open_checkpoint(str(tiny)).tensors["lm_head.weight"].read()  # [512, 288]
     packed, scales = stored["lm_head.weight_packed"], stored["lm_head.weight_scale"]
     assert packed.shape == (512, 192) and scales.shape == (512, 12)  # K 288 -> 384

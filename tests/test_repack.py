@@ -11,22 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import LAYOUTS, dense_weights
 from mxrepack.repack.pipeline import repack
+from mxrepack.repack.safetensors_io import read_directory
 from mxrepack.repack.source import open_checkpoint
 from mxrepack.repack.verify import verify_dir
 
 
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
-    out = {}
-    for fname in sorted(set(index.values())):
-        with safe_open(str(directory / fname), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
 
 
 @pytest.mark.parametrize("target", ["bf16", "mxfp4", "sm121-marlin", "sm100", "sm90", "sm121"])
@@ -70,8 +63,8 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
 
 
 def test_bf16_values_and_original_layout_agree(tiny, tiny_original, tmp_path):
-    a = _tensors(repack(str(tiny), "bf16", tmp_path / "a").out)
-    b = _tensors(repack(str(tiny_original), "bf16", tmp_path / "b").out)
+    a = read_directory(repack(str(tiny), "bf16", tmp_path / "a").out)
+    b = read_directory(repack(str(tiny_original), "bf16", tmp_path / "b").out)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)  # original/ fused qkv splits to the same q/k/v
     ck = open_checkpoint(str(tiny))
@@ -84,7 +77,7 @@ def test_bf16_values_and_original_layout_agree(tiny, tiny_original, tmp_path):
 
 def test_mxfp4_target_is_byte_identical(tiny, tmp_path):
     ck = open_checkpoint(str(tiny))
-    out = _tensors(repack(str(tiny), "mxfp4", tmp_path / "o").out)
+    out = read_directory(repack(str(tiny), "mxfp4", tmp_path / "o").out)
     assert out.keys() == ck.tensors.keys()
     assert all(torch.equal(out[k].view(torch.uint8), ck.tensors[k].read().view(torch.uint8)) for k in out)
 

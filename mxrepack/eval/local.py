@@ -15,27 +15,31 @@ from mxrepack.errors import MxRepackError
 from mxrepack.eval.model import GptOssRunner, load_runner
 
 
-def _chat_template(path: Path) -> str:
+def load_chat_template(path: Path):
+    """The checkpoint's chat template, compiled (jinja2, sandboxed)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     if (path / "chat_template.jinja").is_file():
-        return (path / "chat_template.jinja").read_text()
-    cfg = path / "tokenizer_config.json"
-    if cfg.is_file() and json.loads(cfg.read_text()).get("chat_template"):
-        return json.loads(cfg.read_text())["chat_template"]
-    raise MxRepackError(f"{path}: no chat_template.jinja or tokenizer_config.json chat_template")
+        text = (path / "chat_template.jinja").read_text()
+    else:
+        cfg = path / "tokenizer_config.json"
+        text = json.loads(cfg.read_text()).get("chat_template") if cfg.is_file() else None
+        if not text:
+            raise MxRepackError(f"{path}: no chat_template.jinja or tokenizer_config.json chat_template")
+    return ImmutableSandboxedEnvironment().from_string(text)
 
 
 class LocalChatModel:
     """``complete(messages) -> text``: greedy or sampled, one request at a time (a lock serializes)."""
 
     def __init__(self, path: str | Path, runner: GptOssRunner | None = None, max_new_tokens: int = 64, **runner_kwargs):
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
 
         self.path = Path(path)
         if not (self.path / "tokenizer.json").is_file():
             raise MxRepackError(f"{self.path}: no tokenizer.json; the local backend needs the model's tokenizer")
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
-        self.template = ImmutableSandboxedEnvironment().from_string(_chat_template(self.path))
+        self.template = load_chat_template(self.path)
         gen = self.path / "generation_config.json"
         eos = json.loads(gen.read_text()).get("eos_token_id", []) if gen.is_file() else []
         self.stop = set(eos if isinstance(eos, list) else [eos])

@@ -32,6 +32,7 @@ import torch
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import ExpertDims, dense_weights, make_layout
 from mxrepack.repack.gptoss import EXPERT_PARTS, Dims
+from mxrepack.repack.safetensors_io import read_directory
 
 SWIGLU_ALPHA = 1.702
 
@@ -47,19 +48,6 @@ class GptOssWeights:
     @property
     def dims(self) -> Dims:
         return Dims.from_config(self.config)
-
-
-def _read_all(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
-    index = directory / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else \
-        sorted(p.name for p in directory.glob("*.safetensors"))
-    out = {}
-    for fname in files:
-        with safe_open(str(directory / fname), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
 
 
 def load_weights(path: str | Path) -> GptOssWeights:
@@ -90,7 +78,7 @@ def _load_output(path: Path) -> GptOssWeights:
     if dims:  # the logical sizes (a target may pad intermediate_size in its config)
         config["intermediate_size"] = dims["intermediate"]
     d = Dims.from_config(config)
-    stored = _read_all(path)
+    stored = read_directory(path)
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
     dense_layout = recipe.dense_layout
     dense, experts, mx = {}, {}, {}

@@ -32,7 +32,6 @@ import torch
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, round_up
 
-PROJS = ("gate_proj", "up_proj", "down_proj")
 UPSTREAM = "compressed-tensors 0.20 mxfp4-pack-quantized per-Linear tensors (MXFP4PackedCompressor.compression_param_names)"
 
 

@@ -38,16 +38,11 @@ def _require_llmcompressor():
 
 def _texts(model_dir: Path, split: str, n: int) -> list[str]:
     from mxrepack.eval.gpqa_format import build_samples, read_rows
-    from mxrepack.eval.local import LocalChatModel
+    from mxrepack.eval.local import load_chat_template
 
-    chat = LocalChatModel.__new__(LocalChatModel)  # only the template is needed here
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    from mxrepack.eval.local import _chat_template
-
-    chat.template = ImmutableSandboxedEnvironment().from_string(_chat_template(model_dir))
+    template = load_chat_template(model_dir)
     rows = read_rows(model_dir / "tasks" / f"{split}.csv")
-    return [chat.template.render(messages=[{"role": "user", "content": s.prompt}], add_generation_prompt=True)
+    return [template.render(messages=[{"role": "user", "content": s.prompt}], add_generation_prompt=True)
             for s in build_samples(rows)[:n]]
 
 
@@ -72,7 +67,7 @@ def compare_gptq(model_dir: str | Path, samples: int = 128, held_out: int = 64) 
     from llmcompressor.modifiers.quantization import GPTQModifier
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from mxrepack.quant import dequantize_mxfp4, quantize_mxfp4
+    from mxrepack.quant import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4
     from mxrepack.repack.pipeline import repack
 
     model_dir = Path(model_dir)
@@ -104,8 +99,7 @@ def compare_gptq(model_dir: str | Path, samples: int = 128, held_out: int = 64) 
             grid = None
             if hasattr(mod, "weight_scale"):  # GPTQ's output must lie on its MXFP4 grid: w / scale in E2M1
                 q = w_gptq.unflatten(-1, (-1, 32)) / mod.weight_scale.detach().float().unsqueeze(-1)
-                values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-                grid = bool(torch.isin(q.abs(), values).all())
+                grid = bool(torch.isin(q.abs(), torch.tensor(FP4_VALUES[:8])).all())
             rows[name] = {"on_mxfp4_grid": grid, "data_free_out_rel": float((x @ (w_free - w).T).norm() / ref),
                           "gptq_out_rel": float((x @ (w_gptq - w).T).norm() / ref),
                           "data_free_weight_rel": float((w_free - w).norm() / w.norm()),

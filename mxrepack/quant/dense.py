@@ -43,7 +43,7 @@ def parse_layers(value: str | list | tuple) -> list[str]:
     return [str(i).strip() for i in items if str(i).strip()]
 
 
-def _pattern(entry: str) -> re.Pattern:
+def layer_pattern(entry: str) -> re.Pattern:
     if entry in ALIASES:
         return re.compile("|".join(f"(?:{LAYER_KEYS[k]})" for k in ALIASES[entry]))
     if entry in LAYER_KEYS:
@@ -64,7 +64,7 @@ def select_dense(names: list[str], layers: list[str], where: str = "dense.layers
     chosen: set[str] = set()
     weights = [n for n in names if n.endswith(".weight") and ".mlp.experts." not in n and "norm" not in n]
     for entry in layers:
-        pattern = _pattern(entry)
+        pattern = layer_pattern(entry)
         hits = [n for n in weights if pattern.fullmatch(n)]
         if not hits:
             raise MxRepackError(f"{where}: '{entry}' matches no dense weight of this checkpoint")

@@ -81,12 +81,7 @@ class Recipe:
     @property
     def dense_layout(self):
         """The DenseMxLayout for the quantized dense layers, or None when they stay BF16."""
-        from mxrepack.layouts.dense import DenseMxLayout
-
-        d = self.data["dense"]
-        if d["format"] == "bf16":
-            return None
-        return DenseMxLayout(d["format"], d.get("scales", "plain"), d.get("scale_rule", "ocp"), d.get("scale_search", False))
+        return _dense_layout(self.data["dense"])
 
     @property
     def quantization_config(self) -> str:
@@ -109,6 +104,16 @@ class Recipe:
             # A stock-loader config would make engines read quantized dense weights as BF16.
             data["config"]["quantization_config"] = "mxrepack"
         return Recipe(self.name, _check(data, f"{self.source} with command-line overrides"), self.source)
+
+
+def _dense_layout(dense: dict):
+    """A recipe's ``dense`` section -> DenseMxLayout (validating its values), or None for bf16."""
+    from mxrepack.layouts.dense import DenseMxLayout
+
+    if dense["format"] == "bf16":
+        return None
+    return DenseMxLayout(dense["format"], dense.get("scales", "plain"), dense.get("scale_rule", "ocp"),
+                         dense.get("scale_search", False))
 
 
 def _builtin_files() -> dict[str, Path]:
@@ -160,13 +165,12 @@ def _check(data: object, where: str) -> dict:
         raise MxRepackError(f"recipe {where}: key 'experts.options': {e}") from None
     dense = data["dense"]
     if dense["format"] != "bf16":
-        from mxrepack.layouts.dense import DenseMxLayout
-        from mxrepack.quant.dense import _pattern
+        from mxrepack.quant.dense import layer_pattern
 
         try:
-            DenseMxLayout(dense["format"], dense.get("scales", "plain"), dense.get("scale_rule", "ocp"))
+            _dense_layout(dense)
             for entry in dense.get("layers") or []:
-                _pattern(str(entry))
+                layer_pattern(str(entry))
         except MxRepackError as e:
             raise MxRepackError(f"recipe {where}: {e}") from None
         if data["config"]["quantization_config"] in ("native", "remove"):

@@ -74,6 +74,12 @@ def _stale_temp_dirs(out: Path) -> None:
             pass
 
 
+def _quantized_dense_modules(recipe: Recipe, plan: list[PlanItem]) -> list[str]:
+    """The dense modules the plan stores in the recipe's dense MX layout (none when dense stays BF16)."""
+    dense = recipe.dense_layout
+    return sorted({i.group.removesuffix(".weight") for i in plan if dense is not None and i.layout == dense.name})
+
+
 def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
     config = dict(ck.config)
     mode = recipe.quantization_config
@@ -89,7 +95,7 @@ def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
             # Zero-padded intermediate units are real (inert) units of the written model.
             config["intermediate_size"] = layout.padded_intermediate(expert_dims(ck))
         dense = recipe.dense_layout
-        dense_modules = sorted({i.group.removesuffix(".weight") for i in plan if dense and i.layout == dense.name})
+        dense_modules = _quantized_dense_modules(recipe, plan)
         linear = [n.removesuffix(".weight") for n in ck.tensors if n.endswith(".weight") and
                   (".self_attn." in n or ".mlp.router." in n or n == "lm_head.weight")]
         config["quantization_config"] = ct.quantization_config(layout.name == "compressed-tensors",
@@ -110,11 +116,10 @@ def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
                 "modules": "model.layers.*.mlp.experts", "options": recipe.expert_options}
         dense = recipe.dense_layout
         if dense is not None:
-            quantized = [i for i in plan if i.layout == dense.name]
+            first = [i for i in plan if i.layout == dense.name][:2]  # one tensor's values and scales
             groups["dense"] = {**dense.spec(), "layers": recipe.dense_layers,
-                               "modules": sorted({i.group.removesuffix(".weight") for i in quantized}),
-                               "stored": {i.name.rsplit(".", 1)[1]: str(i.dtype).removeprefix("torch.")
-                                          for i in quantized[:2]}}
+                               "modules": _quantized_dense_modules(recipe, plan),
+                               "stored": {i.name.rsplit(".", 1)[1]: str(i.dtype).removeprefix("torch.") for i in first}}
         config["quantization_config"] = {"quant_method": "mxrepack", "target": recipe.name, "layouts": layouts,
                                          "groups": groups, "consumer": recipe.consumer,
                                          "mxrepack_version": mxrepack.__version__}

@@ -79,8 +79,8 @@ class DenseQuantizer:
     The values item and the error observer see the same chunk object one after the other; the last
     result is kept (by identity, holding a reference) so the chunk is quantized once for both."""
 
-    def __init__(self, layout: DenseMxLayout, src: SourceTensor, logical: tuple[int, int], recorded=None):
-        self.layout, self.src, self.k = layout, src, logical[1]
+    def __init__(self, layout: DenseMxLayout, src: SourceTensor, recorded=None):
+        self.layout, self.k = layout, src.shape[1]
         self.where = f"{src.info.file}: tensor '{src.name}'"
         self.stats = ErrorStats(src.name, self.k, recorded)
         self._last: tuple | None = None
@@ -106,18 +106,14 @@ class DenseQuantizer:
 
 
 def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tensor | None) -> list[PlanItem]:
-    where = f"{src.info.file}: tensor '{src.name}'"
-    if src.dtype != torch.bfloat16:
-        raise MxRepackError(f"{where}: dtype {str(src.dtype).removeprefix('torch.')}, expected bfloat16 for dense MX quantization")
-    if len(src.shape) != 2:
-        raise MxRepackError(f"{where}: shape {list(src.shape)}, expected a 2-D [out, in] weight")
+    # dtype (BF16) and rank (2-D) were checked when the checkpoint was opened (gptoss.KIND_DTYPES).
     try:
         outputs = layout.outputs(src.shape)
     except MxRepackError as e:
-        raise MxRepackError(f"{where}: {e}") from None
+        raise MxRepackError(f"{src.info.file}: tensor '{src.name}': {e}") from None
     rows = outputs[0].shape[0]
     source = src if rows == src.rows else ZeroPaddedRows(src, rows)
-    quantizer = DenseQuantizer(layout, src, src.shape, recorded)
+    quantizer = DenseQuantizer(layout, src, recorded)
     module = src.name.removesuffix(".weight")
     return [PlanItem(f"{module}.{o.suffix}", o.dtype, o.shape, {"value": source}, partial(quantizer.pack, role=o.role),
                      layout.name, src.name, o.logical_shape, layout.padding(src.shape), layout.upstream, work_factor=8,

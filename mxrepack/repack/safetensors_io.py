@@ -258,6 +258,21 @@ class StreamingShardWriter:
         self._hash.hexdigest()  # stop the thread
 
 
+def read_directory(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a (small) checkpoint directory, by name: the shards its index lists, or all
+    ``*.safetensors`` files when it has none. For tests and the tiny-model runner, not for streaming."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+             else sorted(p.name for p in directory.glob("*.safetensors")))
+    out: dict[str, torch.Tensor] = {}
+    for fname in files:
+        out.update(load_file(str(directory / fname)))
+    return out
+
+
 def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
