@@ -234,10 +234,22 @@ def kernels_check_cmd(
         typer.echo(f"ok: {len(records)} builds")
 
 
+def _write_atomic(path: Path, write) -> None:
+    """``write(tmp)`` to a hidden sibling, then rename over ``path``: never a half-written result file."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _write_json_file(path: Optional[Path], data: dict) -> None:
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        _write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
 
 
 @eval_app.command("logits")
@@ -315,16 +327,10 @@ def eval_compare_cmd(
 ) -> None:
     """The regression gate: exit 1 when the candidate is worse than chance explains."""
     from mxrepack.eval.gpqa import compare
+    from mxrepack.repack.source import load_json
 
-    def load(p: Path) -> dict:
-        try:
-            return json.loads(p.read_text())
-        except FileNotFoundError:
-            raise MxRepackError(f"{p}: file does not exist") from None
-        except json.JSONDecodeError as e:
-            raise MxRepackError(f"{p}: not JSON ({e})") from None
-
-    g = compare(load(baseline), load(candidate), z, tolerance)
+    g = compare(load_json(baseline, "`repack eval gpqa` result"), load_json(candidate, "`repack eval gpqa` result"),
+                z, tolerance)
     _emit(g, as_json, f"{'PASSED' if g['passed'] else 'FAILED'}: candidate {g['candidate']:.4f} vs baseline "
                       f"{g['baseline']:.4f} (delta {g['delta']:+.4f}, allowed drop {g['allowed_drop']:.4f})")
     if not g["passed"]:
@@ -342,9 +348,11 @@ def eval_report_cmd(
     from mxrepack.eval.gpqa import compare
     from mxrepack.eval.report import build_report, write_report
 
+    from mxrepack.repack.source import load_json
+
     gate = None
     if gpqa and len(gpqa) >= 2:
-        gate = compare(json.loads(gpqa[0].read_text()), json.loads(gpqa[-1].read_text()))
+        gate = compare(load_json(gpqa[0], "`repack eval gpqa` result"), load_json(gpqa[-1], "`repack eval gpqa` result"))
     paths = write_report(build_report(model_dir, gpqa or [], logits, gate), out)
     typer.echo(f"wrote {paths['markdown']} and {paths['html']}")
 
@@ -388,7 +396,8 @@ def eval_record_cmd(
 
     hidden: dict = {}
     m.runner.forward(torch.tensor(ids), hidden=hidden)
-    save_file({k: torch.cat(v).to(torch.bfloat16).contiguous() for k, v in hidden.items()}, str(out))
+    tensors = {k: torch.cat(v).to(torch.bfloat16).contiguous() for k, v in hidden.items()}
+    _write_atomic(out, lambda tmp: save_file(tensors, str(tmp)))
     typer.echo(f"wrote {out}: {len(hidden)} layers x {len(ids)} tokens")
 
 

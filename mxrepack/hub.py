@@ -9,13 +9,13 @@ continues where it stopped). ``--dry-run`` prints the plan and calls nothing on 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import mxrepack
 from mxrepack.errors import MxRepackError
+from mxrepack.repack.source import load_json
 from mxrepack.repack.verify import MANIFEST, load_manifest, verify_dir
 
 CARD = "README.md"
@@ -113,10 +113,7 @@ def _license(manifest: dict) -> str | None:
 def _eval_entries(paths: list[Path]) -> list[dict]:
     out = []
     for p in paths:
-        try:
-            r = json.loads(Path(p).read_text())
-        except (FileNotFoundError, json.JSONDecodeError) as e:
-            raise MxRepackError(f"{p}: cannot read eval result ({e})") from None
+        r = load_json(Path(p), "`repack eval gpqa` or `repack eval logits` result")
         if r.get("eval") == "gpqa":
             out.append({"name": f"GPQA-style ({Path(r['data']['path']).name}, {r['n_repeats']} repeats)", "metric": "accuracy",
                         "value": r["score"], "stderr": f"{r['stderr']:.4f}", "n": r["n_samples"],

@@ -62,19 +62,22 @@ def _hist_svg(title: str, edges: list[float], counts: list[int], width: int = 64
 
 def build_report(model_dir: str | Path | None = None, gpqa: list[str | Path] = (), logits: str | Path | None = None,
                  gate: dict | None = None) -> dict:
+    from mxrepack.repack.source import load_json
+    from mxrepack.repack.verify import load_manifest
+
     report: dict = {"model": None, "quantization_error": {}, "gpqa": [], "logits": None, "gate": gate}
     if model_dir:
-        manifest = json.loads((Path(model_dir) / "mxrepack.json").read_text())
+        manifest = load_manifest(Path(model_dir))
         report["model"] = {"path": str(model_dir), "target": manifest["target"]["name"],
                            "source": manifest["source"].get("repo_id") or manifest["source"].get("path"),
                            "tool": manifest["tool"]}
         report["quantization_error"] = manifest.get("quantization_error", {})
     for path in gpqa:
-        r = json.loads(Path(path).read_text())
+        r = load_json(Path(path), "`repack eval gpqa` result")
         report["gpqa"].append({"file": str(path), "label": Path(path).stem, "score": r["score"], "stderr": r["stderr"],
                                "n_samples": r["n_samples"], "backend": r.get("backend")})
     if logits:
-        r = json.loads(Path(logits).read_text())
+        r = load_json(Path(logits), "`repack eval logits` result")
         report["logits"] = {k: r[k] for k in ("reference", "candidate", "tokens", "kl", "same_top", "ppl",
                                               "first_token", "per_position", "kl_histogram") if k in r}
     return report

@@ -141,7 +141,7 @@ class Checkpoint:
         return futures
 
 
-def _load_json(path: Path, what: str) -> dict:
+def load_json(path: Path, what: str) -> dict:
     try:
         with open(path) as f:
             data = json.load(f)
@@ -203,7 +203,7 @@ def _complete(folder: Path) -> bool:
 def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
     """Resolve ``source`` and check it is a complete, well-formed gpt-oss checkpoint."""
     root, origin = resolve(source, revision)
-    raw_config = _load_json(root / "config.json", "model config (config.json)")
+    raw_config = load_json(root / "config.json", "model config (config.json)")
     if "model_type" in raw_config:
         if raw_config["model_type"] != "gpt_oss":
             raise MxRepackError(f"{root / 'config.json'}: model_type is {raw_config['model_type']!r}, expected 'gpt_oss'")
@@ -242,7 +242,7 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
 def _shard_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _load_json(index, "safetensors index").get("weight_map")
+        weight_map = load_json(index, "safetensors index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise MxRepackError(f"{index}: no weight_map")
         shards = sorted(set(weight_map.values()))
