@@ -9,6 +9,7 @@ Everything in one run, so every ratio compares figures measured together:
   to cuBLAS BF16 ``x @ W.T`` on the same shape. Weights rotate through enough copies (> 4x L2) that
   neither kernel runs from L2;
 * a small config sweep on lm_head M=1 (which split/tile is best here);
+* the W4A16 GEMV: decode variants checked, a config sweep at M = 1 per shape, GEMV vs tile for M <= 16;
 * MoE (128 experts, top-4, H = I = 2880 padded to 2944): error vs a torch reference, decode
   T = 1, 8, 64 (roofline on the touched experts' bytes) and prefill T = 4096 (ratio to BF16
   per-expert matmuls on pre-dequantized weights).
@@ -28,11 +29,12 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mxrepack.kernels.linear_mxfp4 import LinearConfig, linear_mxfp4, pick_config  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_config  # noqa: E402
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, pick_gemv_config  # noqa: E402
+from mxrepack.kernels.linear_mxfp4 import LinearConfig, linear_mxfp4, pick_config, use_gemv  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import GEMV_MAX_ASSIGNMENTS, MOE_GEMV, moe_mxfp4, pick_moe_config  # noqa: E402
 
 FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 DEV = "cuda"
@@ -66,6 +68,13 @@ def quant_ref(x: torch.Tensor, mode: str) -> torch.Tensor:
     return deq(q, s)
 
 
+def bench_decode(fn, rep: int = 100) -> float:
+    """Decode-sized work (a few microseconds) timed inside a CUDA graph, as engines run decode, so that
+    Python launch overhead does not hide the kernel; used for our kernels and cuBLAS alike."""
+    fn()
+    return do_bench_cudagraph(fn, rep=rep)
+
+
 def rotating(make, bytes_each: int, min_total: int = 400 << 20):
     n = max(2, -(-min_total // max(bytes_each, 1)))
     items = [make() for _ in range(n)]
@@ -94,15 +103,17 @@ def dense(rows: list, bw: float, quick: bool) -> None:
             if M >= 8192 and name == "lm_head":
                 continue
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
-            ms_cublas = do_bench(lambda: x @ nxt_b().T, warmup=25, rep=200)
+            timer = bench_decode if M <= 16 else (lambda f: do_bench(f, warmup=25, rep=200))
+            ms_cublas = timer(lambda: x @ nxt_b().T)
             for mode in ("w4a16", "w4a8", "w4a4"):
                 if M > 16 and mode != "w4a16" and quick:
                     continue
                 y = linear_mxfp4(x, w, ws, bias, mode)
                 ref = quant_ref(x, mode) @ wf.T + bias.float()
                 err = float((y.float() - ref).norm() / ref.norm())
-                ms = do_bench(lambda: linear_mxfp4(x, *nxt_q(), bias, mode), warmup=25, rep=200)
-                cfg = pick_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
+                ms = timer(lambda: linear_mxfp4(x, *nxt_q(), bias, mode))
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
+                cfg = pick_gemv_config(N, K, sms) if mode == "w4a16" and use_gemv(M, N) else pick_config(M, N, K, sms)
                 rec = {"kind": "dense", "shape": name, "N": N, "K": K, "M": M, "mode": mode, "config": cfg.name(),
                        "rel_err": err, "ms": ms, "cublas_bf16_ms": ms_cublas, "vs_cublas": ms_cublas / ms,
                        "weight_GBps": wbytes / (ms * 1e-3) / 1e9, "roofline_frac": (wbytes / (ms * 1e-3)) / bw}
@@ -133,6 +144,56 @@ def sweep(rows: list, bw: float) -> None:
     print(f"sweep lm_head M=1 best {best[0]} {best[1]:.4f} ms ({100 * best[2]:.0f}% of copy roofline)", flush=True)
 
 
+def gemv(rows: list, bw: float) -> None:
+    """The W4A16 GEMV: asm vs portable decode checked against fp32 (a ragged shape exercises the masked
+    tail), then a config sweep on lm_head, o and qkv at M = 1, and GEMV vs tensor-core tile at M = 1..16."""
+    for N, K in ((37, 160), (201088, 2880)):
+        w, ws = rand_mx(N, K)
+        x = torch.randn(3, K, device=DEV).to(torch.bfloat16)
+        ref = x.float() @ deq(w, ws).T
+        for dec in ("ops", "asm"):
+            y = gemv_mxfp4(x, w, ws, None, torch.empty(3, N, device=DEV, dtype=torch.bfloat16), GemvConfig(64, 256, 4, 3, dec))
+            err = float((y.float() - ref).norm() / ref.norm())
+            rows.append({"kind": "gemv_check", "N": N, "K": K, "decode": dec, "rel_err": err})
+            print(f"gemv check N={N} K={K} {dec}: rel err {err:.1e}", flush=True)
+    shapes = {"lm_head": (201088, 2880), "o": (2880, 4096), "qkv": (5120, 2880)}
+    for name, (N, K) in shapes.items():
+        wbytes = N * K // 2 + N * K // 32
+        nxt = rotating(lambda: rand_mx(N, K), wbytes)
+        nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
+        x1 = torch.randn(1, K, device=DEV).to(torch.bfloat16)
+        ms_cublas = bench_decode(lambda: x1 @ nxt_b().T)
+        best = None
+        wide = name == "lm_head"
+        grid = itertools.product((32, 64, 128) if wide else (4, 8, 16), (128, 256) if wide else (256, 512),
+                                 (4, 8) if wide else (2, 4), ("asm", "ops"))
+        for bn, bk, warps, dec in grid:
+            if dec == "ops" and not wide:
+                continue  # the portable decode once per tile shape, on lm_head
+            cfg = GemvConfig(bn, bk, warps, 1, dec)
+            try:
+                ms = bench_decode(lambda: linear_mxfp4(x1, *nxt(), None, "w4a16", cfg), rep=50)
+            except Exception as e:  # out of resources etc.
+                print(f"gemv {name} {cfg.name()}: {type(e).__name__}", flush=True)
+                continue
+            frac = (wbytes / (ms * 1e-3)) / bw
+            rows.append({"kind": "gemv_sweep", "shape": name, "M": 1, "config": cfg.name(), "ms": ms,
+                         "cublas_bf16_ms": ms_cublas, "vs_cublas": ms_cublas / ms, "roofline_frac": frac})
+            if best is None or ms < best[1]:
+                best = (cfg, ms, frac)
+        print(f"gemv {name} M=1 best {best[0].name()} {best[1]:.4f} ms ({100 * best[2]:.0f}% of copy roofline), "
+              f"cuBLAS {ms_cublas:.4f} ms, x{ms_cublas / best[1]:.2f}", flush=True)
+        for M in (1, 2, 4, 8, 16):
+            x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+            ms_c = bench_decode(lambda: x @ nxt_b().T)
+            ms_g = bench_decode(lambda: linear_mxfp4(x, *nxt(), None, "w4a16", best[0]))
+            cfg_t = pick_config(16, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
+            ms_t = bench_decode(lambda: linear_mxfp4(x, *nxt(), None, "w4a16", cfg_t))
+            rows.append({"kind": "gemv_vs_tile", "shape": name, "M": M, "gemv_ms": ms_g, "tile_ms": ms_t,
+                         "cublas_bf16_ms": ms_c, "gemv_config": best[0].name(), "tile_config": cfg_t.name()})
+            print(f"gemv {name} M={M:2d}: gemv {ms_g:.4f} ms  tile {ms_t:.4f} ms  cuBLAS {ms_c:.4f} ms", flush=True)
+
+
 def moe(rows: list, bw: float, quick: bool) -> None:
     E, H, I, k = 128, 2880, 2880, 4
     Hp, Ip = 2944, 2944
@@ -151,7 +212,7 @@ def moe(rows: list, bw: float, quick: bool) -> None:
     b2[:, H:] = 0
     W = {"w13_weight": w13, "w13_weight_scale": s13, "w13_bias": b13, "w2_weight": w2, "w2_weight_scale": s2, "w2_bias": b2}
     per_expert = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
-    Tdec = (1, 8, 64)
+    Tdec = (1, 2, 4, 8, 64)
     for T in Tdec + (4096,):
         x = torch.randn(T, H, device=DEV).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)]) if T <= 64 else \
@@ -169,11 +230,25 @@ def moe(rows: list, bw: float, quick: bool) -> None:
                 h = (up + 1) * gate * torch.sigmoid(1.702 * gate)
                 ref[r] += wts[r, slot, None] * (h.bfloat16().float() @ deq(w2[e], s2[e]).T + b2[e])
             err = float((y.float() - ref[:, :H]).norm() / ref[:, :H].norm())
-        ms = do_bench(lambda: moe_mxfp4(x, ids, wts, W), warmup=10, rep=100)
+        gemv = T * k <= GEMV_MAX_ASSIGNMENTS
+        timer = bench_decode if T <= 64 else (lambda f: do_bench(f, warmup=10, rep=100))
+        ms = timer(lambda: moe_mxfp4(x, ids, wts, W))
         touched = ids.unique().numel() * per_expert
         rec = {"kind": "moe", "T": T, "topk": k, "experts_touched": ids.unique().numel(), "rel_err": err, "ms": ms,
-               "config": pick_moe_config(T, k, E).name(), "touched_GBps": touched / (ms * 1e-3) / 1e9,
+               "config": (MOE_GEMV if gemv else pick_moe_config(T, k, E)).name(),
+               "touched_GBps": touched / (ms * 1e-3) / 1e9,
                "roofline_frac": (touched / (ms * 1e-3)) / bw}
+        if T <= 16:  # the other path at the same T, and a few GEMV tiles
+            rec["scheduled_ms"] = timer(lambda: moe_mxfp4(x, ids, wts, W, config=pick_moe_config(T, k, E)))
+            for cfg in itertools.product((8, 16, 32, 64), (256, 512), (2, 4, 8)):
+                gcfg = GemvConfig(*cfg, 1, "asm")
+                rec[f"gemv_{gcfg.name()}_ms"] = timer(lambda: moe_mxfp4(x, ids, wts, W, config=gcfg))
+            best = min((v, n) for n, v in rec.items() if n.startswith("gemv_"))
+            print(f"moe T={T}: scheduled {rec['scheduled_ms']:.4f} ms, best gemv {best[1]} {best[0]:.4f} ms", flush=True)
+            if T == 1:
+                y_g = moe_mxfp4(x, ids, wts, W, config=MOE_GEMV)
+                rec["gemv_rel_err"] = float((y_g.float() - ref[:, :H]).norm() / ref[:, :H].norm())
+                print(f"moe T=1 gemv err {rec['gemv_rel_err']:.1e}", flush=True)
         if T == 4096:  # baseline: BF16 weights already dequantized, one matmul pair per expert
             wg = torch.stack([deq(w13[e], s13[e]) for e in range(E)]).bfloat16()
             wd = torch.stack([deq(w2[e], s2[e]) for e in range(E)]).bfloat16()
@@ -210,7 +285,7 @@ def moe(rows: list, bw: float, quick: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skip", default="", help="comma list of: dense,sweep,moe")
+    ap.add_argument("--skip", default="", help="comma list of: dense,sweep,moe,gemv")
     ap.add_argument("--json")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
@@ -228,6 +303,8 @@ def main() -> None:
         moe(rows, bw, a.quick)
     if "sweep" not in skip:
         sweep(rows, bw)
+    if "gemv" not in skip:
+        gemv(rows, bw)
     print(f"total {time.time() - t0:.0f} s", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({**head, "copy_Bps": bw, "rows": rows}, indent=1))

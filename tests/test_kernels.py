@@ -21,7 +21,8 @@ import sys
 import pytest
 import torch
 
-from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig
+from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_gemv
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, moe_schedule
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
@@ -82,6 +83,30 @@ def test_linear_without_bias_and_config_choice():
         linear_mxfp4(x, w[:, :10], ws)
 
 
+@pytest.mark.parametrize("N,K", [(80, 288), (37, 96), (16, 512)])
+def test_gemv_matches_reference(N, K):
+    """The decode GEMV (portable decode under the interpreter): full K tiles, a masked partial tile
+    (288 = 2 x 128 + 32; 96 < 128) and none (512), N not a multiple of the rows per program, every code
+    and the E8M0 extremes 0 (2^-127) and 254."""
+    w, ws = quantize_mxfp4(torch.randn(N, K) * 0.05)
+    w[0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) + torch.arange(8, dtype=torch.uint8)  # all 16 codes
+    ws[1, 0], ws[2, 1] = 0, 254
+    w[2, 16:32] = 0x11  # 0.5 * 2^127 stays finite
+    x = torch.randn(3, K).to(torch.bfloat16)
+    x[:, 32:64] *= 2.0 ** -100  # meets scale 254 in row 2 without overflowing fp32
+    bias = torch.randn(N).to(torch.bfloat16)
+    ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
+    for M in (1, 2, 3):
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+        y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", GemvConfig(16, 128, 4, 1, "ops"), out=out)
+        assert y is out and not torch.isnan(y).any()
+        assert rel(y, ref[:M]) <= 1e-2, (M, rel(y, ref[:M]))
+        assert rel(linear_mxfp4(x[:M], w, ws, bias), ref[:M]) <= 1e-2  # shape-chosen path, whichever it is
+    assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(4, 2880)
+    with pytest.raises(ValueError, match="W4A16 only"):
+        linear_mxfp4(x[:1], w, ws, None, "w4a8", GemvConfig())
+
+
 def test_moe_schedule_covers_every_assignment_once():
     ids = torch.tensor([[3, 1], [1, 0], [3, 1], [2, 3], [1, 2]])
     order, blk_e, blk_s, blk_end = moe_schedule(ids, experts=5, block_m=2)
@@ -117,7 +142,8 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
-        for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 64)):
+        gemv = (GemvConfig(16, 64, 4, 1, "ops"),) if activations == "bf16" else ()
+        for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 64)) + gemv:
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, strided, activations, cfg, out=out)
             assert not torch.isnan(y).any()
@@ -126,16 +152,19 @@ def test_moe_mxfp4_matches_reference(activations, bound):
 
 def test_kernels_check_builds_for_sm12x_without_tma():
     """The sm_12x proof: every shipped configuration AOT-compiles for sm_90a/100a/120a/121a with Triton's
-    ptxas, fits 101376 bytes of shared memory, has no TMA, and W4A4 uses the native FP4 MMA on sm_12x."""
+    ptxas, fits 101376 bytes of shared memory, has no TMA, and W4A4 uses the native FP4 MMA on sm_12x
+    (the decode GEMVs' inline PTX included)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", "kernels", "check", "--json"],
                           capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = json.loads(proc.stdout)
     assert {r["arch"] for r in records} == {"sm_90a", "sm_100a", "sm_120a", "sm_121a"}
-    assert {r["kernel"] for r in records} == {"linear_mxfp4", "moe_gate_up_swiglu", "moe_down_combine"}
+    assert {r["kernel"] for r in records} == {"linear_mxfp4", "moe_gate_up_swiglu", "moe_down_combine", "gemv_mxfp4",
+                                              "gemv_moe_gate_up", "gemv_moe_down"}
     for r in records:
-        assert r["ok"] and not r["tma"] and r["mma"], r
+        assert r["ok"] and not r["tma"], r
+        assert bool(r["mma"]) != r["kernel"].startswith("gemv_"), r  # the GEMVs run on CUDA cores
         if r["arch"] in ("sm_120a", "sm_121a"):
             assert r["shared_bytes"] <= 101376
             if r["mode"] == "w4a4":

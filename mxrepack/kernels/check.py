@@ -9,7 +9,8 @@ is needed -- and the result is inspected:
 * ``tma``: any ``cp.async.bulk.tensor``, ``.tile::scatter4`` or ``.tile::gather4`` in the PTX (ptxas
   rejects TMA scatter on sm_121a; our kernels use none on any arch);
 * ``mma``: the MMA instructions found (``mma.sync...``, ``wgmma...``, ``tcgen05.mma...``); the W4A4 path
-  must reach the native FP4 tensor cores on sm_12x: ``mma.sync...kind::mxf4nvf4.block_scale``.
+  must reach the native FP4 tensor cores on sm_12x: ``mma.sync...kind::mxf4nvf4.block_scale``. The
+  decode GEMVs (``gemv_*``) run on CUDA cores by design and must have none.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from mxrepack.kernels import gemv_mxfp4 as gemv
 from mxrepack.kernels import linear_mxfp4 as lin
 from mxrepack.kernels import moe_mxfp4 as moe
 
@@ -61,6 +63,28 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
             "moe_down_combine": ASTSource(moe._down_kernel, down, dict(common))}
 
 
+def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
+    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
+    dense = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32",
+             "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_ym": "i32",
+             "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}
+    return {"gemv_mxfp4": ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const})}
+
+
+def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
+    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
+    gate_up = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "h_ptr": "*bf16", "ids_ptr": "*i32",
+               "H": "i32", "Ip": "i32", "TOPK": "i32", "stride_x": "i32", "stride_we": "i32", "stride_wn": "i32",
+               "stride_wse": "i32", "stride_wsn": "i32", "stride_h": "i32", "alpha": "fp32", "limit": "fp32",
+               **{k: "constexpr" for k in const}}
+    down = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "y_ptr": "*fp32", "ids_ptr": "*i32",
+            "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_we": "i32",
+            "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_y": "i32",
+            **{k: "constexpr" for k in const}}
+    return {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, gate_up, dict(const)),
+            "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, dict(const))}
+
+
 def shipped_kernels():
     """(kernel, config name, mode, ASTSource, num_warps, num_stages) for every shipped configuration."""
     for mode in lin.MODES:
@@ -70,6 +94,11 @@ def shipped_kernels():
         for name, cfg in moe.MOE_CONFIGS.items():
             for kernel, src in _moe_sources(act, cfg).items():
                 yield kernel, f"{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
+    for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW)):
+        for kernel, src in _gemv_sources(cfg).items():
+            yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
+    for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
+        yield kernel, f"decode:{moe.MOE_GEMV.name()}", "w4a16", src, moe.MOE_GEMV.num_warps, moe.MOE_GEMV.num_stages
 
 
 def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: int, num_stages: int, cap: int) -> dict:
@@ -94,7 +123,10 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
             problems.append(f"shared memory {rec['shared_bytes']} > {SM12X_SHARED_LIMIT}")
         if mode == "w4a4" and not any("kind::mxf4nvf4.block_scale" in m for m in rec["mma"]):
             problems.append("W4A4 does not use mma.sync kind::mxf4nvf4.block_scale")
-    if not rec["mma"]:
+    if kernel.startswith("gemv_"):
+        if rec["mma"]:
+            problems.append("MMA instructions in a CUDA-core GEMV")
+    elif not rec["mma"]:
         problems.append("no MMA instruction found")
     rec["ok"] = not problems
     rec["error"] = "; ".join(problems) or None

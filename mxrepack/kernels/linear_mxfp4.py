@@ -11,7 +11,8 @@ same kernel compiles for sm_90a, sm_100a and sm_120a/sm_121a (``repack kernels c
 
 One kernel, two schedules: prefill tiles M and N; decode (M <= 16) uses a 16-row tile and split-K, so
 that a narrow layer (k/v: N = 512) still puts enough CTAs in flight to stream the weights at full
-bandwidth; split-K partial sums are added with fp32 atomics into a zeroed fp32 buffer.
+bandwidth; split-K partial sums are added with fp32 atomics into a zeroed fp32 buffer. W4A16 with at
+few rows (:func:`use_gemv`) goes to the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` instead.
 The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 """
 
@@ -24,9 +25,16 @@ import torch
 import triton
 import triton.language as tl
 
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
 
 MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
+
+
+def use_gemv(M: int, N: int) -> bool:
+    """W4A16 shapes where the CUDA-core GEMV beats the 16-row tensor-core tile (H100 sweep, docs/PERF.md):
+    one row always; two rows on narrow layers only (lm_head at M = 2 decodes its 290 MB twice)."""
+    return M == 1 or (M == 2 and N < 65536)
 
 
 @dataclass(frozen=True)
@@ -133,8 +141,12 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
 
 
 def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
-                 mode: str = "w4a16", config: LinearConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [M, K]`` (bf16) times MXFP4 ``W [N, K]`` -> ``[M, N]`` bf16 (into ``out`` when given)."""
+                 mode: str = "w4a16", config: LinearConfig | GemvConfig | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [M, K]`` (bf16) times MXFP4 ``W [N, K]`` -> ``[M, N]`` bf16 (into ``out`` when given).
+
+    ``config``: a :class:`LinearConfig` (tensor-core kernel), a :class:`GemvConfig` (W4A16 GEMV), or None
+    to choose by shape."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     M, K = x.shape
@@ -142,14 +154,18 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
     if w_packed.shape != (N, K // 2) or w_scales.shape != (N, K // 32) or K % 32:
         raise ValueError(f"weights {tuple(w_packed.shape)}/{tuple(w_scales.shape)} do not fit x {tuple(x.shape)}: "
                          f"expected [N, {K // 2}] packed and [N, {K // 32}] scales, K % 32 == 0")
-    cfg = config or pick_config(M, N, K, _sm_count(x.device))
+    if out is None:
+        out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    if isinstance(config, GemvConfig) or (config is None and mode == "w4a16" and use_gemv(M, N)):
+        if mode != "w4a16":
+            raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
+        return gemv_mxfp4(x, w_packed, w_scales, bias, out, config)
+    cfg = config or pick_config(M, N, K, sm_count(x.device))
     a_fmt = MODES[mode]
     if a_fmt == "bf16":
         a, a_scales = x.contiguous(), None
     else:
         a, a_scales = quantize_activations(x, a_fmt)
-    if out is None:
-        out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     y = out if cfg.split_k == 1 else torch.zeros(M, N, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
     _linear_mxfp4_kernel[grid](
@@ -163,8 +179,3 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
         out.copy_(y)
     return out
 
-
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132

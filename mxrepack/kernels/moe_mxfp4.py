@@ -14,6 +14,11 @@ Weights are the ``strided`` layout (``mxrepack.layouts.strided``): w13 ``[E, 2*I
    assignment's own row ``t*k + slot`` of ``[T*k, H]`` fp32 -- a scatter with ordinary stores.
 4. combine: ``sum`` over the k slots of each token (torch).
 
+Decode (BF16 activations, at most ``GEMV_MAX_ASSIGNMENTS`` (token, slot) pairs) skips the schedule: one
+program per (assignment, row tile) runs the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` on its
+expert's rows (``_gate_up_gemv_kernel``, ``_down_gemv_kernel``), so that no 16-row tile is spent on one
+token and only the routed experts' bytes are read.
+
 ``activations="e4m3"|"e2m1"`` quantizes x and the intermediate on the fly (MXFP8 / MXFP4), as the dense
 kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_moe_reference`.
 """
@@ -26,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_rows
 from mxrepack.kernels.mx_quant import quantize_activations
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -46,6 +52,10 @@ class MoeConfig:
 MOE_DECODE = MoeConfig(16, 64, 128, num_warps=4, num_stages=4)
 MOE_PREFILL = MoeConfig(64, 128, 128, num_warps=4, num_stages=3)
 MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
+
+
+GEMV_MAX_ASSIGNMENTS = 16  # T * k up to which the per-assignment GEMV beats the schedule (H100, docs/PERF.md)
+MOE_GEMV = GemvConfig(16, 512, 4, 1, "asm")
 
 
 def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
@@ -113,6 +123,14 @@ def _load_w(w_ptr, ws_ptr, rn, k0, Kp, stride_wn, stride_wsn, BLOCK_K: tl.conste
 
 
 @triton.jit
+def _swiglu(gate, up, alpha, limit):
+    """gpt-oss SwiGLU: gate clamped above, up on both sides, ``(up + 1) * gate * sigmoid(alpha * gate)``."""
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    return (up + 1.0) * gate * tl.sigmoid(alpha * gate)
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
                     H, Hp, Ip, TOPK, stride_x, stride_xs, stride_we, stride_wn, stride_wse, stride_wsn, stride_h,
                     alpha, limit, A_FMT: tl.constexpr,
@@ -138,9 +156,7 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
         acc_u = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, acc_u, A_FMT, BLOCK_K)
     gate = acc_g + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
     up = acc_u + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = (up + 1.0) * gate * tl.sigmoid(alpha * gate)
+    h = _swiglu(gate, up, alpha, limit)
     tl.store(h_ptr + pos[:, None] * stride_h + rn[None, :], h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
@@ -170,12 +186,63 @@ def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr,
              mask=row_ok[:, None] & (rn < H)[None, :])
 
 
+@triton.jit
+def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOPK, stride_x, stride_we, stride_wn,
+                         stride_wse, stride_wsn, stride_h, alpha, limit,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+    p = tl.program_id(0)  # assignment t * k + slot
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    x_row = x_ptr + (p // TOPK) * stride_x
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
+    gate = gemv_rows(x_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+    up = gemv_rows(x_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+    gate += tl.load(b_ptr + e * 2 * Ip + rn)
+    up += tl.load(b_ptr + e * 2 * Ip + Ip + rn)
+    tl.store(h_ptr + p * stride_h + rn, _swiglu(gate, up, alpha, limit).to(h_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _down_gemv_kernel(h_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, ids_ptr, wts_ptr, H, Hp, Ip, stride_h, stride_we, stride_wn,
+                      stride_wse, stride_wsn, stride_y,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+    p = tl.program_id(0)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    y = gemv_rows(h_ptr + p * stride_h, w_ptr + e * stride_we, ws_ptr + e * stride_wse, rn, Ip, stride_wn, stride_wsn,
+                  BLOCK_N, BLOCK_K, DECODE)
+    y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
+    tl.store(y_ptr + p * stride_y + rn, y, mask=rn < H)
+
+
+def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvConfig) -> torch.Tensor:
+    """Decode: per (token, slot) assignment GEMVs; returns ``[T, H]`` fp32."""
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    E, Ip2, _ = w13.shape
+    Ip, Hp = Ip2 // 2, w2.shape[1]
+    ids = topk_ids.to(torch.int32).contiguous().view(-1)
+    h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
+    _gate_up_gemv_kernel[(T * k, Ip // cfg.block_n)](
+        x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
+        h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    y = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
+    _down_gemv_kernel[(T * k, Hp // cfg.block_n)](
+        h, w2, s2, b2, y, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip, h.stride(0),
+        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y.view(T, k, H).sum(1)
+
+
 def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: dict[str, torch.Tensor],
-              activations: str = "bf16", config: MoeConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+              activations: str = "bf16", config: MoeConfig | GemvConfig | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """One gpt-oss MoE block: ``x [T, H]`` bf16, ``topk_ids/topk_weights [T, k]`` -> ``[T, H]`` bf16.
 
     ``w``: the strided layout's tensors by suffix (``w13_weight``, ``w13_weight_scale``, ``w13_bias``,
-    ``w2_weight``, ``w2_weight_scale``, ``w2_bias``).
+    ``w2_weight``, ``w2_weight_scale``, ``w2_bias``). ``config``: a :class:`MoeConfig` (scheduled tiles),
+    a :class:`GemvConfig` (decode GEMV, BF16 activations), or None to choose by shape.
     """
     if activations not in ("bf16", "e4m3", "e2m1"):
         raise ValueError(f"activations must be bf16, e4m3 or e2m1, got {activations!r}")
@@ -187,6 +254,15 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     Ip, Hp = Ip2 // 2, Hp2 * 2
     if w2.shape != (E, Hp, Ip // 2) or H > Hp:
         raise ValueError(f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer")
+    gemv = isinstance(config, GemvConfig) or (config is None and activations == "bf16"
+                                               and T * k <= GEMV_MAX_ASSIGNMENTS and H % 32 == 0)
+    if gemv:
+        cfg = config or (MOE_GEMV if x.device.type == "cuda" else GemvConfig(16, 512, 4, 1, "ops"))
+        if activations != "bf16" or H % 32 or Ip % cfg.block_n or Hp % cfg.block_n:
+            raise ValueError(f"the MoE GEMV needs bf16 activations, H % 32 == 0 and padded widths {Ip}/{Hp} "
+                             f"that are multiples of block_n={cfg.block_n}")
+        result = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg)
+        return result.to(torch.bfloat16) if out is None else out.copy_(result)
     cfg = config or pick_moe_config(T, k, E)
     if Ip % cfg.block_n or Hp % cfg.block_n:
         raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of block_n={cfg.block_n}")
