@@ -25,6 +25,7 @@ kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -54,8 +55,10 @@ MOE_PREFILL = MoeConfig(64, 128, 128, num_warps=4, num_stages=3)
 MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
 
 
-GEMV_MAX_ASSIGNMENTS = 16  # T * k up to which the per-assignment GEMV beats the schedule (H100, docs/PERF.md)
-MOE_GEMV = GemvConfig(16, 512, 4, 1, "asm")
+# T * k up to which the per-assignment GEMV beats the scheduled tiles: 4.0x at T = 8 (32 assignments) on
+# H100, docs/PERF.md; past that, experts shared by many tokens are better read once per row block.
+GEMV_MAX_ASSIGNMENTS = 32
+MOE_GEMV = GemvConfig(16, 256, 4, 1, "asm")
 
 
 def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
@@ -257,7 +260,7 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     gemv = isinstance(config, GemvConfig) or (config is None and activations == "bf16"
                                                and T * k <= GEMV_MAX_ASSIGNMENTS and H % 32 == 0)
     if gemv:
-        cfg = config or (MOE_GEMV if x.device.type == "cuda" else GemvConfig(16, 512, 4, 1, "ops"))
+        cfg = config or (MOE_GEMV if x.device.type == "cuda" else dataclasses.replace(MOE_GEMV, decode="ops"))
         if activations != "bf16" or H % 32 or Ip % cfg.block_n or Hp % cfg.block_n:
             raise ValueError(f"the MoE GEMV needs bf16 activations, H % 32 == 0 and padded widths {Ip}/{Hp} "
                              f"that are multiples of block_n={cfg.block_n}")
