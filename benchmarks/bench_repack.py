@@ -7,11 +7,16 @@ Makes a synthetic checkpoint of real gpt-oss shapes (kept between runs), then fo
 repack/cp, source GB/s and the child's peak RSS (from wait4). Page cache: one untimed read of the
 source first, so both `cp` and `repack` read from a warm cache (the machine has no way to drop it).
 Prints a Markdown table and writes JSON next to the workdir.
+
+``--source-form hub-cache`` lays the same files out as huggingface_hub's cache (blobs named by their
+sha256, snapshot links) and converts by repo id, offline -- the user's ``repack openai/gpt-oss-120b``
+path, where the source hashes come from the Hub's content addresses instead of a second pass.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -23,10 +28,10 @@ from datetime import date
 from pathlib import Path
 
 
-def run_child(cmd: list[str]) -> tuple[float, int]:
+def run_child(cmd: list[str], env: dict | None = None) -> tuple[float, int]:
     """Wall seconds and peak RSS bytes of one child process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
@@ -41,6 +46,26 @@ def warm(path: Path) -> None:
                 pass
 
 
+def hub_cache(src: Path, cache: Path, repo_id: str) -> Path:
+    """``src``'s files as a Hub cache entry (hashed once, untimed); returns the snapshot directory."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / ("0" * 40)
+    if snap.is_dir():
+        return snap
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    for f in sorted(src.iterdir()):
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while block := fh.read(64 << 20):
+                h.update(block)
+        os.link(f, repo / "blobs" / h.hexdigest())  # same bytes, no copy
+        os.symlink(os.path.relpath(repo / "blobs" / h.hexdigest(), snap), snap / f.name)
+    return snap
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="120b")
@@ -48,6 +73,7 @@ def main() -> None:
     ap.add_argument("--targets", default="mxfp4,bf16")
     ap.add_argument("--workdir", default="/tmp/mxbench")
     ap.add_argument("--out", default=None, help="JSON results file")
+    ap.add_argument("--source-form", choices=("dir", "hub-cache"), default="dir")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -57,6 +83,12 @@ def main() -> None:
         t, _ = run_child([*repack, "make-fixture", str(src), "--preset", args.preset, "--layers", str(args.layers), "--overwrite"])
         print(f"made {src} in {t:.1f} s", file=sys.stderr)
     src_bytes = sum(f.stat().st_size for f in src.iterdir())
+    source_arg, env = str(src), dict(os.environ)
+    if args.source_form == "hub-cache":
+        repo_id = f"mxbench/gpt-oss-{args.preset}-L{args.layers}"
+        hub_cache(src, work / "hub", repo_id)
+        source_arg = repo_id
+        env.update(HF_HUB_CACHE=str(work / "hub"), HF_HUB_OFFLINE="1")
     rows = []
     for target in args.targets.split(","):
         warm(src)
@@ -66,10 +98,10 @@ def main() -> None:
         shutil.rmtree(dst_cp)
         out = work / f"out-{target}"
         warm(src)
-        rp_s, rp_rss = run_child([*repack, str(src), "--target", target, "--out", str(out), "--overwrite", "--json"])
+        rp_s, rp_rss = run_child([*repack, source_arg, "--target", target, "--out", str(out), "--overwrite", "--json"], env)
         out_bytes = sum(f.stat().st_size for f in out.iterdir())
         shutil.rmtree(out)
-        rows.append({"target": target, "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, "cp_s": cp_s,
+        rows.append({"target": target, "source_form": args.source_form, "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, "cp_s": cp_s,
                      "repack_s": rp_s, "ratio": rp_s / cp_s, "source_GBps": src_bytes / 1e9 / rp_s,
                      "peak_rss_MB": rp_rss / 1e6})
     info = {"date": date.today().isoformat(), "machine": f"{platform.node()} {os.cpu_count()} cores",

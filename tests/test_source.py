@@ -93,3 +93,28 @@ def test_missing_tensor_and_extra_tensor(tiny, copy_of):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(MxRepackError, match="tensor 'model.layers.2.input_layernorm.weight' is missing"):
         open_checkpoint(str(d))
+
+
+def test_local_dir_download_metadata_gives_source_hashes_and_verify_rechecks(tiny, copy_of, tmp_path):
+    """`hf download --local-dir` leaves .cache/huggingface/download/<file>.metadata (commit, etag =
+    LFS sha256, timestamp): trusted while the file is not newer; `repack verify` re-hashes the source."""
+    import hashlib
+    import time
+
+    from mxrepack.repack.pipeline import repack
+    from mxrepack.repack.verify import verify_dir
+
+    src = copy_of(tiny)
+    shard = next(src.glob("*.safetensors"))
+    real = hashlib.sha256(shard.read_bytes()).hexdigest()
+    meta = src / ".cache" / "huggingface" / "download" / f"{shard.name}.metadata"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(f"{'c' * 40}\n{'f' * 64}\n{time.time() + 5}\n")  # an etag that is not the content's hash
+    ck = open_checkpoint(str(src))
+    assert ck.hash_files_async()[shard.name].result() == "f" * 64  # taken from the metadata, not computed
+    out = tmp_path / "out"
+    repack(str(src), "mxfp4", out)
+    report = verify_dir(out)
+    assert not report["ok"] and any("sha256 differs from the one recorded" in p for p in report["problems"])
+    os.utime(shard, (time.time() + 60, time.time() + 60))  # modified after the download: recomputed
+    assert open_checkpoint(str(src)).hash_files_async()[shard.name].result() == real

@@ -123,22 +123,40 @@ class Checkpoint:
     def hash_files_async(self) -> dict[str, Future]:
         """sha256 of every source file, in a background thread (hashlib releases the GIL).
 
-        Files from the Hub cache are content-addressed: a blob named by 64 hex digits *is* the
-        sha256 of the LFS file, so those cost nothing.
+        What the Hub already says costs nothing: a file of the Hub cache is a link to a blob named by
+        its LFS sha256, and ``hf download --local-dir`` leaves a metadata file whose etag is that sha256
+        (trusted only while the file is not newer than the metadata, as huggingface_hub does).
+        ``repack verify --source`` re-hashes everything.
         """
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mxrepack-hash")
         futures: dict[str, Future] = {}
         for path in [*self.files, self.root / "config.json", *self.side_files]:
             rel = str(path.relative_to(self.root))
-            blob = os.path.realpath(path)
-            if path.is_symlink() and re.fullmatch(r"[0-9a-f]{64}", os.path.basename(blob)):
+            known = _hub_sha256(self.root, rel)
+            if known:
                 f: Future = Future()
-                f.set_result(os.path.basename(blob))
+                f.set_result(known)
                 futures[rel] = f
             elif path.is_file():
                 futures[rel] = pool.submit(sha256_file, path)
         pool.shutdown(wait=False)
         return futures
+
+
+def _hub_sha256(root: Path, rel: str) -> str | None:
+    """The sha256 the Hub recorded for ``root/rel``, when the file came from it unchanged; else None."""
+    path = root / rel
+    blob = os.path.basename(os.path.realpath(path))
+    if path.is_symlink() and re.fullmatch(r"[0-9a-f]{64}", blob):
+        return blob
+    meta = root / ".cache" / "huggingface" / "download" / f"{rel}.metadata"  # hf download --local-dir
+    try:
+        _commit, etag, stamp = meta.read_text().splitlines()[:3]
+        fresh = path.stat().st_mtime - 1 <= float(stamp)
+    except (OSError, ValueError):
+        return None
+    etag = etag.strip().strip('"')
+    return etag if fresh and re.fullmatch(r"[0-9a-f]{64}", etag) else None
 
 
 def load_json(path: Path, what: str) -> dict:

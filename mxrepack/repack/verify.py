@@ -171,6 +171,11 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
             groups, more = compare_with_source(directory, manifest, ck, first_chunk_only=quick)
             problems += more
             checked_source = True
+            if checksums and not quick:  # the source's recorded hashes may have come from the Hub unchecked
+                for name, meta in manifest["source"].get("files", {}).items():
+                    path = ck.root / name
+                    if path.is_file() and sha256_file(path) != meta["sha256"]:
+                        problems.append(f"source {path}: sha256 differs from the one recorded at conversion")
     return {"ok": not problems, "directory": str(directory), "files": len(manifest["files"]),
             "tensors": len(manifest["tensors"]), "checksums": checksums, "source_checked": checked_source,
             "groups_compared": groups, "problems": problems}
