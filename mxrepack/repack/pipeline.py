@@ -138,36 +138,51 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
     done = 0
     weight_map: dict[str, str] = {}
     files: dict[str, dict] = {}
-    for s, tensors in enumerate(shards):
-        fname = _shard_name(s, len(shards))
-        writer = StreamingShardWriter(tmp / fname, tensors, metadata={"format": "pt", "producer": f"mxrepack {mxrepack.__version__}"})
-        try:
-            for t in tensors:
-                item = by_name[t.name]
-                step = rows_per_chunk(item, chunk_bytes)
-                for r0 in range(0, item.shape[0], step):
-                    r1 = min(r0 + step, item.shape[0])
-                    inputs = {k: src.read() if item.whole else src.read(r0, r1) for k, src in item.inputs.items()}
-                    for k, src in item.inputs.items():
-                        if src.name.endswith("_scales"):
-                            check_e8m0(inputs[k], f"{src.info.file}: tensor '{src.name}'")
-                    chunk = item.pack(**inputs)
-                    if item.observer is not None:
-                        item.observer.observe(inputs, chunk)
-                    if chunk.dtype != item.dtype or tuple(chunk.shape) != (r1 - r0, *item.shape[1:]):
-                        raise RuntimeError(f"{item.name}: layout {item.layout} produced {chunk.dtype} "
-                                           f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}")
-                    writer.write(item.name, chunk)
-                    done += sum(src.info.row_bytes * (src.rows if item.whole else r1 - r0) for src in item.inputs.values())
-                    if progress:
-                        progress(done, total)
-                weight_map[item.name] = fname
-            digest = writer.close()
-        except BaseException:
+    closed: list[StreamingShardWriter] = []  # fsyncing in the background while the next shard is written
+    try:
+        for s, tensors in enumerate(shards):
+            fname = _shard_name(s, len(shards))
+            writer = StreamingShardWriter(tmp / fname, tensors,
+                                          metadata={"format": "pt", "producer": f"mxrepack {mxrepack.__version__}"})
+            try:
+                for t in tensors:
+                    done = _write_tensor(writer, by_name[t.name], chunk_bytes, done, total, progress)
+                    weight_map[t.name] = fname
+                files[fname] = {"sha256": writer.close(), "size": writer.size}
+                closed.append(writer)
+            except BaseException:
+                writer.abort()
+                raise
+    except BaseException:
+        for writer in closed:
             writer.abort()
-            raise
-        files[fname] = {"sha256": digest, "size": writer.size}
+        raise
+    for writer in closed:
+        writer.wait_synced()
     return weight_map, files
+
+
+def _write_tensor(writer: StreamingShardWriter, item: PlanItem, chunk_bytes: int, done: int, total: int,
+                  progress: Progress | None) -> int:
+    """Stream one planned tensor into ``writer`` chunk by chunk; returns the source bytes done so far."""
+    step = rows_per_chunk(item, chunk_bytes)
+    for r0 in range(0, item.shape[0], step):
+        r1 = min(r0 + step, item.shape[0])
+        inputs = {k: src.read() if item.whole else src.read(r0, r1) for k, src in item.inputs.items()}
+        for k, src in item.inputs.items():
+            if src.name.endswith("_scales"):
+                check_e8m0(inputs[k], f"{src.info.file}: tensor '{src.name}'")
+        chunk = item.pack(**inputs)
+        if item.observer is not None:
+            item.observer.observe(inputs, chunk)
+        if chunk.dtype != item.dtype or tuple(chunk.shape) != (r1 - r0, *item.shape[1:]):
+            raise RuntimeError(f"{item.name}: layout {item.layout} produced {chunk.dtype} "
+                               f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}")
+        writer.write(item.name, chunk)
+        done += sum(src.info.row_bytes * (src.rows if item.whole else r1 - r0) for src in item.inputs.values())
+        if progress:
+            progress(done, total)
+    return done
 
 
 def _finite(report: dict) -> dict:

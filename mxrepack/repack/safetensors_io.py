@@ -207,6 +207,8 @@ class StreamingShardWriter:
         self._index = 0
         self._written = 0  # bytes of the current tensor
         self._hash = _BackgroundHash()
+        self._sync: threading.Thread | None = None
+        self._sync_error: OSError | None = None
         self._file = open(self.path, "wb")
         self.size = 0
         self._emit(_header_bytes(tensors, metadata))
@@ -241,21 +243,40 @@ class StreamingShardWriter:
             self._written = 0
 
     def close(self) -> str:
-        """Finish the file (all tensors must be complete); returns its sha256."""
+        """Finish the file (all tensors must be complete); returns its sha256. The fsync runs on a
+        thread, overlapping the next shard's writing: call :meth:`wait_synced` before relying on it."""
         if self.current is not None:
             raise RuntimeError(f"{self.path}: closed before {self.current.name} was written")
         try:
             self._file.flush()
-            os.fsync(self._file.fileno())
         except OSError as e:
-            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
-        finally:
             self._file.close()
+            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
+        self._sync = threading.Thread(target=self._fsync_and_close, name="mxrepack-fsync", daemon=True)
+        self._sync.start()
         return self._hash.hexdigest()
 
+    def _fsync_and_close(self) -> None:
+        try:
+            os.fsync(self._file.fileno())
+        except OSError as e:
+            self._sync_error = e
+        finally:
+            self._file.close()
+
+    def wait_synced(self) -> None:
+        """Block until the file is on disk; a failed fsync (e.g. the disk filled up) is an error."""
+        self._sync.join()
+        if self._sync_error is not None:
+            e = self._sync_error
+            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?")
+
     def abort(self) -> None:
-        self._file.close()
-        self._hash.hexdigest()  # stop the thread
+        if self._sync is not None:
+            self._sync.join()
+        else:
+            self._file.close()
+            self._hash.hexdigest()  # stop the thread
 
 
 def read_directory(directory: Path) -> dict[str, torch.Tensor]:
