@@ -16,7 +16,6 @@ path, where the source hashes come from the Hub's content addresses instead of a
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -26,6 +25,9 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mxrepack.repack.safetensors_io import sha256_file  # noqa: E402
 
 
 def run_child(cmd: list[str], env: dict | None = None) -> tuple[float, int]:
@@ -57,12 +59,9 @@ def hub_cache(src: Path, cache: Path, repo_id: str) -> Path:
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text("0" * 40)
     for f in sorted(src.iterdir()):
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            while block := fh.read(64 << 20):
-                h.update(block)
-        os.link(f, repo / "blobs" / h.hexdigest())  # same bytes, no copy
-        os.symlink(os.path.relpath(repo / "blobs" / h.hexdigest(), snap), snap / f.name)
+        digest = sha256_file(f)
+        os.link(f, repo / "blobs" / digest)  # same bytes, no copy
+        os.symlink(os.path.relpath(repo / "blobs" / digest, snap), snap / f.name)
     return snap
 
 

@@ -113,7 +113,7 @@ def dense(rows: list, bw: float, quick: bool) -> None:
                 err = float((y.float() - ref).norm() / ref.norm())
                 ms = timer(lambda: linear_mxfp4(x, *nxt_q(), bias, mode))
                 sms = torch.cuda.get_device_properties(0).multi_processor_count
-                cfg = pick_gemv_config(N, K, sms) if mode == "w4a16" and use_gemv(M, N) else pick_config(M, N, K, sms)
+                cfg = pick_gemv_config(N, sms) if mode == "w4a16" and use_gemv(M, N) else pick_config(M, N, K, sms)
                 rec = {"kind": "dense", "shape": name, "N": N, "K": K, "M": M, "mode": mode, "config": cfg.name(),
                        "rel_err": err, "ms": ms, "cublas_bf16_ms": ms_cublas, "vs_cublas": ms_cublas / ms,
                        "weight_GBps": wbytes / (ms * 1e-3) / 1e9, "roofline_frac": (wbytes / (ms * 1e-3)) / bw}

@@ -3,10 +3,10 @@
 At M = 1 a tensor-core tile is 15/16 padding and the dequantized weights must be moved into the MMA
 operand layout; what bounds the time is streaming the packed weights and the instructions spent on
 decoding them. So this kernel does no ``tl.dot``: each program owns ``BLOCK_N`` weight rows and walks K
-holding ``[BLOCK_N, BLOCK_K/32, 16]`` bytes, so that each thread loads a whole scale group (32 codes,
-16 bytes) in one 128-bit load, decodes it, multiplies by the activations and sums the group in
-registers before its scale is applied (one multiply per 32 weights). Full K tiles run unmasked; a
-partial last tile is a separate masked step. Rows of x are separate programs, adjacent in the grid so
+holding ``[BLOCK_N, BLOCK_K/32, 4]`` int32 words, so that each thread loads a whole scale group (32
+codes, 16 bytes) in one 128-bit load, decodes it, multiplies by the activations and sums the group in
+registers before its scale is applied (one multiply per 32 weights). The next K tile is loaded before
+the current one is decoded. Full K tiles run unmasked; a partial last tile is a separate masked step. Rows of x are separate programs, adjacent in the grid so
 that they share a weight tile through L2.
 
 Decoding: a code's sign goes to fp16 bit 15 and its three exponent/mantissa bits to bits 9..11, which
@@ -21,6 +21,7 @@ The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -168,7 +169,7 @@ WIDE = GemvConfig(64, 128, 4, 1, "asm")
 NARROW = GemvConfig(8, 512, 4, 1, "asm")
 
 
-def pick_gemv_config(N: int, K: int, sm_count: int = 132, cuda: bool = True) -> GemvConfig:
+def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True) -> GemvConfig:
     cfg = WIDE if triton.cdiv(N, WIDE.block_n) >= 4 * sm_count else NARROW
     return cfg if cuda else dataclasses.replace(cfg, decode="ops")
 
@@ -178,9 +179,12 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
     """``x [M, K]`` bf16 (M small) times MXFP4 ``W [N, K]`` -> ``out [M, N]``; shapes checked by the caller."""
     M, K = x.shape
     N = w_packed.shape[0]
-    if w_packed.stride(1) != 1 or w_packed.stride(0) % 16 or w_packed.data_ptr() % 16:
-        w_packed = w_packed.contiguous()  # the kernel reads 16-byte words
-    cfg = config or pick_gemv_config(N, K, sm_count(x.device), x.device.type == "cuda")
+    # the kernel reads rows as 16-byte-aligned int32 words
+    if w_packed.stride(1) != 1 or w_packed.stride(0) % 16:
+        w_packed = w_packed.contiguous()
+    if w_packed.data_ptr() % 16:
+        w_packed = w_packed.clone()  # contiguous() keeps a misaligned storage offset; a copy does not
+    cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda")
     x = x.contiguous()
     grid = (M, triton.cdiv(N, cfg.block_n))
     _gemv_mxfp4_kernel[grid](x, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K,
@@ -190,7 +194,9 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
     return out
 
 
+@functools.cache
 def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (132, an H100/H200, off CUDA); cached, as it is asked per launch."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132

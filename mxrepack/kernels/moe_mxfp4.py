@@ -219,7 +219,7 @@ def _down_gemv_kernel(h_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, ids_ptr, wts_ptr, H, H
 
 
 def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvConfig) -> torch.Tensor:
-    """Decode: per (token, slot) assignment GEMVs; returns ``[T, H]`` fp32."""
+    """Decode: per (token, slot) assignment GEMVs; returns each assignment's weighted output ``[T*k, H]`` fp32."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
@@ -235,7 +235,7 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
         h, w2, s2, b2, y, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip, h.stride(0),
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return y.view(T, k, H).sum(1)
+    return y
 
 
 def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: dict[str, torch.Tensor],
@@ -261,14 +261,29 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
                                                and T * k <= GEMV_MAX_ASSIGNMENTS and H % 32 == 0)
     if gemv:
         cfg = config or (MOE_GEMV if x.device.type == "cuda" else dataclasses.replace(MOE_GEMV, decode="ops"))
-        if activations != "bf16" or H % 32 or Ip % cfg.block_n or Hp % cfg.block_n:
-            raise ValueError(f"the MoE GEMV needs bf16 activations, H % 32 == 0 and padded widths {Ip}/{Hp} "
-                             f"that are multiples of block_n={cfg.block_n}")
-        result = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg)
-        return result.to(torch.bfloat16) if out is None else out.copy_(result)
-    cfg = config or pick_moe_config(T, k, E)
+        if activations != "bf16" or H % 32:
+            raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
+    else:
+        cfg = config or pick_moe_config(T, k, E)
     if Ip % cfg.block_n or Hp % cfg.block_n:
         raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of block_n={cfg.block_n}")
+    if gemv:
+        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg)
+    else:
+        y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
+    result = y.view(T, k, H).sum(1)
+    if out is None:
+        return result.to(torch.bfloat16)
+    return out.copy_(result)
+
+
+def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations: str,
+                   cfg: MoeConfig) -> torch.Tensor:
+    """Sorted row blocks per expert; returns each assignment's weighted output ``[T*k, H]`` fp32."""
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    E, Ip2, Hp2 = w13.shape
+    Ip, Hp = Ip2 // 2, Hp2 * 2
     order, blk_e, blk_s, blk_end = moe_schedule(topk_ids, E, cfg.block_m)
     nb = blk_e.numel()
     x = x.contiguous()
@@ -292,7 +307,4 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         blk_e, blk_s, blk_end, H, Hp, Ip, ha.stride(0), ha_s.stride(0) if ha_s is not None else 0, w2.stride(0),
         w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), A_FMT=activations,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    result = y.view(T, k, H).sum(1)
-    if out is None:
-        return result.to(torch.bfloat16)
-    return out.copy_(result)
+    return y
