@@ -21,6 +21,7 @@ from datetime import date
 import torch
 
 from mxrepack.layouts import ExpertDims, make_layout
+from mxrepack.repack.memory import keep_freed_memory
 
 
 def layer(E: int, H: int, I: int) -> dict[str, torch.Tensor]:
@@ -48,6 +49,7 @@ def main() -> None:
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--json")
     a = ap.parse_args()
+    keep_freed_memory()  # as repack() does: chunk buffers reuse pages instead of faulting in new ones
     dims = ExpertDims(a.experts, a.hidden, a.intermediate)
     parts = layer(a.experts, a.hidden, a.intermediate)
     src_bytes = sum(t.numel() * t.element_size() for t in parts.values())

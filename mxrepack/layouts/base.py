@@ -90,8 +90,41 @@ def round_up(x: int, m: int) -> int:
 def pad_rows_cols(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Zero-pad dims 1 and 2 of ``[E, r, c]`` to ``[E, rows, cols]`` (real data top-left, as vLLM's loader
     copies the checkpoint into zero-initialised padded parameters)."""
-    out = x.new_zeros((x.shape[0], rows, cols))
-    out[:, : x.shape[1], : x.shape[2]] = x
+    out = x.new_empty((x.shape[0], rows, cols))
+    copy_padded(out, x)
+    return out
+
+
+def copy_padded(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``src [E, r, c]`` into the top-left of ``dst [E, R, C]``, the rest of ``dst`` zeroed.
+
+    Every pack writes its output once this way (one strided copy plus zeroing only the padding): a
+    zero-filled output overwritten afterwards, or a padded copy then permuted, moves each byte two or
+    three times, and packing runs at memory speed (docs/PERF.md, layouts).
+    """
+    r, c = src.shape[1], src.shape[2]
+    dst[:, :r, :c] = src
+    dst[:, r:].zero_()
+    dst[:, :r, c:].zero_()
+
+
+def permute_row_blocks(x: torch.Tensor, rows: int, cols: int, perm: list[int]) -> torch.Tensor:
+    """``[E, r, c]`` -> ``[E, rows, cols]``: in each block of ``len(perm)`` rows, out row ``p`` is in row
+    ``perm[p]`` of the same block; padding rows and columns (beyond ``r`` and ``c``) zero.
+
+    ``r`` must be whole blocks. Done as one strided copy per position in the block, each moving whole
+    rows, so the cost is one pass over the bytes whatever the permutation.
+    """
+    E, r, c = x.shape
+    B = len(perm)
+    if r % B or rows % B:
+        raise ValueError(f"permute_row_blocks: rows {r} -> {rows} are not whole blocks of {B}")
+    out = x.new_empty((E, rows, cols))
+    dst, src = out[:, :r].unflatten(1, (r // B, B)), x.unflatten(1, (r // B, B))
+    for p, q in enumerate(perm):
+        dst[:, :, p, :c] = src[:, :, q]
+    out[:, r:].zero_()
+    out[:, :r, c:].zero_()
     return out
 
 
@@ -136,26 +169,23 @@ def packed_expert_outputs(d: ExpertDims, Hp: int, Ip: int, packs: dict[str, Call
 def gate_up_halves_padded(x: torch.Tensor, rows_per_half: int, cols: int, up_first: bool = False) -> torch.Tensor:
     """Interleaved gate/up rows ``[E, 2I, c]`` -> ``[gate | up]`` (or ``[up | gate]``), each half zero-padded
     to ``rows_per_half`` rows on its own and to ``cols`` columns."""
-    gate, up = deinterleave_halves(x).unflatten(1, (2, -1)).unbind(1)
-    first, second = (up, gate) if up_first else (gate, up)
-    return torch.cat([pad_rows_cols(first, rows_per_half, cols), pad_rows_cols(second, rows_per_half, cols)], dim=1)
+    E = x.shape[0]
+    out = x.new_empty((E, 2 * rows_per_half, cols))
+    pairs = x.unflatten(1, (-1, 2))  # [E, I, (gate, up), c]
+    for half, which in enumerate((1, 0) if up_first else (0, 1)):
+        copy_padded(out[:, half * rows_per_half:(half + 1) * rows_per_half], pairs[:, :, which])
+    return out
 
 
 def gate_up_from_halves(x: torch.Tensor, up_first: bool = False) -> torch.Tensor:
     """Inverse of :func:`gate_up_halves_padded` at the padded size: halves -> interleaved rows (gate first)."""
     first, second = x.unflatten(1, (2, -1)).unbind(1)
     gate, up = (second, first) if up_first else (first, second)
-    return interleave_halves(torch.cat([gate, up], dim=1))
-
-
-def interleave_halves(x: torch.Tensor) -> torch.Tensor:
-    """Dim 1 ``[a0..a(n-1), b0..b(n-1)]`` -> ``[a0, b0, a1, b1, ...]``."""
-    return x.unflatten(1, (2, -1)).transpose(1, 2).flatten(1, 2)
-
-
-def deinterleave_halves(x: torch.Tensor) -> torch.Tensor:
-    """Dim 1 ``[a0, b0, a1, b1, ...]`` -> ``[a0..a(n-1), b0..b(n-1)]`` (inverse of interleave_halves)."""
-    return x.unflatten(1, (-1, 2)).transpose(1, 2).flatten(1, 2)
+    out = x.new_empty(x.shape)
+    pairs = out.unflatten(1, (-1, 2))
+    pairs[:, :, 0] = gate
+    pairs[:, :, 1] = up
+    return out
 
 
 def swizzle_128x4(s: torch.Tensor) -> torch.Tensor:

@@ -19,23 +19,37 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, packed_expert_outputs, round_up,
-                                   swizzle_128x4, unswizzle_128x4)
+from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, packed_expert_outputs, permute_row_blocks,
+                                   round_up, swizzle_128x4, unswizzle_128x4)
 
 UPSTREAM = ("vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_TRTLLM_MXFP4_BF16); "
             "flashinfer fb28d72 get_shuffle_matrix_a_row_indices(epilogue_tile_m=128), 128x4 block_scale_interleave")
-_ROW_SHUFFLE = torch.tensor([(p % 8) * 4 + p // 8 for p in range(32)])
+
+# In each 32-row block, out row p comes from row _ROW_SHUFFLE[p] (the epilogue-tile shuffle); w13 also swaps
+# row pairs first (gate/up -> up/gate), so its rows come from _ROW_SHUFFLE[p] ^ 1. Both are applied as one
+# block permutation (base.permute_row_blocks), padding included.
+_ROW_SHUFFLE = [(p % 8) * 4 + p // 8 for p in range(32)]
+_W13_ROWS = [q ^ 1 for q in _ROW_SHUFFLE]
 
 
-def swap_row_pairs(x: torch.Tensor) -> torch.Tensor:
-    """Rows ``[r0, r1, r2, r3, ...]`` -> ``[r1, r0, r3, r2, ...]`` along dim 1 (self-inverse)."""
-    return x.unflatten(1, (-1, 2)).flip(2).flatten(1, 2)
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for p, q in enumerate(perm):
+        inv[q] = p
+    return inv
 
 
-def shuffle_rows(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """The epilogue-tile-128 row shuffle within 32-row blocks along dim 1."""
-    perm = torch.argsort(_ROW_SHUFFLE) if inverse else _ROW_SHUFFLE
-    return x.unflatten(1, (-1, 32))[:, :, perm].flatten(1, 2)
+def w13_rows(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Checkpoint gate/up rows ``[E, r, c]`` -> padded, pair-swapped, shuffled ``[E, rows, cols]``."""
+    return permute_row_blocks(x, rows, cols, _W13_ROWS)
+
+
+def w2_rows(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return permute_row_blocks(x, rows, cols, _ROW_SHUFFLE)
+
+
+def _unshuffle(x: torch.Tensor, perm: list[int]) -> torch.Tensor:
+    return permute_row_blocks(x, x.shape[1], x.shape[2], _inverse(perm))
 
 
 class TrtllmLayout(ExpertLayout):
@@ -47,23 +61,22 @@ class TrtllmLayout(ExpertLayout):
         Hp, Ip = round_up(d.hidden, 256), round_up(d.intermediate, 128)
 
         def w13(gate_up_proj_blocks):
-            return shuffle_rows(swap_row_pairs(pad_rows_cols(gate_up_proj_blocks.flatten(2), 2 * Ip, Hp // 2)))
+            return w13_rows(gate_up_proj_blocks.flatten(2), 2 * Ip, Hp // 2)
 
         def w13_scale(gate_up_proj_scales):
-            return swizzle_128x4(shuffle_rows(swap_row_pairs(pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32))))
+            return swizzle_128x4(w13_rows(gate_up_proj_scales, 2 * Ip, Hp // 32))
 
         def w13_bias(gate_up_proj_bias):
-            b = pad_rows_cols(gate_up_proj_bias.to(torch.float32).unsqueeze(-1), 2 * Ip, 1)
-            return shuffle_rows(swap_row_pairs(b)).squeeze(-1)
+            return w13_rows(gate_up_proj_bias.to(torch.float32).unsqueeze(-1), 2 * Ip, 1).squeeze(-1)
 
         def w2(down_proj_blocks):
-            return shuffle_rows(pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2))
+            return w2_rows(down_proj_blocks.flatten(2), Hp, Ip // 2)
 
         def w2_scale(down_proj_scales):
-            return swizzle_128x4(shuffle_rows(pad_rows_cols(down_proj_scales, Hp, Ip // 32)))
+            return swizzle_128x4(w2_rows(down_proj_scales, Hp, Ip // 32))
 
         def w2_bias(down_proj_bias):
-            return shuffle_rows(pad_rows_cols(down_proj_bias.to(torch.float32).unsqueeze(-1), Hp, 1)).squeeze(-1)
+            return w2_rows(down_proj_bias.to(torch.float32).unsqueeze(-1), Hp, 1).squeeze(-1)
 
         return packed_expert_outputs(d, Hp, Ip, {"w13_weight": w13, "w13_weight_scale": w13_scale, "w13_bias": w13_bias,
                                                   "w2_weight": w2, "w2_weight_scale": w2_scale, "w2_bias": w2_bias},
@@ -71,10 +84,10 @@ class TrtllmLayout(ExpertLayout):
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         def back13(x):
-            return swap_row_pairs(shuffle_rows(x, inverse=True))
+            return _unshuffle(x, _W13_ROWS)
 
         def back2(x):
-            return shuffle_rows(x, inverse=True)
+            return _unshuffle(x, _ROW_SHUFFLE)
 
         w13, w2 = back13(stored["w13_weight"]), back2(stored["w2_weight"])
         E = w13.shape[0]

@@ -29,6 +29,7 @@ from mxrepack.quant.dense import load_activations
 from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
 from mxrepack.layouts import make_layout
+from mxrepack.repack.memory import keep_freed_memory
 from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, open_checkpoint
@@ -235,6 +236,7 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
     ``dense``/``dense_layers``/``scale_rule``/``scale_search`` override the recipe's dense section;
     ``activations`` is a safetensors file of recorded layer inputs for the error report."""
     started = time.perf_counter()
+    keep_freed_memory()
     recipe = load_recipe(target, recipe_file).with_overrides(dense, dense_layers, scale_rule, scale_search)
     out = Path(out) if out is not None else default_out(source, recipe.name)
     out = out.expanduser().absolute()
