@@ -8,6 +8,7 @@ Everything in one run, so every ratio compares figures measured together:
   relative error vs an fp32 reference, time, weight bytes / time vs the copy roofline, and the ratio
   to cuBLAS BF16 ``x @ W.T`` on the same shape. Weights rotate through enough copies (> 4x L2) that
   neither kernel runs from L2;
+* W4A16 prefill from 64 to 8192 rows: the tile kernel vs dequantize + cuBLAS, vs cuBLAS BF16;
 * a small config sweep on lm_head M=1 (which split/tile is best here);
 * the W4A16 GEMV: decode variants checked, a config sweep at M = 1 per shape, GEMV vs tile for M <= 16;
 * MoE (128 experts, top-4, H = I = 2880 padded to 2944): error vs a torch reference, decode
@@ -32,8 +33,10 @@ import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dequantize_mxfp4_rows  # noqa: E402
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, pick_gemv_config  # noqa: E402
-from mxrepack.kernels.linear_mxfp4 import LinearConfig, linear_mxfp4, pick_config, use_gemv  # noqa: E402
+from mxrepack.kernels.linear_mxfp4 import (LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,  # noqa: E402
+                                           use_gemv)
 from mxrepack.kernels.moe_mxfp4 import GEMV_MAX_ASSIGNMENTS, MOE_GEMV, moe_mxfp4, pick_moe_config  # noqa: E402
 
 FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -113,7 +116,12 @@ def dense(rows: list, bw: float, quick: bool) -> None:
                 err = float((y.float() - ref).norm() / ref.norm())
                 ms = timer(lambda: linear_mxfp4(x, *nxt_q(), bias, mode))
                 sms = torch.cuda.get_device_properties(0).multi_processor_count
-                cfg = pick_gemv_config(N, sms) if mode == "w4a16" and use_gemv(M, N) else pick_config(M, N, K, sms)
+                if mode == "w4a16" and use_gemv(M, N):
+                    cfg = pick_gemv_config(N, sms)
+                elif mode == "w4a16" and use_dequant_gemm(M):
+                    cfg = DEQUANT
+                else:
+                    cfg = pick_config(M, N, K, sms)
                 rec = {"kind": "dense", "shape": name, "N": N, "K": K, "M": M, "mode": mode, "config": cfg.name(),
                        "rel_err": err, "ms": ms, "cublas_bf16_ms": ms_cublas, "vs_cublas": ms_cublas / ms,
                        "weight_GBps": wbytes / (ms * 1e-3) / 1e9, "roofline_frac": (wbytes / (ms * 1e-3)) / bw}
@@ -121,6 +129,54 @@ def dense(rows: list, bw: float, quick: bool) -> None:
                 print(f"dense {name:8s} M={M:5d} {mode:6s} {cfg.name():22s} err {err:.1e}  {ms:.4f} ms  "
                       f"cuBLAS {ms_cublas:.4f} ms  x{ms_cublas / ms:.2f}  {rec['weight_GBps']:.0f} GB/s "
                       f"({100 * rec['roofline_frac']:.0f}% of copy roofline)", flush=True)
+
+
+def prefill(rows: list, bw: float) -> None:
+    """W4A16 from 64 rows up: the tensor-core tile kernel vs dequantize + cuBLAS (slab sizes at M = 2048),
+    both against cuBLAS BF16 on the same shape; and the GPU dequantizer bit-exact against the reference."""
+    shapes = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name, (N, K) in shapes.items():
+        w, ws = rand_mx(N, K)
+        exact = torch.equal(dequantize_mxfp4_rows(w, ws), deq(w, ws).to(torch.bfloat16))
+        wf = deq(w, ws)
+        nxt_q = rotating(lambda: rand_mx(N, K), w.numel() + ws.numel())
+        nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
+        for M in (64, 128, 256, 512, 1024, 2048, 8192):
+            if M == 8192 and name == "lm_head":
+                continue
+            x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+            ms_cublas = do_bench(lambda: x @ nxt_b().T, warmup=25, rep=200)
+            cands = {"tile": pick_config(M, N, K, sms), "dequant": DEQUANT}
+            if M == 2048:
+                cands.update({f"dequant-{mb}M": DequantConfig(chunk_bytes=mb << 20) for mb in (16, 64, 128)})
+            for label, cfg in cands.items():
+                ref = x.float() @ wf.T
+                err = float((linear_mxfp4(x, w, ws, None, "w4a16", cfg).float() - ref).norm() / ref.norm())
+                ms = do_bench(lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", cfg), warmup=25, rep=200)
+                rec = {"kind": "prefill", "shape": name, "N": N, "K": K, "M": M, "path": label, "config": cfg.name(),
+                       "rel_err": err, "ms": ms, "cublas_bf16_ms": ms_cublas, "vs_cublas": ms_cublas / ms,
+                       "dequant_exact": exact}
+                rows.append(rec)
+                print(f"prefill {name:8s} M={M:5d} {label:12s} {cfg.name():22s} err {err:.1e} {ms:.4f} ms  cuBLAS "
+                      f"{ms_cublas:.4f} ms  x{ms_cublas / ms:.2f}  dequant exact {exact}", flush=True)
+
+
+def dequant_sweep(rows: list, bw: float) -> None:
+    """The prefill's dequantizer alone on lm_head: bytes read + written per second vs the copy roofline."""
+    N, K = 201088, 2880
+    nxt_q = rotating(lambda: rand_mx(N, K), N * K // 2 + N * K // 32)
+    out = torch.empty(N, K, dtype=torch.bfloat16, device=DEV)
+    moved = N * K // 2 + N * K // 32 + N * K * 2
+    for bn, bk, nw in ((32, 256, 4), (64, 256, 4), (16, 512, 4), (64, 128, 4), (128, 128, 8), (32, 512, 8),
+                       (8, 1024, 4), (64, 512, 8), (128, 256, 8)):
+        cfg = DequantConfig(bn, bk, nw)
+        ms = do_bench(lambda: dequantize_mxfp4_rows(*nxt_q(), out, cfg), warmup=25, rep=200)
+        rec = {"kind": "dequant", "config": cfg.name(), "ms": ms, "GBps": moved / (ms * 1e-3) / 1e9,
+               "roofline_frac": moved / (ms * 1e-3) / bw}
+        rows.append(rec)
+        print(f"dequant lm_head {cfg.name():22s} {ms:.4f} ms  {rec['GBps']:.0f} GB/s "
+              f"({100 * rec['roofline_frac']:.0f}% of copy roofline)", flush=True)
 
 
 def sweep(rows: list, bw: float) -> None:
@@ -289,7 +345,7 @@ def moe(rows: list, bw: float, quick: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skip", default="", help="comma list of: dense,sweep,moe,gemv")
+    ap.add_argument("--skip", default="", help="comma list of: dense,prefill,sweep,moe,gemv")
     ap.add_argument("--json")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
@@ -303,6 +359,9 @@ def main() -> None:
     skip = set(a.skip.split(","))
     if "dense" not in skip:
         dense(rows, bw, a.quick)
+    if "prefill" not in skip:
+        dequant_sweep(rows, bw)
+        prefill(rows, bw)
     if "moe" not in skip:
         moe(rows, bw, a.quick)
     if "sweep" not in skip:

@@ -21,8 +21,9 @@ import sys
 import pytest
 import torch
 
+from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequantize_mxfp4_rows
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig
-from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_gemv
+from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, moe_schedule
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
@@ -107,6 +108,39 @@ def test_gemv_matches_reference(N, K):
         linear_mxfp4(x[:1], w, ws, None, "w4a8", GemvConfig())
 
 
+def test_dequantize_rows_is_exact():
+    """The GPU dequantization (prefill path) is bit-identical to the codec's: every code, E8M0 254, and
+    byte 0 on a zero group (nonzero codes at 2^-127 are BF16 subnormals, which the interpreter's
+    float -> bf16 cast flushes to zero; the GPU's cvt keeps them)."""
+    N, K = 37, 288
+    w, ws = quantize_mxfp4(torch.randn(N, K))
+    w[0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) + torch.arange(8, dtype=torch.uint8)
+    w[1, :16] = 0
+    ws[1, 0], ws[2, 1] = 0, 254
+    out = torch.full((N, K), float("nan"), dtype=torch.bfloat16)
+    y = dequantize_mxfp4_rows(w, ws, out, DequantConfig(16, 128))
+    assert y is out and torch.equal(y, dequantize_mxfp4(w, ws, torch.bfloat16))
+
+
+def test_prefill_dequant_gemm_matches_reference():
+    """W4A16 prefill: slabs of rows (chunk_bytes forces 128-row slabs over N = 300, the last one partial)
+    written into column slices of the output, with and without bias; chosen by shape from 512 rows."""
+    N, K = 300, 96
+    w, ws = quantize_mxfp4(torch.randn(N, K) * 0.05)
+    bias = torch.randn(N).to(torch.bfloat16)
+    x = torch.randn(5, K).to(torch.bfloat16)
+    cfg = DequantConfig(32, 64, chunk_bytes=128 * 2 * K)
+    for b in (bias, None):
+        ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T + (0 if b is None else b.float())
+        out = torch.full((5, N), float("nan"), dtype=torch.bfloat16)
+        y = linear_mxfp4(x, w, ws, b, "w4a16", cfg, out=out)
+        assert y is out and not torch.isnan(y).any()
+        assert rel(y, ref) <= 1e-2
+    assert use_dequant_gemm(2048) and not use_dequant_gemm(256)
+    with pytest.raises(ValueError, match="W4A16 only"):
+        linear_mxfp4(x, w, ws, None, "w4a4", cfg)
+
+
 def test_moe_schedule_covers_every_assignment_once():
     ids = torch.tensor([[3, 1], [1, 0], [3, 1], [2, 3], [1, 2]])
     order, blk_e, blk_s, blk_end = moe_schedule(ids, experts=5, block_m=2)
@@ -161,10 +195,11 @@ def test_kernels_check_builds_for_sm12x_without_tma():
     records = json.loads(proc.stdout)
     assert {r["arch"] for r in records} == {"sm_90a", "sm_100a", "sm_120a", "sm_121a"}
     assert {r["kernel"] for r in records} == {"linear_mxfp4", "moe_gate_up_swiglu", "moe_down_combine", "gemv_mxfp4",
-                                              "gemv_moe_gate_up", "gemv_moe_down"}
+                                              "gemv_moe_gate_up", "gemv_moe_down", "dequant_mxfp4"}
     for r in records:
         assert r["ok"] and not r["tma"], r
-        assert bool(r["mma"]) != r["kernel"].startswith("gemv_"), r  # the GEMVs run on CUDA cores
+        cuda_cores = r["kernel"].startswith("gemv_") or r["kernel"] == "dequant_mxfp4"
+        assert bool(r["mma"]) != cuda_cores, r  # the GEMVs and the dequantizer have no MMA
         if r["arch"] in ("sm_120a", "sm_121a"):
             assert r["shared_bytes"] <= 101376
             if r["mode"] == "w4a4":

@@ -10,7 +10,8 @@ is needed -- and the result is inspected:
   rejects TMA scatter on sm_121a; our kernels use none on any arch);
 * ``mma``: the MMA instructions found (``mma.sync...``, ``wgmma...``, ``tcgen05.mma...``); the W4A4 path
   must reach the native FP4 tensor cores on sm_12x: ``mma.sync...kind::mxf4nvf4.block_scale``. The
-  decode GEMVs (``gemv_*``) run on CUDA cores by design and must have none.
+  decode GEMVs (``gemv_*``) and the prefill's dequantizer (``dequant_mxfp4``) run on CUDA cores by
+  design and must have none.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from mxrepack.kernels import dequant_mxfp4 as dq
 from mxrepack.kernels import gemv_mxfp4 as gemv
 from mxrepack.kernels import linear_mxfp4 as lin
 from mxrepack.kernels import moe_mxfp4 as moe
@@ -85,6 +87,17 @@ def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, dict(const))}
 
 
+def _dequant_source(cfg: dq.DequantConfig) -> ASTSource:
+    sig = {"w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "K": "i32", "stride_wn": "i32",
+           "stride_wsn": "i32", "stride_on": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+    return ASTSource(dq._dequant_mxfp4_kernel, sig, {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k})
+
+
+def _no_mma(kernel: str) -> bool:
+    """Kernels that run on CUDA cores by design: the decode GEMVs and the prefill's dequantizer."""
+    return kernel.startswith("gemv_") or kernel == "dequant_mxfp4"
+
+
 def shipped_kernels():
     """(kernel, config name, mode, ASTSource, num_warps, num_stages) for every shipped configuration."""
     for mode in lin.MODES:
@@ -99,6 +112,7 @@ def shipped_kernels():
             yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
         yield kernel, f"decode:{moe.MOE_GEMV.name()}", "w4a16", src, moe.MOE_GEMV.num_warps, moe.MOE_GEMV.num_stages
+    yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
 
 
 def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: int, num_stages: int, cap: int) -> dict:
@@ -123,9 +137,9 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
             problems.append(f"shared memory {rec['shared_bytes']} > {SM12X_SHARED_LIMIT}")
         if mode == "w4a4" and not any("kind::mxf4nvf4.block_scale" in m for m in rec["mma"]):
             problems.append("W4A4 does not use mma.sync kind::mxf4nvf4.block_scale")
-    if kernel.startswith("gemv_"):
+    if _no_mma(kernel):
         if rec["mma"]:
-            problems.append("MMA instructions in a CUDA-core GEMV")
+            problems.append("MMA instructions in a CUDA-core kernel")
     elif not rec["mma"]:
         problems.append("no MMA instruction found")
     rec["ok"] = not problems

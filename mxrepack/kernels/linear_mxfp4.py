@@ -9,7 +9,8 @@ same kernel compiles for sm_90a, sm_100a and sm_120a/sm_121a (``repack kernels c
 * ``w4a4``  -- activations quantized to MXFP4: e2m1 x e2m1, the native FP4 tensor-core MMA on sm_12x
   (``mma.sync ... kind::mxf4nvf4.block_scale``).
 
-One kernel, two schedules: prefill tiles M and N; decode (M <= 16) uses a 16-row tile and split-K, so
+One kernel, two schedules: prefill tiles M and N (W4A16 from ``DEQUANT_GEMM_MIN_M`` rows instead
+dequantizes W a slab at a time and calls cuBLAS, :mod:`mxrepack.kernels.dequant_mxfp4`); decode (M <= 16) uses a 16-row tile and split-K, so
 that a narrow layer (k/v: N = 512) still puts enough CTAs in flight to stream the weights at full
 bandwidth; split-K partial sums are added with fp32 atomics into a zeroed fp32 buffer. W4A16 with at
 few rows (:func:`use_gemv`) goes to the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` instead.
@@ -25,10 +26,20 @@ import torch
 import triton
 import triton.language as tl
 
+from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequant_tile_bf16, linear_dequant_gemm
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
 
 MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
+
+
+# W4A16 from this many rows dequantizes W slab by slab and multiplies with cuBLAS (dequant_mxfp4): the
+# GEMM is math-bound there, and Hopper has no BF16 x E2M1 tensor-core MMA to do better in one kernel.
+DEQUANT_GEMM_MIN_M = 512
+
+
+def use_dequant_gemm(M: int) -> bool:
+    return M >= DEQUANT_GEMM_MIN_M
 
 
 def use_gemv(M: int, N: int) -> bool:
@@ -76,21 +87,6 @@ def pick_config(M: int, N: int, K: int, sm_count: int = 132) -> LinearConfig:
 
 
 @triton.jit
-def _dequant_bf16(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Packed E2M1 bytes ``[BLOCK_N, BLOCK_K/2]`` and E8M0 scales ``[BLOCK_N, BLOCK_K/32]`` -> bf16
-    ``[BLOCK_N, BLOCK_K]`` with integer ops: a code's sign and 3 exponent/mantissa bits placed at fp32
-    bits 31 and 22-24 read as ``value * 2^-126`` (1 -> subnormal 0.5 * 2^-126 too); times 2^126, times the scale."""
-    w = w.to(tl.int32)
-    codes = tl.reshape(tl.join(w & 15, w >> 4), (BLOCK_N, BLOCK_K))
-    f = (((codes & 8) << 28) | ((codes & 7) << 22)).to(tl.float32, bitcast=True)
-    s = ws.to(tl.int32)
-    mult = tl.where(s == 0, 5.877471754111438e-39, (s << 23).to(tl.float32, bitcast=True))  # 2^(s-127)
-    f = f * 8.507059173023462e37  # 2^126: now the E2M1 value itself
-    f = tl.reshape(tl.reshape(f, (BLOCK_N, BLOCK_K // 32, 32)) * mult[:, :, None], (BLOCK_N, BLOCK_K))
-    return f.to(tl.bfloat16)
-
-
-@triton.jit
 def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
                          stride_xm, stride_xsm, stride_wn, stride_wsn, stride_ym,
                          A_FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -116,7 +112,7 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
         if A_FMT == "bf16":
             a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
             if MANUAL_DEQUANT:
-                wd = tl.trans(_dequant_bf16(w, ws, BLOCK_N, BLOCK_K))
+                wd = tl.trans(dequant_tile_bf16(w, ws, BLOCK_N, BLOCK_K))
                 if INTERPRETER:  # Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
                     acc = tl.dot(a.to(tl.float32), wd.to(tl.float32), acc)
                 else:
@@ -145,8 +141,8 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, K]`` (bf16) times MXFP4 ``W [N, K]`` -> ``[M, N]`` bf16 (into ``out`` when given).
 
-    ``config``: a :class:`LinearConfig` (tensor-core kernel), a :class:`GemvConfig` (W4A16 GEMV), or None
-    to choose by shape."""
+    ``config``: a :class:`LinearConfig` (tensor-core kernel), a :class:`GemvConfig` (W4A16 GEMV), a
+    :class:`DequantConfig` (W4A16 dequantize + cuBLAS), or None to choose by shape."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     M, K = x.shape
@@ -160,6 +156,10 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
         if mode != "w4a16":
             raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
         return gemv_mxfp4(x, w_packed, w_scales, bias, out, config)
+    if isinstance(config, DequantConfig) or (config is None and mode == "w4a16" and use_dequant_gemm(M)):
+        if mode != "w4a16":
+            raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
+        return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, *([config] if config else []))
     cfg = config or pick_config(M, N, K, sm_count(x.device))
     a_fmt = MODES[mode]
     if a_fmt == "bf16":

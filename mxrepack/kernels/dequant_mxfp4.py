@@ -1,0 +1,101 @@
+"""MXFP4 -> BF16 dequantization on the GPU, and the W4A16 prefill built on it: dequantize a slab of rows,
+multiply it with cuBLAS.
+
+Why a prefill goes this way: at thousands of rows a W4A16 GEMM is bound by tensor-core math, not by
+weight bytes, and Hopper has no BF16 x E2M1 MMA: every tensor-core kernel must first turn W into BF16.
+Done inside our Triton tile loop that conversion competes with the MMA for issue slots and registers
+(0.35-0.47x cuBLAS BF16 on H100/H200, docs/PERF.md). Done once per weight slab here, it costs one
+streaming pass (~4.5 bytes per weight) that an M = 2048 GEMM amortises over 2048 rows, and the GEMM
+itself is cuBLAS's. The slab is bounded (``chunk_bytes``, default 32 MB, about H100's L2) so the
+scratch memory stays small and the GEMM mostly reads the slab back from L2.
+
+Dequantization is exact: every E2M1 value times a power of two 2^-127..2^127 is a BF16 value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class DequantConfig:
+    # 8 rows x 1024 columns per program: the best of 9 tiles on lm_head, H100, 86% of the copy roofline
+    # in bytes read + written (docs/PERF.md); wide rows give each thread long contiguous stores.
+    block_n: int = 8
+    block_k: int = 1024
+    num_warps: int = 4
+    chunk_bytes: int = 32 << 20  # BF16 scratch per slab of rows
+
+    def name(self) -> str:
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}c{self.chunk_bytes >> 20}M"
+
+
+DEQUANT = DequantConfig()
+
+
+@triton.jit
+def dequant_tile_bf16(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Packed E2M1 bytes ``[BLOCK_N, BLOCK_K/2]`` and E8M0 scales ``[BLOCK_N, BLOCK_K/32]`` -> bf16
+    ``[BLOCK_N, BLOCK_K]`` with integer ops: a code's sign and 3 exponent/mantissa bits placed at fp32
+    bits 31 and 22-24 read as ``value * 2^-126`` (1 -> subnormal 0.5 * 2^-126 too); times 2^126, times the scale."""
+    w = w.to(tl.int32)
+    codes = tl.reshape(tl.join(w & 15, w >> 4), (BLOCK_N, BLOCK_K))
+    f = (((codes & 8) << 28) | ((codes & 7) << 22)).to(tl.float32, bitcast=True)
+    s = ws.to(tl.int32)
+    mult = tl.where(s == 0, 5.877471754111438e-39, (s << 23).to(tl.float32, bitcast=True))  # 2^(s-127)
+    f = f * 8.507059173023462e37  # 2^126: now the E2M1 value itself
+    f = tl.reshape(tl.reshape(f, (BLOCK_N, BLOCK_K // 32, 32)) * mult[:, :, None], (BLOCK_N, BLOCK_K))
+    return f.to(tl.bfloat16)
+
+
+@triton.jit
+def _dequant_mxfp4_kernel(w_ptr, ws_ptr, out_ptr, N, K, stride_wn, stride_wsn, stride_on,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    rkb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    rks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    rk = k0 + tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    w = tl.load(w_ptr + rn[:, None] * stride_wn + rkb[None, :], mask=n_ok[:, None] & (rkb < K // 2)[None, :], other=0)
+    ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + rks[None, :], mask=n_ok[:, None] & (rks < K // 32)[None, :],
+                 other=127)
+    tl.store(out_ptr + rn[:, None] * stride_on + rk[None, :], dequant_tile_bf16(w, ws, BLOCK_N, BLOCK_K),
+             mask=n_ok[:, None] & (rk < K)[None, :])
+
+
+def dequantize_mxfp4_rows(w_packed: torch.Tensor, w_scales: torch.Tensor, out: torch.Tensor | None = None,
+                          config: DequantConfig = DEQUANT) -> torch.Tensor:
+    """MXFP4 ``[N, K/2]`` packed + ``[N, K/32]`` E8M0 -> BF16 ``[N, K]`` (into ``out`` when given)."""
+    N, K = w_packed.shape[0], w_packed.shape[1] * 2
+    if w_scales.shape != (N, K // 32):
+        raise ValueError(f"scales {tuple(w_scales.shape)} do not fit packed weights {tuple(w_packed.shape)}")
+    if out is None:
+        out = torch.empty(N, K, dtype=torch.bfloat16, device=w_packed.device)
+    grid = (triton.cdiv(N, config.block_n), triton.cdiv(K, config.block_k))
+    _dequant_mxfp4_kernel[grid](w_packed, w_scales, out, N, K, w_packed.stride(0), w_scales.stride(0), out.stride(0),
+                                BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps)
+    return out
+
+
+def linear_dequant_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None,
+                        out: torch.Tensor, config: DequantConfig = DEQUANT) -> torch.Tensor:
+    """``out = x @ W.T + bias`` for BF16 ``x [M, K]``: W dequantized slab by slab of rows into one reused
+    BF16 scratch, each slab multiplied by cuBLAS straight into its columns of ``out``."""
+    N, K = w_packed.shape[0], x.shape[1]
+    rows = max(128, config.chunk_bytes // (2 * K) // 128 * 128)
+    rows = min(rows, N)
+    scratch = torch.empty(rows, K, dtype=torch.bfloat16, device=x.device)
+    b = None if bias is None else bias.to(torch.bfloat16)
+    for n0 in range(0, N, rows):
+        n1 = min(N, n0 + rows)
+        w = dequantize_mxfp4_rows(w_packed[n0:n1], w_scales[n0:n1], scratch[: n1 - n0], config)
+        if b is None:
+            torch.mm(x, w.T, out=out[:, n0:n1])
+        else:
+            torch.addmm(b[n0:n1], x, w.T, out=out[:, n0:n1])
+    return out
