@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/mxbench")
     ap.add_argument("--out", default=None, help="JSON results file")
     ap.add_argument("--source-form", choices=("dir", "hub-cache"), default="dir")
+    ap.add_argument("--dense", default=None, help="passed to repack --dense (e.g. bf16: a pure re-layout of sm121)")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -97,10 +98,11 @@ def main() -> None:
         shutil.rmtree(dst_cp)
         out = work / f"out-{target}"
         warm(src)
-        rp_s, rp_rss = run_child([*repack, source_arg, "--target", target, "--out", str(out), "--overwrite", "--json"], env)
+        dense = ["--dense", args.dense] if args.dense else []
+        rp_s, rp_rss = run_child([*repack, source_arg, "--target", target, *dense, "--out", str(out), "--overwrite", "--json"], env)
         out_bytes = sum(f.stat().st_size for f in out.iterdir())
         shutil.rmtree(out)
-        rows.append({"target": target, "source_form": args.source_form, "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, "cp_s": cp_s,
+        rows.append({"target": target, "dense": args.dense, "source_form": args.source_form, "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, "cp_s": cp_s,
                      "repack_s": rp_s, "ratio": rp_s / cp_s, "source_GBps": src_bytes / 1e9 / rp_s,
                      "peak_rss_MB": rp_rss / 1e6})
     info = {"date": date.today().isoformat(), "machine": f"{platform.node()} {os.cpu_count()} cores",

@@ -23,7 +23,8 @@ import torch
 
 from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequantize_mxfp4_rows
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig
-from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
+from mxrepack.kernels.linear_mxfp4 import (CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,
+                                           use_gemv)
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, moe_schedule
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
@@ -124,7 +125,7 @@ def test_dequantize_rows_is_exact():
 
 def test_prefill_dequant_gemm_matches_reference():
     """W4A16 prefill: slabs of rows (chunk_bytes forces 128-row slabs over N = 300, the last one partial)
-    written into column slices of the output, with and without bias; chosen by shape from 512 rows."""
+    written into column slices of the output, with and without bias; chosen by shape past decode."""
     N, K = 300, 96
     w, ws = quantize_mxfp4(torch.randn(N, K) * 0.05)
     bias = torch.randn(N).to(torch.bfloat16)
@@ -136,7 +137,8 @@ def test_prefill_dequant_gemm_matches_reference():
         y = linear_mxfp4(x, w, ws, b, "w4a16", cfg, out=out)
         assert y is out and not torch.isnan(y).any()
         assert rel(y, ref) <= 1e-2
-    assert use_dequant_gemm(2048) and not use_dequant_gemm(256)
+    assert use_dequant_gemm(2048, 201088) and not use_dequant_gemm(128, 201088)
+    assert use_dequant_gemm(64, 5120) and not use_dequant_gemm(16, 5120)
     with pytest.raises(ValueError, match="W4A16 only"):
         linear_mxfp4(x, w, ws, None, "w4a4", cfg)
 

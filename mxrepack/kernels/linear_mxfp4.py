@@ -9,11 +9,12 @@ same kernel compiles for sm_90a, sm_100a and sm_120a/sm_121a (``repack kernels c
 * ``w4a4``  -- activations quantized to MXFP4: e2m1 x e2m1, the native FP4 tensor-core MMA on sm_12x
   (``mma.sync ... kind::mxf4nvf4.block_scale``).
 
-One kernel, two schedules: prefill tiles M and N (W4A16 from ``DEQUANT_GEMM_MIN_M`` rows instead
-dequantizes W a slab at a time and calls cuBLAS, :mod:`mxrepack.kernels.dequant_mxfp4`); decode (M <= 16) uses a 16-row tile and split-K, so
+One kernel, two schedules: prefill tiles M and N; decode (M <= 16) uses a 16-row tile and split-K, so
 that a narrow layer (k/v: N = 512) still puts enough CTAs in flight to stream the weights at full
 bandwidth; split-K partial sums are added with fp32 atomics into a zeroed fp32 buffer. W4A16 with at
-few rows (:func:`use_gemv`) goes to the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` instead.
+few rows (:func:`use_gemv`) goes to the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` instead, and
+W4A16 past decode (:func:`use_dequant_gemm`) dequantizes W a slab at a time and calls cuBLAS
+(:mod:`mxrepack.kernels.dequant_mxfp4`).
 The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 """
 
@@ -33,13 +34,12 @@ from mxrepack.kernels.mx_quant import quantize_activations
 MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
 
 
-# W4A16 from this many rows dequantizes W slab by slab and multiplies with cuBLAS (dequant_mxfp4): the
-# GEMM is math-bound there, and Hopper has no BF16 x E2M1 tensor-core MMA to do better in one kernel.
-DEQUANT_GEMM_MIN_M = 512
-
-
-def use_dequant_gemm(M: int) -> bool:
-    return M >= DEQUANT_GEMM_MIN_M
+def use_dequant_gemm(M: int, N: int) -> bool:
+    """W4A16 shapes that dequantize W slab by slab and multiply with cuBLAS (dequant_mxfp4) instead of the
+    tile kernel: past decode the GEMM is math-bound and Hopper has no BF16 x E2M1 tensor-core MMA to do it
+    in one kernel. H100, graph-timed (docs/PERF.md): from 64 rows on q/k/v/o, from 256 on lm_head (at 64-128
+    rows its 1.2 GB BF16 round trip still costs more than the tile kernel's upcasts)."""
+    return M >= 256 or (M > 16 and N < 65536)
 
 
 def use_gemv(M: int, N: int) -> bool:
@@ -156,7 +156,7 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
         if mode != "w4a16":
             raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
         return gemv_mxfp4(x, w_packed, w_scales, bias, out, config)
-    if isinstance(config, DequantConfig) or (config is None and mode == "w4a16" and use_dequant_gemm(M)):
+    if isinstance(config, DequantConfig) or (config is None and mode == "w4a16" and use_dequant_gemm(M, N)):
         if mode != "w4a16":
             raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
         return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, *([config] if config else []))
