@@ -240,8 +240,8 @@ def _pack_bf16_scaled(scaled: torch.Tensor) -> torch.Tensor:
 
     def work(r: int) -> None:
         block = out[r:r + step]
-        np.take(lo, bits[r:r + step, 0::2], out=block)
-        block |= np.take(hi, bits[r:r + step, 1::2])
+        np.take(lo, bits[r:r + step, 0::2], out=block, mode="clip")  # indices < 65536: clip = no check, no buffer
+        block |= np.take(hi, bits[r:r + step, 1::2], mode="clip")
 
     list(_gather_pool().map(work, range(0, bits.shape[0], step)))
     return torch.from_numpy(out).reshape(*scaled.shape[:-1], -1)

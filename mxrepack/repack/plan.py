@@ -115,8 +115,10 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
     source = src if rows == src.rows else ZeroPaddedRows(src, rows)
     quantizer = DenseQuantizer(layout, src, recorded)
     module = src.name.removesuffix(".weight")
+    # Quantizing and measuring the error hold ~17 bytes of temporaries per weight (bf16 scaled copy, fp32
+    # weight, dequantized weight and difference) against 0.53 bytes written per weight: ~32x the output.
     return [PlanItem(f"{module}.{o.suffix}", o.dtype, o.shape, {"value": source}, partial(quantizer.pack, role=o.role),
-                     layout.name, src.name, o.logical_shape, layout.padding(src.shape), layout.upstream, work_factor=8,
+                     layout.name, src.name, o.logical_shape, layout.padding(src.shape), layout.upstream, work_factor=32,
                      row_align=128 if layout.scales == "swizzled" else 1,
                      observer=quantizer if o.role == "values" else None)
             for o in outputs]
