@@ -138,8 +138,8 @@ def prefill(rows: list, bw: float) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for name, (N, K) in shapes.items():
         w, ws = rand_mx(N, K)
-        exact = torch.equal(dequantize_mxfp4_rows(w, ws), deq(w, ws).to(torch.bfloat16))
         wf = deq(w, ws)
+        exact = torch.equal(dequantize_mxfp4_rows(w, ws), wf.to(torch.bfloat16))
         nxt_q = rotating(lambda: rand_mx(N, K), w.numel() + ws.numel())
         nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
         for M in (64, 128, 256, 512, 1024, 2048, 8192):
@@ -152,8 +152,8 @@ def prefill(rows: list, bw: float) -> None:
             cands = {"tile": pick_config(M, N, K, sms), "dequant": DEQUANT}
             if M == 2048:
                 cands.update({f"dequant-{mb}M": DequantConfig(chunk_bytes=mb << 20) for mb in (16, 64, 128)})
+            ref = x.float() @ wf.T
             for label, cfg in cands.items():
-                ref = x.float() @ wf.T
                 err = float((linear_mxfp4(x, w, ws, None, "w4a16", cfg).float() - ref).norm() / ref.norm())
                 ms = bench_decode(lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", cfg))
                 rec = {"kind": "prefill", "shape": name, "N": N, "K": K, "M": M, "path": label, "config": cfg.name(),

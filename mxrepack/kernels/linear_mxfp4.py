@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequant_tile_bf16, linear_dequant_gemm
+from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dequant_tile_bf16, linear_dequant_gemm
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
 
@@ -159,7 +159,7 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
     if isinstance(config, DequantConfig) or (config is None and mode == "w4a16" and use_dequant_gemm(M, N)):
         if mode != "w4a16":
             raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
-        return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, *([config] if config else []))
+        return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, config or DEQUANT)
     cfg = config or pick_config(M, N, K, sm_count(x.device))
     a_fmt = MODES[mode]
     if a_fmt == "bf16":

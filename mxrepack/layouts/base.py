@@ -104,6 +104,11 @@ def copy_padded(dst: torch.Tensor, src: torch.Tensor) -> None:
     """
     r, c = src.shape[1], src.shape[2]
     dst[:, :r, :c] = src
+    _zero_padding(dst, r, c)
+
+
+def _zero_padding(dst: torch.Tensor, r: int, c: int) -> None:
+    """Zero ``dst [E, R, C]`` outside its top-left ``[r, c]`` block (the rows below, the columns beside)."""
     dst[:, r:].zero_()
     dst[:, :r, c:].zero_()
 
@@ -123,8 +128,7 @@ def permute_row_blocks(x: torch.Tensor, rows: int, cols: int, perm: list[int]) -
     dst, src = out[:, :r].unflatten(1, (r // B, B)), x.unflatten(1, (r // B, B))
     for p, q in enumerate(perm):
         dst[:, :, p, :c] = src[:, :, q]
-    out[:, r:].zero_()
-    out[:, :r, c:].zero_()
+    _zero_padding(out, r, c)
     return out
 
 

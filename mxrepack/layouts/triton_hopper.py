@@ -26,15 +26,13 @@ float32, as vLLM holds them.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import torch
 
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up, swizzle_128x4,
                                    unswizzle_128x4)
+from mxrepack.quant.mx import map_row_blocks
 
 UPSTREAM = "triton_kernels as vendored in vllm 0.33.0 (vllm/third_party/triton_kernels), via vllm mxfp4_utils._swizzle_mxfp4"
 LAYOUT_NAMES = {"hopper": ("HopperMXValueLayout(mx_axis=1)", "HopperMXScaleLayout(mx_axis=1, num_warps={w})"),
@@ -77,21 +75,19 @@ def _half_word_luts(dst: list[int]) -> np.ndarray:
 _TWIDDLE = _word_bit_perm()
 _TWIDDLE_LUTS = _half_word_luts(_TWIDDLE)
 _UNTWIDDLE_LUTS = _half_word_luts([_TWIDDLE.index(i) for i in range(32)])
-_POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)  # numpy gathers release the GIL
 
 
 def _permute_word_bits(x: torch.Tensor, luts: np.ndarray) -> torch.Tensor:
     """Apply a 32-bit-word bit permutation to a uint8 tensor whose last dim is a multiple of 4."""
     h = x.contiguous().numpy().view(np.uint16).reshape(-1, 2)
     out = np.empty(h.shape[0], dtype=np.uint32)
-    step = max(1 << 20, -(-h.shape[0] // (os.cpu_count() or 1)))
 
-    def work(i: int) -> None:
-        w = np.take(luts[0], h[i:i + step, 0])
-        w |= np.take(luts[1], h[i:i + step, 1])
-        out[i:i + step] = w
+    def work(i: int, j: int) -> None:
+        w = np.take(luts[0], h[i:j, 0])
+        w |= np.take(luts[1], h[i:j, 1])
+        out[i:j] = w
 
-    list(_POOL.map(work, range(0, h.shape[0], step)))
+    map_row_blocks(h.shape[0], work, min_rows=1 << 20)
     return torch.from_numpy(out.view(np.uint8).reshape(x.shape))
 
 

@@ -72,19 +72,6 @@ def select_dense(names: list[str], layers: list[str], where: str = "dense.layers
     return [n for n in names if n in chosen]
 
 
-def _all_finite(w: torch.Tensor) -> bool:
-    if w.dtype == torch.bfloat16:  # exponent field all ones = Inf/NaN: one integer max, no bool tensor
-        return w.numel() == 0 or int((w.view(torch.int16) & 0x7FFF).max()) < 0x7F80
-    return bool(torch.isfinite(w).all())
-
-
-def check_finite(w: torch.Tensor, where: str) -> None:
-    if w.is_floating_point() and not _all_finite(w):
-        bad = int((~torch.isfinite(w)).sum())
-        row = int((~torch.isfinite(w)).any(-1).nonzero()[0, 0])
-        raise MxRepackError(f"{where}: {bad} NaN/Inf value(s) (first in row {row} of this chunk); refusing to quantize")
-
-
 def load_activations(path: str | Path | None) -> dict[str, torch.Tensor]:
     if path is None:
         return {}

@@ -18,7 +18,8 @@ from mxrepack.errors import MxRepackError
 from mxrepack.layouts import EXPERTS_PREFIX, ExpertDims, make_layout
 from mxrepack.layouts.base import passthrough
 from mxrepack.layouts.dense import DenseMxLayout
-from mxrepack.quant.dense import ErrorStats, check_finite, select_dense
+from mxrepack.quant.dense import ErrorStats, select_dense
+from mxrepack.quant.mx import NonFiniteError
 from mxrepack.recipes import Recipe
 from mxrepack.repack.gptoss import EXPERT_PARTS, expected_tensors
 from mxrepack.repack.safetensors_io import dtype_size
@@ -88,8 +89,11 @@ class DenseQuantizer:
     def _quantize(self, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self._last is not None and self._last[0] is value:
             return self._last[1]
-        check_finite(value, self.where)
-        out = self.layout.quantize(value)
+        try:
+            out = self.layout.quantize(value)
+        except NonFiniteError as e:
+            raise MxRepackError(f"{self.where}: {e.count} NaN/Inf value(s) (first in row {e.row} of this chunk); "
+                                "refusing to quantize") from None
         self._last = (value, out)
         return out
 
