@@ -19,9 +19,11 @@ Gate/up rows keep the checkpoint interleave (even = gate, odd = up).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mxrepack.errors import MxRepackError
+from mxrepack.layouts import bitops
 from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up
 
 UPSTREAM = "vllm 0.33.0 marlin_utils_fp4.prepare_moe_mxfp4_layer_for_marlin (gptq_marlin_repack, marlin_permute_scales, mxfp4_marlin_process_scales, marlin_permute_bias)"
@@ -30,23 +32,58 @@ _BIAS_PERM = torch.tensor([2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16,
 _E8M0_SWAP = torch.tensor([0, 2, 1, 3])  # self-inverse
 
 
-def repack_weight(packed: torch.Tensor) -> torch.Tensor:
-    """``[E, N, K/2]`` uint8 (checkpoint nibble order) -> Marlin int32 ``[E, K/16, 2N]``.
+# Marlin's 64-column tile, as the 32-bit words of a block of 64 rows after the three delta swaps of
+# repack_weight, indexed [warp 4, c 2, l8 8, kt K/16, h 2], goes out as [kt, l8, (h, c) = l4, warp].
+def _tile_word_order(k16: int) -> np.ndarray:
+    i = np.arange(64 * k16 * 2).reshape(4, 2, 8, k16, 2)
+    return np.ascontiguousarray(i.transpose(3, 2, 4, 1, 0)).reshape(-1)
 
-    Done on bytes, not nibbles: the two codes of a source byte are k and k+1 of one column, and a
-    word's bytes are (slots 0-1) lo(B0)|lo(B1), (2-3) lo(B2)|lo(B3), (4-5) hi(B0)|hi(B1), (6-7)
-    hi(B2)|hi(B3) for the source bytes B(c, a) at rows k + 8a, column n + 8c. So one byte permute
-    gathers each word's four source bytes, and four byte-wise mask/shift ops finish it.
+
+def repack_weight(packed: torch.Tensor, rows: int | None = None, kbytes: int | None = None) -> torch.Tensor:
+    """``[E, N, K/2]`` uint8 (checkpoint nibble order) -> Marlin int32 ``[E, K/16, 2N]``, zero-padding N to
+    ``rows`` and the packed K bytes to ``kbytes`` on the way.
+
+    Word ``(kt, n tile, l8, l4, warp)`` holds, from column ``n = 16 warp + l8`` (c = 0) and ``n + 8``
+    (c = 1), packed bytes ``kb = 8 kt + l4`` (a = 0) and ``kb + 4`` (a = 1): its byte ``2h + c`` is the low
+    (h = 0) or high (h = 1) nibbles of the a = 0 and a = 1 bytes, a = 1 on top. Per block of 64-row
+    tiles (:mod:`~mxrepack.layouts.bitops`), on the 64-bit words of each row (4 bytes of a = 0, then
+    4 of a = 1) three delta swaps exchange nibble-in-byte with a, then bit 1 of l4 with the word half
+    (so a word holds bytes l4 in {0,1} or {2,3} of h = 0 and 1), then byte-in-word bit 0 with c (rows
+    n and n + 8); each 32-bit word then is a finished output word, and one gather puts them in order.
     """
-    E, N, K = packed.shape[0], packed.shape[1], packed.shape[2] * 2
-    if N % 64 or K % 16:
-        raise MxRepackError(f"Marlin repack needs N % 64 == 0 and K % 16 == 0, got N={N}, K={K}")
-    # byte kb = 8 kt + 4 a + l4 ; n = 64 nt + 16 warp + 8 c + l8
-    b = packed.view(E, N // 64, 4, 2, 8, K // 16, 2, 4)  # e, nt, warp, c, l8, kt, a, l4
-    b = b.permute(0, 5, 1, 4, 7, 2, 3, 6).reshape(E, K // 16, 2 * N, 4)  # e, kt, nt, l8, l4, warp, (c, a)
-    b0, b1, b2, b3 = b.unbind(-1)
-    out = torch.stack([(b0 & 15) | (b1 << 4), (b2 & 15) | (b3 << 4), (b0 >> 4) | (b1 & 0xF0), (b2 >> 4) | (b3 & 0xF0)], -1)
-    return out.view(torch.int32).reshape(E, K // 16, 2 * N)
+    E, N, Kb = packed.shape
+    rows, kbytes = rows or N, kbytes or Kb
+    if rows % 64 or kbytes % 8 or rows < N or kbytes < Kb:
+        raise MxRepackError(f"Marlin repack needs N % 64 == 0 and K % 16 == 0, got N={rows}, K={2 * kbytes}")
+    k16, tiles = kbytes // 8, rows // 64
+    per = max(1, bitops.BLOCK_BYTES // (64 * kbytes))  # tiles per block
+    blocks = -(-tiles // per)
+    order = _tile_word_order(k16)
+    src = packed.contiguous().numpy()
+    out = np.empty((E, k16, tiles, 128), np.int32)
+
+    def scratch():  # zeroed once: padding columns stay zero (every step maps zero bytes to zero bytes)
+        return (np.zeros((per * 64, kbytes), np.uint8), np.empty((per * 64, k16), np.uint64),
+                np.empty((per, k16 * 128), np.int32))
+
+    def work(i: int, s) -> None:
+        block, tmp, words = s
+        e, t0 = i // blocks, i % blocks * per
+        nt = min(per, tiles - t0)
+        n, r0 = nt * 64, t0 * 64
+        valid = max(0, min(N - r0, n))
+        block[:valid, :Kb] = src[e, r0:r0 + valid]
+        block[valid:n] = 0
+        x, t = block[:n].view(np.uint64), tmp[:n]
+        bitops.delta_swap(x, t, 28, 0x00000000F0F0F0F0)  # nibble-in-byte <-> a
+        bitops.delta_swap(x, t, 16, 0x00000000FFFF0000)  # l4 bit 1 <-> word half (h)
+        pairs = x.reshape(nt * 4, 2, 8 * k16)  # [warp, c, (l8, kt)]
+        bitops.delta_swap_pair(pairs[:, 0], pairs[:, 1], t[: n // 2].reshape(nt * 4, 8 * k16), 8, 0x00FF00FF00FF00FF)
+        np.take(block[:n].view(np.int32).reshape(nt, -1), order, axis=1, out=words[:nt], mode="clip")
+        out[e, :, t0:t0 + nt] = words[:nt].reshape(nt, k16, 128).transpose(1, 0, 2)
+
+    bitops.for_each_block(E * blocks, work, scratch)
+    return torch.from_numpy(out).view(E, k16, 2 * rows)
 
 
 def unrepack_weight(words: torch.Tensor) -> torch.Tensor:
@@ -59,17 +96,25 @@ def unrepack_weight(words: torch.Tensor) -> torch.Tensor:
     return b.permute(0, 2, 5, 6, 3, 1, 7, 4).reshape(E, N, K // 2)
 
 
+def _scale_group_order(fp8_activations: bool) -> torch.Tensor:
+    """Within each 64 consecutive N of a scale row: ``marlin_permute_scales`` (an 8x8 transpose), then,
+    for BF16 activations, the E8M0 ``[0,2,1,3]`` swap of every 4 bytes, as one gather index."""
+    order = _SCALE_PERM.view(-1, 4)
+    return order.reshape(-1) if fp8_activations else order[:, _E8M0_SWAP].reshape(-1)
+
+
 def permute_scales(scales: torch.Tensor, fp8_activations: bool = False) -> torch.Tensor:
-    """``[E, N, K/32]`` E8M0 bytes -> Marlin ``[E, K/32, N]`` bytes (pure permutation, or +6 for FP8)."""
-    E = scales.shape[0]
-    s = scales.transpose(1, 2).contiguous()  # [E, K/32, N]
-    shape = s.shape
-    s = s.reshape(E, -1, 64)[:, :, _SCALE_PERM].reshape(shape)
+    """``[E, N, K/32]`` E8M0 bytes -> Marlin ``[E, K/32, N]`` bytes (pure permutation, or +6 for FP8):
+    one transposing copy, then one gather inside every 64 bytes."""
+    E, N, Ks = scales.shape
+    s = scales.transpose(1, 2).contiguous().view(-1, 64)
+    order = _scale_group_order(fp8_activations)
+    s = torch.gather(s, 1, order.expand(s.shape[0], 64)).view(E, Ks, N)
     if fp8_activations:
         if int(s.max()) > 249:
             raise MxRepackError("Marlin FP8-activation scales need every E8M0 byte <= 249 (exponent + 6)")
-        return s + 6
-    return s.reshape(E, -1, 4)[:, :, _E8M0_SWAP].reshape(shape)
+        s += 6
+    return s
 
 
 def unpermute_scales(s: torch.Tensor, fp8_activations: bool = False) -> torch.Tensor:
@@ -105,8 +150,7 @@ class MarlinLayout(ExpertLayout):
         fp8 = self.fp8_activations
 
         def w13(gate_up_proj_blocks):
-            x = gate_up_proj_blocks.flatten(2)
-            return repack_weight(pad_rows_cols(x, 2 * Ip, Hp // 2))
+            return repack_weight(gate_up_proj_blocks.flatten(2), 2 * Ip, Hp // 2)
 
         def w13_scale(gate_up_proj_scales):
             return permute_scales(pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32), fp8).view(torch.float8_e8m0fnu)
@@ -115,7 +159,7 @@ class MarlinLayout(ExpertLayout):
             return permute_bias(pad_rows_cols(gate_up_proj_bias.unsqueeze(-1), 2 * Ip, 1).squeeze(-1).to(torch.bfloat16))
 
         def w2(down_proj_blocks):
-            return repack_weight(pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2))
+            return repack_weight(down_proj_blocks.flatten(2), Hp, Ip // 2)
 
         def w2_scale(down_proj_scales):
             return permute_scales(pad_rows_cols(down_proj_scales, Hp, Ip // 32), fp8).view(torch.float8_e8m0fnu)
