@@ -10,11 +10,11 @@ contiguous data region) is small enough to handle exactly; files we write are re
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
-import queue
 import struct
 import threading
 from dataclasses import dataclass
@@ -168,30 +168,68 @@ def plan_shards(tensors: Iterable[PlannedTensor], max_shard_bytes: int) -> list[
     return shards
 
 
-class _BackgroundHash:
-    """sha256 on a second thread: hashlib releases the GIL, so hashing overlaps reading and packing.
+class _FollowingHash:
+    """sha256 of a file that is being written, computed on a thread that reads it back behind the writer.
 
-    Chunks are hashed in the order given; each is kept alive until hashed (the queue is short, so
-    at most a few chunks are held).
+    Reading back (from the page cache, where the bytes just went) instead of hashing the writer's
+    chunks means the writer never waits for the hash and holds no chunk for it: one core writes shard
+    ``k + 1`` while another still hashes shard ``k``. On a 2-core machine sha256 (~1.1 GB/s a core)
+    is slower than writing, so hashing shards in parallel is what bounds the time (docs/PERF.md).
     """
 
-    def __init__(self):
+    BUFFER = 8 << 20
+
+    def __init__(self, path: Path):
+        self._fd = os.open(path, os.O_RDONLY)
         self._hash = hashlib.sha256()
-        self._queue: queue.Queue = queue.Queue(maxsize=3)
+        self._cond = threading.Condition()
+        self._written = 0  # bytes the writer has flushed to the file
+        self._closed = False
+        self._error: OSError | None = None
         self._thread = threading.Thread(target=self._run, name="mxrepack-sha256", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        while (data := self._queue.get()) is not None:
-            self._hash.update(data)
+    def advance(self, size: int) -> None:
+        """The file now holds ``size`` bytes (flushed)."""
+        with self._cond:
+            self._written = size
+            self._cond.notify()
 
-    def update(self, data) -> None:
-        self._queue.put(data)
+    def _run(self) -> None:
+        buf = memoryview(bytearray(self.BUFFER))
+        pos = 0
+        try:
+            while True:
+                with self._cond:
+                    while pos >= self._written and not self._closed:
+                        self._cond.wait()
+                    end, last = self._written, self._closed
+                while pos < end:
+                    n = os.preadv(self._fd, [buf[:min(self.BUFFER, end - pos)]], pos)
+                    if n <= 0:
+                        raise OSError(f"short read at byte {pos} of {end}")
+                    self._hash.update(buf[:n])
+                    pos += n
+                if last:
+                    return
+        except OSError as e:
+            self._error = e
 
     def hexdigest(self) -> str:
-        self._queue.put(None)
-        self._thread.join()
+        """Wait for the hash of everything advanced so far; the writer must be done."""
+        self.stop()
+        if self._error is not None:
+            raise MxRepackError(f"reading back for sha256 failed: {self._error}")
         return self._hash.hexdigest()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class StreamingShardWriter:
@@ -206,21 +244,22 @@ class StreamingShardWriter:
         self.tensors = tensors
         self._index = 0
         self._written = 0  # bytes of the current tensor
-        self._hash = _BackgroundHash()
         self._sync: threading.Thread | None = None
         self._sync_error: OSError | None = None
         self._file = open(self.path, "wb")
+        self._hash = _FollowingHash(self.path)
         self.size = 0
         self._emit(_header_bytes(tensors, metadata))
 
     def _emit(self, data) -> None:
         try:
             self._file.write(data)
+            self._file.flush()  # the hash thread reads the file back
         except OSError as e:
             self._file.close()
             raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
-        self._hash.update(data)
         self.size += len(data)
+        self._hash.advance(self.size)
 
     @property
     def current(self) -> PlannedTensor | None:
@@ -242,9 +281,58 @@ class StreamingShardWriter:
             self._index += 1
             self._written = 0
 
-    def close(self) -> str:
-        """Finish the file (all tensors must be complete); returns its sha256. The fsync runs on a
-        thread, overlapping the next shard's writing: call :meth:`wait_synced` before relying on it."""
+    def copy_from(self, name: str, path: Path, offset: int, nbytes: int) -> None:
+        """Append the next ``nbytes`` of tensor ``name`` straight from ``path`` at ``offset``: a tensor stored
+        unchanged is copied by the kernel (``copy_file_range``) and never passes through this process."""
+        t = self.current
+        if t is None or t.name != name:
+            raise RuntimeError(f"{self.path}: expected data for {t.name if t else 'nothing'}, got {name}")
+        if self._written + nbytes > t.nbytes:
+            raise RuntimeError(f"{name}: more data than its shape {t.shape}")
+        done = 0
+        try:
+            self._file.flush()
+            src = os.open(path, os.O_RDONLY)
+            try:
+                while done < nbytes:
+                    try:
+                        got = os.copy_file_range(src, self._file.fileno(), nbytes - done, offset + done)
+                    except OSError as e:
+                        if done or e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                            raise
+                        got = self._copy_by_reading(src, offset, nbytes)
+                    if got <= 0:
+                        raise MxRepackError(f"{path}: truncated while reading tensor '{name}'")
+                    done += got
+            finally:
+                os.close(src)
+        except OSError as e:
+            self._file.close()
+            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
+        self.size += nbytes
+        self._hash.advance(self.size)
+        self._written += nbytes
+        if self._written == t.nbytes:
+            self._index += 1
+            self._written = 0
+
+    def _copy_by_reading(self, src: int, offset: int, nbytes: int) -> int:
+        """The fallback where the kernel cannot copy between these files (e.g. across filesystems)."""
+        buf = memoryview(bytearray(min(nbytes, 64 << 20)))
+        done = 0
+        while done < nbytes:
+            got = os.preadv(src, [buf[:min(len(buf), nbytes - done)]], offset + done)
+            if got <= 0:
+                break
+            self._file.write(buf[:got])
+            done += got
+        self._file.flush()
+        return done
+
+    def close(self) -> None:
+        """Finish the file (all tensors must be complete). The fsync and the rest of the sha256 run on
+        threads, overlapping the next shard's writing: :meth:`sha256` waits for the hash and
+        :meth:`wait_synced` for the disk."""
         if self.current is not None:
             raise RuntimeError(f"{self.path}: closed before {self.current.name} was written")
         try:
@@ -254,7 +342,13 @@ class StreamingShardWriter:
             raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
         self._sync = threading.Thread(target=self._fsync_and_close, name="mxrepack-fsync", daemon=True)
         self._sync.start()
-        return self._hash.hexdigest()
+
+    def sha256(self) -> str:
+        """The file's sha256 (after :meth:`close`), from the bytes as written."""
+        try:
+            return self._hash.hexdigest()
+        except MxRepackError as e:
+            raise MxRepackError(f"{self.path}: {e}") from None
 
     def _fsync_and_close(self) -> None:
         try:
@@ -272,11 +366,11 @@ class StreamingShardWriter:
             raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?")
 
     def abort(self) -> None:
+        self._hash.stop()
         if self._sync is not None:
             self._sync.join()
         else:
             self._file.close()
-            self._hash.hexdigest()  # stop the thread
 
 
 def read_directory(directory: Path) -> dict[str, torch.Tensor]:
