@@ -75,11 +75,19 @@ def test_bf16_values_and_original_layout_agree(tiny, tiny_original, tmp_path):
     assert a[p + "gate_up_proj"].shape == (4, 288, 320) and a[p + "down_proj"].shape == (4, 160, 288)
 
 
-def test_mxfp4_target_is_byte_identical(tiny, tmp_path):
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "read-write-fallback"])
+def test_mxfp4_target_is_byte_identical(tiny, tmp_path, monkeypatch, kernel_copy):
+    """Tensors stored unchanged are copied by the kernel, or read and written where it cannot (EXDEV)."""
+    if not kernel_copy:
+        def cannot(*args):
+            raise OSError(18, "Invalid cross-device link")  # EXDEV
+        monkeypatch.setattr(os, "copy_file_range", cannot)
     ck = open_checkpoint(str(tiny))
-    out = read_directory(repack(str(tiny), "mxfp4", tmp_path / "o").out)
+    result = repack(str(tiny), "mxfp4", tmp_path / "o")
+    out = read_directory(result.out)
     assert out.keys() == ck.tensors.keys()
     assert all(torch.equal(out[k].view(torch.uint8), ck.tensors[k].read().view(torch.uint8)) for k in out)
+    assert verify_dir(result.out)["ok"]  # the manifest's sha256 (hashed behind the writer) match the files
 
 
 def test_layout_roundtrips_on_tiny(tiny):
