@@ -267,28 +267,32 @@ class StreamingShardWriter:
 
     def write(self, name: str, chunk: torch.Tensor) -> None:
         """Append the next rows of tensor ``name`` (which must be the current one, in header order)."""
-        t = self.current
-        if t is None or t.name != name:
-            raise RuntimeError(f"{self.path}: expected data for {t.name if t else 'nothing'}, got {name}")
+        t = self._expect(name, chunk.numel() * chunk.element_size())
         if chunk.dtype != t.dtype or tuple(chunk.shape[1:]) != tuple(t.shape[1:]):
             raise RuntimeError(f"{name}: chunk {chunk.dtype} {tuple(chunk.shape)} does not fit {t.dtype} {t.shape}")
         data = chunk.contiguous().reshape(-1).view(torch.uint8).numpy()
-        if self._written + data.nbytes > t.nbytes:
-            raise RuntimeError(f"{name}: more data than its shape {t.shape}")
         self._emit(memoryview(data))
-        self._written += data.nbytes
-        if self._written == t.nbytes:
+        self._tensor_done(data.nbytes)
+
+    def _expect(self, name: str, nbytes: int) -> PlannedTensor:
+        """The current tensor, checked to be ``name`` with room for ``nbytes`` more."""
+        t = self.current
+        if t is None or t.name != name:
+            raise RuntimeError(f"{self.path}: expected data for {t.name if t else 'nothing'}, got {name}")
+        if self._written + nbytes > t.nbytes:
+            raise RuntimeError(f"{name}: more data than its shape {t.shape}")
+        return t
+
+    def _tensor_done(self, nbytes: int) -> None:
+        self._written += nbytes
+        if self._written == self.current.nbytes:
             self._index += 1
             self._written = 0
 
     def copy_from(self, name: str, path: Path, offset: int, nbytes: int) -> None:
         """Append the next ``nbytes`` of tensor ``name`` straight from ``path`` at ``offset``: a tensor stored
         unchanged is copied by the kernel (``copy_file_range``) and never passes through this process."""
-        t = self.current
-        if t is None or t.name != name:
-            raise RuntimeError(f"{self.path}: expected data for {t.name if t else 'nothing'}, got {name}")
-        if self._written + nbytes > t.nbytes:
-            raise RuntimeError(f"{name}: more data than its shape {t.shape}")
+        self._expect(name, nbytes)
         done = 0
         try:
             self._file.flush()
@@ -311,10 +315,7 @@ class StreamingShardWriter:
             raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
         self.size += nbytes
         self._hash.advance(self.size)
-        self._written += nbytes
-        if self._written == t.nbytes:
-            self._index += 1
-            self._written = 0
+        self._tensor_done(nbytes)
 
     def _copy_by_reading(self, src: int, offset: int, nbytes: int) -> int:
         """The fallback where the kernel cannot copy between these files (e.g. across filesystems)."""
