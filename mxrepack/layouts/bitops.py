@@ -27,13 +27,8 @@ BLOCK_BYTES = 384 << 10  # per block of rows: the block and its temporaries stay
 
 def delta_swap(x: np.ndarray, t: np.ndarray, shift: int, mask: int) -> None:
     """In place on uint64 words: swap the bits of ``mask`` with those ``shift`` places above them.
-    ``t`` is scratch of ``x``'s shape."""
-    np.right_shift(x, np.uint64(shift), out=t)
-    t ^= x
-    t &= np.uint64(mask)
-    x ^= t
-    t <<= np.uint64(shift)
-    x ^= t
+    ``t`` is scratch of ``x``'s shape. (The pair swap of ``x`` with itself.)"""
+    delta_swap_pair(x, x, t, shift, mask)
 
 
 def delta_swap_pair(a: np.ndarray, b: np.ndarray, t: np.ndarray, shift: int, mask: int) -> None:
