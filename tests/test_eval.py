@@ -57,11 +57,28 @@ def test_triton_fast_path_matches_reference(tiny, tmp_path):
     from mxrepack.repack.pipeline import repack
 
     out = repack(str(tiny), "sm121", tmp_path / "sm121").out
-    ids = torch.randint(0, 512, (6,))
-    ref = load_runner(out).forward(ids)
-    fast = load_runner(out, use_kernels=True).forward(ids)  # Triton interpreter in CI
-    # bf16 activations into the kernels vs the fp32 reference: ~1e-2 relative
-    assert (fast - ref).norm() / ref.norm() < 3e-2
+    ref, fast = load_runner(out), load_runner(out, use_kernels=True)  # Triton interpreter in CI
+    ids = torch.tensor([172, 47, 117, 192, 323, 251])
+    inputs: dict = {}
+    want = ref.forward(ids, hidden=inputs)
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
+    # The kernels op by op on identical inputs. End to end, a bf16 rounding upstream can flip the
+    # router between two near-tied experts (seen: logits -0.0335 vs -0.0337) and give one token a
+    # different expert set; on the same input both paths route alike and only kernel error remains.
+    linears = [w for w in inputs if w in fast.mx]
+    assert "lm_head.weight" in linears and len(linears) > 4
+    for w in linears:
+        for x in inputs[w]:
+            assert rel(fast.linear(x, w[:-len(".weight")]), ref.linear(x, w[:-len(".weight")])) < 2e-2, w
+    for layer in range(ref.d.layers):
+        h = inputs[f"model.layers.{layer}.mlp.router.weight"][0]
+        assert rel(fast.moe(layer, h), ref.moe(layer, h)) < 2e-2, layer
+    # bf16 activations into the kernels vs the fp32 reference: ~1e-2 relative (these tokens' router
+    # margins are wide; the op-by-op checks above do not depend on that)
+    assert rel(fast.forward(ids), want) < 3e-2
 
 
 def test_gpqa_sampling_prompt_and_grading_follow_gpt_oss_evals():
