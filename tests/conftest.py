@@ -13,6 +13,20 @@ if not GOLDEN.is_dir():  # CI clones the project with shared/ beside it; allow a
     GOLDEN = Path(os.environ.get("MXREPACK_GOLDEN", GOLDEN))
 
 
+@pytest.fixture(autouse=True)
+def _same_random_numbers_in_every_run():
+    """Each test draws the same random numbers however many tests ran or were skipped before it
+    (CI with ../shared and a checkout without it run different test sets)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
 @pytest.fixture(scope="session")
 def golden():
     from safetensors.torch import load_file

@@ -46,11 +46,13 @@ def test_runner_on_quantized_dense_target_is_close(tiny, tmp_path):
     out = repack(str(tiny), "sm121", tmp_path / "sm121").out
     w = load_weights(out)
     assert "lm_head.weight" in w.mx and w.mx["lm_head.weight"][0] == "mxfp4"
-    ids = torch.randint(0, 512, (12,))
+    ids = torch.randint(0, 512, (12,), generator=torch.Generator().manual_seed(0))
     a, b = load_runner(tiny).forward(ids), load_runner(out).forward(ids)
     # Random weights: each of the 9 MXFP4 matrices on the path adds ~11% relative error and they
-    # compound (measured ~0.45); the trained model's KL test below is the meaningful accuracy check.
-    assert not torch.equal(a, b) and (a - b).norm() / a.norm() < 0.7
+    # compound, and near-tied routers flip (over 200 random prompts: median 0.40, max 0.70); a
+    # scrambled layout would be uncorrelated (~1.4). The trained model's KL test below is the
+    # meaningful accuracy check.
+    assert not torch.equal(a, b) and (a - b).norm() / a.norm() < 0.9
 
 
 def test_triton_fast_path_matches_reference(tiny, tmp_path):
