@@ -207,9 +207,11 @@ def gemv(rows: list, bw: float) -> None:
     tail), then a config sweep on lm_head, o and qkv at M = 1, and GEMV vs tensor-core tile at M = 1..16."""
     for N, K in ((37, 160), (201088, 2880)):
         w, ws = rand_mx(N, K)
-        x = torch.randn(3, K, device=DEV).to(torch.bfloat16)
+        # activations with outliers and a wide range, which the f16x2 path's per-group scaling must keep
+        x = (torch.randn(3, K, device=DEV) * torch.where(torch.rand(K, device=DEV) < 0.01, 100.0, 1.0)
+             * torch.exp2(torch.randint(-10, 4, (K,), device=DEV).float())).to(torch.bfloat16)
         ref = x.float() @ deq(w, ws).T
-        for dec in ("ops", "asm"):
+        for dec in ("ops", "asm", "f16x2"):
             y = gemv_mxfp4(x, w, ws, None, torch.empty(3, N, device=DEV, dtype=torch.bfloat16), GemvConfig(64, 256, 4, 3, dec))
             err = float((y.float() - ref).norm() / ref.norm())
             rows.append({"kind": "gemv_check", "N": N, "K": K, "decode": dec, "rel_err": err})
@@ -223,11 +225,11 @@ def gemv(rows: list, bw: float) -> None:
         ms_cublas = bench_decode(lambda: x1 @ nxt_b().T)
         best = None
         wide = name == "lm_head"
-        grid = itertools.product((32, 64, 128) if wide else (4, 8, 16), (128, 256) if wide else (256, 512),
-                                 (4, 8) if wide else (2, 4), ("asm", "ops"))
+        grid = itertools.product((8, 16, 32, 64, 128) if wide else (4, 8, 16), (128, 256, 512, 1024) if wide else (256, 512),
+                                 (4, 8) if wide else (2, 4), ("asm", "f16x2", "ops"))
         for bn, bk, warps, dec in grid:
-            if dec == "ops" and not wide:
-                continue  # the portable decode once per tile shape, on lm_head
+            if dec == "ops" and (not wide or (bn, bk, warps) != (64, 128, 4)):
+                continue  # the portable decode once, on lm_head
             cfg = GemvConfig(bn, bk, warps, 1, dec)
             try:
                 ms = bench_decode(lambda: linear_mxfp4(x1, *nxt(), None, "w4a16", cfg), rep=50)

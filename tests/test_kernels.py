@@ -13,6 +13,7 @@ element a kernel fails to write shows up as NaN. Error bounds, relative Frobeniu
   the activations themselves, twice); a layout or indexing bug gives O(1).
 """
 
+import itertools
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 import torch
 
 from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequantize_mxfp4_rows
-from mxrepack.kernels.gemv_mxfp4 import GemvConfig
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import (CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,
                                            use_gemv)
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, moe_schedule
@@ -87,23 +88,27 @@ def test_linear_without_bias_and_config_choice():
 
 @pytest.mark.parametrize("N,K", [(80, 288), (37, 96), (16, 512)])
 def test_gemv_matches_reference(N, K):
-    """The decode GEMV (portable decode under the interpreter): full K tiles, a masked partial tile
-    (288 = 2 x 128 + 32; 96 < 128) and none (512), N not a multiple of the rows per program, every code
-    and the E8M0 extremes 0 (2^-127) and 254."""
+    """The decode GEMVs, fp32 and f16x2 math (their portable twins under the interpreter): full K tiles, a
+    masked partial tile (288 = 2 x 128 + 32; 96 < 128) and none (512), N not a multiple of the rows per
+    program, every code, the E8M0 extremes 0 (2^-127) and 254, and activation groups that are tiny, large
+    or all zero (the f16x2 path rescales each group of 32 into fp16's range)."""
     w, ws = quantize_mxfp4(torch.randn(N, K) * 0.05)
     w[0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) + torch.arange(8, dtype=torch.uint8)  # all 16 codes
     ws[1, 0], ws[2, 1] = 0, 254
     w[2, 16:32] = 0x11  # 0.5 * 2^127 stays finite
     x = torch.randn(3, K).to(torch.bfloat16)
     x[:, 32:64] *= 2.0 ** -100  # meets scale 254 in row 2 without overflowing fp32
+    x[0, :32] *= 3000.0  # past fp16's range before the group's rescale
+    x[1, -32:] = 0.0
     bias = torch.randn(N).to(torch.bfloat16)
     ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
-    for M in (1, 2, 3):
+    for M, decode in itertools.product((1, 2, 3), ("ops", "f16x2-ops")):
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-        y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", GemvConfig(16, 128, 4, 1, "ops"), out=out)
+        y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", GemvConfig(16, 128, 4, 1, decode), out=out)
         assert y is out and not torch.isnan(y).any()
-        assert rel(y, ref[:M]) <= 1e-2, (M, rel(y, ref[:M]))
+        assert rel(y, ref[:M]) <= 1e-2, (M, decode, rel(y, ref[:M]))
         assert rel(linear_mxfp4(x[:M], w, ws, bias), ref[:M]) <= 1e-2  # shape-chosen path, whichever it is
+    assert pick_gemv_config(201088, cuda=False).decode == "f16x2-ops" and pick_gemv_config(5120).decode == "asm"
     assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(4, 2880)
     with pytest.raises(ValueError, match="W4A16 only"):
         linear_mxfp4(x[:1], w, ws, None, "w4a8", GemvConfig())
@@ -197,7 +202,8 @@ def test_kernels_check_builds_for_sm12x_without_tma():
     records = json.loads(proc.stdout)
     assert {r["arch"] for r in records} == {"sm_90a", "sm_100a", "sm_120a", "sm_121a"}
     assert {r["kernel"] for r in records} == {"linear_mxfp4", "moe_gate_up_swiglu", "moe_down_combine", "gemv_mxfp4",
-                                              "gemv_moe_gate_up", "gemv_moe_down", "dequant_mxfp4"}
+                                              "gemv_mxfp4_f16x2", "gemv_prepare_x", "gemv_moe_gate_up", "gemv_moe_down",
+                                              "dequant_mxfp4"}
     for r in records:
         assert r["ok"] and not r["tma"], r
         cuda_cores = r["kernel"].startswith("gemv_") or r["kernel"] == "dequant_mxfp4"

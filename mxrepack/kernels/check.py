@@ -66,6 +66,15 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
 
 
 def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
+    if cfg.decode.startswith("f16x2"):
+        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": "asm" if cfg.decode == "f16x2" else "ops"}
+        dense = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16",
+                 "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_pm": "i32", "stride_em": "i32", "stride_wn": "i32",
+                 "stride_wsn": "i32", "stride_ym": "i32", "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}
+        prep = {"x_ptr": "*bf16", "xp_ptr": "*i32", "xe_ptr": "*fp32", "K": "i32", "stride_xm": "i32",
+                "stride_pm": "i32", "stride_em": "i32", "GB": "constexpr"}
+        return {"gemv_mxfp4_f16x2": ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const}),
+                "gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep, {"GB": gemv.PREPARE_GROUPS})}
     const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
     dense = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32",
              "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_ym": "i32",

@@ -15,6 +15,11 @@ is exact and the 2^14 is applied once per output. ``DECODE="asm"`` (CUDA only) d
 time on the two halves of a 32-bit word, ``(q & 0x80008000) | ((q & 0x70007000) >> 3)`` for the codes
 in the top nibble of each half, about 2 integer instructions per code instead of 4-5; ``"ops"`` is the
 same arithmetic in portable Triton (and runs under the interpreter).
+``DECODE="f16x2"`` (wide layers: lm_head) does the math in packed fp16 instead: a small kernel first puts the
+activations in fp16 pairs in the decode's order, each group of 32 rescaled by a power of two into fp16's
+range; then eleven PTX instructions decode a word's eight codes into four fp16 pairs and four
+``fma.rn.f16x2`` multiply and add them, with no widening: about 1.9 instructions per code instead of 3.5.
+``"f16x2-ops"`` is its portable twin. See the section below for the numerics.
 The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 """
 
@@ -37,10 +42,20 @@ class GemvConfig:
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 3
-    decode: str = "ops"  # "ops" (portable Triton integer ops) or "asm" (PTX; CUDA only)
+    # "ops" / "asm": fp32 math on bf16 activations, decoded by portable Triton integer ops or by PTX (CUDA
+    # only); "f16x2" / "f16x2-ops": packed fp16 math on prepared activations, PTX or its portable twin
+    decode: str = "ops"
+    maxnreg: int = 0  # registers per thread for ptxas (0: its choice); fewer -> more warps in flight
 
     def name(self) -> str:
-        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{self.decode}"
+        regs = f"r{self.maxnreg}" if self.maxnreg else ""
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{regs}{self.decode}"
+
+    def launch_options(self) -> dict:
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
 
 @triton.jit
@@ -163,15 +178,216 @@ def _gemv_mxfp4_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_xm, stri
     tl.store(y_ptr + m * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-# Best of a sweep at M = 1 on H100 (benchmarks/gpu_check.py, docs/PERF.md): wide layers (lm_head) take 64
-# rows x 128 k per program; narrow ones (q/k/v/o) 8 rows x 512 k, so that they still fill the GPU.
-WIDE = GemvConfig(64, 128, 4, 1, "asm")
+# -- f16x2 math on prepared activations ------------------------------------------------------------
+# The fp32 path above spends per code ~1.5 decode instructions, one fp16 -> fp32 widening and one FFMA.
+# Here the decoded fp16 pair itself is the operand of a packed ``fma.rn.f16x2`` (two codes per
+# instruction, no widening), which needs the activations as fp16 pairs in the decode's order and in a
+# range where fp16 keeps their precision. A small kernel prepares them once per row: each group of 32 is
+# scaled by 2^(14 - e), e = the exponent of its largest magnitude, so that the largest is in [2^14, 2^15),
+# products of it with value * 2^-14 stay below 12 and a group's sum below 400; the 2^e comes back with the
+# weight's scale. fp16 accumulation over one group (16 pairs, two chains) adds ~6e-4 relative error, a
+# third of the bf16 output rounding (simulated over normal, outlier-heavy and wide-range activations).
+
+
+@triton.jit
+def _prepare_x_kernel(x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr):
+    """x [M, K] bf16 -> xp [M, K/2] int32 fp16 pairs in decode order, xe [M, K/32] fp32 = 2^e per group."""
+    m = tl.program_id(0)
+    g = tl.program_id(1) * GB + tl.arange(0, GB)
+    g_ok = g < K // 32
+    x_row = x_ptr + m * stride_xm
+    xv = tl.load(x_row + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+    eb = tl.max(tl.abs(xv), axis=1).to(tl.int32, bitcast=True) >> 23  # biased exponent of the group's max
+    eb = tl.maximum(eb, 14)  # an all-zero (or all below 2^-113) group: any factor in range will do
+    tl.store(xe_ptr + m * stride_em + g, (eb << 23).to(tl.float32, bitcast=True), mask=g_ok)
+    factor = ((268 - eb) << 23).to(tl.float32, bitcast=True)[:, None]  # 2^(14 - e), e = eb - 127
+    # word w of a group holds codes 8w..8w+7 (code j at bits 4j..4j+3); its pair p is codes (3 - p, 7 - p),
+    # stored at 4p + w so that a thread loads pair p of its group's four words as one 16-byte vector
+    o = tl.arange(0, 16)
+    lo_k = g[:, None] * 32 + (o % 4 * 8 + 3 - o // 4)[None, :]
+    lo = tl.load(x_row + lo_k, mask=g_ok[:, None], other=0.0).to(tl.float32) * factor
+    hi = tl.load(x_row + lo_k + 4, mask=g_ok[:, None], other=0.0).to(tl.float32) * factor
+    lo_bits = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi_bits = hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    tl.store(xp_ptr + m * stride_pm + g[:, None] * 16 + o[None, :], (hi_bits << 16) | lo_bits, mask=g_ok[:, None])
+
+
+PREPARE_GROUPS = 16  # groups of 32 activations per program of the preparing kernel
+
+
+def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` bf16 -> (fp16 pairs ``[M, K/2]`` int32, group factors ``[M, K/32]`` fp32) for the f16x2 GEMV."""
+    M, K = x.shape
+    xp = torch.empty(M, K // 2, dtype=torch.int32, device=x.device)
+    xe = torch.empty(M, K // 32, dtype=torch.float32, device=x.device)
+    _prepare_x_kernel[(M, triton.cdiv(K // 32, PREPARE_GROUPS))](x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0),
+                                                                 GB=PREPARE_GROUPS)
+    return xp, xe
+
+
+def _group_dot_f16x2_asm_text() -> str:
+    """PTX for one group: words $1..$4 (eight codes each), activation pairs $5..$20 (word-major, pair p of a
+    word = its codes 3 - p and 7 - p, lo and hi half) -> $0, the fp32 sum of the 32 products.
+
+    A word decodes in 11 instructions, not 4 x 3 + 3: codes 3 and 1 of each half are built together in
+    place (sign where it is, the three exponent/mantissa bits moved down 3 and masked), then codes 3 are
+    masked out and codes 1 are moved up a byte by one ``prmt`` that also zeroes the rest; codes 2 and 0
+    the same after a shift of 4."""
+    lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a, b;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
+    for word in range(4):
+        acc = "ab"[word % 2]  # two chains: words 0, 2 and words 1, 3
+        lines += [f"mov.b32 q, ${1 + word};",
+                  "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
+                  "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
+                  "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
+                  "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;"]
+        for pair in range(4):
+            x = f"${5 + 4 * word + pair}"
+            lines.append(f"mul.rn.f16x2 {acc}, p{pair}, {x};" if word < 2 and pair == 0
+                         else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};")
+    lines += ["add.rn.f16x2 a, a, b;", "mov.b32 {lo, hi}, a;", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;",
+              "add.f32 $0, f0, f1;", "}"]
+    return "\n".join(lines)
+
+
+GROUP_DOT_F16X2 = tl.constexpr(_group_dot_f16x2_asm_text())
+
+
+@triton.jit
+def _split4(v, A: tl.constexpr, B: tl.constexpr):
+    """v [A, B, 4] -> four [A, B] tensors, v[..., j] in order of j (register moves: one thread holds all 4)."""
+    even, odd = tl.split(tl.reshape(v, (A, B, 2, 2)))  # j = 2i + bit: even = j 0, 2; odd = j 1, 3
+    v0, v2 = tl.split(even)
+    v1, v3 = tl.split(odd)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _fp16_half(v, HI: tl.constexpr):
+    if HI:
+        v = v >> 16
+    return v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
+    """[BLOCK_N, G] fp32: each group's 32 codes (``w`` [BLOCK_N, G, 4] words) times its activation pairs
+    (``xq``: four [1, G, 4] tensors, pair p of words 0..3), unscaled."""
+    ws = _split4(w, BLOCK_N, G)
+    x0, x1, x2, x3 = _split4(xq[0], 1, G)
+    y0, y1, y2, y3 = _split4(xq[1], 1, G)
+    z0, z1, z2, z3 = _split4(xq[2], 1, G)
+    u0, u1, u2, u3 = _split4(xq[3], 1, G)
+    xs = (x0, y0, z0, u0, x1, y1, z1, u1, x2, y2, z2, u2, x3, y3, z3, u3)  # word-major
+    if MATH == "asm":
+        b = ()
+        for i in tl.static_range(16):
+            b = b + (tl.broadcast_to(xs[i], (BLOCK_N, G)),)
+        return tl.inline_asm_elementwise(
+            asm=GROUP_DOT_F16X2, constraints="=r" + ",r" * 20,
+            args=[ws[0], ws[1], ws[2], ws[3], b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                  b[12], b[13], b[14], b[15]],
+            dtype=tl.float32, is_pure=True, pack=1)
+    # the same sum in portable Triton (fp32 math; runs under the interpreter)
+    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    for word in tl.static_range(4):
+        vs = _decode_ops(ws[word])
+        for pair in tl.static_range(4):
+            xw = xs[4 * word + pair]
+            acc += vs[3 - pair] * _fp16_half(xw, False) + vs[7 - pair] * _fp16_half(xw, True)
+    return acc
+
+
+@triton.jit
+def _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
+    """acc[n, g] += scale[n, g] * 2^e[g] * (W[n, group g] . x'[group g]) for the G groups of one K tile."""
+    s = s.to(tl.int32)
+    scale = tl.where(s == 0, TWO_POW_M127, (s << 23).to(tl.float32, bitcast=True))
+    return acc + _group_dot(w, xq, BLOCK_N, G, MATH) * (scale * xe)
+
+
+@triton.jit
+def _load_pairs(p_ptrs, g_ok, MASKED: tl.constexpr):
+    xq = ()
+    for pair in tl.static_range(4):
+        if MASKED:
+            xq = xq + (tl.load(p_ptrs + 4 * pair, mask=g_ok[None, :, None], other=0),)
+        else:
+            xq = xq + (tl.load(p_ptrs + 4 * pair),)
+    return xq
+
+
+@triton.jit
+def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr):
+    """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows`, from one row of prepared activations (xp, xe)."""
+    G: tl.constexpr = BLOCK_K // 32
+    rg = tl.arange(0, G)
+    row_words = tl.multiple_of(rn * (stride_wn // 4), 4)
+    w_ptrs = (w_ptr.to(tl.pointer_type(tl.int32)) + row_words[:, None, None] + rg[None, :, None] * 4
+              + tl.arange(0, 4)[None, None, :])
+    # The scales and group factors are one value per (row, group): read them as the thread that holds the
+    # group's words needs them. Seen contiguous, Triton would load them two or four to a thread and move
+    # every group's sum through shared memory with a barrier, each K step; an index it cannot see through
+    # (xor with a zero it cannot prove) keeps them one to a thread, in the words' distribution.
+    rg_1 = rg ^ (tl.program_id(0) >> 31)
+    s_ptrs = ws_ptr + rn[:, None] * stride_wsn + rg_1[None, :]
+    p_ptrs = xp_ptr + rg[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]  # + 4p: pair p of words 0..3
+    e_ptrs = xe_ptr + rg_1[None, :]
+    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    k_full = K - K % BLOCK_K
+    if k_full > 0:
+        w, s, xq, xe = tl.load(w_ptrs), tl.load(s_ptrs), _load_pairs(p_ptrs, rg, False), tl.load(e_ptrs)
+        for _ in range(BLOCK_K, k_full, BLOCK_K):
+            w_ptrs += BLOCK_K // 8
+            s_ptrs += G
+            p_ptrs += BLOCK_K // 2
+            e_ptrs += G
+            w_next, s_next, xe_next = tl.load(w_ptrs), tl.load(s_ptrs), tl.load(e_ptrs)
+            xq_next = _load_pairs(p_ptrs, rg, False)
+            acc = _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N, G, MATH)
+            w, s, xq, xe = w_next, s_next, xq_next, xe_next
+        acc = _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N, G, MATH)
+        w_ptrs += BLOCK_K // 8
+        s_ptrs += G
+        p_ptrs += BLOCK_K // 2
+        e_ptrs += G
+    if k_full < K:
+        g_ok = rg < (K - k_full) // 32
+        w = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
+        s = tl.load(s_ptrs, mask=g_ok[None, :], other=127)
+        xe = tl.load(e_ptrs, mask=g_ok[None, :], other=0.0)
+        acc = _accumulate_f16x2(acc, w, s, _load_pairs(p_ptrs, g_ok, True), xe, BLOCK_N, G, MATH)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_pm, stride_em, stride_wn, stride_wsn,
+                       stride_ym, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       MATH: tl.constexpr):
+    m = tl.program_id(0)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    rn_load = tl.minimum(rn, N - 1)
+    y = gemv_rows_f16x2(xp_ptr + m * stride_pm, xe_ptr + m * stride_em, w_ptr, ws_ptr, rn_load, K, stride_wn,
+                        stride_wsn, BLOCK_N, BLOCK_K, MATH)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+# Best of sweeps at M = 1 on H100 (benchmarks/gpu_check.py, benchmarks/gemv_f16x2_sweep.py, docs/PERF.md):
+# wide layers (lm_head) take the f16x2 path in small programs, 8 rows x 256 k and 2 warps (many programs
+# in flight hide the weights' latency better than fewer, larger ones); narrow ones (q/k/v/o: 5-8 us) the
+# fp32 path, 8 rows x 512 k, which needs no activation-preparing launch.
+WIDE = GemvConfig(8, 256, 2, 1, "f16x2")
 NARROW = GemvConfig(8, 512, 4, 1, "asm")
+PORTABLE = {"asm": "ops", "f16x2": "f16x2-ops"}  # the same kernel without PTX, for the interpreter and CPU
 
 
 def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True) -> GemvConfig:
-    cfg = WIDE if triton.cdiv(N, WIDE.block_n) >= 4 * sm_count else NARROW
-    return cfg if cuda else dataclasses.replace(cfg, decode="ops")
+    cfg = WIDE if N >= 256 * sm_count else NARROW
+    return cfg if cuda else dataclasses.replace(cfg, decode=PORTABLE.get(cfg.decode, cfg.decode))
 
 
 def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None,
@@ -186,11 +402,18 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
         w_packed = w_packed.clone()  # contiguous() keeps a misaligned storage offset; a copy does not
     cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda")
     x = x.contiguous()
+    if cfg.decode in ("f16x2", "f16x2-ops"):
+        xp, xe = prepare_x(x)
+        _gemv_f16x2_kernel[(M, triton.cdiv(N, cfg.block_n))](
+            xp, xe, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K, xp.stride(0), xe.stride(0),
+            w_packed.stride(0), w_scales.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, MATH="asm" if cfg.decode == "f16x2" else "ops", **cfg.launch_options())
+        return out
     grid = (M, triton.cdiv(N, cfg.block_n))
     _gemv_mxfp4_kernel[grid](x, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K,
                              x.stride(0), w_packed.stride(0), w_scales.stride(0), out.stride(0),
                              HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode,
-                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                             **cfg.launch_options())
     return out
 
 

@@ -229,12 +229,12 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
     _gate_up_gemv_kernel[(T * k, Ip // cfg.block_n)](
         x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        **cfg.launch_options())
     y = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
     _down_gemv_kernel[(T * k, Hp // cfg.block_n)](
         h, w2, s2, b2, y, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip, h.stride(0),
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode, **cfg.launch_options())
     return y
 
 

@@ -1,0 +1,46 @@
+"""lm_head (201088 x 2880) decode at M = 1: the f16x2 GEMV around its best tile, with register caps
+(more warps in flight), against the fp32-math GEMV and cuBLAS BF16; CUDA-graph timed, weights rotating.
+Usage: python benchmarks/gemv_f16x2_sweep.py [OUT.json]"""
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import DEV, bench_decode, copy_roofline, rand_mx, rotating  # noqa: E402
+
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4  # noqa: E402
+
+
+def main() -> None:
+    N, K = 201088, 2880
+    bw = copy_roofline()
+    wbytes = N * K // 2 + N * K // 32
+    nxt = rotating(lambda: rand_mx(N, K), wbytes)
+    nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
+    x = torch.randn(1, K, device=DEV).to(torch.bfloat16)
+    out = torch.empty(1, N, device=DEV, dtype=torch.bfloat16)
+    ms_cublas = bench_decode(lambda: x @ nxt_b().T)
+    rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "cublas_bf16_ms": ms_cublas}]
+    configs = [GemvConfig(64, 128, 4, 1, "asm")]
+    configs += [GemvConfig(bn, bk, w, 1, "f16x2", r) for bn, bk, w, r in
+                itertools.product((8, 16, 32), (128, 256), (2, 4, 8), (0, 64, 48, 40))]
+    for cfg in configs:
+        try:
+            ms = bench_decode(lambda: gemv_mxfp4(x, *nxt(), None, out, cfg), rep=50)
+        except Exception as e:  # out of resources, a cap ptxas refuses
+            print(f"{cfg.name()}: {type(e).__name__}", flush=True)
+            continue
+        rows.append({"config": cfg.name(), "ms": ms, "vs_cublas": ms_cublas / ms, "roofline_frac": wbytes / (ms * 1e-3) / bw})
+    for r in sorted(rows[1:], key=lambda r: r["ms"])[:15]:
+        print(f"{r['config']:28s} {r['ms']:.4f} ms  x{r['vs_cublas']:.2f} cuBLAS  {100 * r['roofline_frac']:.0f}% roofline", flush=True)
+    print(f"cuBLAS BF16 {ms_cublas:.4f} ms, copy {bw / 1e12:.2f} TB/s")
+    if len(sys.argv) > 1:
+        json.dump(rows, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
