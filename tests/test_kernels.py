@@ -86,7 +86,7 @@ def test_linear_without_bias_and_config_choice():
         linear_mxfp4(x, w[:, :10], ws)
 
 
-@pytest.mark.parametrize("N,K", [(80, 288), (37, 96), (16, 512)])
+@pytest.mark.parametrize("N,K", [(80, 288), (37, 96), (16, 512), (9, 160)])
 def test_gemv_matches_reference(N, K):
     """The decode GEMVs, fp32 and f16x2 math (their portable twins under the interpreter): full K tiles, a
     masked partial tile (288 = 2 x 128 + 32; 96 < 128) and none (512), N not a multiple of the rows per
@@ -102,11 +102,13 @@ def test_gemv_matches_reference(N, K):
     x[1, -32:] = 0.0
     bias = torch.randn(N).to(torch.bfloat16)
     ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
-    for M, decode in itertools.product((1, 2, 3), ("ops", "f16x2-ops")):
+    configs = (GemvConfig(16, 128, 4, 1, "ops"), GemvConfig(16, 128, 4, 1, "f16x2-ops"),
+               GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2))  # 0, 2 and 4 full tiles: each branch
+    for M, cfg in itertools.product((1, 2, 3), configs):
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-        y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", GemvConfig(16, 128, 4, 1, decode), out=out)
+        y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", cfg, out=out)
         assert y is out and not torch.isnan(y).any()
-        assert rel(y, ref[:M]) <= 1e-2, (M, decode, rel(y, ref[:M]))
+        assert rel(y, ref[:M]) <= 1e-2, (M, cfg, rel(y, ref[:M]))
         assert rel(linear_mxfp4(x[:M], w, ws, bias), ref[:M]) <= 1e-2  # shape-chosen path, whichever it is
     assert pick_gemv_config(201088, cuda=False).decode == "f16x2-ops" and pick_gemv_config(5120).decode == "asm"
     assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(4, 2880)

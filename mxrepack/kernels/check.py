@@ -67,7 +67,8 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
 
 def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     if cfg.decode.startswith("f16x2"):
-        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": "asm" if cfg.decode == "f16x2" else "ops"}
+        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": "asm" if cfg.decode == "f16x2" else "ops",
+                 "PREFETCH": cfg.prefetch}
         dense = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16",
                  "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_pm": "i32", "stride_em": "i32", "stride_wn": "i32",
                  "stride_wsn": "i32", "stride_ym": "i32", "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}

@@ -46,10 +46,12 @@ class GemvConfig:
     # only); "f16x2" / "f16x2-ops": packed fp16 math on prepared activations, PTX or its portable twin
     decode: str = "ops"
     maxnreg: int = 0  # registers per thread for ptxas (0: its choice); fewer -> more warps in flight
+    prefetch: int = 1  # f16x2 path: K tiles of weights loaded ahead of the one being multiplied (1 or 2)
 
     def name(self) -> str:
         regs = f"r{self.maxnreg}" if self.maxnreg else ""
-        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{regs}{self.decode}"
+        ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{regs}{ahead}{self.decode}"
 
     def launch_options(self) -> dict:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -318,8 +320,14 @@ def _load_pairs(p_ptrs, g_ok, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _tile_f16x2(acc, w, s, p_ptrs, e_ptrs, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
+    """One full K tile whose weights and scales are loaded: its activations are loaded here."""
+    return _accumulate_f16x2(acc, w, s, _load_pairs(p_ptrs, 0, False), tl.load(e_ptrs), BLOCK_N, G, MATH)
+
+
+@triton.jit
 def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr):
     """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows`, from one row of prepared activations (xp, xe)."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
@@ -335,42 +343,49 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     p_ptrs = xp_ptr + rg[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]  # + 4p: pair p of words 0..3
     e_ptrs = xe_ptr + rg_1[None, :]
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    k_full = K - K % BLOCK_K
-    if k_full > 0:
-        w, s, xq, xe = tl.load(w_ptrs), tl.load(s_ptrs), _load_pairs(p_ptrs, rg, False), tl.load(e_ptrs)
-        for _ in range(BLOCK_K, k_full, BLOCK_K):
-            w_ptrs += BLOCK_K // 8
-            s_ptrs += G
-            p_ptrs += BLOCK_K // 2
-            e_ptrs += G
-            w_next, s_next, xe_next = tl.load(w_ptrs), tl.load(s_ptrs), tl.load(e_ptrs)
-            xq_next = _load_pairs(p_ptrs, rg, False)
-            acc = _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N, G, MATH)
-            w, s, xq, xe = w_next, s_next, xq_next, xe_next
-        acc = _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N, G, MATH)
-        w_ptrs += BLOCK_K // 8
-        s_ptrs += G
-        p_ptrs += BLOCK_K // 2
-        e_ptrs += G
-    if k_full < K:
+    n_full = K // BLOCK_K
+    W_STEP: tl.constexpr = BLOCK_K // 8
+    X_STEP: tl.constexpr = BLOCK_K // 2
+    # The weights and scales of the next PREFETCH tiles are in flight while a tile is multiplied (the
+    # activations come from L1/L2 and are loaded when used): at M = 1 the kernel is bound by how many
+    # weight bytes are in flight per SM, not by its instructions.
+    if PREFETCH == 2 and n_full >= 2:
+        wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
+        wb, sb = tl.load(w_ptrs + W_STEP), tl.load(s_ptrs + G)
+        for t in range(2, n_full):
+            wc, sc = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
+            acc = _tile_f16x2(acc, wa, sa, p_ptrs + (t - 2) * X_STEP, e_ptrs + (t - 2) * G, BLOCK_N, G, MATH)
+            wa, sa, wb, sb = wb, sb, wc, sc
+        acc = _tile_f16x2(acc, wa, sa, p_ptrs + (n_full - 2) * X_STEP, e_ptrs + (n_full - 2) * G, BLOCK_N, G, MATH)
+        acc = _tile_f16x2(acc, wb, sb, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
+    elif n_full > 0:
+        wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
+        for t in range(1, n_full):
+            wb, sb = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
+            acc = _tile_f16x2(acc, wa, sa, p_ptrs + (t - 1) * X_STEP, e_ptrs + (t - 1) * G, BLOCK_N, G, MATH)
+            wa, sa = wb, sb
+        acc = _tile_f16x2(acc, wa, sa, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
+    k_full = n_full * BLOCK_K
+    if k_full < K:  # a partial last tile: mask whole groups
         g_ok = rg < (K - k_full) // 32
-        w = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
-        s = tl.load(s_ptrs, mask=g_ok[None, :], other=127)
-        xe = tl.load(e_ptrs, mask=g_ok[None, :], other=0.0)
-        acc = _accumulate_f16x2(acc, w, s, _load_pairs(p_ptrs, g_ok, True), xe, BLOCK_N, G, MATH)
+        w = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)
+        s = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
+        xe = tl.load(e_ptrs + n_full * G, mask=g_ok[None, :], other=0.0)
+        xq = _load_pairs(p_ptrs + n_full * X_STEP, g_ok, True)
+        acc = _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N, G, MATH)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
 def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_pm, stride_em, stride_wn, stride_wsn,
                        stride_ym, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       MATH: tl.constexpr):
+                       MATH: tl.constexpr, PREFETCH: tl.constexpr):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     rn_load = tl.minimum(rn, N - 1)
     y = gemv_rows_f16x2(xp_ptr + m * stride_pm, xe_ptr + m * stride_em, w_ptr, ws_ptr, rn_load, K, stride_wn,
-                        stride_wsn, BLOCK_N, BLOCK_K, MATH)
+                        stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH)
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + m * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
@@ -407,7 +422,8 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
         _gemv_f16x2_kernel[(M, triton.cdiv(N, cfg.block_n))](
             xp, xe, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K, xp.stride(0), xe.stride(0),
             w_packed.stride(0), w_scales.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, MATH="asm" if cfg.decode == "f16x2" else "ops", **cfg.launch_options())
+            BLOCK_K=cfg.block_k, MATH="asm" if cfg.decode == "f16x2" else "ops", PREFETCH=cfg.prefetch,
+            **cfg.launch_options())
         return out
     grid = (M, triton.cdiv(N, cfg.block_n))
     _gemv_mxfp4_kernel[grid](x, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K,
