@@ -254,9 +254,8 @@ def gemv(rows: list, bw: float) -> None:
             print(f"gemv {name} M={M:2d}: gemv {ms_g:.4f} ms  tile {ms_t:.4f} ms  cuBLAS {ms_c:.4f} ms", flush=True)
 
 
-def moe(rows: list, bw: float, quick: bool) -> None:
-    E, H, I, k = 128, 2880, 2880, 4
-    Hp, Ip = 2944, 2944
+def moe_weights(E: int = 128, H: int = 2880, I: int = 2880, Hp: int = 2944, Ip: int = 2944) -> dict:
+    """A random 120b-shaped MoE layer in the strided layout, padding zeroed as the layout does."""
     w13, s13 = rand_mx(E, 2 * Ip, Hp)
     w2, s2 = rand_mx(E, Hp, Ip)
     # zero the padding as the strided layout does (rows I..Ip of each half, columns H..Hp)
@@ -270,7 +269,31 @@ def moe(rows: list, bw: float, quick: bool) -> None:
     b13.view(E, 2, Ip)[:, :, I:] = 0
     b2 = torch.randn(E, Hp, device=DEV) * 0.1
     b2[:, H:] = 0
-    W = {"w13_weight": w13, "w13_weight_scale": s13, "w13_bias": b13, "w2_weight": w2, "w2_weight_scale": s2, "w2_bias": b2}
+    return {"w13_weight": w13, "w13_weight_scale": s13, "w13_bias": b13, "w2_weight": w2, "w2_weight_scale": s2,
+            "w2_bias": b2}
+
+
+def moe_reference(x, ids, wts, W, H: int = 2880, Hp: int = 2944, Ip: int = 2944) -> torch.Tensor:
+    """Per-expert fp32 on the dequantized padded weights (the intermediate rounded to bf16 as the kernels do)."""
+    w13, s13, b13, w2, s2, b2 = (W[n] for n in ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight",
+                                                  "w2_weight_scale", "w2_bias"))
+    ref = torch.zeros(x.shape[0], Hp, device=DEV)
+    xp = torch.nn.functional.pad(x.float(), (0, Hp - H))
+    for e in ids.unique().tolist():
+        r, slot = (ids == e).nonzero(as_tuple=True)
+        g = xp[r] @ deq(w13[e], s13[e]).T + b13[e]
+        gate, up = g[:, :Ip].clamp(max=7.0), g[:, Ip:].clamp(-7.0, 7.0)
+        h = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+        ref[r] += wts[r, slot, None] * (h.bfloat16().float() @ deq(w2[e], s2[e]).T + b2[e])
+    return ref[:, :H]
+
+
+def moe(rows: list, bw: float, quick: bool) -> None:
+    E, H, I, k = 128, 2880, 2880, 4
+    Hp, Ip = 2944, 2944
+    W = moe_weights(E, H, I, Hp, Ip)
+    w13, s13, b13, w2, s2, b2 = (W[n] for n in ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight",
+                                                  "w2_weight_scale", "w2_bias"))
     per_expert = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
     Tdec = (1, 2, 4, 8, 64)
     for T in Tdec + (4096,):
@@ -280,16 +303,9 @@ def moe(rows: list, bw: float, quick: bool) -> None:
         wts = torch.softmax(torch.randn(T, k, device=DEV), -1)
         y = moe_mxfp4(x, ids, wts, W)
         err = None
-        if T <= 64:  # reference: per-expert fp32 on the dequantized padded weights
-            ref = torch.zeros(T, Hp, device=DEV)
-            xp = torch.nn.functional.pad(x.float(), (0, Hp - H))
-            for e in ids.unique().tolist():
-                r, slot = (ids == e).nonzero(as_tuple=True)
-                g = xp[r] @ deq(w13[e], s13[e]).T + b13[e]
-                gate, up = g[:, :Ip].clamp(max=7.0), g[:, Ip:].clamp(-7.0, 7.0)
-                h = (up + 1) * gate * torch.sigmoid(1.702 * gate)
-                ref[r] += wts[r, slot, None] * (h.bfloat16().float() @ deq(w2[e], s2[e]).T + b2[e])
-            err = float((y.float() - ref[:, :H]).norm() / ref[:, :H].norm())
+        if T <= 64:
+            ref = moe_reference(x, ids, wts, W, H, Hp, Ip)
+            err = float((y.float() - ref).norm() / ref.norm())
         gemv = T * k <= GEMV_MAX_ASSIGNMENTS
         # the scheduled path syncs with the host (bincount), so it cannot be graph-captured: both paths are
         # timed with do_bench here, and the GEMV path also inside a CUDA graph
@@ -311,7 +327,7 @@ def moe(rows: list, bw: float, quick: bool) -> None:
             print(f"moe T={T}: scheduled {rec['scheduled_ms']:.4f} ms, best gemv {best[1]} {best[0]:.4f} ms", flush=True)
             if T == 1:
                 y_g = moe_mxfp4(x, ids, wts, W, config=MOE_GEMV)
-                rec["gemv_rel_err"] = float((y_g.float() - ref[:, :H]).norm() / ref[:, :H].norm())
+                rec["gemv_rel_err"] = float((y_g.float() - ref).norm() / ref.norm())
                 print(f"moe T=1 gemv err {rec['gemv_rel_err']:.1e}", flush=True)
         if T == 4096:  # baseline: BF16 weights already dequantized, one matmul pair per expert
             wg = torch.stack([deq(w13[e], s13[e]) for e in range(E)]).bfloat16()

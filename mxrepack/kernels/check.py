@@ -84,17 +84,28 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
 
 
 def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
-    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
-    gate_up = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "h_ptr": "*bf16", "ids_ptr": "*i32",
-               "H": "i32", "Ip": "i32", "TOPK": "i32", "stride_x": "i32", "stride_we": "i32", "stride_wn": "i32",
-               "stride_wse": "i32", "stride_wsn": "i32", "stride_h": "i32", "alpha": "fp32", "limit": "fp32",
+    f16x2 = cfg.decode.startswith("f16x2")
+    down_decode = ("asm" if cfg.decode == "f16x2" else "ops") if f16x2 else cfg.decode  # h is bf16
+    common = {"w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "h_ptr": "*bf16", "ids_ptr": "*i32", "H": "i32",
+              "Ip": "i32", "TOPK": "i32"}
+    tail = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_h": "i32",
+            "alpha": "fp32", "limit": "fp32"}
+    if f16x2:
+        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": down_decode, "PREFETCH": cfg.prefetch}
+        sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", **common, "stride_xp": "i32", "stride_xe": "i32", **tail,
                **{k: "constexpr" for k in const}}
-    down = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "y_ptr": "*fp32", "ids_ptr": "*i32",
-            "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_we": "i32",
-            "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_y": "i32",
+        gate_up = {"gemv_moe_gate_up_f16x2": ASTSource(moe._gate_up_gemv_f16x2_kernel, sig, const)}
+    else:
+        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
+        sig = {"x_ptr": "*bf16", **common, "stride_x": "i32", **tail, **{k: "constexpr" for k in const}}
+        gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
+    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": down_decode}
+    down = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "part_ptr": "*fp32",
+            "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "H": "i32", "Hp": "i32",
+            "Ip": "i32", "stride_h": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32",
+            "stride_wsn": "i32", "stride_part": "i32", "stride_out": "i32", "TOPK": "i32",
             **{k: "constexpr" for k in const}}
-    return {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, gate_up, dict(const)),
-            "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, dict(const))}
+    return {**gate_up, "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, const)}
 
 
 def _dequant_source(cfg: dq.DequantConfig) -> ASTSource:

@@ -16,8 +16,11 @@ Weights are the ``strided`` layout (``mxrepack.layouts.strided``): w13 ``[E, 2*I
 
 Decode (BF16 activations, at most ``GEMV_MAX_ASSIGNMENTS`` (token, slot) pairs) skips the schedule: one
 program per (assignment, row tile) runs the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` on its
-expert's rows (``_gate_up_gemv_kernel``, ``_down_gemv_kernel``), so that no 16-row tile is spent on one
-token and only the routed experts' bytes are read.
+expert's rows (``_gate_up_gemv_kernel`` or, on prepared activations with packed fp16 math,
+``_gate_up_gemv_f16x2_kernel``; then ``_down_gemv_kernel``), so that no 16-row tile is spent on one token
+and only the routed experts' bytes are read. The down kernel also combines: the last of a token's k
+programs for a row tile sums the k partials and writes the output, so decode is two or three launches
+and no torch ops.
 
 ``activations="e4m3"|"e2m1"`` quantizes x and the intermediate on the fly (MXFP8 / MXFP4), as the dense
 kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_moe_reference`.
@@ -32,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_rows
+from mxrepack.kernels.gemv_mxfp4 import PORTABLE, GemvConfig, gemv_rows, gemv_rows_f16x2, prepare_x
 from mxrepack.kernels.mx_quant import quantize_activations
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -190,6 +193,13 @@ def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr,
 
 
 @triton.jit
+def _store_swiglu(gate, up, b_ptr, e, Ip, rn, h_ptr, alpha, limit):
+    gate += tl.load(b_ptr + e * 2 * Ip + rn)
+    up += tl.load(b_ptr + e * 2 * Ip + Ip + rn)
+    tl.store(h_ptr + rn, _swiglu(gate, up, alpha, limit).to(h_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOPK, stride_x, stride_we, stride_wn,
                          stride_wse, stride_wsn, stride_h, alpha, limit,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
@@ -200,42 +210,95 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     gate = gemv_rows(x_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
     up = gemv_rows(x_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
-    gate += tl.load(b_ptr + e * 2 * Ip + rn)
-    up += tl.load(b_ptr + e * 2 * Ip + Ip + rn)
-    tl.store(h_ptr + p * stride_h + rn, _swiglu(gate, up, alpha, limit).to(h_ptr.dtype.element_ty))
+    _store_swiglu(gate, up, b_ptr, e, Ip, rn, h_ptr + p * stride_h, alpha, limit)
 
 
 @triton.jit
-def _down_gemv_kernel(h_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, ids_ptr, wts_ptr, H, Hp, Ip, stride_h, stride_we, stride_wn,
-                      stride_wse, stride_wsn, stride_y,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOPK, stride_xp, stride_xe,
+                               stride_we, stride_wn, stride_wse, stride_wsn, stride_h, alpha, limit,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
+                               PREFETCH: tl.constexpr):
+    """The same on prepared activations (``gemv_mxfp4.prepare_x``), packed fp16 math."""
     p = tl.program_id(0)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    t = p // TOPK
+    xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
+    gate = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH)
+    up = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH)
+    _store_swiglu(gate, up, b_ptr, e, Ip, rn, h_ptr + p * stride_h, alpha, limit)
+
+
+@triton.jit
+def _down_gemv_kernel(h_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
+                      stride_h, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+    """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
+    for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
+    the result does not depend on which finished last, writes the bf16 output and resets its counter."""
+    p = tl.program_id(0)
+    tile = tl.program_id(1)
+    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
     y = gemv_rows(h_ptr + p * stride_h, w_ptr + e * stride_we, ws_ptr + e * stride_wse, rn, Ip, stride_wn, stride_wsn,
                   BLOCK_N, BLOCK_K, DECODE)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
-    tl.store(y_ptr + p * stride_y + rn, y, mask=rn < H)
+    tl.store(part_ptr + p * stride_part + rn, y)
+    t = p // TOPK
+    counter = count_ptr + t * tl.num_programs(1) + tile
+    tl.debug_barrier()  # every thread's partial is stored before the arrival is published (release)
+    if tl.atomic_add(counter, 1, sem="acq_rel") == TOPK - 1:
+        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for j in range(TOPK):
+            total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
+        tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
+        tl.atomic_xchg(counter, 0)
 
 
-def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvConfig) -> torch.Tensor:
-    """Decode: per (token, slot) assignment GEMVs; returns each assignment's weighted output ``[T*k, H]`` fp32."""
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per-device int32 counters, all zero between calls (each combine resets its own). Shared by every
+    call on the device: MoE decodes running concurrently on two streams of one device are not supported."""
+    buf = _ARRIVALS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = _ARRIVALS[device] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+    return buf
+
+
+def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvConfig, out: torch.Tensor) -> torch.Tensor:
+    """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
     Ip, Hp = Ip2 // 2, w2.shape[1]
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
-    _gate_up_gemv_kernel[(T * k, Ip // cfg.block_n)](
-        x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
-        h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode,
-        **cfg.launch_options())
-    y = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
-    _down_gemv_kernel[(T * k, Hp // cfg.block_n)](
-        h, w2, s2, b2, y, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip, h.stride(0),
-        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode, **cfg.launch_options())
-    return y
+    grid_up = (T * k, Ip // cfg.block_n)
+    if cfg.decode.startswith("f16x2"):
+        xp, xe = prepare_x(x)
+        _gate_up_gemv_f16x2_kernel[grid_up](
+            xp, xe, w13, s13, b13, h, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
+            s13.stride(0), s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, MATH="asm" if cfg.decode == "f16x2" else "ops", PREFETCH=cfg.prefetch,
+            **cfg.launch_options())
+        down_decode = "asm" if cfg.decode == "f16x2" else "ops"  # h is bf16: the fp32-math GEMV
+    else:
+        _gate_up_gemv_kernel[grid_up](
+            x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
+            s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            DECODE=cfg.decode, **cfg.launch_options())
+        down_decode = cfg.decode
+    part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
+    tiles = Hp // cfg.block_n
+    counters = _arrival_counters(x.device, T * tiles)
+    _down_gemv_kernel[(T * k, tiles)](
+        h, w2, s2, b2, part, counters, out, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip,
+        h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0), out.stride(0), k,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=down_decode, **cfg.launch_options())
+    return out
 
 
 def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: dict[str, torch.Tensor],
@@ -260,7 +323,8 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     gemv = isinstance(config, GemvConfig) or (config is None and activations == "bf16"
                                                and T * k <= GEMV_MAX_ASSIGNMENTS and H % 32 == 0)
     if gemv:
-        cfg = config or (MOE_GEMV if x.device.type == "cuda" else dataclasses.replace(MOE_GEMV, decode="ops"))
+        cfg = config or (MOE_GEMV if x.device.type == "cuda"
+                         else dataclasses.replace(MOE_GEMV, decode=PORTABLE.get(MOE_GEMV.decode, MOE_GEMV.decode)))
         if activations != "bf16" or H % 32:
             raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
     else:
@@ -268,9 +332,10 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     if Ip % cfg.block_n or Hp % cfg.block_n:
         raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of block_n={cfg.block_n}")
     if gemv:
-        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg)
-    else:
-        y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
+        target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
+        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
+        return y if out is None or y is out else out.copy_(y)
+    y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
     result = y.view(T, k, H).sum(1)
     if out is None:
         return result.to(torch.bfloat16)

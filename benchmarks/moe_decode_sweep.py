@@ -1,0 +1,61 @@
+"""MoE decode (120b shapes: 128 experts, top-4, H = I = 2880 padded to 2944) at T = 1, 2, 4, 8 tokens: the
+GEMV path's tiles, fp32 math (``asm``) vs packed fp16 (``f16x2``, gate_up on prepared activations), timed
+in a CUDA graph; bytes = the touched experts' packed weights and scales; error of each T's best vs fp32.
+Usage: python benchmarks/moe_decode_sweep.py [OUT.json]"""
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import DEV, bench_decode, copy_roofline, moe_reference, moe_weights  # noqa: E402
+
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
+
+
+def main() -> None:
+    E, k = 128, 4
+    bw = copy_roofline()
+    W = moe_weights()
+    per_expert = sum(W[n][0].numel() for n in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"))
+    configs = [GemvConfig(bn, bk, w, 1, "asm") for bn, bk, w in itertools.product((8, 16, 32), (256, 512), (2, 4))]
+    configs += [GemvConfig(bn, bk, w, 1, "f16x2", 0, ahead) for bn, bk, w, ahead in
+                itertools.product((8, 16, 32), (256, 512), (1, 2, 4), (1, 2)) if bn * bk // 32 >= 32 * w]
+    rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "shipped": MOE_GEMV.name()}]
+    torch.manual_seed(0)
+    for T in (1, 2, 4, 8):
+        x = torch.randn(T, 2880, device=DEV).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)])
+        wts = torch.softmax(torch.randn(T, k, device=DEV), -1)
+        touched = ids.unique().numel() * per_expert
+        ref = moe_reference(x, ids, wts, W)
+        out = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
+        res = []
+        for cfg in configs:
+            try:
+                ms = bench_decode(lambda: moe_mxfp4(x, ids, wts, W, config=cfg, out=out), rep=50)
+            except Exception as e:  # out of resources
+                print(f"T={T} {cfg.name()}: {type(e).__name__}", flush=True)
+                continue
+            res.append({"T": T, "config": cfg.name(), "ms": ms, "roofline_frac": touched / (ms * 1e-3) / bw,
+                        "experts_touched": ids.unique().numel()})
+        res.sort(key=lambda r: r["ms"])
+        best = next(c for c in configs if c.name() == res[0]["config"])
+        y = moe_mxfp4(x, ids, wts, W, config=best)
+        res[0]["rel_err"] = float((y.float() - ref).norm() / ref.norm())
+        shipped = next((r for r in res if r["config"] == MOE_GEMV.name()), None)
+        for r in res[:5]:
+            print(f"T={T} {r['config']:24s} {r['ms']:.4f} ms {100 * r['roofline_frac']:.0f}% roofline", flush=True)
+        print(f"T={T} best err {res[0]['rel_err']:.1e}; shipped {MOE_GEMV.name()}: "
+              f"{shipped['ms'] if shipped else float('nan'):.4f} ms", flush=True)
+        rows += res
+    if len(sys.argv) > 1:
+        json.dump(rows, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
