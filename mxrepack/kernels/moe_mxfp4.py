@@ -225,8 +225,11 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_
     t = p // TOPK
     xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    gate = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH)
-    up = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH)
+    # gate rows rn and up rows Ip + rn in one pass: one stream of weight loads, not two in turn
+    r2 = tl.arange(0, 2 * BLOCK_N)
+    rows = tl.program_id(1) * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip
+    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH)
+    gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     _store_swiglu(gate, up, b_ptr, e, Ip, rn, h_ptr + p * stride_h, alpha, limit)
 
 
