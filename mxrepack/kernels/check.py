@@ -85,26 +85,27 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
 
 def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     f16x2 = cfg.decode.startswith("f16x2")
-    down_decode = ("asm" if cfg.decode == "f16x2" else "ops") if f16x2 else cfg.decode  # h is bf16
-    common = {"w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "h_ptr": "*bf16", "ids_ptr": "*i32", "H": "i32",
-              "Ip": "i32", "TOPK": "i32"}
-    tail = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_h": "i32",
-            "alpha": "fp32", "limit": "fp32"}
+    math = "asm" if cfg.decode == "f16x2" else "ops"
+    ids_dims = {"ids_ptr": "*i32", "H": "i32", "Ip": "i32", "TOPK": "i32"}
+    w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
+    act = {"alpha": "fp32", "limit": "fp32"}
     if f16x2:
-        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": down_decode, "PREFETCH": cfg.prefetch}
-        sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", **common, "stride_xp": "i32", "stride_xe": "i32", **tail,
-               **{k: "constexpr" for k in const}}
+        const = {"BLOCK_N": moe.GATE_UP_F16X2_ROWS, "BLOCK_K": cfg.block_k, "MATH": math, "PREFETCH": cfg.prefetch}
+        sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
+               "hp_ptr": "*i32", "he_ptr": "*fp32", **ids_dims, "stride_xp": "i32", "stride_xe": "i32", **w_strides,
+               "stride_hp": "i32", "stride_he": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up_f16x2": ASTSource(moe._gate_up_gemv_f16x2_kernel, sig, const)}
     else:
         const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
-        sig = {"x_ptr": "*bf16", **common, "stride_x": "i32", **tail, **{k: "constexpr" for k in const}}
+        sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "h_ptr": "*bf16", **ids_dims,
+               "stride_x": "i32", **w_strides, "stride_h": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
-    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": down_decode}
-    down = {"h_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "part_ptr": "*fp32",
-            "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "H": "i32", "Hp": "i32",
-            "Ip": "i32", "stride_h": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32",
-            "stride_wsn": "i32", "stride_part": "i32", "stride_out": "i32", "TOPK": "i32",
-            **{k: "constexpr" for k in const}}
+    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": math if f16x2 else cfg.decode,
+             "PREPARED": f16x2, "PREFETCH": cfg.prefetch}
+    down = {"h_ptr": "*i32" if f16x2 else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
+            "b_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32",
+            "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32",
+            **w_strides, "stride_part": "i32", "stride_out": "i32", "TOPK": "i32", **{k: "constexpr" for k in const}}
     return {**gate_up, "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, const)}
 
 

@@ -192,26 +192,33 @@ def _gemv_mxfp4_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_xm, stri
 
 
 @triton.jit
+def pack_groups(v, GB: tl.constexpr):
+    """v [GB, 32] fp32 (bf16 values) -> (pairs [GB, 16] int32, factors [GB] fp32): each group rescaled by
+    2^(14 - e), e = the exponent of its largest magnitude, as fp16 pairs; the factor 2^e restores it.
+
+    Word w of a group holds codes 8w..8w+7; its pair slot s holds codes (8w + s, 8w + s + 4) as (lo, hi)
+    fp16, stored at 4s + w so that a thread loads slot s of its group's four words as one 16-byte
+    vector. A pure permutation of the 32 values, so a kernel that has them in registers (the MoE
+    gate_up epilogue) packs them the same way as this file's preparing kernel."""
+    eb = tl.max(tl.abs(v), axis=1).to(tl.int32, bitcast=True) >> 23  # biased exponent of the group's max
+    eb = tl.maximum(eb, 14)  # an all-zero (or all below 2^-113) group: any factor in range will do
+    factor = ((268 - eb) << 23).to(tl.float32, bitcast=True)  # 2^(14 - e), e = eb - 127
+    bits = (v * factor[:, None]).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    bits = tl.permute(tl.reshape(bits, (GB, 4, 2, 4)), (0, 3, 1, 2))  # k = 8w + 4h + s -> [s, w, h]
+    lo, hi = tl.split(tl.reshape(bits, (GB, 16, 2)))
+    return (hi << 16) | lo, (eb << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _prepare_x_kernel(x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr):
     """x [M, K] bf16 -> xp [M, K/2] int32 fp16 pairs in decode order, xe [M, K/32] fp32 = 2^e per group."""
     m = tl.program_id(0)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
     g_ok = g < K // 32
-    x_row = x_ptr + m * stride_xm
-    xv = tl.load(x_row + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
-    eb = tl.max(tl.abs(xv), axis=1).to(tl.int32, bitcast=True) >> 23  # biased exponent of the group's max
-    eb = tl.maximum(eb, 14)  # an all-zero (or all below 2^-113) group: any factor in range will do
-    tl.store(xe_ptr + m * stride_em + g, (eb << 23).to(tl.float32, bitcast=True), mask=g_ok)
-    factor = ((268 - eb) << 23).to(tl.float32, bitcast=True)[:, None]  # 2^(14 - e), e = eb - 127
-    # word w of a group holds codes 8w..8w+7 (code j at bits 4j..4j+3); its pair p is codes (3 - p, 7 - p),
-    # stored at 4p + w so that a thread loads pair p of its group's four words as one 16-byte vector
-    o = tl.arange(0, 16)
-    lo_k = g[:, None] * 32 + (o % 4 * 8 + 3 - o // 4)[None, :]
-    lo = tl.load(x_row + lo_k, mask=g_ok[:, None], other=0.0).to(tl.float32) * factor
-    hi = tl.load(x_row + lo_k + 4, mask=g_ok[:, None], other=0.0).to(tl.float32) * factor
-    lo_bits = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    hi_bits = hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-    tl.store(xp_ptr + m * stride_pm + g[:, None] * 16 + o[None, :], (hi_bits << 16) | lo_bits, mask=g_ok[:, None])
+    xv = tl.load(x_ptr + m * stride_xm + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=g_ok[:, None], other=0.0)
+    pairs, factors = pack_groups(xv.to(tl.float32), GB)
+    tl.store(xe_ptr + m * stride_em + g, factors, mask=g_ok)
+    tl.store(xp_ptr + m * stride_pm + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs, mask=g_ok[:, None])
 
 
 PREPARE_GROUPS = 16  # groups of 32 activations per program of the preparing kernel
@@ -228,8 +235,8 @@ def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _group_dot_f16x2_asm_text() -> str:
-    """PTX for one group: words $1..$4 (eight codes each), activation pairs $5..$20 (word-major, pair p of a
-    word = its codes 3 - p and 7 - p, lo and hi half) -> $0, the fp32 sum of the 32 products.
+    """PTX for one group: words $1..$4 (eight codes each), activation pairs $5..$20 (word-major, slot s of a
+    word = its codes s and s + 4, lo and hi half) -> $0, the fp32 sum of the 32 products.
 
     A word decodes in 11 instructions, not 4 x 3 + 3: codes 3 and 1 of each half are built together in
     place (sign where it is, the three exponent/mantissa bits moved down 3 and masked), then codes 3 are
@@ -244,7 +251,7 @@ def _group_dot_f16x2_asm_text() -> str:
                   "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
                   "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;"]
         for pair in range(4):
-            x = f"${5 + 4 * word + pair}"
+            x = f"${5 + 4 * word + 3 - pair}"  # decoded pair p is codes (3 - p, 7 - p): slot 3 - p
             lines.append(f"mul.rn.f16x2 {acc}, p{pair}, {x};" if word < 2 and pair == 0
                          else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};")
     lines += ["add.rn.f16x2 a, a, b;", "mov.b32 {lo, hi}, a;", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;",
@@ -274,7 +281,7 @@ def _fp16_half(v, HI: tl.constexpr):
 @triton.jit
 def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
     """[BLOCK_N, G] fp32: each group's 32 codes (``w`` [BLOCK_N, G, 4] words) times its activation pairs
-    (``xq``: four [1, G, 4] tensors, pair p of words 0..3), unscaled."""
+    (``xq``: four [1, G, 4] tensors, slot s of words 0..3), unscaled."""
     ws = _split4(w, BLOCK_N, G)
     x0, x1, x2, x3 = _split4(xq[0], 1, G)
     y0, y1, y2, y3 = _split4(xq[1], 1, G)
@@ -296,7 +303,7 @@ def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr
         vs = _decode_ops(ws[word])
         for pair in tl.static_range(4):
             xw = xs[4 * word + pair]
-            acc += vs[3 - pair] * _fp16_half(xw, False) + vs[7 - pair] * _fp16_half(xw, True)
+            acc += vs[pair] * _fp16_half(xw, False) + vs[4 + pair] * _fp16_half(xw, True)
     return acc
 
 
@@ -340,7 +347,7 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     # (xor with a zero it cannot prove) keeps them one to a thread, in the words' distribution.
     rg_1 = rg ^ (tl.program_id(0) >> 31)
     s_ptrs = ws_ptr + rn[:, None] * stride_wsn + rg_1[None, :]
-    p_ptrs = xp_ptr + rg[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]  # + 4p: pair p of words 0..3
+    p_ptrs = xp_ptr + rg[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]  # + 4s: slot s of words 0..3
     e_ptrs = xe_ptr + rg_1[None, :]
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     n_full = K // BLOCK_K

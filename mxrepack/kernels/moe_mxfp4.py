@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.gemv_mxfp4 import PORTABLE, GemvConfig, gemv_rows, gemv_rows_f16x2, prepare_x
+from mxrepack.kernels.gemv_mxfp4 import PORTABLE, GemvConfig, gemv_rows, gemv_rows_f16x2, pack_groups, prepare_x
 from mxrepack.kernels.mx_quant import quantize_activations
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -61,6 +61,7 @@ MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
 # T * k up to which the per-assignment GEMV beats the scheduled tiles: 4.0x at T = 8 (32 assignments) on
 # H100, docs/PERF.md; past that, experts shared by many tokens are better read once per row block.
 GEMV_MAX_ASSIGNMENTS = 32
+GATE_UP_F16X2_ROWS = 32  # f16x2 gate_up rows per program: whole groups of the intermediate it prepares
 MOE_GEMV = GemvConfig(16, 256, 4, 1, "asm")
 
 
@@ -214,13 +215,14 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
 
 
 @triton.jit
-def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOPK, stride_xp, stride_xe,
-                               stride_we, stride_wn, stride_wse, stride_wsn, stride_h, alpha, limit,
-                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
+def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
+                               stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
+                               limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
                                PREFETCH: tl.constexpr):
-    """The same on prepared activations (``gemv_mxfp4.prepare_x``), packed fp16 math."""
+    """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
+    prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
+    stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV."""
     p = tl.program_id(0)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     e = tl.load(ids_ptr + p).to(tl.int64)
     t = p // TOPK
     xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
@@ -230,22 +232,37 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_
     rows = tl.program_id(1) * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip
     y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
-    _store_swiglu(gate, up, b_ptr, e, Ip, rn, h_ptr + p * stride_h, alpha, limit)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    gate += tl.load(b_ptr + e * 2 * Ip + rn)
+    up += tl.load(b_ptr + e * 2 * Ip + Ip + rn)
+    h = _swiglu(gate, up, alpha, limit).to(tl.bfloat16).to(tl.float32)
+    GB: tl.constexpr = BLOCK_N // 32
+    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
+    g = tl.program_id(1) * GB + tl.arange(0, GB)
+    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
+    tl.store(he_ptr + p * stride_he + g, factors)
 
 
 @triton.jit
-def _down_gemv_kernel(h_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
-                      stride_h, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
+                      stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
+                      PREFETCH: tl.constexpr):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
-    the result does not depend on which finished last, writes the bf16 output and resets its counter."""
+    the result does not depend on which finished last, writes the bf16 output and resets its counter.
+    ``PREPARED``: h comes as fp16 pairs + group factors (``h_ptr``, ``he_ptr``) for the f16x2 GEMV, with
+    ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode."""
     p = tl.program_id(0)
     tile = tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
-    y = gemv_rows(h_ptr + p * stride_h, w_ptr + e * stride_we, ws_ptr + e * stride_wse, rn, Ip, stride_wn, stride_wsn,
-                  BLOCK_N, BLOCK_K, DECODE)
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
+    if PREPARED:
+        y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH)
+    else:
+        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
@@ -278,29 +295,33 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
     E, Ip2, _ = w13.shape
     Ip, Hp = Ip2 // 2, w2.shape[1]
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
-    h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
-    grid_up = (T * k, Ip // cfg.block_n)
-    if cfg.decode.startswith("f16x2"):
+    f16x2 = cfg.decode.startswith("f16x2")
+    math = "asm" if cfg.decode == "f16x2" else "ops"
+    if f16x2:
+        if Ip % GATE_UP_F16X2_ROWS:
+            raise ValueError(f"the f16x2 MoE GEMV needs Ip % {GATE_UP_F16X2_ROWS} == 0, got {Ip}")
         xp, xe = prepare_x(x)
-        _gate_up_gemv_f16x2_kernel[grid_up](
-            xp, xe, w13, s13, b13, h, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
-            s13.stride(0), s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, MATH="asm" if cfg.decode == "f16x2" else "ops", PREFETCH=cfg.prefetch,
-            **cfg.launch_options())
-        down_decode = "asm" if cfg.decode == "f16x2" else "ops"  # h is bf16: the fp32-math GEMV
+        h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
+        he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
+        _gate_up_gemv_f16x2_kernel[(T * k, Ip // GATE_UP_F16X2_ROWS)](
+            xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
+            s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
+            BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, MATH=math, PREFETCH=cfg.prefetch, **cfg.launch_options())
     else:
-        _gate_up_gemv_kernel[grid_up](
+        h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
+        he = h
+        _gate_up_gemv_kernel[(T * k, Ip // cfg.block_n)](
             x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
             s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             DECODE=cfg.decode, **cfg.launch_options())
-        down_decode = cfg.decode
     part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
     tiles = Hp // cfg.block_n
     counters = _arrival_counters(x.device, T * tiles)
     _down_gemv_kernel[(T * k, tiles)](
-        h, w2, s2, b2, part, counters, out, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip,
-        h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0), out.stride(0), k,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=down_decode, **cfg.launch_options())
+        h, he, w2, s2, b2, part, counters, out, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip,
+        h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
+        out.stride(0), k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=math if f16x2 else cfg.decode,
+        PREPARED=f16x2, PREFETCH=cfg.prefetch, **cfg.launch_options())
     return out
 
 
