@@ -1,0 +1,74 @@
+"""Pick the shipped decode configs among a sweep's leaders: each candidate timed several times,
+interleaved (so that drift hits all alike), median reported. lm_head at M = 1 and the 120b MoE at
+T = 1, 4, 8 (CUDA graph; bytes = weights + scales, touched experts only for the MoE).
+Usage: python benchmarks/decode_pick.py [OUT.json]"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import DEV, bench_decode, copy_roofline, moe_weights, rand_mx, rotating  # noqa: E402
+
+from mxrepack.kernels.gemv_mxfp4 import WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
+
+DENSE = [GemvConfig(16, 1024, 8, 1, "f16x2"), GemvConfig(8, 512, 4, 1, "f16x2"), GemvConfig(16, 512, 2, 1, "f16x2"),
+         GemvConfig(8, 512, 1, 1, "f16x2", 0, 2), GemvConfig(16, 256, 1, 1, "f16x2", 0, 2), GemvConfig(64, 128, 4, 1, "asm")]
+MOE = [GemvConfig(16, 512, 4, 1, "f16x2"), GemvConfig(8, 512, 4, 1, "f16x2"), GemvConfig(16, 256, 2, 1, "f16x2", 0, 2),
+       GemvConfig(8, 256, 2, 1, "f16x2"), GemvConfig(16, 256, 4, 1, "asm")]
+REPEATS = 5
+
+
+def main() -> None:
+    bw = copy_roofline()
+    rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "repeats": REPEATS,
+             "shipped_dense": WIDE.name(), "shipped_moe": MOE_GEMV.name()}]
+    N, K = 201088, 2880
+    wbytes = N * K // 2 + N * K // 32
+    nxt = rotating(lambda: rand_mx(N, K), wbytes)
+    nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
+    x = torch.randn(1, K, device=DEV).to(torch.bfloat16)
+    out = torch.empty(1, N, device=DEV, dtype=torch.bfloat16)
+    times = {c.name(): [] for c in DENSE}
+    cublas = []
+    for _ in range(REPEATS):
+        cublas.append(bench_decode(lambda: x @ nxt_b().T, rep=50))
+        for c in DENSE:
+            times[c.name()].append(bench_decode(lambda: gemv_mxfp4(x, *nxt(), None, out, c), rep=50))
+    ms_c = statistics.median(cublas)
+    for name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
+        ms = statistics.median(t)
+        rows.append({"kind": "lm_head_m1", "config": name, "ms_median": ms, "ms_all": t, "cublas_bf16_ms": ms_c,
+                     "vs_cublas": ms_c / ms, "roofline_frac": wbytes / (ms * 1e-3) / bw})
+        print(f"lm_head M=1 {name:24s} {ms:.4f} ms (min {min(t):.4f} max {max(t):.4f})  x{ms_c / ms:.2f} cuBLAS "
+              f"{100 * wbytes / (ms * 1e-3) / bw:.0f}% roofline", flush=True)
+    del nxt, nxt_b
+    W = moe_weights()
+    per_expert = sum(W[n][0].numel() for n in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"))
+    torch.manual_seed(0)
+    for T in (1, 4, 8):
+        xm = torch.randn(T, 2880, device=DEV).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(128, device=DEV)[:4] for _ in range(T)])
+        wts = torch.softmax(torch.randn(T, 4, device=DEV), -1)
+        touched = ids.unique().numel() * per_expert
+        o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
+        times = {c.name(): [] for c in MOE}
+        for _ in range(REPEATS):
+            for c in MOE:
+                times[c.name()].append(bench_decode(lambda: moe_mxfp4(xm, ids, wts, W, config=c, out=o), rep=50))
+        for name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
+            ms = statistics.median(t)
+            rows.append({"kind": "moe_decode", "T": T, "config": name, "ms_median": ms, "ms_all": t,
+                         "experts_touched": ids.unique().numel(), "roofline_frac": touched / (ms * 1e-3) / bw})
+            print(f"moe T={T} {name:24s} {ms:.4f} ms (min {min(t):.4f} max {max(t):.4f})  "
+                  f"{100 * touched / (ms * 1e-3) / bw:.0f}% roofline", flush=True)
+    if len(sys.argv) > 1:
+        json.dump(rows, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
