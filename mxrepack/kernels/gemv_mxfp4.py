@@ -398,12 +398,11 @@ def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride
     tl.store(y_ptr + m * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-# Best of sweeps at M = 1 on H100 (benchmarks/gpu_check.py, benchmarks/gemv_f16x2_sweep.py, docs/PERF.md):
-# wide layers (lm_head) take the f16x2 path in small programs, 16 rows x 512 k and 2 warps (0.1256 ms, 82%
-# of the copy roofline; a dozen neighbours within 2%: many small programs keep more weight bytes in flight
-# than few large ones); narrow ones (q/k/v/o: 5-8 us) the fp32 path, 8 rows x 512 k, which needs no
-# activation-preparing launch.
-WIDE = GemvConfig(16, 512, 2, 1, "f16x2")
+# Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/decode_pick.py,
+# docs/PERF.md): wide layers (lm_head) take the f16x2 path, 16 rows x 1024 k and 8 warps (0.1217 ms, 84% of
+# the copy roofline, 3.36x cuBLAS BF16); narrow ones (q/k/v/o: 5-8 us) the fp32 path, 8 rows x 512 k,
+# which needs no activation-preparing launch.
+WIDE = GemvConfig(16, 1024, 8, 1, "f16x2")
 NARROW = GemvConfig(8, 512, 4, 1, "asm")
 PORTABLE = {"asm": "ops", "f16x2": "f16x2-ops"}  # the same kernel without PTX, for the interpreter and CPU
 

@@ -62,7 +62,8 @@ MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
 # H100, docs/PERF.md; past that, experts shared by many tokens are better read once per row block.
 GEMV_MAX_ASSIGNMENTS = 32
 GATE_UP_F16X2_ROWS = 32  # f16x2 gate_up rows per program: whole groups of the intermediate it prepares
-MOE_GEMV = GemvConfig(16, 256, 4, 1, "asm")
+# H100, benchmarks/decode_pick.py: best at T = 1, 4 and 8 (44-61% of the roofline on touched experts)
+MOE_GEMV = GemvConfig(16, 512, 4, 1, "f16x2")
 
 
 def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
