@@ -10,25 +10,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, bench_decode, copy_roofline, rand_mx, rotating  # noqa: E402
+from gpu_check import bench_decode, copy_roofline, lm_head_m1  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, prepare_x  # noqa: E402
 
 
 def main() -> None:
-    N, K = 201088, 2880
     bw = copy_roofline()
-    wbytes = N * K // 2 + N * K // 32
-    nxt = rotating(lambda: rand_mx(N, K), wbytes)
-    nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
-    x = torch.randn(1, K, device=DEV).to(torch.bfloat16)
-    out = torch.empty(1, N, device=DEV, dtype=torch.bfloat16)
+    wbytes, nxt, nxt_b, x, out = lm_head_m1()
     ms_cublas = bench_decode(lambda: x @ nxt_b().T)
     ms_prepare = bench_decode(lambda: prepare_x(x))  # part of every f16x2 figure below
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "cublas_bf16_ms": ms_cublas,
              "prepare_x_ms": ms_prepare}]
     configs = [GemvConfig(64, 128, 4, 1, "asm")]
-    configs += [GemvConfig(bn, bk, w, 1, "f16x2", 0, ahead) for bn, bk, w, ahead in
+    configs += [GemvConfig(bn, bk, w, 1, "f16x2", prefetch=ahead) for bn, bk, w, ahead in
                 itertools.product((4, 8, 16, 32), (128, 256, 512), (1, 2, 4), (1, 2)) if bn * bk // 32 >= 32 * w]
     for cfg in configs:
         try:

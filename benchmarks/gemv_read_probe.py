@@ -12,11 +12,14 @@ pattern. Timed in a CUDA graph like the decode benchmarks; weights rotate so tha
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench, do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import DEV, bench_decode, copy_roofline, rand_mx, rotating  # noqa: E402
 
 
 @triton.jit
@@ -52,25 +55,14 @@ def _flat(w_ptr, out_ptr, n_words, BLOCK: tl.constexpr, STEPS: tl.constexpr):
 
 def main() -> None:
     N, K = 201088, 2880
-    dev = "cuda"
-    copies = 3  # 3 x 308 MB > L2
-    ws = [torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev) for _ in range(copies)]
-    ss = [torch.randint(100, 140, (N, K // 32), dtype=torch.uint8, device=dev) for _ in range(copies)]
     nbytes = N * K // 2 + N * K // 32
-    a = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    b = torch.empty_like(a)
-    copy_bw = 2 * a.numel() / (do_bench(lambda: b.copy_(a), warmup=50, rep=300) * 1e-3)
-    del a, b
-    out = torch.empty(1 << 20, dtype=torch.int32, device=dev)
+    nxt = rotating(lambda: rand_mx(N, K), nbytes)
+    copy_bw = copy_roofline()
+    out = torch.empty(1 << 20, dtype=torch.int32, device=DEV)
     rows = [{"device": torch.cuda.get_device_name(), "triton": triton.__version__, "copy_TBps": copy_bw / 1e12}]
-    it = itertools.cycle(range(copies))
 
     def timed(fn):
-        def step():
-            i = next(it)
-            fn(ws[i], ss[i])
-        step()
-        return do_bench_cudagraph(step, rep=50)
+        return bench_decode(lambda: fn(*nxt()), rep=50)
 
     ms = timed(lambda w, s: w.view(torch.int32).sum(dtype=torch.int32))
     rows.append({"kernel": "torch_sum_int32", "ms": ms})

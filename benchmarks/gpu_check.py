@@ -85,6 +85,16 @@ def rotating(make, bytes_each: int, min_total: int = 400 << 20):
     return lambda: next(it)
 
 
+def lm_head_m1(N: int = 201088, K: int = 2880):
+    """lm_head decode at M = 1: (weight bytes, next MXFP4 weight (packed, scales), next BF16 weight, x, out);
+    both weights rotate through > 400 MB, so that neither our kernels nor cuBLAS run from L2."""
+    wbytes = N * K // 2 + N * K // 32
+    nxt = rotating(lambda: rand_mx(N, K), wbytes)
+    nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
+    x = torch.randn(1, K, device=DEV).to(torch.bfloat16)
+    return wbytes, nxt, nxt_b, x, torch.empty(1, N, device=DEV, dtype=torch.bfloat16)
+
+
 def copy_roofline() -> float:
     a = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
     b = torch.empty_like(a)

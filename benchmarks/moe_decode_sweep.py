@@ -23,7 +23,7 @@ def main() -> None:
     W = moe_weights()
     per_expert = sum(W[n][0].numel() for n in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"))
     configs = [GemvConfig(bn, bk, w, 1, "asm") for bn, bk, w in itertools.product((8, 16), (256, 512), (2, 4))]
-    configs += [GemvConfig(bn, bk, w, 1, "f16x2", 0, ahead) for bn, bk, w, ahead in
+    configs += [GemvConfig(bn, bk, w, 1, "f16x2", prefetch=ahead) for bn, bk, w, ahead in
                 itertools.product((4, 8, 16, 32), (256, 512), (1, 2, 4), (1, 2)) if bn * bk // 32 >= 32 * w]
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "shipped": MOE_GEMV.name()}]
     torch.manual_seed(0)

@@ -66,9 +66,8 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
 
 
 def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
-    if cfg.decode.startswith("f16x2"):
-        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": "asm" if cfg.decode == "f16x2" else "ops",
-                 "PREFETCH": cfg.prefetch}
+    if cfg.prepared:
+        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch}
         dense = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16",
                  "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_pm": "i32", "stride_em": "i32", "stride_wn": "i32",
                  "stride_wsn": "i32", "stride_ym": "i32", "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}
@@ -84,13 +83,11 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
 
 
 def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
-    f16x2 = cfg.decode.startswith("f16x2")
-    math = "asm" if cfg.decode == "f16x2" else "ops"
     ids_dims = {"ids_ptr": "*i32", "H": "i32", "Ip": "i32", "TOPK": "i32"}
     w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
     act = {"alpha": "fp32", "limit": "fp32"}
-    if f16x2:
-        const = {"BLOCK_N": moe.GATE_UP_F16X2_ROWS, "BLOCK_K": cfg.block_k, "MATH": math, "PREFETCH": cfg.prefetch}
+    if cfg.prepared:
+        const = {"BLOCK_N": moe.GATE_UP_F16X2_ROWS, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch}
         sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
                "hp_ptr": "*i32", "he_ptr": "*fp32", **ids_dims, "stride_xp": "i32", "stride_xe": "i32", **w_strides,
                "stride_hp": "i32", "stride_he": "i32", **act, **{k: "constexpr" for k in const}}
@@ -100,9 +97,9 @@ def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
         sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "h_ptr": "*bf16", **ids_dims,
                "stride_x": "i32", **w_strides, "stride_h": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
-    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": math if f16x2 else cfg.decode,
-             "PREPARED": f16x2, "PREFETCH": cfg.prefetch}
-    down = {"h_ptr": "*i32" if f16x2 else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
+    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.math if cfg.prepared else cfg.decode,
+             "PREPARED": cfg.prepared, "PREFETCH": cfg.prefetch}
+    down = {"h_ptr": "*i32" if cfg.prepared else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
             "b_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32",
             "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32",
             **w_strides, "stride_part": "i32", "stride_out": "i32", "TOPK": "i32", **{k: "constexpr" for k in const}}

@@ -38,6 +38,12 @@ DEQUANT = DequantConfig()
 
 
 @triton.jit
+def e8m0_to_fp32(s):
+    """E8M0 scale bytes (int32) -> 2^(s - 127) in fp32; byte 0 is the subnormal 2^-127, not (0 << 23)."""
+    return tl.where(s == 0, 5.877471754111438e-39, (s << 23).to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def dequant_tile_bf16(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Packed E2M1 bytes ``[BLOCK_N, BLOCK_K/2]`` and E8M0 scales ``[BLOCK_N, BLOCK_K/32]`` -> bf16
     ``[BLOCK_N, BLOCK_K]`` with integer ops: a code's sign and 3 exponent/mantissa bits placed at fp32
@@ -45,8 +51,7 @@ def dequant_tile_bf16(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     w = w.to(tl.int32)
     codes = tl.reshape(tl.join(w & 15, w >> 4), (BLOCK_N, BLOCK_K))
     f = (((codes & 8) << 28) | ((codes & 7) << 22)).to(tl.float32, bitcast=True)
-    s = ws.to(tl.int32)
-    mult = tl.where(s == 0, 5.877471754111438e-39, (s << 23).to(tl.float32, bitcast=True))  # 2^(s-127)
+    mult = e8m0_to_fp32(ws.to(tl.int32))
     f = f * 8.507059173023462e37  # 2^126: now the E2M1 value itself
     f = tl.reshape(tl.reshape(f, (BLOCK_N, BLOCK_K // 32, 32)) * mult[:, :, None], (BLOCK_N, BLOCK_K))
     return f.to(tl.bfloat16)

@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-TWO_POW_M127 = tl.constexpr(5.877471754111438e-39)  # E8M0 byte 0: 2^-127 is an fp32 subnormal, not (0 << 23)
+from mxrepack.kernels.dequant_mxfp4 import e8m0_to_fp32
+
 
 
 @dataclass(frozen=True)
@@ -45,19 +46,28 @@ class GemvConfig:
     # "ops" / "asm": fp32 math on bf16 activations, decoded by portable Triton integer ops or by PTX (CUDA
     # only); "f16x2" / "f16x2-ops": packed fp16 math on prepared activations, PTX or its portable twin
     decode: str = "ops"
-    maxnreg: int = 0  # registers per thread for ptxas (0: its choice); fewer -> more warps in flight
     prefetch: int = 1  # f16x2 path: K tiles of weights loaded ahead of the one being multiplied (1 or 2)
 
     def name(self) -> str:
-        regs = f"r{self.maxnreg}" if self.maxnreg else ""
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
-        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{regs}{ahead}{self.decode}"
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}"
+
+    @property
+    def prepared(self) -> bool:
+        """The f16x2 path: activations prepared as fp16 pairs (:func:`prepare_x`) before the GEMV."""
+        return self.decode.startswith("f16x2")
+
+    @property
+    def math(self) -> str:
+        """"asm" (inline PTX, CUDA only) or "ops" (portable Triton, runs under the interpreter)."""
+        return "asm" if self.decode in ("asm", "f16x2") else "ops"
+
+    def portable(self) -> GemvConfig:
+        """The same configuration without PTX, for the interpreter and CPU."""
+        return dataclasses.replace(self, decode={"asm": "ops", "f16x2": "f16x2-ops"}.get(self.decode, self.decode))
 
     def launch_options(self) -> dict:
-        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if self.maxnreg:
-            opts["maxnreg"] = self.maxnreg
-        return opts
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
 
 
 @triton.jit
@@ -123,9 +133,7 @@ def _accumulate(acc, w, s, x, G: tl.constexpr, DECODE: tl.constexpr):
     for j in tl.static_range(1, 8):
         part += vs[j] * xs[j]
     dot = tl.sum(part, axis=2)
-    s = s.to(tl.int32)
-    scale = tl.where(s == 0, TWO_POW_M127, (s << 23).to(tl.float32, bitcast=True))  # 2^(s-127)
-    return acc + dot * scale
+    return acc + dot * e8m0_to_fp32(s.to(tl.int32))
 
 
 @triton.jit
@@ -310,9 +318,7 @@ def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr
 @triton.jit
 def _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
     """acc[n, g] += scale[n, g] * 2^e[g] * (W[n, group g] . x'[group g]) for the G groups of one K tile."""
-    s = s.to(tl.int32)
-    scale = tl.where(s == 0, TWO_POW_M127, (s << 23).to(tl.float32, bitcast=True))
-    return acc + _group_dot(w, xq, BLOCK_N, G, MATH) * (scale * xe)
+    return acc + _group_dot(w, xq, BLOCK_N, G, MATH) * (e8m0_to_fp32(s.to(tl.int32)) * xe)
 
 
 @triton.jit
@@ -404,12 +410,11 @@ def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride
 # which needs no activation-preparing launch.
 WIDE = GemvConfig(16, 1024, 8, 1, "f16x2")
 NARROW = GemvConfig(8, 512, 4, 1, "asm")
-PORTABLE = {"asm": "ops", "f16x2": "f16x2-ops"}  # the same kernel without PTX, for the interpreter and CPU
 
 
 def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True) -> GemvConfig:
     cfg = WIDE if N >= 256 * sm_count else NARROW
-    return cfg if cuda else dataclasses.replace(cfg, decode=PORTABLE.get(cfg.decode, cfg.decode))
+    return cfg if cuda else cfg.portable()
 
 
 def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None,
@@ -424,12 +429,12 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
         w_packed = w_packed.clone()  # contiguous() keeps a misaligned storage offset; a copy does not
     cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda")
     x = x.contiguous()
-    if cfg.decode in ("f16x2", "f16x2-ops"):
+    if cfg.prepared:
         xp, xe = prepare_x(x)
         _gemv_f16x2_kernel[(M, triton.cdiv(N, cfg.block_n))](
             xp, xe, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K, xp.stride(0), xe.stride(0),
             w_packed.stride(0), w_scales.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, MATH="asm" if cfg.decode == "f16x2" else "ops", PREFETCH=cfg.prefetch,
+            BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch,
             **cfg.launch_options())
         return out
     grid = (M, triton.cdiv(N, cfg.block_n))

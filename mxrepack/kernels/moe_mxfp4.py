@@ -28,14 +28,13 @@ kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.gemv_mxfp4 import PORTABLE, GemvConfig, gemv_rows, gemv_rows_f16x2, pack_groups, prepare_x
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_rows, gemv_rows_f16x2, pack_groups, prepare_x
 from mxrepack.kernels.mx_quant import quantize_activations
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -296,9 +295,7 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
     E, Ip2, _ = w13.shape
     Ip, Hp = Ip2 // 2, w2.shape[1]
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
-    f16x2 = cfg.decode.startswith("f16x2")
-    math = "asm" if cfg.decode == "f16x2" else "ops"
-    if f16x2:
+    if cfg.prepared:
         if Ip % GATE_UP_F16X2_ROWS:
             raise ValueError(f"the f16x2 MoE GEMV needs Ip % {GATE_UP_F16X2_ROWS} == 0, got {Ip}")
         xp, xe = prepare_x(x)
@@ -307,7 +304,7 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
         _gate_up_gemv_f16x2_kernel[(T * k, Ip // GATE_UP_F16X2_ROWS)](
             xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
             s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
-            BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, MATH=math, PREFETCH=cfg.prefetch, **cfg.launch_options())
+            BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, **cfg.launch_options())
     else:
         h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
         he = h
@@ -321,8 +318,8 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
     _down_gemv_kernel[(T * k, tiles)](
         h, he, w2, s2, b2, part, counters, out, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip,
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
-        out.stride(0), k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=math if f16x2 else cfg.decode,
-        PREPARED=f16x2, PREFETCH=cfg.prefetch, **cfg.launch_options())
+        out.stride(0), k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.math if cfg.prepared else cfg.decode,
+        PREPARED=cfg.prepared, PREFETCH=cfg.prefetch, **cfg.launch_options())
     return out
 
 
@@ -348,8 +345,7 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     gemv = isinstance(config, GemvConfig) or (config is None and activations == "bf16"
                                                and T * k <= GEMV_MAX_ASSIGNMENTS and H % 32 == 0)
     if gemv:
-        cfg = config or (MOE_GEMV if x.device.type == "cuda"
-                         else dataclasses.replace(MOE_GEMV, decode=PORTABLE.get(MOE_GEMV.decode, MOE_GEMV.decode)))
+        cfg = config or (MOE_GEMV if x.device.type == "cuda" else MOE_GEMV.portable())
         if activations != "bf16" or H % 32:
             raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
     else:
