@@ -196,24 +196,6 @@ def test_moe_mxfp4_matches_reference(activations, bound):
                 assert torch.equal(moe_mxfp4(x, ids, wts, strided, activations, cfg), y)
 
 
-@pytest.mark.parametrize("tokens", [2, 4])
-def test_grouped_moe_decode_matches_reference(tokens):
-    """One program per (expert, row tile) serving all the expert's tokens, ``tokens`` per decoded weight tile:
-    expert 0 has 5 tokens (two chunks, the second partial), expert 3 none (its programs exit)."""
-    E, H, I, k, T = 4, 96, 64, 2, 5  # H: a partial last K tile in gate_up (96 = 64 + 32)
-    dims, strided, native = _strided_layer(E, H, I)
-    x = torch.randn(T, H).to(torch.bfloat16)
-    ids = torch.tensor([[0, 1 + t % 2] if t % 2 else [1 + t % 2, 0] for t in range(T)])
-    wts = torch.softmax(torch.randn(T, k), -1)
-    ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
-    cfg = GemvConfig(16, 64, 4, 1, "f16x2-ops", tokens=tokens)
-    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
-    y = moe_mxfp4(x, ids, wts, strided, "bf16", cfg, out=out)
-    assert y is out and not torch.isnan(y).any()
-    assert rel(y, ref) <= 1e-2, rel(y, ref)
-    assert torch.equal(moe_mxfp4(x, ids, wts, strided, "bf16", cfg), y)  # counters reset, fixed combine order
-
-
 def test_kernels_check_builds_for_sm12x_without_tma():
     """The sm_12x proof: every shipped configuration AOT-compiles for sm_90a/100a/120a/121a with Triton's
     ptxas, fits 101376 bytes of shared memory, has no TMA, and W4A4 uses the native FP4 MMA on sm_12x
@@ -226,7 +208,7 @@ def test_kernels_check_builds_for_sm12x_without_tma():
     assert {r["arch"] for r in records} == {"sm_90a", "sm_100a", "sm_120a", "sm_121a"}
     assert {r["kernel"] for r in records} == {"linear_mxfp4", "moe_gate_up_swiglu", "moe_down_combine", "gemv_mxfp4",
                                               "gemv_mxfp4_f16x2", "gemv_prepare_x", "gemv_moe_gate_up_f16x2", "gemv_moe_down",
-                                              "gemv_moe_gate_up_grouped", "gemv_moe_down_grouped", "dequant_mxfp4"}
+                                              "dequant_mxfp4"}
     for r in records:
         assert r["ok"] and not r["tma"], r
         cuda_cores = r["kernel"].startswith("gemv_") or r["kernel"] == "dequant_mxfp4"

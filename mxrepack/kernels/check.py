@@ -106,24 +106,6 @@ def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     return {**gate_up, "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, const)}
 
 
-def _moe_grouped_sources(cfg: gemv.GemvConfig, assignments: int) -> dict[str, ASTSource]:
-    """The grouped decode kernels (one program per expert and row tile) for up to ``assignments`` (T * k)."""
-    w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
-    const = {"BLOCK_N": moe.GATE_UP_F16X2_ROWS, "BLOCK_K": cfg.block_k, "M": cfg.tokens, "MATH": cfg.math,
-             "BLOCK_A": triton.next_power_of_2(assignments)}
-    sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "hp_ptr": "*i32",
-           "he_ptr": "*fp32", "ids_ptr": "*i32", "A": "i32", "H": "i32", "Ip": "i32", "TOPK": "i32",
-           "stride_xp": "i32", "stride_xe": "i32", **w_strides, "stride_hp": "i32", "stride_he": "i32",
-           "alpha": "fp32", "limit": "fp32", **{k: "constexpr" for k in const}}
-    down_const = dict(const, BLOCK_N=cfg.block_n)
-    down = {"h_ptr": "*i32", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "part_ptr": "*fp32",
-            "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "A": "i32", "H": "i32",
-            "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32", **w_strides, "stride_part": "i32",
-            "stride_out": "i32", "TOPK": "i32", **{k: "constexpr" for k in down_const}}
-    return {"gemv_moe_gate_up_grouped": ASTSource(moe._gate_up_grouped_kernel, sig, const),
-            "gemv_moe_down_grouped": ASTSource(moe._down_grouped_kernel, down, down_const)}
-
-
 def _dequant_source(cfg: dq.DequantConfig) -> ASTSource:
     sig = {"w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "K": "i32", "stride_wn": "i32",
            "stride_wsn": "i32", "stride_on": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
@@ -149,9 +131,6 @@ def shipped_kernels():
             yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
         yield kernel, f"decode:{moe.MOE_GEMV.name()}", "w4a16", src, moe.MOE_GEMV.num_warps, moe.MOE_GEMV.num_stages
-    g = moe.MOE_GROUPED
-    for kernel, src in _moe_grouped_sources(g, moe.GROUPED_MAX_ASSIGNMENTS).items():
-        yield kernel, f"decode-grouped:{g.name()}", "w4a16", src, g.num_warps, g.num_stages
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
 
 

@@ -47,13 +47,10 @@ class GemvConfig:
     # only); "f16x2" / "f16x2-ops": packed fp16 math on prepared activations, PTX or its portable twin
     decode: str = "ops"
     prefetch: int = 1  # f16x2 path: K tiles of weights loaded ahead of the one being multiplied (1 or 2)
-    # f16x2 path, grouped MoE decode: rows of activations (1, 2 or 4) multiplied by each decoded weight tile
-    tokens: int = 1
 
     def name(self) -> str:
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
-        rows = f"m{self.tokens}" if self.tokens != 1 else ""
-        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{rows}{self.decode}"
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}"
 
     @property
     def prepared(self) -> bool:
@@ -245,38 +242,32 @@ def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xp, xe
 
 
-def _group_dot_f16x2_asm_text(tokens: int = 1) -> str:
-    """PTX for one group: words ``$T..$T+3`` (eight codes each; T = ``tokens``), then for each token 16
-    activation pairs (word-major, slot s of a word = its codes s and s + 4, lo and hi half) -> ``$0..$T-1``,
-    each token's fp32 sum of its 32 products. The words are decoded once for all tokens.
+def _group_dot_f16x2_asm_text() -> str:
+    """PTX for one group: words $1..$4 (eight codes each), activation pairs $5..$20 (word-major, slot s of a
+    word = its codes s and s + 4, lo and hi half) -> $0, the fp32 sum of the 32 products.
 
     A word decodes in 11 instructions, not 4 x 3 + 3: codes 3 and 1 of each half are built together in
     place (sign where it is, the three exponent/mantissa bits moved down 3 and masked), then codes 3 are
     masked out and codes 1 are moved up a byte by one ``prmt`` that also zeroes the rest; codes 2 and 0
     the same after a shift of 4."""
-    chains = ", ".join(f"a{m}, b{m}" for m in range(tokens))
-    lines = ["{", f".reg .b32 q, t, v, p0, p1, p2, p3, {chains};", ".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
+    lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a, b;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
     for word in range(4):
-        lines += [f"mov.b32 q, ${tokens + word};",
+        acc = "ab"[word % 2]  # two chains: words 0, 2 and words 1, 3
+        lines += [f"mov.b32 q, ${1 + word};",
                   "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
                   "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
                   "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
                   "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;"]
-        for m in range(tokens):
-            acc = "ab"[word % 2] + str(m)  # two chains per token: words 0, 2 and words 1, 3
-            for pair in range(4):
-                x = f"${tokens + 4 + 16 * m + 4 * word + 3 - pair}"  # decoded pair p is codes (3 - p, 7 - p): slot 3 - p
-                lines.append(f"mul.rn.f16x2 {acc}, p{pair}, {x};" if word < 2 and pair == 0
-                             else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};")
-    for m in range(tokens):
-        lines += [f"add.rn.f16x2 a{m}, a{m}, b{m};", f"mov.b32 {{lo, hi}}, a{m};", "cvt.f32.f16 f0, lo;",
-                  "cvt.f32.f16 f1, hi;", f"add.f32 ${m}, f0, f1;"]
-    return "\n".join(lines + ["}"])
+        for pair in range(4):
+            x = f"${5 + 4 * word + 3 - pair}"  # decoded pair p is codes (3 - p, 7 - p): slot 3 - p
+            lines.append(f"mul.rn.f16x2 {acc}, p{pair}, {x};" if word < 2 and pair == 0
+                         else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};")
+    lines += ["add.rn.f16x2 a, a, b;", "mov.b32 {lo, hi}, a;", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;",
+              "add.f32 $0, f0, f1;", "}"]
+    return "\n".join(lines)
 
 
 GROUP_DOT_F16X2 = tl.constexpr(_group_dot_f16x2_asm_text())
-GROUP_DOT_F16X2_2 = tl.constexpr(_group_dot_f16x2_asm_text(2))
-GROUP_DOT_F16X2_4 = tl.constexpr(_group_dot_f16x2_asm_text(4))
 
 
 @triton.jit
@@ -395,113 +386,6 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
         xe = tl.load(e_ptrs + n_full * G, mask=g_ok[None, :], other=0.0)
         xq = _load_pairs(p_ptrs + n_full * X_STEP, g_ok, True)
         acc = _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N, G, MATH)
-    return tl.sum(acc, axis=1)
-
-
-# -- several rows of activations per decoded weight tile (grouped MoE decode) ----------------------
-# When a few tokens share an expert, each of its weight tiles is read and decoded once and multiplied by
-# every token's activations: the bytes stay those of one token, the packed math grows by 4 fma.rn.f16x2
-# per word and token. M = 1, 2 or 4 rows; each row's activations are loaded in the one-row layout, and
-# only the per-row products are joined into one accumulator (a last axis held within each thread).
-@triton.jit
-def _join_tokens(t, M: tl.constexpr):
-    """The first M of a tuple of [A, B] tensors -> [A, B, M]; the new axis is held within each thread."""
-    if M == 1:
-        return tl.expand_dims(t[0], 2)
-    elif M == 2:
-        return tl.join(t[0], t[1])
-    else:
-        j = tl.join(tl.join(t[0], t[2]), tl.join(t[1], t[3]))  # [.., p, q] = token 2p + q
-        return tl.reshape(j, j.shape[:2] + [4])
-
-
-@triton.jit
-def _group_dots(w, xqs, BLOCK_N: tl.constexpr, G: tl.constexpr, M: tl.constexpr, MATH: tl.constexpr):
-    """A tuple of M [BLOCK_N, G] fp32: :func:`_group_dot` for M rows of activations (``xqs``: per row the four
-    [1, G, 4] tensors of slots 0..3), the words decoded once."""
-    if M == 1 or MATH != "asm":
-        dots = ()
-        for m in tl.static_range(M):
-            dots = dots + (_group_dot(w, xqs[m], BLOCK_N, G, MATH),)
-        return dots
-    ws = _split4(w, BLOCK_N, G)
-    args = (ws[0], ws[1], ws[2], ws[3])
-    for m in tl.static_range(M):
-        x0, x1, x2, x3 = _split4(xqs[m][0], 1, G)
-        y0, y1, y2, y3 = _split4(xqs[m][1], 1, G)
-        z0, z1, z2, z3 = _split4(xqs[m][2], 1, G)
-        u0, u1, u2, u3 = _split4(xqs[m][3], 1, G)
-        xs = (x0, y0, z0, u0, x1, y1, z1, u1, x2, y2, z2, u2, x3, y3, z3, u3)  # word-major
-        for i in tl.static_range(16):
-            args = args + (tl.broadcast_to(xs[i], (BLOCK_N, G)),)
-    if M == 2:
-        return tl.inline_asm_elementwise(asm=GROUP_DOT_F16X2_2, constraints="=r,=r" + ",r" * 36, args=args,
-                                         dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
-    return tl.inline_asm_elementwise(asm=GROUP_DOT_F16X2_4, constraints="=r,=r,=r,=r" + ",r" * 68, args=args,
-                                     dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-
-
-@triton.jit
-def _tile_tokens(acc, w, s, p_rows, e_rows, p_offs, e_offs, g_ok, BLOCK_N: tl.constexpr, G: tl.constexpr,
-                 M: tl.constexpr, MATH: tl.constexpr, MASKED: tl.constexpr):
-    """One K tile for M activation rows: each row's pairs and factors are loaded as the one-row GEMV loads
-    them (same layout, no shuffles), the products are scaled per row and joined into ``acc`` [BLOCK_N, G, M]."""
-    xqs = ()
-    for m in tl.static_range(M):
-        xqs = xqs + (_load_pairs(p_rows[m] + p_offs, g_ok, MASKED),)
-    dots = _group_dots(w, xqs, BLOCK_N, G, M, MATH)
-    scale = e8m0_to_fp32(s.to(tl.int32))
-    scaled = ()
-    for m in tl.static_range(M):
-        if MASKED:
-            xe = tl.load(e_rows[m] + e_offs, mask=g_ok[None, :], other=0.0)
-        else:
-            xe = tl.load(e_rows[m] + e_offs)
-        scaled = scaled + (dots[m] * (scale * xe),)
-    return acc + _join_tokens(scaled, M)
-
-
-@triton.jit
-def gemv_rows_f16x2_tokens(xp_ptr, xe_ptr, stride_xp, stride_xe, rows, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M: tl.constexpr, MATH: tl.constexpr):
-    """``W[rn, :K] @ x_m[:K]`` for the M prepared activation rows ``rows`` ([M] indices, any valid row where a
-    slot is unused) -> [BLOCK_N, M] fp32. :func:`gemv_rows_f16x2` with the weights read once for M rows."""
-    G: tl.constexpr = BLOCK_K // 32
-    rg = tl.arange(0, G)
-    row_words = tl.multiple_of(rn * (stride_wn // 4), 4)
-    w_ptrs = (w_ptr.to(tl.pointer_type(tl.int32)) + row_words[:, None, None] + rg[None, :, None] * 4
-              + tl.arange(0, 4)[None, None, :])
-    rg_1 = rg ^ (tl.program_id(0) >> 31)  # scales in the words' thread distribution: see gemv_rows_f16x2
-    s_ptrs = ws_ptr + rn[:, None] * stride_wsn + rg_1[None, :]
-    p_offs = rg[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]
-    e_offs = rg_1[None, :]
-    p_rows = ()
-    e_rows = ()
-    for m in tl.static_range(M):
-        r = tl.sum(tl.where(tl.arange(0, M) == m, rows, 0)).to(tl.int64)
-        p_rows = p_rows + (xp_ptr + r * stride_xp,)
-        e_rows = e_rows + (xe_ptr + r * stride_xe,)
-    zero = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    acc = _join_tokens((zero, zero, zero, zero), M)  # built by the join: the layout the loop adds to
-    n_full = K // BLOCK_K
-    W_STEP: tl.constexpr = BLOCK_K // 8
-    X_STEP: tl.constexpr = BLOCK_K // 2
-    if n_full > 0:  # the next tile's weights are in flight while one is multiplied
-        wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
-        for t in range(1, n_full):
-            wb, sb = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
-            acc = _tile_tokens(acc, wa, sa, p_rows, e_rows, p_offs + (t - 1) * X_STEP, e_offs + (t - 1) * G, 0,
-                               BLOCK_N, G, M, MATH, False)
-            wa, sa = wb, sb
-        acc = _tile_tokens(acc, wa, sa, p_rows, e_rows, p_offs + (n_full - 1) * X_STEP, e_offs + (n_full - 1) * G, 0,
-                           BLOCK_N, G, M, MATH, False)
-    k_full = n_full * BLOCK_K
-    if k_full < K:  # a partial last tile: mask whole groups
-        g_ok = rg < (K - k_full) // 32
-        w = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)
-        s = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
-        acc = _tile_tokens(acc, w, s, p_rows, e_rows, p_offs + n_full * X_STEP, e_offs + n_full * G, g_ok,
-                           BLOCK_N, G, M, MATH, True)
     return tl.sum(acc, axis=1)
 
 

@@ -34,8 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gemv_rows, gemv_rows_f16x2, gemv_rows_f16x2_tokens, pack_groups,
-                                         prepare_x)
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_rows, gemv_rows_f16x2, pack_groups, prepare_x
 from mxrepack.kernels.mx_quant import quantize_activations
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -58,16 +57,13 @@ MOE_PREFILL = MoeConfig(64, 128, 128, num_warps=4, num_stages=3)
 MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
 
 
-# T * k up to which the per-assignment GEMV beats the scheduled tiles: 4.0x at T = 8 (32 assignments) on
-# H100, docs/PERF.md; past that, experts shared by many tokens are better read once per row block.
-GEMV_MAX_ASSIGNMENTS = 32
+# T * k up to which the per-assignment GEMV beats the scheduled tiles (H100, benchmarks/moe_dispatch_sweep.py,
+# docs/PERF.md): 1.37 vs 2.22 ms at T = 64 (256 assignments), 2.62 vs 2.41 ms at T = 128. A token sharing
+# an expert re-reads its weights, but the programs of one row tile run together and hit L2.
+GEMV_MAX_ASSIGNMENTS = 256
 GATE_UP_F16X2_ROWS = 32  # f16x2 gate_up rows per program: whole groups of the intermediate it prepares
 # H100, benchmarks/decode_pick.py: best at T = 1, 4 and 8 (44-61% of the roofline on touched experts)
 MOE_GEMV = GemvConfig(16, 512, 4, 1, "f16x2")
-# Past GEMV_MAX_ASSIGNMENTS and up to GROUPED_MAX_ASSIGNMENTS, one program per (expert, row tile) serves all
-# of the expert's tokens, ``tokens`` at a time (provisional until measured on a GPU)
-GROUPED_MAX_ASSIGNMENTS = 512
-MOE_GROUPED = GemvConfig(16, 512, 4, 1, "f16x2", tokens=2)
 
 
 def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
@@ -249,21 +245,6 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
 
 
 @triton.jit
-def _combine_arrival(part_ptr, count_ptr, out_ptr, a, H, rn, stride_part, stride_out, TOPK, tiles, tile):
-    """Assignment ``a``'s partial for row tile ``tile`` is stored: count it in, and if it is the last of its
-    token's k, sum the k partials in slot order (the result does not depend on which arrived last), write
-    the bf16 output and reset the counter for the next call."""
-    t = a // TOPK
-    counter = count_ptr + t * tiles + tile
-    if tl.atomic_add(counter, 1, sem="acq_rel") == TOPK - 1:
-        total = tl.zeros(rn.shape, dtype=tl.float32)
-        for j in range(TOPK):
-            total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
-        tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
-        tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
 def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
                       stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
@@ -285,86 +266,15 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
         y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     tl.store(part_ptr + p * stride_part + rn, y)
+    t = p // TOPK
+    counter = count_ptr + t * tl.num_programs(1) + tile
     tl.debug_barrier()  # every thread's partial is stored before the arrival is published (release)
-    _combine_arrival(part_ptr, count_ptr, out_ptr, p, H, rn, stride_part, stride_out, TOPK, tl.num_programs(1), tile)
-
-
-# -- grouped decode: one program per (expert, row tile) for all the tokens routed to it ----------------
-@triton.jit
-def _expert_rows(ids_ptr, e, A, chunk, M: tl.constexpr, BLOCK_A: tl.constexpr):
-    """The assignments (t * k + slot) routed to expert ``e``, the ``chunk``-th M of them in assignment order:
-    (indices [M], valid [M]; unused slots get index 0)."""
-    ra = tl.arange(0, BLOCK_A)
-    hit = (tl.load(ids_ptr + ra, mask=ra < A, other=-1) == e).to(tl.int32)
-    rank = tl.cumsum(hit, axis=0) - 1
-    j = chunk * M + tl.arange(0, M)
-    sel = (hit[None, :] == 1) & (rank[None, :] == j[:, None])
-    return tl.sum(tl.where(sel, ra[None, :], 0), axis=1), tl.sum(sel.to(tl.int32), axis=1) == 1
-
-
-@triton.jit
-def _expert_count(ids_ptr, e, A, BLOCK_A: tl.constexpr):
-    ra = tl.arange(0, BLOCK_A)
-    return tl.sum((tl.load(ids_ptr + ra, mask=ra < A, other=-1) == e).to(tl.int32))
-
-
-@triton.jit
-def _gate_up_grouped_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, A, H, Ip, TOPK,
-                            stride_xp, stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he,
-                            alpha, limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M: tl.constexpr,
-                            MATH: tl.constexpr, BLOCK_A: tl.constexpr):
-    """``_gate_up_gemv_f16x2_kernel`` for every assignment routed to expert ``program_id(0)``, M at a time:
-    each weight tile is read once per M tokens, not once per token. Experts nobody chose exit at once."""
-    e = tl.program_id(0)
-    tile = tl.program_id(1)
-    w_e, s_e = w_ptr + e.to(tl.int64) * stride_we, ws_ptr + e.to(tl.int64) * stride_wse
-    r2 = tl.arange(0, 2 * BLOCK_N)
-    rows = tile * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip  # gate rows, then the matching up rows
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    b_gate = tl.load(b_ptr + e * 2 * Ip + rn)
-    b_up = tl.load(b_ptr + e * 2 * Ip + Ip + rn)
-    GB: tl.constexpr = BLOCK_N // 32
-    g = tile * GB + tl.arange(0, GB)
-    for chunk in range(tl.cdiv(_expert_count(ids_ptr, e, A, BLOCK_A), M)):
-        a, ok = _expert_rows(ids_ptr, e, A, chunk, M, BLOCK_A)
-        y = gemv_rows_f16x2_tokens(xp_ptr, xe_ptr, stride_xp, stride_xe, a // TOPK, w_e, s_e, rows, H, stride_wn,
-                                   stride_wsn, 2 * BLOCK_N, BLOCK_K, M, MATH)  # [2 * BLOCK_N, M]
-        gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N, M)), (1, 2, 0)))  # [BLOCK_N, M] each
-        h = _swiglu(gate + b_gate[:, None], up + b_up[:, None], alpha, limit).to(tl.bfloat16).to(tl.float32)
-        pairs, factors = pack_groups(tl.reshape(tl.permute(h, (1, 0)), (M * GB, 32)), M * GB)
-        pairs = tl.reshape(pairs, (M, GB, 16))
-        factors = tl.reshape(factors, (M, GB))
-        a64 = a.to(tl.int64)
-        tl.store(hp_ptr + a64[:, None, None] * stride_hp + g[None, :, None] * 16 + tl.arange(0, 16)[None, None, :],
-                 pairs, mask=ok[:, None, None])
-        tl.store(he_ptr + a64[:, None] * stride_he + g[None, :], factors, mask=ok[:, None])
-
-
-@triton.jit
-def _down_grouped_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, A, H,
-                         Hp, Ip, stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part,
-                         stride_out, TOPK, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M: tl.constexpr,
-                         MATH: tl.constexpr, BLOCK_A: tl.constexpr):
-    """``_down_gemv_kernel`` (prepared intermediate, the combine by arrival) for every assignment routed to
-    expert ``program_id(0)``, M at a time."""
-    e = tl.program_id(0)
-    tile = tl.program_id(1)
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_e, s_e = w_ptr + e.to(tl.int64) * stride_we, ws_ptr + e.to(tl.int64) * stride_wse
-    bias = tl.load(b_ptr + e * Hp + rn)
-    for chunk in range(tl.cdiv(_expert_count(ids_ptr, e, A, BLOCK_A), M)):
-        a, ok = _expert_rows(ids_ptr, e, A, chunk, M, BLOCK_A)
-        y = gemv_rows_f16x2_tokens(h_ptr, he_ptr, stride_h, stride_he, a, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                                   BLOCK_N, BLOCK_K, M, MATH)  # [BLOCK_N, M]
-        y = (y + bias[:, None]) * tl.load(wts_ptr + a)[None, :]
-        a64 = a.to(tl.int64)
-        tl.store(part_ptr + a64[None, :] * stride_part + rn[:, None], y, mask=ok[None, :])
-        tl.debug_barrier()  # every thread's partials are stored before an arrival is published (release)
-        for m in tl.static_range(M):
-            one = tl.arange(0, M) == m
-            if tl.sum((ok & one).to(tl.int32)) == 1:
-                _combine_arrival(part_ptr, count_ptr, out_ptr, tl.sum(tl.where(one, a, 0)), H, rn, stride_part,
-                                 stride_out, TOPK, tl.num_programs(1), tile)
+    if tl.atomic_add(counter, 1, sem="acq_rel") == TOPK - 1:
+        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for j in range(TOPK):
+            total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
+        tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
+        tl.atomic_xchg(counter, 0)
 
 
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
@@ -414,38 +324,6 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
     return out
 
 
-def _moe_grouped(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvConfig, out: torch.Tensor) -> torch.Tensor:
-    """Decode with experts shared by tokens: per (expert, row tile) programs, ``cfg.tokens`` tokens per decoded
-    weight tile, f16x2 math; combined into ``out [T, H]`` bf16 by the down kernel. No host sync."""
-    T, H = x.shape
-    k = topk_ids.shape[1]
-    E, Ip2, _ = w13.shape
-    Ip, Hp = Ip2 // 2, w2.shape[1]
-    A = T * k
-    if not cfg.prepared or cfg.tokens not in (1, 2, 4) or Ip % GATE_UP_F16X2_ROWS:
-        raise ValueError(f"the grouped MoE GEMV needs f16x2 math, 1, 2 or 4 tokens and Ip % {GATE_UP_F16X2_ROWS} == 0, "
-                         f"got {cfg.decode}, {cfg.tokens} and {Ip}")
-    ids = topk_ids.to(torch.int32).contiguous().view(-1)
-    block_a = triton.next_power_of_2(A)
-    xp, xe = prepare_x(x)
-    h = torch.empty(A, Ip // 2, dtype=torch.int32, device=x.device)
-    he = torch.empty(A, Ip // 32, dtype=torch.float32, device=x.device)
-    _gate_up_grouped_kernel[(E, Ip // GATE_UP_F16X2_ROWS)](
-        xp, xe, w13, s13, b13, h, he, ids, A, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
-        s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
-        BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, M=cfg.tokens, MATH=cfg.math, BLOCK_A=block_a,
-        **cfg.launch_options())
-    part = torch.empty(A, Hp, dtype=torch.float32, device=x.device)
-    tiles = Hp // cfg.block_n
-    counters = _arrival_counters(x.device, T * tiles)
-    _down_grouped_kernel[(E, tiles)](
-        h, he, w2, s2, b2, part, counters, out, ids, topk_weights.to(torch.float32).contiguous().view(-1), A, H, Hp,
-        Ip, h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
-        out.stride(0), k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M=cfg.tokens, MATH=cfg.math, BLOCK_A=block_a,
-        **cfg.launch_options())
-    return out
-
-
 def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: dict[str, torch.Tensor],
               activations: str = "bf16", config: MoeConfig | GemvConfig | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:
@@ -466,10 +344,9 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     if w2.shape != (E, Hp, Ip // 2) or H > Hp:
         raise ValueError(f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer")
     gemv = isinstance(config, GemvConfig) or (config is None and activations == "bf16"
-                                               and T * k <= GROUPED_MAX_ASSIGNMENTS and H % 32 == 0)
+                                               and T * k <= GEMV_MAX_ASSIGNMENTS and H % 32 == 0)
     if gemv:
-        cfg = config or (MOE_GEMV if T * k <= GEMV_MAX_ASSIGNMENTS else MOE_GROUPED)
-        cfg = cfg if x.device.type == "cuda" else cfg.portable()
+        cfg = config or (MOE_GEMV if x.device.type == "cuda" else MOE_GEMV.portable())
         if activations != "bf16" or H % 32:
             raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
     else:
@@ -478,8 +355,7 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of block_n={cfg.block_n}")
     if gemv:
         target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
-        run = _moe_grouped if cfg.tokens > 1 else _moe_gemv
-        y = run(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
+        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
         return y if out is None or y is out else out.copy_(y)
     y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
     result = y.view(T, k, H).sum(1)
