@@ -58,9 +58,10 @@ MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
 
 
 # T * k up to which the per-assignment GEMV beats the scheduled tiles (H100, benchmarks/moe_dispatch_sweep.py,
-# docs/PERF.md): 1.37 vs 2.22 ms at T = 64 (256 assignments), 2.62 vs 2.41 ms at T = 128. A token sharing
-# an expert re-reads its weights, but the programs of one row tile run together and hit L2.
-GEMV_MAX_ASSIGNMENTS = 256
+# docs/PERF.md): 1.38 vs 3.04 ms at T = 64, 2.02 vs 2.30 ms at T = 96 (384 assignments), 2.63 vs 2.22 ms at
+# T = 128. A token sharing an expert re-reads its weights, but the programs of one row tile run together
+# and mostly hit L2.
+GEMV_MAX_ASSIGNMENTS = 384
 GATE_UP_F16X2_ROWS = 32  # f16x2 gate_up rows per program: whole groups of the intermediate it prepares
 # H100, benchmarks/decode_pick.py: best at T = 1, 4 and 8 (44-61% of the roofline on touched experts)
 MOE_GEMV = GemvConfig(16, 512, 4, 1, "f16x2")
