@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, bench_decode, copy_roofline, lm_head_m1, moe_weights  # noqa: E402
+from gpu_check import (DEV, bench_decode, copy_roofline,  # noqa: E402
+                       lm_head_m1, moe_decode_inputs, moe_expert_bytes, moe_weights)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
@@ -46,12 +47,10 @@ def main() -> None:
              "shipped_dense": WIDE.name(), "shipped_moe": MOE_GEMV.name()}]
     lm_head(rows, bw)  # its rotating weights are freed before the MoE layer is made
     W = moe_weights()
-    per_expert = sum(W[n][0].numel() for n in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"))
+    per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
     for T in (1, 4, 8):
-        xm = torch.randn(T, 2880, device=DEV).to(torch.bfloat16)
-        ids = torch.stack([torch.randperm(128, device=DEV)[:4] for _ in range(T)])
-        wts = torch.softmax(torch.randn(T, 4, device=DEV), -1)
+        xm, ids, wts = moe_decode_inputs(T)
         touched = ids.unique().numel() * per_expert
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
         times = {c.name(): [] for c in MOE}

@@ -283,6 +283,18 @@ def moe_weights(E: int = 128, H: int = 2880, I: int = 2880, Hp: int = 2944, Ip: 
             "w2_bias": b2}
 
 
+def moe_expert_bytes(W: dict) -> int:
+    """Bytes one expert's weights and scales occupy (what a decode touching it must read)."""
+    return sum(W[n][0].numel() for n in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"))
+
+
+def moe_decode_inputs(T: int, E: int = 128, k: int = 4, H: int = 2880):
+    """Random decode inputs: x [T, H] bf16, each token routed to k distinct experts, softmax weights."""
+    x = torch.randn(T, H, device=DEV).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)])
+    return x, ids, torch.softmax(torch.randn(T, k, device=DEV), -1)
+
+
 def moe_reference(x, ids, wts, W, H: int = 2880, Hp: int = 2944, Ip: int = 2944) -> torch.Tensor:
     """Per-expert fp32 on the dequantized padded weights (the intermediate rounded to bf16 as the kernels do)."""
     w13, s13, b13, w2, s2, b2 = (W[n] for n in ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight",
@@ -304,13 +316,15 @@ def moe(rows: list, bw: float, quick: bool) -> None:
     W = moe_weights(E, H, I, Hp, Ip)
     w13, s13, b13, w2, s2, b2 = (W[n] for n in ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight",
                                                   "w2_weight_scale", "w2_bias"))
-    per_expert = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
+    per_expert = moe_expert_bytes(W)
     Tdec = (1, 2, 4, 8, 64)
     for T in Tdec + (4096,):
-        x = torch.randn(T, H, device=DEV).to(torch.bfloat16)
-        ids = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)]) if T <= 64 else \
-            torch.randint(0, E, (T, k), device=DEV)
-        wts = torch.softmax(torch.randn(T, k, device=DEV), -1)
+        if T <= 64:
+            x, ids, wts = moe_decode_inputs(T, E, k, H)
+        else:  # prefill: experts drawn with replacement
+            x = torch.randn(T, H, device=DEV).to(torch.bfloat16)
+            ids = torch.randint(0, E, (T, k), device=DEV)
+            wts = torch.softmax(torch.randn(T, k, device=DEV), -1)
         y = moe_mxfp4(x, ids, wts, W)
         err = None
         if T <= 64:

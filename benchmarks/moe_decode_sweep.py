@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, bench_decode, copy_roofline, moe_reference, moe_weights  # noqa: E402
+from gpu_check import (DEV, bench_decode, copy_roofline,  # noqa: E402
+                       moe_reference, moe_decode_inputs, moe_expert_bytes, moe_weights)
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
@@ -21,16 +22,14 @@ def main() -> None:
     E, k = 128, 4
     bw = copy_roofline()
     W = moe_weights()
-    per_expert = sum(W[n][0].numel() for n in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"))
+    per_expert = moe_expert_bytes(W)
     configs = [GemvConfig(bn, bk, w, 1, "asm") for bn, bk, w in itertools.product((8, 16), (256, 512), (2, 4))]
     configs += [GemvConfig(bn, bk, w, 1, "f16x2", prefetch=ahead) for bn, bk, w, ahead in
                 itertools.product((4, 8, 16, 32), (256, 512), (1, 2, 4), (1, 2)) if bn * bk // 32 >= 32 * w]
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "shipped": MOE_GEMV.name()}]
     torch.manual_seed(0)
     for T in (1, 2, 4, 8):
-        x = torch.randn(T, 2880, device=DEV).to(torch.bfloat16)
-        ids = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)])
-        wts = torch.softmax(torch.randn(T, k, device=DEV), -1)
+        x, ids, wts = moe_decode_inputs(T, E, k)
         touched = ids.unique().numel() * per_expert
         ref = moe_reference(x, ids, wts, W)
         out = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)

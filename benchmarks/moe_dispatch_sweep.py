@@ -13,7 +13,8 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, bench_decode, copy_roofline, moe_reference, moe_weights  # noqa: E402
+from gpu_check import (DEV, bench_decode, copy_roofline,  # noqa: E402
+                       moe_reference, moe_decode_inputs, moe_expert_bytes, moe_weights)
 
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4, pick_moe_config  # noqa: E402
 
@@ -22,13 +23,11 @@ def main() -> None:
     E, k = 128, 4
     bw = copy_roofline()
     W = moe_weights()
-    per_expert = sum(W[n][0].numel() for n in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"))
+    per_expert = moe_expert_bytes(W)
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "gemv": MOE_GEMV.name()}]
     torch.manual_seed(0)
     for T in [int(t) for t in sys.argv[2].split(",")] if len(sys.argv) > 2 else (4, 16, 64, 128, 256):
-        x = torch.randn(T, 2880, device=DEV).to(torch.bfloat16)
-        ids = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)])
-        wts = torch.softmax(torch.randn(T, k, device=DEV), -1)
+        x, ids, wts = moe_decode_inputs(T, E, k)
         n_touched = ids.unique().numel()
         ref = moe_reference(x, ids, wts, W)
         out = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
