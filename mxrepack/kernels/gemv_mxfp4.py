@@ -36,7 +36,6 @@ import triton.language as tl
 from mxrepack.kernels.dequant_mxfp4 import e8m0_to_fp32
 
 
-
 @dataclass(frozen=True)
 class GemvConfig:
     block_n: int = 64
@@ -176,16 +175,22 @@ def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
 
 
 @triton.jit
+def _store_rows(y, b_ptr, y_row, rn, N, HAS_BIAS: tl.constexpr):
+    """The dense GEMVs' epilogue: + bias, stored to the output row for the rows ``rn`` below ``N``."""
+    n_ok = rn < N
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_row + rn, y.to(y_row.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
 def _gemv_mxfp4_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_wsn, stride_ym,
                        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < N
     rn_load = tl.minimum(rn, N - 1)  # rows past N re-read the last row, so that the loads need no mask
     y = gemv_rows(x_ptr + m * stride_xm, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
 # -- f16x2 math on prepared activations ------------------------------------------------------------
@@ -395,13 +400,10 @@ def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride
                        MATH: tl.constexpr, PREFETCH: tl.constexpr):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < N
     rn_load = tl.minimum(rn, N - 1)
     y = gemv_rows_f16x2(xp_ptr + m * stride_pm, xe_ptr + m * stride_em, w_ptr, ws_ptr, rn_load, K, stride_wn,
                         stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
 # Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/decode_pick.py,

@@ -196,10 +196,11 @@ def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr,
 
 
 @triton.jit
-def _store_swiglu(gate, up, b_ptr, e, Ip, rn, h_ptr, alpha, limit):
+def _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit):
+    """Expert ``e``'s gate and up biases added to rows ``rn`` of each, then the gpt-oss SwiGLU (fp32)."""
     gate += tl.load(b_ptr + e * 2 * Ip + rn)
     up += tl.load(b_ptr + e * 2 * Ip + Ip + rn)
-    tl.store(h_ptr + rn, _swiglu(gate, up, alpha, limit).to(h_ptr.dtype.element_ty))
+    return _swiglu(gate, up, alpha, limit)
 
 
 @triton.jit
@@ -213,7 +214,8 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     gate = gemv_rows(x_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
     up = gemv_rows(x_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
-    _store_swiglu(gate, up, b_ptr, e, Ip, rn, h_ptr + p * stride_h, alpha, limit)
+    h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit)
+    tl.store(h_ptr + p * stride_h + rn, h.to(h_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -235,9 +237,7 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
     y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    gate += tl.load(b_ptr + e * 2 * Ip + rn)
-    up += tl.load(b_ptr + e * 2 * Ip + Ip + rn)
-    h = _swiglu(gate, up, alpha, limit).to(tl.bfloat16).to(tl.float32)
+    h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
     GB: tl.constexpr = BLOCK_N // 32
     pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
