@@ -251,13 +251,18 @@ class StreamingShardWriter:
         self.size = 0
         self._emit(_header_bytes(tensors, metadata))
 
+    def _write_failed(self, e: OSError) -> MxRepackError:
+        """The one-line error for a failed write, flush or fsync; the file is closed (the caller removes
+        the temporary directory it is in)."""
+        self._file.close()
+        return MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?")
+
     def _emit(self, data) -> None:
         try:
             self._file.write(data)
             self._file.flush()  # the hash thread reads the file back
         except OSError as e:
-            self._file.close()
-            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
+            raise self._write_failed(e) from None
         self.size += len(data)
         self._hash.advance(self.size)
 
@@ -311,8 +316,7 @@ class StreamingShardWriter:
             finally:
                 os.close(src)
         except OSError as e:
-            self._file.close()
-            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
+            raise self._write_failed(e) from None
         self.size += nbytes
         self._hash.advance(self.size)
         self._tensor_done(nbytes)
@@ -339,8 +343,7 @@ class StreamingShardWriter:
         try:
             self._file.flush()
         except OSError as e:
-            self._file.close()
-            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?") from None
+            raise self._write_failed(e) from None
         self._sync = threading.Thread(target=self._fsync_and_close, name="mxrepack-fsync", daemon=True)
         self._sync.start()
 
@@ -363,8 +366,7 @@ class StreamingShardWriter:
         """Block until the file is on disk; a failed fsync (e.g. the disk filled up) is an error."""
         self._sync.join()
         if self._sync_error is not None:
-            e = self._sync_error
-            raise MxRepackError(f"{self.path}: write failed ({e.strerror or e}); is the disk full?")
+            raise self._write_failed(self._sync_error)
 
     def abort(self) -> None:
         self._hash.stop()
