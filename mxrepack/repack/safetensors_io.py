@@ -310,6 +310,7 @@ class StreamingShardWriter:
                         if done or e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                             raise
                         got = self._copy_by_reading(src, offset, nbytes)
+                        got = got if got == nbytes else 0  # the source ended early: the error below
                     if got <= 0:
                         raise MxRepackError(f"{path}: truncated while reading tensor '{name}'")
                     done += got
