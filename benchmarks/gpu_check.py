@@ -37,7 +37,7 @@ from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dequantize_mx
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, pick_gemv_config  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import (LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,  # noqa: E402
                                            use_gemv)
-from mxrepack.kernels.moe_mxfp4 import GEMV_MAX_ASSIGNMENTS, MOE_GEMV, moe_mxfp4, pick_moe_config  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import GEMV_MAX_ASSIGNMENTS, moe_mxfp4, pick_moe_config, pick_moe_gemv_config  # noqa: E402
 
 FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 DEV = "cuda"
@@ -337,7 +337,7 @@ def moe(rows: list, bw: float, quick: bool) -> None:
         ms = timer(lambda: moe_mxfp4(x, ids, wts, W))
         touched = ids.unique().numel() * per_expert
         rec = {"kind": "moe", "T": T, "topk": k, "experts_touched": ids.unique().numel(), "rel_err": err, "ms": ms,
-               "config": (MOE_GEMV if gemv else pick_moe_config(T, k, E)).name(),
+               "config": (pick_moe_gemv_config(T * k) if gemv else pick_moe_config(T, k, E)).name(),
                "touched_GBps": touched / (ms * 1e-3) / 1e9,
                "roofline_frac": (touched / (ms * 1e-3)) / bw}
         if T <= 16:  # the other path at the same T, and a few GEMV tiles
@@ -346,11 +346,11 @@ def moe(rows: list, bw: float, quick: bool) -> None:
                 gcfg = GemvConfig(*cfg, 1, "asm")
                 rec[f"gemv_{gcfg.name()}_ms"] = timer(lambda: moe_mxfp4(x, ids, wts, W, config=gcfg))
             best = min((v, n) for n, v in rec.items() if n.startswith("gemv_"))
-            rec["gemv_graph_ms"] = bench_decode(lambda: moe_mxfp4(x, ids, wts, W, config=MOE_GEMV))
+            rec["gemv_graph_ms"] = bench_decode(lambda: moe_mxfp4(x, ids, wts, W, config=pick_moe_gemv_config(T * k)))
             print(f"moe T={T}: shipped gemv in a CUDA graph {rec['gemv_graph_ms']:.4f} ms", flush=True)
             print(f"moe T={T}: scheduled {rec['scheduled_ms']:.4f} ms, best gemv {best[1]} {best[0]:.4f} ms", flush=True)
             if T == 1:
-                y_g = moe_mxfp4(x, ids, wts, W, config=MOE_GEMV)
+                y_g = moe_mxfp4(x, ids, wts, W, config=pick_moe_gemv_config(T * k))
                 rec["gemv_rel_err"] = float((y_g.float() - ref).norm() / ref.norm())
                 print(f"moe T=1 gemv err {rec['gemv_rel_err']:.1e}", flush=True)
         if T == 4096:  # baseline: BF16 weights already dequantized, one matmul pair per expert

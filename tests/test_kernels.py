@@ -26,7 +26,8 @@ from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequantize_mxfp4_rows
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import (CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,
                                            use_gemv)
-from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, moe_schedule
+from mxrepack.kernels.moe_mxfp4 import (MOE_GEMV_FEW, MOE_GEMV_MANY, MoeConfig, moe_mxfp4, moe_schedule,
+                                        pick_moe_gemv_config)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
 from mxrepack.layouts import ExpertDims, get_layout
@@ -112,6 +113,9 @@ def test_gemv_matches_reference(N, K):
         assert rel(linear_mxfp4(x[:M], w, ws, bias), ref[:M]) <= 1e-2  # shape-chosen path, whichever it is
     assert pick_gemv_config(201088, cuda=False).decode == "f16x2-ops" and pick_gemv_config(5120).decode == "asm"
     assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(4, 2880)
+    with pytest.raises(ValueError, match="pdl"):  # programmatic dependent launch is the f16x2 PTX path's
+        GemvConfig(16, 128, 4, 1, "asm", pdl=1)
+    assert GemvConfig(16, 128, 4, 1, "f16x2", pdl=1).portable() == GemvConfig(16, 128, 4, 1, "f16x2-ops")
     with pytest.raises(ValueError, match="W4A16 only"):
         linear_mxfp4(x[:1], w, ws, None, "w4a8", GemvConfig())
 
@@ -194,6 +198,10 @@ def test_moe_mxfp4_matches_reference(activations, bound):
             assert rel(y, ref) <= bound, (T, cfg, rel(y, ref))
             if gemv and cfg is gemv[-1]:  # the combine's arrival counters are back at zero: same result again
                 assert torch.equal(moe_mxfp4(x, ids, wts, strided, activations, cfg), y)
+                # int32 ids are read as they come, as int64 ones are
+                assert torch.equal(moe_mxfp4(x, ids.to(torch.int32), wts, strided, activations, cfg), y)
+    assert pick_moe_gemv_config(4) == MOE_GEMV_FEW and pick_moe_gemv_config(16) == MOE_GEMV_MANY
+    assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV_FEW.portable()
 
 
 def test_kernels_check_builds_for_sm12x_without_tma():

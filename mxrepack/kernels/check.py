@@ -67,14 +67,16 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
 
 def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     if cfg.prepared:
-        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch}
+        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch,
+                 "PDL": cfg.pdl}
         dense = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16",
                  "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_pm": "i32", "stride_em": "i32", "stride_wn": "i32",
                  "stride_wsn": "i32", "stride_ym": "i32", "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}
         prep = {"x_ptr": "*bf16", "xp_ptr": "*i32", "xe_ptr": "*fp32", "K": "i32", "stride_xm": "i32",
-                "stride_pm": "i32", "stride_em": "i32", "GB": "constexpr"}
+                "stride_pm": "i32", "stride_em": "i32", "GB": "constexpr", "PDL": "constexpr"}
         return {"gemv_mxfp4_f16x2": ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const}),
-                "gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep, {"GB": gemv.PREPARE_GROUPS})}
+                "gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep,
+                                            {"GB": gemv.PREPARE_GROUPS, "PDL": cfg.pdl})}
     const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
     dense = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32",
              "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_ym": "i32",
@@ -87,7 +89,8 @@ def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
     act = {"alpha": "fp32", "limit": "fp32"}
     if cfg.prepared:
-        const = {"BLOCK_N": moe.GATE_UP_F16X2_ROWS, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch}
+        const = {"BLOCK_N": moe.GATE_UP_F16X2_ROWS, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch,
+                 "PDL": cfg.pdl}
         sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
                "hp_ptr": "*i32", "he_ptr": "*fp32", **ids_dims, "stride_xp": "i32", "stride_xe": "i32", **w_strides,
                "stride_hp": "i32", "stride_he": "i32", **act, **{k: "constexpr" for k in const}}
@@ -98,7 +101,7 @@ def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
                "stride_x": "i32", **w_strides, "stride_h": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
     const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.math if cfg.prepared else cfg.decode,
-             "PREPARED": cfg.prepared, "PREFETCH": cfg.prefetch}
+             "PREPARED": cfg.prepared, "PREFETCH": cfg.prefetch, "PDL": cfg.pdl if cfg.prepared else 0}
     down = {"h_ptr": "*i32" if cfg.prepared else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
             "b_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32",
             "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32",
@@ -129,8 +132,9 @@ def shipped_kernels():
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW)):
         for kernel, src in _gemv_sources(cfg).items():
             yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
-    for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
-        yield kernel, f"decode:{moe.MOE_GEMV.name()}", "w4a16", src, moe.MOE_GEMV.num_warps, moe.MOE_GEMV.num_stages
+    for name, cfg in (("decode-few", moe.MOE_GEMV_FEW), ("decode-many", moe.MOE_GEMV_MANY)):
+        for kernel, src in _moe_gemv_sources(cfg).items():
+            yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
 
 

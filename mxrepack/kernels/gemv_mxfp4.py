@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxrepack.kernels.dequant_mxfp4 import e8m0_to_fp32
 
@@ -46,10 +47,22 @@ class GemvConfig:
     # only); "f16x2" / "f16x2-ops": packed fp16 math on prepared activations, PTX or its portable twin
     decode: str = "ops"
     prefetch: int = 1  # f16x2 path: K tiles of weights loaded ahead of the one being multiplied (1 or 2)
+    # f16x2 path, CUDA sm_90+: programmatic dependent launch. Each GEMV is launched while the kernel before
+    # it (the activation-preparing one; for the MoE down GEMV, the gate_up one) still runs: its programs
+    # request their first weight tiles, then wait (``griddepcontrol.wait``) for the activations. The launch
+    # gap and the previous kernel's tail then overlap weight streaming. 0 or 1.
+    pdl: int = 0
+
+    def __post_init__(self):
+        if self.pdl not in (0, 1):
+            raise ValueError(f"pdl must be 0 or 1, got {self.pdl}")
+        if self.pdl and self.decode != "f16x2":
+            raise ValueError(f"pdl={self.pdl} needs decode='f16x2' (CUDA, prepared activations), got {self.decode!r}")
 
     def name(self) -> str:
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
-        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}"
+        pdl = f"pdl{self.pdl}" if self.pdl else ""
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}"
 
     @property
     def prepared(self) -> bool:
@@ -63,10 +76,12 @@ class GemvConfig:
 
     def portable(self) -> GemvConfig:
         """The same configuration without PTX, for the interpreter and CPU."""
-        return dataclasses.replace(self, decode={"asm": "ops", "f16x2": "f16x2-ops"}.get(self.decode, self.decode))
+        return dataclasses.replace(self, decode={"asm": "ops", "f16x2": "f16x2-ops"}.get(self.decode, self.decode),
+                                   pdl=0)
 
     def launch_options(self) -> dict:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        return opts | {"launch_pdl": True} if self.pdl else opts
 
 
 @triton.jit
@@ -223,8 +238,12 @@ def pack_groups(v, GB: tl.constexpr):
 
 
 @triton.jit
-def _prepare_x_kernel(x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr):
-    """x [M, K] bf16 -> xp [M, K/2] int32 fp16 pairs in decode order, xe [M, K/32] fp32 = 2^e per group."""
+def _prepare_x_kernel(x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr,
+                      PDL: tl.constexpr = 0):
+    """x [M, K] bf16 -> xp [M, K/2] int32 fp16 pairs in decode order, xe [M, K/32] fp32 = 2^e per group.
+    ``PDL``: let the GEMV launched after this kernel start at once (it waits for these stores itself)."""
+    if PDL:
+        gdc_launch_dependents()
     m = tl.program_id(0)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
     g_ok = g < K // 32
@@ -237,13 +256,14 @@ def _prepare_x_kernel(x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em,
 PREPARE_GROUPS = 16  # groups of 32 activations per program of the preparing kernel
 
 
-def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [M, K]`` bf16 -> (fp16 pairs ``[M, K/2]`` int32, group factors ``[M, K/32]`` fp32) for the f16x2 GEMV."""
+def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` bf16 -> (fp16 pairs ``[M, K/2]`` int32, group factors ``[M, K/32]`` fp32) for the f16x2 GEMV.
+    ``pdl``: the GEMV that follows is launched with programmatic dependent launch."""
     M, K = x.shape
     xp = torch.empty(M, K // 2, dtype=torch.int32, device=x.device)
     xe = torch.empty(M, K // 32, dtype=torch.float32, device=x.device)
     _prepare_x_kernel[(M, triton.cdiv(K // 32, PREPARE_GROUPS))](x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0),
-                                                                 GB=PREPARE_GROUPS)
+                                                                 GB=PREPARE_GROUPS, PDL=int(pdl))
     return xp, xe
 
 
@@ -345,8 +365,11 @@ def _tile_f16x2(acc, w, s, p_ptrs, e_ptrs, BLOCK_N: tl.constexpr, G: tl.constexp
 
 @triton.jit
 def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr):
-    """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows`, from one row of prepared activations (xp, xe)."""
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr,
+                    PDL: tl.constexpr = 0):
+    """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows`, from one row of prepared activations (xp, xe).
+    ``PDL``: the activations are written by the kernel launched before this one, which may still run;
+    wait for it once the first weight tiles are requested (:class:`GemvConfig`)."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
     row_words = tl.multiple_of(rn * (stride_wn // 4), 4)
@@ -370,6 +393,8 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     if PREFETCH == 2 and n_full >= 2:
         wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
         wb, sb = tl.load(w_ptrs + W_STEP), tl.load(s_ptrs + G)
+        if PDL:
+            gdc_wait()
         for t in range(2, n_full):
             wc, sc = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
             acc = _tile_f16x2(acc, wa, sa, p_ptrs + (t - 2) * X_STEP, e_ptrs + (t - 2) * G, BLOCK_N, G, MATH)
@@ -378,11 +403,15 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
         acc = _tile_f16x2(acc, wb, sb, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
     elif n_full > 0:
         wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
+        if PDL:
+            gdc_wait()
         for t in range(1, n_full):
             wb, sb = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
             acc = _tile_f16x2(acc, wa, sa, p_ptrs + (t - 1) * X_STEP, e_ptrs + (t - 1) * G, BLOCK_N, G, MATH)
             wa, sa = wb, sb
         acc = _tile_f16x2(acc, wa, sa, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
+    elif PDL:
+        gdc_wait()
     k_full = n_full * BLOCK_K
     if k_full < K:  # a partial last tile: mask whole groups
         g_ok = rg < (K - k_full) // 32
@@ -397,12 +426,12 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
 @triton.jit
 def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_pm, stride_em, stride_wn, stride_wsn,
                        stride_ym, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       MATH: tl.constexpr, PREFETCH: tl.constexpr):
+                       MATH: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)
     y = gemv_rows_f16x2(xp_ptr + m * stride_pm, xe_ptr + m * stride_em, w_ptr, ws_ptr, rn_load, K, stride_wn,
-                        stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH)
+                        stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL)
     _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
@@ -432,11 +461,11 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
     cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda")
     x = x.contiguous()
     if cfg.prepared:
-        xp, xe = prepare_x(x)
+        xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
         _gemv_f16x2_kernel[(M, triton.cdiv(N, cfg.block_n))](
             xp, xe, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K, xp.stride(0), xe.stride(0),
             w_packed.stride(0), w_scales.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch,
+            BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, PDL=cfg.pdl,
             **cfg.launch_options())
         return out
     grid = (M, triton.cdiv(N, cfg.block_n))

@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_rows, gemv_rows_f16x2, pack_groups, prepare_x
+from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
+                                         prepare_x)
 from mxrepack.kernels.mx_quant import quantize_activations
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -63,8 +64,18 @@ MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
 # and mostly hit L2.
 GEMV_MAX_ASSIGNMENTS = 384
 GATE_UP_F16X2_ROWS = 32  # f16x2 gate_up rows per program: whole groups of the intermediate it prepares
-# H100, benchmarks/decode_pick.py: best at T = 1, 4 and 8 (44-61% of the roofline on touched experts)
-MOE_GEMV = GemvConfig(16, 512, 4, 1, "f16x2")
+# H100, benchmarks/decode_pick.py with rotating routing (docs/PERF.md, stop 9): few assignments take 16-row
+# down tiles of 512 k and 4 warps; from MOE_GEMV_MANY_FROM on, 32-row tiles of 256 k and 8 warps. Both launch
+# each GEMV while the kernel before it runs (``pdl``).
+MOE_GEMV_FEW = GemvConfig(16, 512, 4, 1, "f16x2", pdl=1)
+MOE_GEMV_MANY = GemvConfig(32, 256, 8, 1, "f16x2", pdl=1)
+MOE_GEMV_MANY_FROM = 16  # T * k: T >= 4 at top-4
+
+
+def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> GemvConfig:
+    """The decode GEMV config for ``assignments`` = T * k (portable, without PTX, off CUDA)."""
+    cfg = MOE_GEMV_MANY if assignments >= MOE_GEMV_MANY_FROM else MOE_GEMV_FEW
+    return cfg if cuda else cfg.portable()
 
 
 def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
@@ -222,10 +233,13 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
 def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
                                stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
                                limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
-                               PREFETCH: tl.constexpr):
+                               PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
     prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
-    stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV."""
+    stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
+    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
+    if PDL:
+        gdc_launch_dependents()
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p).to(tl.int64)
     t = p // TOPK
@@ -234,7 +248,8 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
     # gate rows rn and up rows Ip + rn in one pass: one stream of weight loads, not two in turn
     r2 = tl.arange(0, 2 * BLOCK_N)
     rows = tl.program_id(1) * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip
-    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH)
+    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
+                        PDL)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
@@ -249,12 +264,13 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
 def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
                       stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
-                      PREFETCH: tl.constexpr):
+                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
     the result does not depend on which finished last, writes the bf16 output and resets its counter.
     ``PREPARED``: h comes as fp16 pairs + group factors (``h_ptr``, ``he_ptr``) for the f16x2 GEMV, with
-    ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode."""
+    ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode. ``PDL``
+    (prepared only): launched while the gate_up kernel runs."""
     p = tl.program_id(0)
     tile = tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
@@ -262,7 +278,7 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     if PREPARED:
         y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                            BLOCK_N, BLOCK_K, DECODE, PREFETCH)
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL)
     else:
         y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
@@ -296,17 +312,20 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
     Ip, Hp = Ip2 // 2, w2.shape[1]
-    ids = topk_ids.to(torch.int32).contiguous().view(-1)
+    # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
+    ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
+    wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
     if cfg.prepared:
         if Ip % GATE_UP_F16X2_ROWS:
             raise ValueError(f"the f16x2 MoE GEMV needs Ip % {GATE_UP_F16X2_ROWS} == 0, got {Ip}")
-        xp, xe = prepare_x(x)
+        xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
         _gate_up_gemv_f16x2_kernel[(T * k, Ip // GATE_UP_F16X2_ROWS)](
             xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
             s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
-            BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, **cfg.launch_options())
+            BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, PDL=cfg.pdl,
+            **cfg.launch_options())
     else:
         h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
         he = h
@@ -318,10 +337,10 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
     tiles = Hp // cfg.block_n
     counters = _arrival_counters(x.device, T * tiles)
     _down_gemv_kernel[(T * k, tiles)](
-        h, he, w2, s2, b2, part, counters, out, ids, topk_weights.to(torch.float32).contiguous().view(-1), H, Hp, Ip,
+        h, he, w2, s2, b2, part, counters, out, ids, wts, H, Hp, Ip,
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
         out.stride(0), k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.math if cfg.prepared else cfg.decode,
-        PREPARED=cfg.prepared, PREFETCH=cfg.prefetch, **cfg.launch_options())
+        PREPARED=cfg.prepared, PREFETCH=cfg.prefetch, PDL=cfg.pdl if cfg.prepared else 0, **cfg.launch_options())
     return out
 
 
@@ -347,7 +366,7 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     gemv = isinstance(config, GemvConfig) or (config is None and activations == "bf16"
                                                and T * k <= GEMV_MAX_ASSIGNMENTS and H % 32 == 0)
     if gemv:
-        cfg = config or (MOE_GEMV if x.device.type == "cuda" else MOE_GEMV.portable())
+        cfg = config or pick_moe_gemv_config(T * k, x.device.type == "cuda")
         if activations != "bf16" or H % 32:
             raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
     else:

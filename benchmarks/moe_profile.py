@@ -1,0 +1,94 @@
+"""Where MoE decode time goes: each kernel's duration and the gaps between them, from the CUDA profiler
+over CUDA-graph replays (120b shapes, rotating routing as in decode_pick.py).
+Usage: python benchmarks/moe_profile.py [OUT.json] [T,T,...]"""
+
+import collections
+import dataclasses
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import (DEV, copy_roofline, lm_head_m1, moe_decode_inputs, moe_expert_bytes,  # noqa: E402
+                       moe_weights, rotating)
+
+from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402
+
+REPLAYS = 20
+
+
+def profile_graph(fn) -> tuple[float, list[dict]]:
+    """(ms per replay from CUDA events, per-kernel mean duration in us and mean start offset in a replay)."""
+    fn()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / REPLAYS
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPLAYS):
+            g.replay()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    per = collections.defaultdict(list)
+    for e in events:
+        per[e.name].append((e.time_range.start, e.time_range.end - e.time_range.start))
+    kernels = []
+    for name, v in per.items():
+        kernels.append({"kernel": name[:60], "calls": len(v), "us_mean": sum(d for _, d in v) / len(v)})
+    # gaps: time between one kernel's end and the next one's start, within the run of events
+    gaps = [b.time_range.start - a.time_range.end for a, b in zip(events, events[1:])]
+    return ms, kernels, gaps
+
+
+def report(rows: list, what: str, ms: float, roofline_s: float, kernels: list, gaps: list) -> None:
+    print(f"{what}: {ms * 1e3:.1f} us per call, roofline {roofline_s * 1e6:.1f} us", flush=True)
+    for k in kernels:
+        print(f"   {k['kernel']:60s} {k['us_mean']:7.2f} us x{k['calls']}")
+    gap = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
+    print(f"   gap between kernels (negative: overlap): median {gap:.2f} us")
+    rows.append({"what": what, "us_per_call": ms * 1e3, "roofline_us": roofline_s * 1e6, "kernels": kernels,
+                 "gap_median_us": gap})
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else None
+    Ts = [int(t) for t in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 8]
+    bw = copy_roofline()
+    rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12}]
+    wbytes, nxt_w, _, x, y = lm_head_m1()
+    for cfg in (WIDE, dataclasses.replace(WIDE, pdl=1)):
+        ms, kernels, gaps = profile_graph(lambda: [gemv_mxfp4(x, *nxt_w(), None, y, cfg) for _ in range(8)])
+        report(rows, f"lm_head M=1 {cfg.name()}", ms / 8, wbytes / bw, kernels, gaps)
+    nxt_w = None  # frees the rotating lm_head weights
+    torch.cuda.empty_cache()
+    W = moe_weights()
+    per_expert = moe_expert_bytes(W)
+    torch.manual_seed(0)
+    for T, pdl in itertools.product(Ts, (0, 1)):
+        cfg = dataclasses.replace(pick_moe_gemv_config(T * 4), pdl=pdl)
+        draws = []
+        nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
+        o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
+        calls = len(draws)
+        ms, kernels, gaps = profile_graph(lambda: [moe_mxfp4(*nxt(), W, config=cfg, out=o) for _ in range(calls)])
+        touched = sum(d[1].unique().numel() for d in draws) / calls * per_expert
+        report(rows, f"moe T={T} {cfg.name()}", ms / calls, touched / bw, kernels, gaps)
+    if out:
+        json.dump(rows, open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
