@@ -1,5 +1,7 @@
 """Kernel layouts against the vectors produced by the consumers' own code (../shared/golden)."""
 
+import shutil
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,7 +22,21 @@ def _pack(layout, parts, dims):
 GOLDEN_DIMS = ExpertDims(experts=3, hidden=160, intermediate=96)
 
 
-def test_marlin_matches_vllm(golden):
+@pytest.fixture(params=["native", "numpy"])
+def byte_loops(request, monkeypatch):
+    """Run a test once with the compiled byte loops (``mxrepack.native``) and once with the numpy twins."""
+    from mxrepack import native
+
+    if request.param == "numpy":
+        monkeypatch.setattr(native, "library", lambda: None)
+    elif not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler: the native loops are not built here")
+    else:
+        assert native.library() is not None, "a C compiler is present but the native loops did not build"
+    return request.param
+
+
+def test_marlin_matches_vllm(golden, byte_loops):
     g = golden("vllm_marlin.safetensors")
     layout = get_layout("marlin")
     out = _pack(layout, _inputs(g), GOLDEN_DIMS)
@@ -85,8 +101,9 @@ _TRITON_GOLDEN = {"hopper": ("HopperMXValueLayout", "HopperMXScaleLayout"), "str
 
 
 @pytest.mark.parametrize("kind", sorted(_TRITON_GOLDEN))
-def test_triton_kernels_layouts_match_vllm_vendored_triton_kernels(golden, kind):
-    """Every value and scale layout in triton_kernels.safetensors (stored in memory order)."""
+def test_triton_kernels_layouts_match_vllm_vendored_triton_kernels(golden, kind, byte_loops):
+    """Every value and scale layout in triton_kernels.safetensors (stored in memory order), with the
+    native loops and with numpy."""
     from mxrepack.layouts.triton_hopper import TritonHopperLayout
 
     g = golden("triton_kernels.safetensors")
@@ -98,6 +115,39 @@ def test_triton_kernels_layouts_match_vllm_vendored_triton_kernels(golden, kind)
             assert out[mine].numel() == ref.numel(), (mine, out[mine].shape, ref.shape)
             assert torch.equal(out[mine].reshape(-1), ref.reshape(-1)), mine
         assert out[f"{w}_bias"].dtype == torch.float32
+
+
+@settings(max_examples=10, deadline=None)
+@given(E=st.integers(1, 3), n16=st.integers(1, 5), kb32=st.integers(1, 4), seed=st.integers(0, 2**31))
+def test_triton_hopper_values_native_equals_numpy(E, n16, kb32, seed):
+    """The compiled Hopper value loop gives numpy's bytes, both ways, on random 16-row x 32-byte shapes."""
+    from mxrepack import native
+    from mxrepack.layouts import triton_hopper as th
+
+    if native.library() is None:
+        pytest.skip("native loops not built here")
+    w = torch.randint(0, 256, (E, 16 * n16, 32 * kb32), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    packed = th.hopper_value_swizzle(w)
+    assert torch.equal(packed, th.hopper_values_numpy(w))
+    assert torch.equal(th.hopper_value_unswizzle(packed), w)
+    assert torch.equal(th.hopper_values_unpack_numpy(packed), w)
+
+
+@settings(max_examples=10, deadline=None)
+@given(E=st.integers(1, 2), n=st.integers(1, 150), kb8=st.integers(1, 12), pad_n=st.integers(0, 2), pad_k=st.integers(0, 3),
+       seed=st.integers(0, 2**31))
+def test_marlin_weights_native_equals_numpy(E, n, kb8, pad_n, pad_k, seed):
+    """The compiled Marlin weight loop gives the delta-swap path's bytes, padding included."""
+    from mxrepack import native
+    from mxrepack.layouts import marlin
+
+    if native.library() is None:
+        pytest.skip("native loops not built here")
+    w = torch.randint(0, 256, (E, n, 8 * kb8), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    rows, kbytes = 64 * (-(-n // 64) + pad_n), 8 * (kb8 + pad_k)
+    packed = marlin.repack_weight(w, rows, kbytes)
+    assert torch.equal(packed, marlin.repack_weight_numpy(w, rows, kbytes))
+    assert torch.equal(marlin.unrepack_weight(packed)[:, :n, : 8 * kb8], w)
 
 
 def test_triton_hopper_bit_twiddle_lets_a_mask_read_bf16():

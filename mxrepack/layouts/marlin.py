@@ -22,9 +22,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mxrepack import native
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import bitops
 from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up
+from mxrepack.quant.mx import map_row_blocks
 
 UPSTREAM = "vllm 0.33.0 marlin_utils_fp4.prepare_moe_mxfp4_layer_for_marlin (gptq_marlin_repack, marlin_permute_scales, mxfp4_marlin_process_scales, marlin_permute_bias)"
 _SCALE_PERM = torch.tensor([i + 8 * j for i in range(8) for j in range(8)])
@@ -50,11 +52,32 @@ def repack_weight(packed: torch.Tensor, rows: int | None = None, kbytes: int | N
     4 of a = 1) three delta swaps exchange nibble-in-byte with a, then bit 1 of l4 with the word half
     (so a word holds bytes l4 in {0,1} or {2,3} of h = 0 and 1), then byte-in-word bit 0 with c (rows
     n and n + 8); each 32-bit word then is a finished output word, and one gather puts them in order.
+    Where the compiled loop is built (:mod:`mxrepack.native`), it writes each word straight from its four
+    bytes instead; :func:`repack_weight_numpy` is its twin.
     """
     E, N, Kb = packed.shape
     rows, kbytes = rows or N, kbytes or Kb
-    if rows % 64 or kbytes % 8 or rows < N or kbytes < Kb:
-        raise MxRepackError(f"Marlin repack needs N % 64 == 0 and K % 16 == 0, got N={rows}, K={2 * kbytes}")
+    if rows % 64 or kbytes % 8 or rows < N or kbytes < Kb or Kb % 8:
+        raise MxRepackError(f"Marlin repack needs N % 64 == 0 and K % 16 == 0 (padded and source), got N={rows}, "
+                            f"K={2 * kbytes}, source K={2 * Kb}")
+    lib = native.library()
+    if lib is None:
+        return repack_weight_numpy(packed, rows, kbytes)
+    src = packed.contiguous().numpy()
+    out = np.empty((E, kbytes // 8, rows // 64, 128), np.uint32)
+    zero_row = np.zeros(Kb, np.uint8)
+
+    def work(u0: int, u1: int) -> None:
+        lib.marlin_weights_pack(native.ptr(src), native.ptr(out, native.U32), u0, u1, N, Kb, rows, kbytes,
+                                native.ptr(zero_row))
+
+    map_row_blocks(E * (rows // 64), work, min_rows=8)
+    return torch.from_numpy(out.view(np.int32)).view(E, kbytes // 8, 2 * rows)
+
+
+def repack_weight_numpy(packed: torch.Tensor, rows: int, kbytes: int) -> torch.Tensor:
+    """:func:`repack_weight` by delta swaps in numpy (no compiler needed)."""
+    E, N, Kb = packed.shape
     k16, tiles = kbytes // 8, rows // 64
     per = max(1, bitops.BLOCK_BYTES // (64 * kbytes))  # tiles per block
     blocks = -(-tiles // per)

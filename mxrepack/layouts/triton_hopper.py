@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mxrepack import native
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up, swizzle_128x4,
                                    unswizzle_128x4)
@@ -91,6 +92,34 @@ def _permute_word_bits(x: torch.Tensor, luts: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(out.view(np.uint8).reshape(x.shape))
 
 
+def _byte_luts(dst: list[int]) -> np.ndarray:
+    """The same permutation as four 256-entry tables, one per byte of a word (the native loop ORs four)."""
+    luts = np.zeros((4, 256), dtype=np.uint32)
+    v = np.arange(256, dtype=np.uint32)
+    for j in range(4):
+        for b in range(8):
+            luts[j] |= ((v >> b) & 1) << np.uint32(dst[8 * j + b])
+    return luts.reshape(-1)
+
+
+_TWIDDLE_BYTE_LUTS = _byte_luts(_TWIDDLE)
+_UNTWIDDLE_BYTE_LUTS = _byte_luts([_TWIDDLE.index(i) for i in range(32)])
+
+
+def _native_values(lib, fn: str, x: torch.Tensor, kb: int, luts: np.ndarray) -> torch.Tensor:
+    """Run a native 16-row-block loop (``mxrepack_native.c``) over ``x``, blocks split over threads."""
+    src = x.contiguous().numpy().reshape(-1)
+    out = np.empty_like(src)
+    block = 16 * kb
+    call = getattr(lib, fn)
+
+    def work(b0: int, b1: int) -> None:
+        call(native.ptr(src[b0 * block:]), native.ptr(out[b0 * block:]), b1 - b0, kb, native.ptr(luts, native.U32))
+
+    map_row_blocks(src.size // block, work, min_rows=64)
+    return torch.from_numpy(out)
+
+
 def twiddle_bits(x: torch.Tensor) -> torch.Tensor:
     return _permute_word_bits(x, _TWIDDLE_LUTS)
 
@@ -106,10 +135,21 @@ def hopper_value_swizzle(w: torch.Tensor) -> torch.Tensor:
     With ``n = 16 r + 8 w0 + 2 t0 + s0`` and ``kb = 32 c + 8 kt + 4 w1 + t1``, byte (n, kb) goes to
     row ``4 r + t0``, column ``128 c + 64 s0 + 16 t1 + 4 kt + 2 w1 + w0``: the bytes one thread needs
     for four k16 mma tiles become one 16-byte vector, and threads 4-7 sit beside 0-3 (a full line).
+    Then each word's bits are twiddled. The compiled loop (:mod:`mxrepack.native`) does both in one pass;
+    :func:`hopper_values_numpy` is its twin.
     """
     E, N, Kb = w.shape
     w = pad_rows_cols(w, round_up(N, 16), round_up(Kb, 32))
     N, Kb = w.shape[1], w.shape[2]
+    lib = native.library()
+    if lib is None:
+        return hopper_values_numpy(w)
+    return _native_values(lib, "hopper_values_pack", w, Kb, _TWIDDLE_BYTE_LUTS).view(E, N // 4, Kb * 4)
+
+
+def hopper_values_numpy(w: torch.Tensor) -> torch.Tensor:
+    """:func:`hopper_value_swizzle` on an already padded ``[E, N16, Kb32]`` in torch/numpy passes."""
+    E, N, Kb = w.shape
     w = w.view(E, N // 16, 2, 4, 2, Kb // 32, 4, 2, 4)  # e, r, w0, t0, s0, c, kt, w1, t1
     w = w.permute(0, 1, 3, 5, 4, 8, 6, 7, 2).reshape(E, N // 4, Kb * 4)
     return twiddle_bits(w)
@@ -117,6 +157,14 @@ def hopper_value_swizzle(w: torch.Tensor) -> torch.Tensor:
 
 def hopper_value_unswizzle(x: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`hopper_value_swizzle`, at the padded size ``[E, N16, Kb32]``."""
+    E, N4, Kb4 = x.shape
+    lib = native.library()
+    if lib is None:
+        return hopper_values_unpack_numpy(x)
+    return _native_values(lib, "hopper_values_unpack", x, Kb4 // 4, _UNTWIDDLE_BYTE_LUTS).view(E, N4 * 4, Kb4 // 4)
+
+
+def hopper_values_unpack_numpy(x: torch.Tensor) -> torch.Tensor:
     E, N4, Kb4 = x.shape
     N, Kb = N4 * 4, Kb4 // 4
     w = untwiddle_bits(x).view(E, N // 16, 4, Kb // 32, 2, 4, 4, 2, 2)  # e, r, t0, c, s0, t1, kt, w1, w0

@@ -1,0 +1,83 @@
+"""Optional compiled loops for byte-level layout permutations (``mxrepack_native.c``).
+
+Built with the system C compiler on first use into ``$XDG_CACHE_HOME/mxrepack/native/<hash>/`` (``~/.cache``
+by default), keyed by the source and compiler, and loaded with ctypes; calls release the GIL, so a
+layout splits its work over threads. Where no compiler is found, the build fails, or ``MXREPACK_NATIVE=0``
+is set, :func:`library` returns None and each layout runs its numpy twin, which gives the same bytes
+(the tests compare both)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("mxrepack_native.c")
+_U8 = ctypes.POINTER(ctypes.c_uint8)
+_U32 = ctypes.POINTER(ctypes.c_uint32)
+_SIGNATURES = {"hopper_values_pack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
+               "hopper_values_unpack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
+               "marlin_weights_pack": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8)}
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mxrepack" / "native"
+
+
+def _build(cc: str) -> Path:
+    """Compile the library once per (source, compiler) into the cache; concurrent builders each write a
+    temporary file and rename it into place, so a reader never sees half a library."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode()).hexdigest()[:16]
+    lib = _cache_dir() / key / "libmxrepack_native.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=lib.parent, suffix=".so.tmp")
+        os.close(fd)
+        try:
+            subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], check=True, capture_output=True,
+                           text=True, timeout=120)
+            os.replace(tmp, lib)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled helpers, or None (no compiler, a failed build, or ``MXREPACK_NATIVE=0``)."""
+    if os.environ.get("MXREPACK_NATIVE", "1") == "0":
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        log.info("no C compiler: layouts use their numpy paths")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("mxrepack native helpers not built (%s): layouts use their numpy paths", str(e).splitlines()[0])
+        return None
+    for name, args in _SIGNATURES.items():
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = None
+    return lib
+
+
+def ptr(a: np.ndarray, kind=_U8):
+    """A ctypes pointer to a C-contiguous array's first element."""
+    assert a.flags.c_contiguous
+    return a.ctypes.data_as(kind)
+
+
+U32 = _U32
