@@ -78,6 +78,29 @@ def bench_decode(fn, rep: int = 100) -> float:
     return do_bench_cudagraph(fn, rep=rep)
 
 
+def capture_graph(fn, unroll: int = 1) -> torch.cuda.CUDAGraph:
+    """``fn`` called ``unroll`` times in one CUDA graph, after one eager warm-up call; replayed once."""
+    fn()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(unroll):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def replay_ms(g: torch.cuda.CUDAGraph, replays: int = 10) -> float:
+    """Milliseconds per replay of ``g``, from CUDA events around ``replays`` back-to-back replays."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
 def rotating(make, bytes_each: int, min_total: int = 400 << 20):
     n = max(2, -(-min_total // max(bytes_each, 1)))
     items = [make() for _ in range(n)]

@@ -13,8 +13,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, copy_roofline, lm_head_m1, moe_decode_inputs, moe_expert_bytes,  # noqa: E402
-                       moe_weights, rotating)
+from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_decode_inputs,  # noqa: E402
+                       moe_expert_bytes, moe_weights, replay_ms, rotating)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402
@@ -22,21 +22,11 @@ from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: 
 REPLAYS = 20
 
 
-def profile_graph(fn) -> tuple[float, list[dict]]:
-    """(ms per replay from CUDA events, per-kernel mean duration in us and mean start offset in a replay)."""
-    fn()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / REPLAYS
+def profile_graph(fn) -> tuple[float, list[dict], list[float]]:
+    """(ms per replay of ``fn`` in a CUDA graph, per-kernel calls and mean duration in us, the gaps in us
+    between one kernel's end and the next one's start; negative where they overlap)."""
+    g = capture_graph(fn)
+    ms = replay_ms(g, REPLAYS)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPLAYS):
             g.replay()
@@ -44,11 +34,8 @@ def profile_graph(fn) -> tuple[float, list[dict]]:
     events = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
     per = collections.defaultdict(list)
     for e in events:
-        per[e.name].append((e.time_range.start, e.time_range.end - e.time_range.start))
-    kernels = []
-    for name, v in per.items():
-        kernels.append({"kernel": name[:60], "calls": len(v), "us_mean": sum(d for _, d in v) / len(v)})
-    # gaps: time between one kernel's end and the next one's start, within the run of events
+        per[e.name].append(e.time_range.end - e.time_range.start)
+    kernels = [{"kernel": name[:60], "calls": len(d), "us_mean": sum(d) / len(d)} for name, d in per.items()]
     gaps = [b.time_range.start - a.time_range.end for a, b in zip(events, events[1:])]
     return ms, kernels, gaps
 

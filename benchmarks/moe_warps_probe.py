@@ -11,27 +11,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, copy_roofline, lm_head_m1, moe_decode_inputs, moe_expert_bytes, moe_weights, rotating  # noqa: E402
+from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_decode_inputs,  # noqa: E402
+                       moe_expert_bytes, moe_weights, replay_ms, rotating)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV_FEW, moe_mxfp4  # noqa: E402
 
 
-def graph_ms(fn, unroll: int, replays: int = 10) -> float:
-    fn()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(unroll):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(replays):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / replays / unroll
+def graph_ms(fn, unroll: int) -> float:
+    """Milliseconds per call of ``fn``, ``unroll`` calls captured in one CUDA graph."""
+    return replay_ms(capture_graph(fn, unroll)) / unroll
 
 
 def main() -> None:

@@ -101,7 +101,7 @@ def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
                "stride_x": "i32", **w_strides, "stride_h": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
     const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.math if cfg.prepared else cfg.decode,
-             "PREPARED": cfg.prepared, "PREFETCH": cfg.prefetch, "PDL": cfg.pdl if cfg.prepared else 0}
+             "PREPARED": cfg.prepared, "PREFETCH": cfg.prefetch, "PDL": cfg.pdl}
     down = {"h_ptr": "*i32" if cfg.prepared else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
             "b_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32",
             "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32",

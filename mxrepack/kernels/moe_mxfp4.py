@@ -340,7 +340,7 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
         h, he, w2, s2, b2, part, counters, out, ids, wts, H, Hp, Ip,
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
         out.stride(0), k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.math if cfg.prepared else cfg.decode,
-        PREPARED=cfg.prepared, PREFETCH=cfg.prefetch, PDL=cfg.pdl if cfg.prepared else 0, **cfg.launch_options())
+        PREPARED=cfg.prepared, PREFETCH=cfg.prefetch, PDL=cfg.pdl, **cfg.launch_options())
     return out
 
 

@@ -68,7 +68,7 @@ def repack_weight(packed: torch.Tensor, rows: int | None = None, kbytes: int | N
     zero_row = np.zeros(Kb, np.uint8)
 
     def work(u0: int, u1: int) -> None:
-        lib.marlin_weights_pack(native.ptr(src), native.ptr(out, native.U32), u0, u1, N, Kb, rows, kbytes,
+        lib.marlin_weights_pack(native.ptr(src), native.ptr(out), u0, u1, N, Kb, rows, kbytes,
                                 native.ptr(zero_row))
 
     map_row_blocks(E * (rows // 64), work, min_rows=8)

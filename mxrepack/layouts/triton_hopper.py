@@ -62,20 +62,22 @@ def _word_bit_perm() -> list[int]:
     return dst
 
 
-def _half_word_luts(dst: list[int]) -> np.ndarray:
-    """A bit permutation of a 32-bit word as two 65536-entry tables, one per source 16-bit half, to OR
-    (two gathers per word; each table is 256 KB and stays in L2)."""
-    luts = np.zeros((2, 65536), dtype=np.uint32)
-    v = np.arange(65536, dtype=np.uint32)
-    for h in range(2):
-        for b in range(16):
-            luts[h] |= ((v >> b) & 1) << np.uint32(dst[16 * h + b])
+def _chunk_luts(dst: list[int], bits: int) -> np.ndarray:
+    """A bit permutation of a 32-bit word as one table per source chunk of ``bits`` bits (``[32 // bits,
+    2 ** bits]`` uint32), to OR: 16-bit chunks for the numpy path (two gathers per word, 256 KB tables that
+    stay in L2), bytes for the native loop (four reads of 1 KB tables)."""
+    luts = np.zeros((32 // bits, 1 << bits), dtype=np.uint32)
+    v = np.arange(1 << bits, dtype=np.uint32)
+    for h in range(32 // bits):
+        for b in range(bits):
+            luts[h] |= ((v >> b) & 1) << np.uint32(dst[bits * h + b])
     return luts
 
 
 _TWIDDLE = _word_bit_perm()
-_TWIDDLE_LUTS = _half_word_luts(_TWIDDLE)
-_UNTWIDDLE_LUTS = _half_word_luts([_TWIDDLE.index(i) for i in range(32)])
+_UNTWIDDLE = [_TWIDDLE.index(i) for i in range(32)]
+_TWIDDLE_LUTS, _UNTWIDDLE_LUTS = _chunk_luts(_TWIDDLE, 16), _chunk_luts(_UNTWIDDLE, 16)
+_TWIDDLE_BYTE_LUTS, _UNTWIDDLE_BYTE_LUTS = _chunk_luts(_TWIDDLE, 8).reshape(-1), _chunk_luts(_UNTWIDDLE, 8).reshape(-1)
 
 
 def _permute_word_bits(x: torch.Tensor, luts: np.ndarray) -> torch.Tensor:
@@ -92,20 +94,6 @@ def _permute_word_bits(x: torch.Tensor, luts: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(out.view(np.uint8).reshape(x.shape))
 
 
-def _byte_luts(dst: list[int]) -> np.ndarray:
-    """The same permutation as four 256-entry tables, one per byte of a word (the native loop ORs four)."""
-    luts = np.zeros((4, 256), dtype=np.uint32)
-    v = np.arange(256, dtype=np.uint32)
-    for j in range(4):
-        for b in range(8):
-            luts[j] |= ((v >> b) & 1) << np.uint32(dst[8 * j + b])
-    return luts.reshape(-1)
-
-
-_TWIDDLE_BYTE_LUTS = _byte_luts(_TWIDDLE)
-_UNTWIDDLE_BYTE_LUTS = _byte_luts([_TWIDDLE.index(i) for i in range(32)])
-
-
 def _native_values(lib, fn: str, x: torch.Tensor, kb: int, luts: np.ndarray) -> torch.Tensor:
     """Run a native 16-row-block loop (``mxrepack_native.c``) over ``x``, blocks split over threads."""
     src = x.contiguous().numpy().reshape(-1)
@@ -114,7 +102,7 @@ def _native_values(lib, fn: str, x: torch.Tensor, kb: int, luts: np.ndarray) -> 
     call = getattr(lib, fn)
 
     def work(b0: int, b1: int) -> None:
-        call(native.ptr(src[b0 * block:]), native.ptr(out[b0 * block:]), b1 - b0, kb, native.ptr(luts, native.U32))
+        call(native.ptr(src[b0 * block:]), native.ptr(out[b0 * block:]), b1 - b0, kb, native.ptr(luts))
 
     map_row_blocks(src.size // block, work, min_rows=64)
     return torch.from_numpy(out)

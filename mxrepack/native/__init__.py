@@ -54,12 +54,17 @@ def _build(cc: str) -> Path:
     return lib
 
 
+def compiler() -> str | None:
+    """The C compiler the helpers are built with: ``$CC``, else cc, gcc or clang on the PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled helpers, or None (no compiler, a failed build, or ``MXREPACK_NATIVE=0``)."""
     if os.environ.get("MXREPACK_NATIVE", "1") == "0":
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = compiler()
     if cc is None:
         log.info("no C compiler: layouts use their numpy paths")
         return None
@@ -74,10 +79,7 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def ptr(a: np.ndarray, kind=_U8):
-    """A ctypes pointer to a C-contiguous array's first element."""
+def ptr(a: np.ndarray):
+    """A ctypes pointer to a C-contiguous array's first element, typed by its dtype (uint8 or uint32)."""
     assert a.flags.c_contiguous
-    return a.ctypes.data_as(kind)
-
-
-U32 = _U32
+    return a.ctypes.data_as(ctypes.POINTER(np.ctypeslib.as_ctypes_type(a.dtype)))
