@@ -184,21 +184,19 @@ def _strided_layer(E, H, I):
 def test_moe_mxfp4_matches_reference(activations, bound):
     E, H, I, k = 4, 160, 96, 2  # 160 and 96: padded to 256 and 128 inside the strided layout
     dims, strided, native = _strided_layer(E, H, I)
-    for T in (2, 9):
+    for T in (1, 9):
         x = torch.randn(T, H).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
-        # split_k=3: gate_up's K (160) in chunks of 64, 64 and 32; down's (128) in two, as it has two tiles
-        gemv = (GemvConfig(16, 64, 4, 1, "ops"), GemvConfig(16, 64, 4, 1, "f16x2-ops", split_k=3),
-                GemvConfig(16, 64, 4, 1, "f16x2-ops", prefetch=2)) if activations == "bf16" else ()
-        # the f16x2 twins are slow under the interpreter (a minute per call at T = 9): two tokens suffice there
-        for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 64)) + (gemv if T == 2 else gemv[:1]):
+        gemv = (GemvConfig(16, 64, 4, 1, "ops"), GemvConfig(16, 64, 4, 1, "f16x2-ops", prefetch=2)) \
+            if activations == "bf16" else ()
+        for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 64)) + gemv:
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, strided, activations, cfg, out=out)
             assert y is out and not torch.isnan(y).any()
             assert rel(y, ref) <= bound, (T, cfg, rel(y, ref))
-            if cfg in gemv[1:]:  # the arrival counters are back at zero: the same result again
+            if gemv and cfg is gemv[-1]:  # the combine's arrival counters are back at zero: same result again
                 assert torch.equal(moe_mxfp4(x, ids, wts, strided, activations, cfg), y)
                 # int32 ids are read as they come, as int64 ones are
                 assert torch.equal(moe_mxfp4(x, ids.to(torch.int32), wts, strided, activations, cfg), y)

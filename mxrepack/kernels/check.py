@@ -90,11 +90,9 @@ def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     act = {"alpha": "fp32", "limit": "fp32"}
     if cfg.prepared:
         const = {"BLOCK_N": moe.GATE_UP_F16X2_ROWS, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch,
-                 "PDL": cfg.pdl, "SPLIT": int(cfg.split_k > 1)}
+                 "PDL": cfg.pdl}
         sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
-               "hp_ptr": "*i32", "he_ptr": "*fp32", "ids_ptr": "*i32", "part_ptr": "*fp32", "count_ptr": "*i32",
-               "H": "i32", "Ip": "i32", "TOPK": "i32", "K_CHUNK": "i32", "stride_xp": "i32", "stride_xe": "i32",
-               **w_strides,
+               "hp_ptr": "*i32", "he_ptr": "*fp32", **ids_dims, "stride_xp": "i32", "stride_xe": "i32", **w_strides,
                "stride_hp": "i32", "stride_he": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up_f16x2": ASTSource(moe._gate_up_gemv_f16x2_kernel, sig, const)}
     else:
@@ -106,8 +104,7 @@ def _moe_gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
              "PREPARED": cfg.prepared, "PREFETCH": cfg.prefetch, "PDL": cfg.pdl}
     down = {"h_ptr": "*i32" if cfg.prepared else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
             "b_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32",
-            "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "K_CHUNK": "i32", "stride_h": "i32",
-            "stride_he": "i32",
+            "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32",
             **w_strides, "stride_part": "i32", "stride_out": "i32", "TOPK": "i32", **{k: "constexpr" for k in const}}
     return {**gate_up, "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, const)}
 

@@ -52,14 +52,8 @@ class GemvConfig:
     # request their first weight tiles, then wait (``griddepcontrol.wait``) for the activations. The launch
     # gap and the previous kernel's tail then overlap weight streaming. 0 or 1.
     pdl: int = 0
-    # MoE decode, f16x2 path: each row tile's K is cut into up to this many chunks, one program each (their
-    # partial sums are added by the last to arrive), so that a few tokens still make enough short programs
-    # to keep weight bytes in flight on every SM. The dense GEMV takes 1 only.
-    split_k: int = 1
 
     def __post_init__(self):
-        if self.split_k < 1 or (self.split_k > 1 and not self.prepared):
-            raise ValueError(f"split_k must be 1, or more on the f16x2 path; got {self.split_k} with {self.decode!r}")
         if self.pdl not in (0, 1):
             raise ValueError(f"pdl must be 0 or 1, got {self.pdl}")
         if self.pdl and self.decode != "f16x2":
@@ -68,8 +62,7 @@ class GemvConfig:
     def name(self) -> str:
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
         pdl = f"pdl{self.pdl}" if self.pdl else ""
-        split = f"s{self.split_k}" if self.split_k != 1 else ""
-        return f"n{self.block_n}k{self.block_k}{split}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}"
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}"
 
     @property
     def prepared(self) -> bool:
@@ -466,8 +459,6 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
     if w_packed.data_ptr() % 16:
         w_packed = w_packed.clone()  # contiguous() keeps a misaligned storage offset; a copy does not
     cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda")
-    if cfg.split_k != 1:
-        raise ValueError(f"the dense GEMV does not split K (config {cfg.name()})")
     x = x.contiguous()
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(cfg.pdl))

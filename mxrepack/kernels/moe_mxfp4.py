@@ -230,19 +230,26 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
 
 
 @triton.jit
-def _k_chunk(w_e, s_e, x_row, xe_row, K, K_CHUNK):
-    """Program ``program_id(2)``'s share of a split K: its weight, scale and prepared-activation pointers
-    moved to the chunk's start, and the chunk's length (``K_CHUNK`` is a multiple of ``BLOCK_K``, so of 32)."""
-    k0 = tl.program_id(2) * K_CHUNK
-    # a 32-aligned k0 is 16 bytes of codes and 16 fp16 pairs: said, so that the loads stay 16 bytes wide
-    half = tl.multiple_of(k0 // 2, 16)
-    return w_e + half, s_e + k0 // 32, x_row + half, xe_row + k0 // 32, tl.minimum(K_CHUNK, K - k0)
-
-
-@triton.jit
-def _gate_up_epilogue(y, b_ptr, hp_ptr, he_ptr, e, p, Ip, stride_hp, stride_he, alpha, limit, BLOCK_N: tl.constexpr):
-    """gate and up sums ``y [2 * BLOCK_N]`` of row tile ``program_id(1)`` -> + bias, SwiGLU, rounded to bf16 and
-    stored prepared (fp16 pairs and group factors) for the down kernel."""
+def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
+                               stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
+                               limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
+                               PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
+    """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
+    prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
+    stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
+    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
+    if PDL:
+        gdc_launch_dependents()
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    t = p // TOPK
+    xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
+    # gate rows rn and up rows Ip + rn in one pass: one stream of weight loads, not two in turn
+    r2 = tl.arange(0, 2 * BLOCK_N)
+    rows = tl.program_id(1) * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip
+    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
+                        PDL)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
@@ -254,91 +261,35 @@ def _gate_up_epilogue(y, b_ptr, hp_ptr, he_ptr, e, p, Ip, stride_hp, stride_he, 
 
 
 @triton.jit
-def _last_to_arrive(counter, arrivals):
-    """True in the one program whose arrival at ``counter`` completes ``arrivals``; every thread's stores
-    are made before the arrival is published (release) and the others' are visible after it (acquire)."""
-    tl.debug_barrier()
-    return tl.atomic_add(counter, 1, sem="acq_rel") == arrivals - 1
-
-
-@triton.jit
-def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, part_ptr, count_ptr, H,
-                               Ip, TOPK, K_CHUNK, stride_xp, stride_xe, stride_we, stride_wn, stride_wse, stride_wsn,
-                               stride_hp, stride_he, alpha, limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               MATH: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0,
-                               SPLIT: tl.constexpr = 0):
-    """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
-    prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
-    stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
-    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``).
-    ``SPLIT``: K is cut into ``num_programs(2)`` chunks of ``K_CHUNK``; each program stores its fp32 partial
-    sums in ``part``, and the last of a row tile's programs to arrive adds them in chunk order (the result
-    does not depend on arrival order) and runs the epilogue."""
-    if PDL:
-        gdc_launch_dependents()
-    p = tl.program_id(0)
-    e = tl.load(ids_ptr + p).to(tl.int64)
-    t = p // TOPK
-    w_e, s_e, xp_row, xe_row, K = _k_chunk(w_ptr + e * stride_we, ws_ptr + e * stride_wse, xp_ptr + t * stride_xp,
-                                           xe_ptr + t * stride_xe, H, K_CHUNK)
-    # gate rows rn and up rows Ip + rn in one pass: one stream of weight loads, not two in turn
-    r2 = tl.arange(0, 2 * BLOCK_N)
-    rows = tl.program_id(1) * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip
-    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, K, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
-                        PDL)
-    if SPLIT:
-        splits = tl.num_programs(2)
-        tile = p * tl.num_programs(1) + tl.program_id(1)
-        parts = part_ptr + tile * splits * 2 * BLOCK_N + r2
-        tl.store(parts + tl.program_id(2) * 2 * BLOCK_N, y)
-        if _last_to_arrive(count_ptr + tile, splits):
-            y = tl.load(parts, cache_modifier=".cg")
-            for j in range(1, splits):
-                y += tl.load(parts + j * 2 * BLOCK_N, cache_modifier=".cg")
-            _gate_up_epilogue(y, b_ptr, hp_ptr, he_ptr, e, p, Ip, stride_hp, stride_he, alpha, limit, BLOCK_N)
-            tl.atomic_xchg(count_ptr + tile, 0)
-    else:
-        _gate_up_epilogue(y, b_ptr, hp_ptr, he_ptr, e, p, Ip, stride_hp, stride_he, alpha, limit, BLOCK_N)
-
-
-@triton.jit
 def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
-                      K_CHUNK, stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part,
-                      stride_out, TOPK, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
-                      PREPARED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
-    """Down projection of one assignment's row tile (over K chunk ``program_id(2)`` of ``K_CHUNK``), and the
-    combine: each program stores its fp32 partial in ``part`` (row ``p * splits + chunk``); the last of a
-    token's ``k * splits`` programs for this tile to arrive (an arrival counter per (token, tile)) sums, slot by
-    slot in order, the chunks' partials in order plus the expert's bias, times the routing weight, so that the
-    result does not depend on which finished last; then it writes the bf16 output and resets its counter.
+                      stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
+                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
+    """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
+    for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
+    the result does not depend on which finished last, writes the bf16 output and resets its counter.
     ``PREPARED``: h comes as fp16 pairs + group factors (``h_ptr``, ``he_ptr``) for the f16x2 GEMV, with
-    ``DECODE`` its math ("asm" or "ops"); else h is bf16, ``DECODE`` the fp32 GEMV's decode, and K is not split.
-    ``PDL`` (prepared only): launched while the gate_up kernel runs."""
+    ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode. ``PDL``
+    (prepared only): launched while the gate_up kernel runs."""
     p = tl.program_id(0)
     tile = tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     if PREPARED:
-        w_e, s_e, h_row, he_row, K = _k_chunk(w_ptr + e * stride_we, ws_ptr + e * stride_wse, h_ptr + p * stride_h,
-                                              he_ptr + p * stride_he, Ip, K_CHUNK)
-        y = gemv_rows_f16x2(h_row, he_row, w_e, s_e, rn, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, PREFETCH,
-                            PDL)
+        y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL)
     else:
-        y = gemv_rows(h_ptr + p * stride_h, w_ptr + e * stride_we, ws_ptr + e * stride_wse, rn, Ip, stride_wn,
-                      stride_wsn, BLOCK_N, BLOCK_K, DECODE)
-    splits = tl.num_programs(2)
-    tl.store(part_ptr + (p * splits + tl.program_id(2)) * stride_part + rn, y)
+        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+    y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
+    tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
     counter = count_ptr + t * tl.num_programs(1) + tile
-    if _last_to_arrive(counter, TOPK * splits):
+    tl.debug_barrier()  # every thread's partial is stored before the arrival is published (release)
+    if tl.atomic_add(counter, 1, sem="acq_rel") == TOPK - 1:
         total = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for j in range(TOPK):
-            a = t * TOPK + j
-            y = tl.load(part_ptr + a * splits * stride_part + rn, cache_modifier=".cg")
-            for c in range(1, splits):
-                y += tl.load(part_ptr + (a * splits + c) * stride_part + rn, cache_modifier=".cg")
-            e_j = tl.load(ids_ptr + a).to(tl.int64)
-            total += (y + tl.load(b_ptr + e_j * Hp + rn)) * tl.load(wts_ptr + a)
+            total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
         tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
         tl.atomic_xchg(counter, 0)
 
@@ -355,13 +306,6 @@ def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def _k_split(K: int, cfg: GemvConfig) -> tuple[int, int]:
-    """(chunk length, chunks) for cutting a GEMV's K into ``cfg.split_k`` runs of whole ``block_k`` tiles (fewer
-    when K has fewer tiles than that)."""
-    per = triton.cdiv(triton.cdiv(K, cfg.block_k), cfg.split_k) * cfg.block_k
-    return per, triton.cdiv(K, per)
-
-
 def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvConfig, out: torch.Tensor) -> torch.Tensor:
     """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel."""
     T, H = x.shape
@@ -371,36 +315,29 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvCon
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
-    gate_up_tiles = Ip // GATE_UP_F16X2_ROWS if cfg.prepared else Ip // cfg.block_n
-    down_tiles = Hp // cfg.block_n
-    # one buffer of counters for both kernels, in two regions: with pdl the down kernel starts before gate_up ends
-    counters = _arrival_counters(x.device, T * k * gate_up_tiles + T * down_tiles)
     if cfg.prepared:
         if Ip % GATE_UP_F16X2_ROWS:
             raise ValueError(f"the f16x2 MoE GEMV needs Ip % {GATE_UP_F16X2_ROWS} == 0, got {Ip}")
         xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
-        chunk, splits = _k_split(H, cfg)
-        gate_up_part = torch.empty(T * k * gate_up_tiles * splits * 2 * GATE_UP_F16X2_ROWS if splits > 1 else 1,
-                                   dtype=torch.float32, device=x.device)
-        _gate_up_gemv_f16x2_kernel[(T * k, gate_up_tiles, splits)](
-            xp, xe, w13, s13, b13, h, he, ids, gate_up_part, counters, H, Ip, k, chunk, xp.stride(0), xe.stride(0),
-            w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA,
-            SWIGLU_LIMIT, BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch,
-            PDL=cfg.pdl, SPLIT=int(splits > 1), **cfg.launch_options())
-        chunk, splits = _k_split(Ip, cfg)
+        _gate_up_gemv_f16x2_kernel[(T * k, Ip // GATE_UP_F16X2_ROWS)](
+            xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
+            s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
+            BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, PDL=cfg.pdl,
+            **cfg.launch_options())
     else:
         h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
         he = h
-        _gate_up_gemv_kernel[(T * k, gate_up_tiles)](
+        _gate_up_gemv_kernel[(T * k, Ip // cfg.block_n)](
             x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
             s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             DECODE=cfg.decode, **cfg.launch_options())
-        chunk, splits = Ip, 1
-    part = torch.empty(T * k * splits, Hp, dtype=torch.float32, device=x.device)
-    _down_gemv_kernel[(T * k, down_tiles, splits)](
-        h, he, w2, s2, b2, part, counters[T * k * gate_up_tiles:], out, ids, wts, H, Hp, Ip, chunk,
+    part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
+    tiles = Hp // cfg.block_n
+    counters = _arrival_counters(x.device, T * tiles)
+    _down_gemv_kernel[(T * k, tiles)](
+        h, he, w2, s2, b2, part, counters, out, ids, wts, H, Hp, Ip,
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
         out.stride(0), k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.math if cfg.prepared else cfg.decode,
         PREPARED=cfg.prepared, PREFETCH=cfg.prefetch, PDL=cfg.pdl, **cfg.launch_options())
