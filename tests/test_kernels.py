@@ -27,7 +27,7 @@ from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import (CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,
                                            use_gemv)
 from mxrepack.kernels.moe_mxfp4 import (MOE_GEMV_FEW, MOE_GEMV_MANY, MoeConfig, moe_mxfp4, moe_schedule,
-                                        pick_moe_gemv_config)
+                                        pick_moe_config, pick_moe_gemv_config)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
 from mxrepack.layouts import ExpertDims, get_layout
@@ -201,6 +201,9 @@ def test_moe_mxfp4_matches_reference(activations, bound):
                 # int32 ids are read as they come, as int64 ones are
                 assert torch.equal(moe_mxfp4(x, ids.to(torch.int32), wts, strided, activations, cfg), y)
     assert pick_moe_gemv_config(4) == MOE_GEMV_FEW and pick_moe_gemv_config(16) == MOE_GEMV_MANY
+    # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
+    assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 4096, 8192)] == [16, 32, 128, 128]
+    assert pick_moe_config(8192, 4, 128).block_n == 128 and pick_moe_config(4096, 4, 128).block_n == 64
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV_FEW.portable()
 
 

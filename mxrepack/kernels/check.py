@@ -5,7 +5,9 @@ target=GPUTarget("cuda", cap, 32))`` -- Triton's own front end, LLVM and the ptx
 is needed -- and the result is inspected:
 
 * ``shared_bytes``: the compiled kernel's shared memory (``metadata.shared``); on sm_12x it must be
-  <= 101376 bytes (99 KiB, the opt-in per-block limit of consumer Blackwell);
+  <= 101376 bytes (99 KiB, the opt-in per-block limit of consumer Blackwell). Each kernel is compiled with
+  the alignment a gpt-oss launch gives it (:func:`specialized`): without it Triton cannot use 16-byte
+  asynchronous copies, so it does not pipeline the K loop and reports a fraction of the real figure;
 * ``tma``: any ``cp.async.bulk.tensor``, ``.tile::scatter4`` or ``.tile::gather4`` in the PTX (ptxas
   rejects TMA scatter on sm_121a; our kernels use none on any arch);
 * ``mma``: the MMA instructions found (``mma.sync...``, ``wgmma...``, ``tcgen05.mma...``); the W4A4 path
@@ -29,6 +31,14 @@ from mxrepack.kernels import linear_mxfp4 as lin
 from mxrepack.kernels import moe_mxfp4 as moe
 
 SM12X_SHARED_LIMIT = 101376
+# Compiled as they are launched on gpt-oss: at launch Triton specializes every pointer that is 16-byte aligned
+# (torch allocations are) and every integer argument that is a multiple of 16, and that decides vector widths
+# and whether loads become asynchronous copies (so shared memory). These integer arguments are multiples of
+# 16 at gpt-oss's shapes (H 2880, padded 2944, K 2880/4096, N 201088/4096/2880/512, their packed strides);
+# the others (scale-row strides such as 90 or 92, top-k 4, M) are not, or vary per call.
+DIVISIBLE_BY_16 = frozenset({"H", "Hp", "Ip", "K", "N", "stride_h", "stride_hp", "stride_on", "stride_out",
+                             "stride_part", "stride_pm", "stride_we", "stride_wse", "stride_wn", "stride_x",
+                             "stride_xm", "stride_xp", "stride_y", "stride_ym"})
 ARCHS = {90: "sm_90a", 100: "sm_100a", 120: "sm_120a", 121: "sm_121a"}
 _TMA = re.compile(r"cp\.async\.bulk\.tensor|\.tile::scatter4|\.tile::gather4")
 _MMA = re.compile(r"\b(mma\.sync\.aligned[\w.:]*|wgmma\.mma_async[\w.:]*|tcgen05\.mma[\w.:]*)")
@@ -138,12 +148,19 @@ def shipped_kernels():
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
 
 
+def specialized(src: ASTSource) -> ASTSource:
+    """``src`` with the alignment facts Triton would find at a gpt-oss launch (:data:`DIVISIBLE_BY_16`)."""
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(src.signature.items())
+             if ty.startswith("*") or name in DIVISIBLE_BY_16}
+    return ASTSource(src.fn, src.signature, dict(src.constants), attrs)
+
+
 def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: int, num_stages: int, cap: int) -> dict:
     arch = ARCHS[cap]
     rec = {"kernel": kernel, "config": config, "mode": mode, "arch": arch, "num_warps": num_warps,
            "num_stages": num_stages, "shared_bytes": None, "mma": [], "tma": False, "ok": False, "error": None}
     try:
-        compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32),
+        compiled = triton.compile(specialized(src), target=GPUTarget("cuda", cap, 32),
                                   options={"num_warps": num_warps, "num_stages": num_stages})
     except Exception as e:  # a compile failure is a finding, reported per record
         rec["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]

@@ -53,16 +53,23 @@ class MoeConfig:
         return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
 
 
-MOE_DECODE = MoeConfig(16, 64, 128, num_warps=4, num_stages=4)
-MOE_PREFILL = MoeConfig(64, 128, 128, num_warps=4, num_stages=3)
-MOE_CONFIGS = {"decode": MOE_DECODE, "prefill": MOE_PREFILL}
+# Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
+# whose bound is not below it. H100, 120b shapes, CUDA graphs (benchmarks/moe_dispatch_sweep.py, docs/PERF.md
+# stop 10): 16-row blocks up to T = 256 at top-4 of 128 experts, 32 rows to T = 1024 (2.60 ms vs 3.26 for the
+# 64 x 128 tiles shipped before), 128 rows x 64 columns to T = 4096 (5.41 vs 7.04 ms), 128 x 128 beyond
+# (8.88 vs 11.94 ms at T = 8192).
+MOE_TILES = ((8, MoeConfig(16, 64, 128, num_warps=4, num_stages=4)),
+             (32, MoeConfig(32, 64, 128, num_warps=4, num_stages=4)),
+             (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
+             (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)))
+MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 
 
-# T * k up to which the per-assignment GEMV beats the scheduled tiles (H100, benchmarks/moe_dispatch_sweep.py,
-# docs/PERF.md): 1.38 vs 3.04 ms at T = 64, 2.02 vs 2.30 ms at T = 96 (384 assignments), 2.63 vs 2.22 ms at
-# T = 128. A token sharing an expert re-reads its weights, but the programs of one row tile run together
-# and mostly hit L2.
-GEMV_MAX_ASSIGNMENTS = 384
+# T * k up to which the per-assignment GEMV beats the scheduled tiles, both in CUDA graphs (H100,
+# benchmarks/moe_dispatch_sweep.py, docs/PERF.md stop 10): 1.34 vs 1.51 ms at T = 64, 1.653 vs 1.654 ms at
+# T = 80 (320 assignments), 1.95 vs 1.70 ms at T = 96. A token sharing an expert re-reads its weights (the
+# programs of one row tile run together and mostly hit L2); the tiles read each expert once.
+GEMV_MAX_ASSIGNMENTS = 320
 GATE_UP_F16X2_ROWS = 32  # f16x2 gate_up rows per program: whole groups of the intermediate it prepares
 # H100, benchmarks/decode_pick.py with rotating routing (docs/PERF.md, stop 9): few assignments take 16-row
 # down tiles of 512 k and 4 warps; from MOE_GEMV_MANY_FROM on, 32-row tiles of 256 k and 8 warps. Both launch
@@ -79,17 +86,22 @@ def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> GemvConfig:
 
 
 def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
-    return MOE_DECODE if tokens * topk <= 16 * experts else MOE_PREFILL
+    """The scheduled-tile shape for ``tokens`` routed to ``topk`` of ``experts`` (:data:`MOE_TILES`)."""
+    rows = tokens * topk / experts
+    return next(cfg for bound, cfg in MOE_TILES if rows <= bound)
 
 
 def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
     """(sorted assignment ids, per-block expert, start, end); blocks past the real ones have expert -1.
 
-    The block count is bounded by ``cdiv(T*k, block_m) + experts`` so the grid needs no host sync.
+    The block count is bounded by ``cdiv(T*k, block_m) + experts`` so the grid needs no host sync, and no
+    op here waits for the device: the whole MoE call can be captured in a CUDA graph.
     """
-    flat = topk_ids.flatten()
+    flat = topk_ids.flatten().to(torch.int64)
     order = torch.argsort(flat, stable=True).to(torch.int32)
-    counts = torch.bincount(flat, minlength=experts)
+    # counted by a scatter, not ``bincount``: on CUDA bincount reads the max back to the host, a sync that
+    # would keep the schedule out of CUDA graphs
+    counts = torch.zeros(experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     blocks = (counts + block_m - 1) // block_m
     cum_blocks = torch.cumsum(blocks, 0)
     starts = torch.cumsum(counts, 0) - counts
