@@ -228,3 +228,25 @@ def test_kernels_check_builds_for_sm12x_without_tma():
             assert r["shared_bytes"] <= 101376
             if r["mode"] == "w4a4":
                 assert any("kind::mxf4nvf4.block_scale" in m for m in r["mma"])
+
+
+_VECTOR_LOADS = """
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from mxrepack.kernels import check, moe_mxfp4 as moe
+cfg = moe.MOE_GEMV_FEW
+src = check._moe_gemv_sources(cfg)["gemv_moe_gate_up_f16x2"]
+ptx = {name: triton.compile(s, target=GPUTarget("cuda", 90, 32), options=cfg.launch_options()).asm["ptx"]
+       for name, s in (("launched", check.specialized(src)), ("bare", src))}
+print(json.dumps({name: len(re.findall(r"ld\\.global[\\w.:]*\\.v4", p)) for name, p in ptx.items()}))
+"""
+
+
+def test_kernels_check_compiles_as_launched():
+    """The check compiles each kernel with a gpt-oss launch's alignment facts: there, the MoE GEMV's weight
+    and activation loads are 16 bytes wide, as they run; without them Triton cannot prove it and narrows them."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _VECTOR_LOADS], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    v4 = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert v4["launched"] > 0 and v4["bare"] < v4["launched"], v4
