@@ -37,7 +37,7 @@ from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dequantize_mx
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, pick_gemv_config  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import (LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,  # noqa: E402
                                            use_gemv)
-from mxrepack.kernels.moe_mxfp4 import GEMV_MAX_ASSIGNMENTS, moe_mxfp4, pick_moe_config, pick_moe_gemv_config  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe, pick_moe_config, pick_moe_gemv_config  # noqa: E402
 
 FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 DEV = "cuda"
@@ -318,6 +318,14 @@ def moe_decode_inputs(T: int, E: int = 128, k: int = 4, H: int = 2880):
     return x, ids, torch.softmax(torch.randn(T, k, device=DEV), -1)
 
 
+def moe_prefill_inputs(T: int, E: int = 128, k: int = 4, H: int = 2880):
+    """Random prefill-sized inputs: as :func:`moe_decode_inputs`, but each token's k experts drawn with
+    replacement (one batched draw instead of a permutation per token)."""
+    x = torch.randn(T, H, device=DEV).to(torch.bfloat16)
+    ids = torch.randint(0, E, (T, k), device=DEV)
+    return x, ids, torch.softmax(torch.randn(T, k, device=DEV), -1)
+
+
 def moe_reference(x, ids, wts, W, H: int = 2880, Hp: int = 2944, Ip: int = 2944) -> torch.Tensor:
     """Per-expert fp32 on the dequantized padded weights (the intermediate rounded to bf16 as the kernels do)."""
     w13, s13, b13, w2, s2, b2 = (W[n] for n in ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight",
@@ -342,25 +350,19 @@ def moe(rows: list, bw: float, quick: bool) -> None:
     per_expert = moe_expert_bytes(W)
     Tdec = (1, 2, 4, 8, 64, 128)
     for T in Tdec + (1024, 4096):
-        if T <= 128:
-            x, ids, wts = moe_decode_inputs(T, E, k, H)
-        else:  # prefill: experts drawn with replacement
-            x = torch.randn(T, H, device=DEV).to(torch.bfloat16)
-            ids = torch.randint(0, E, (T, k), device=DEV)
-            wts = torch.softmax(torch.randn(T, k, device=DEV), -1)
+        x, ids, wts = (moe_decode_inputs if T <= 128 else moe_prefill_inputs)(T, E, k, H)
         y = moe_mxfp4(x, ids, wts, W)
         err = None
         if T <= 128:
             ref = moe_reference(x, ids, wts, W, H, Hp, Ip)
             err = float((y.float() - ref).norm() / ref.norm())
-        gemv = T * k <= GEMV_MAX_ASSIGNMENTS
         # decode-sized calls in a CUDA graph (both paths capture: the schedule has no host sync), prefill with
         # do_bench (milliseconds per call: launch overhead does not matter there)
         timer = bench_decode if T <= 128 else (lambda f: do_bench(f, warmup=10, rep=100))  # noqa: E731
         ms = timer(lambda: moe_mxfp4(x, ids, wts, W))
         touched = ids.unique().numel() * per_expert
         rec = {"kind": "moe", "T": T, "topk": k, "experts_touched": ids.unique().numel(), "rel_err": err, "ms": ms,
-               "config": (pick_moe_gemv_config(T * k) if gemv else pick_moe_config(T, k, E)).name(),
+               "config": pick_moe(T, k, E, H).name(),
                "touched_GBps": touched / (ms * 1e-3) / 1e9,
                "roofline_frac": (touched / (ms * 1e-3)) / bw}
         if T <= 16:  # the other path at the same T, and a few GEMV tiles

@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import (DEV, bench_decode, copy_roofline,  # noqa: E402
-                       moe_reference, moe_decode_inputs, moe_expert_bytes, moe_weights)
+                       moe_decode_inputs, moe_expert_bytes, moe_prefill_inputs, moe_reference, moe_weights)
 
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, pick_moe_config, pick_moe_gemv_config  # noqa: E402
 
@@ -32,9 +32,7 @@ def main() -> None:
     torch.manual_seed(0)
     for T in [int(t) for t in sys.argv[2].split(",")] if len(sys.argv) > 2 else (64, 80, 96, 128, 256, 512, 1024,
                                                                                 2048, 4096, 8192):
-        x, ids, wts = moe_decode_inputs(T, E, k) if T <= E // k * 8 else \
-            (torch.randn(T, 2880, device=DEV).to(torch.bfloat16), torch.randint(0, E, (T, k), device=DEV),
-             torch.softmax(torch.randn(T, k, device=DEV), -1))
+        x, ids, wts = (moe_decode_inputs if T <= E // k * 8 else moe_prefill_inputs)(T, E, k)
         n_touched = ids.unique().numel()
         ref = moe_reference(x, ids, wts, W) if T <= 256 else None
         out = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)

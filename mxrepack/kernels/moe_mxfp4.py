@@ -91,6 +91,15 @@ def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
     return next(cfg for bound, cfg in MOE_TILES if rows <= bound)
 
 
+def pick_moe(tokens: int, topk: int, experts: int, hidden: int, activations: str = "bf16",
+             cuda: bool = True) -> MoeConfig | GemvConfig:
+    """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
+    ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
+    if activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
+        return pick_moe_gemv_config(tokens * topk, cuda)
+    return pick_moe_config(tokens, topk, experts)
+
+
 def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
     """(sorted assignment ids, per-block expert, start, end); blocks past the real ones have expert -1.
 
@@ -375,14 +384,10 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     Ip, Hp = Ip2 // 2, Hp2 * 2
     if w2.shape != (E, Hp, Ip // 2) or H > Hp:
         raise ValueError(f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer")
-    gemv = isinstance(config, GemvConfig) or (config is None and activations == "bf16"
-                                               and T * k <= GEMV_MAX_ASSIGNMENTS and H % 32 == 0)
-    if gemv:
-        cfg = config or pick_moe_gemv_config(T * k, x.device.type == "cuda")
-        if activations != "bf16" or H % 32:
-            raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
-    else:
-        cfg = config or pick_moe_config(T, k, E)
+    cfg = config or pick_moe(T, k, E, H, activations, x.device.type == "cuda")
+    gemv = isinstance(cfg, GemvConfig)
+    if gemv and (activations != "bf16" or H % 32):
+        raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
     if Ip % cfg.block_n or Hp % cfg.block_n:
         raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of block_n={cfg.block_n}")
     if gemv:
