@@ -1,10 +1,15 @@
 """Pick the shipped decode configs among a sweep's leaders: each candidate timed several times,
-interleaved (so that drift hits all alike), median reported. lm_head at M = 1 and the 120b MoE at
-T = 1..64 (CUDA graph; bytes = weights + scales, touched experts only for the MoE). The MoE routing
-rotates through several draws whose touched experts add up to > 400 MB, as lm_head's weights rotate:
-one layer's four experts at T = 1 (53 MB) would otherwise be read from H100's 50 MB L2 in part.
-Each candidate's output is compared with the first candidate's (the same math must give the same bits).
-Usage: python benchmarks/decode_pick.py [OUT.json]"""
+interleaved (so that drift hits all alike), median reported. Dense layers at M = 1 (lm_head; with
+the ``tail`` set also q/k/v and o) and the 120b MoE at T = 1..64 (CUDA graph; bytes = weights + scales,
+touched experts only for the MoE). The MoE routing rotates through several draws whose touched experts
+add up to > 400 MB, as the dense weights rotate: one layer's four experts at T = 1 (53 MB) would
+otherwise be read from H100's 50 MB L2 in part. Candidates that differ only in ``pdl`` must give the
+same bits (it changes when a GEMV starts, not what it computes).
+
+Candidate sets (``SETS``): ``default``, the stop-9 set (dense f16x2 shapes, MoE shapes with and without
+pdl); ``tail``, each shipped config with its partial K tile loaded first (shipped since stop 11) and last
+(before); ``shapes``, tile shapes again with the partial tile first.
+Usage: python benchmarks/decode_pick.py [--set NAME] [OUT.json]"""
 
 import dataclasses
 import json
@@ -15,73 +20,120 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, bench_decode, copy_roofline,  # noqa: E402
-                       lm_head_m1, moe_decode_inputs, moe_expert_bytes, moe_weights, rotating)
+from gpu_check import (DEV, bench_decode, copy_roofline, moe_decode_inputs,  # noqa: E402
+                       moe_expert_bytes, moe_weights, rand_mx, rotating, without_pdl)
 
-from mxrepack.kernels.gemv_mxfp4 import WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import MOE_GEMV_FEW, MOE_GEMV_MANY, moe_mxfp4, pick_moe_gemv_config  # noqa: E402
+from mxrepack.kernels.gemv_mxfp4 import NARROW, WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, MoeGemvConfig, moe_mxfp4  # noqa: E402
 
-DENSE = [GemvConfig(16, 1024, 8, 1, "f16x2"), GemvConfig(16, 1024, 8, 1, "f16x2", pdl=1),
-         GemvConfig(8, 512, 4, 1, "f16x2"), GemvConfig(8, 512, 4, 1, "f16x2", pdl=1)]
-MOE = [MOE_GEMV_FEW, dataclasses.replace(MOE_GEMV_FEW, pdl=0), MOE_GEMV_MANY, dataclasses.replace(MOE_GEMV_MANY, pdl=0),
-       GemvConfig(16, 256, 4, 1, "f16x2", pdl=1)]
-TOKENS = (1, 2, 4, 8, 16, 64)
 REPEATS = 5
+LM_HEAD = ("lm_head", 201088, 2880)
 
 
-def lm_head(rows: list, bw: float) -> None:
-    wbytes, nxt, nxt_b, x, out = lm_head_m1()
-    times = {c.name(): [] for c in DENSE}
+def both_tails(configs):
+    """Each config with its partial K tile first and last (a MoE pair: both kernels alike)."""
+    def flipped(cfg):
+        if isinstance(cfg, MoeGemvConfig):
+            return cfg.each(tail_first=1 - cfg.gate_up.tail_first)
+        return dataclasses.replace(cfg, tail_first=1 - cfg.tail_first)
+    return [c for cfg in configs for c in (cfg, flipped(cfg))]
+
+
+SETS = {
+    "default": {
+        "dense": [(LM_HEAD, [GemvConfig(16, 1024, 8, 1, "f16x2"), GemvConfig(16, 1024, 8, 1, "f16x2", pdl=1),
+                             GemvConfig(8, 512, 4, 1, "f16x2"), GemvConfig(8, 512, 4, 1, "f16x2", pdl=1)])],
+        "moe": [MOE_GEMV, MOE_GEMV.each(pdl=0), GemvConfig(16, 512, 4, 1, "f16x2", pdl=1),
+                GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(16, 256, 4, 1, "f16x2", pdl=1)],
+        "tokens": (1, 2, 4, 8, 16, 64),
+    },
+    "tail": {
+        "dense": [(LM_HEAD, both_tails([WIDE])), (("qkv", 5120, 2880), both_tails([NARROW])),
+                  (("o", 2880, 4096), both_tails([NARROW]))],
+        "moe": both_tails([MOE_GEMV]),
+        "tokens": (1, 2, 4, 8, 16, 64),
+    },
+    "shapes": {  # tile shapes again, with the partial tile first
+        "dense": [(LM_HEAD, [WIDE] + [GemvConfig(n, k, w, 1, "f16x2") for n, k, w in
+                                      ((16, 512, 4), (8, 1024, 8), (32, 1024, 8), (16, 1024, 4), (8, 512, 4))])],
+        "moe": [MOE_GEMV] + [GemvConfig(n, k, w, 1, "f16x2", pdl=1) for n, k, w in
+                                                ((16, 1024, 8), (16, 256, 4), (32, 512, 8), (8, 512, 4), (16, 512, 8),
+                                                 (32, 256, 4))],
+        "tokens": (1, 4, 8, 64),
+    },
+}
+
+
+def same_bits_as_pdl_twin(run, cfg) -> None:
+    twin = without_pdl(cfg)
+    if twin != cfg:
+        assert torch.equal(run(cfg), run(twin)), cfg.name()
+
+
+def dense_case(rows: list, bw: float, shape, configs) -> None:
+    name, N, K = shape
+    wbytes = N * K // 2 + N * K // 32
+    nxt = rotating(lambda: rand_mx(N, K), wbytes)
+    nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
+    x = torch.randn(1, K, device=DEV).to(torch.bfloat16)
+    out = torch.empty(1, N, device=DEV, dtype=torch.bfloat16)
     w0 = nxt()
-    for c in DENSE:  # programmatic dependent launch changes when the GEMV starts, not what it computes
-        twin = dataclasses.replace(c, pdl=0)
-        assert torch.equal(gemv_mxfp4(x, *w0, None, out.clone(), c), gemv_mxfp4(x, *w0, None, out.clone(), twin))
+    for c in configs:
+        same_bits_as_pdl_twin(lambda cfg: gemv_mxfp4(x, *w0, None, out.clone(), cfg), c)
+    times = {c.name(): [] for c in configs}
     cublas = []
     for _ in range(REPEATS):
         cublas.append(bench_decode(lambda: x @ nxt_b().T, rep=50))
-        for c in DENSE:
+        for c in configs:
             times[c.name()].append(bench_decode(lambda: gemv_mxfp4(x, *nxt(), None, out, c), rep=50))
     ms_c = statistics.median(cublas)
-    for name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
+    for cfg_name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
         ms = statistics.median(t)
-        rows.append({"kind": "lm_head_m1", "config": name, "ms_median": ms, "ms_all": t, "cublas_bf16_ms": ms_c,
-                     "vs_cublas": ms_c / ms, "roofline_frac": wbytes / (ms * 1e-3) / bw})
-        print(f"lm_head M=1 {name:24s} {ms:.4f} ms (min {min(t):.4f} max {max(t):.4f})  x{ms_c / ms:.2f} cuBLAS "
-              f"{100 * wbytes / (ms * 1e-3) / bw:.0f}% roofline", flush=True)
+        rows.append({"kind": f"{name}_m1", "N": N, "K": K, "config": cfg_name, "ms_median": ms, "ms_all": t,
+                     "cublas_bf16_ms": ms_c, "vs_cublas": ms_c / ms, "roofline_frac": wbytes / (ms * 1e-3) / bw})
+        print(f"{name} M=1 {cfg_name:32s} {ms:.4f} ms (min {min(t):.4f} max {max(t):.4f})  x{ms_c / ms:.2f} cuBLAS "
+              f"{100 * wbytes / (ms * 1e-3) / bw:.1f}% roofline", flush=True)
 
 
-def main() -> None:
-    bw = copy_roofline()
-    rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "repeats": REPEATS,
-             "shipped_dense": WIDE.name(), "shipped_moe": [MOE_GEMV_FEW.name(), MOE_GEMV_MANY.name()]}]
-    lm_head(rows, bw)  # its rotating weights are freed before the MoE layer is made
+def moe_cases(rows: list, bw: float, configs, tokens) -> None:
     W = moe_weights()
     per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
-    for T in TOKENS:
+    for T in tokens:
         draws = []
         nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
         xm, ids, wts = nxt()
         touched = statistics.mean(d[1].unique().numel() for d in draws) * per_expert
-        for c in MOE:
-            assert torch.equal(moe_mxfp4(xm, ids, wts, W, config=c),
-                               moe_mxfp4(xm, ids, wts, W, config=dataclasses.replace(c, pdl=0))), c.name()
+        for c in configs:
+            same_bits_as_pdl_twin(lambda cfg: moe_mxfp4(xm, ids, wts, W, config=cfg), c)
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
-        times = {c.name(): [] for c in MOE}
-        fixed = "fixed routing (as before this stop): " + pick_moe_gemv_config(T * 4).name()
-        times[fixed] = []
+        times = {c.name(): [] for c in configs}
         for _ in range(REPEATS):
-            for c in MOE:
+            for c in configs:
                 times[c.name()].append(bench_decode(lambda: moe_mxfp4(*nxt(), W, config=c, out=o), rep=50))
-            times[fixed].append(bench_decode(lambda: moe_mxfp4(xm, ids, wts, W, out=o), rep=50))
         for name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
             rows.append({"kind": "moe_decode", "T": T, "config": name, "ms_median": ms, "ms_all": t, "draws": len(draws),
                          "experts_touched": touched / per_expert, "roofline_frac": touched / (ms * 1e-3) / bw})
-            print(f"moe T={T} {name:24s} {ms:.4f} ms (min {min(t):.4f} max {max(t):.4f})  "
-                  f"{100 * touched / (ms * 1e-3) / bw:.0f}% roofline", flush=True)
-    if len(sys.argv) > 1:
-        json.dump(rows, open(sys.argv[1], "w"), indent=1)
+            print(f"moe T={T} {name:32s} {ms:.4f} ms (min {min(t):.4f} max {max(t):.4f})  "
+                  f"{100 * touched / (ms * 1e-3) / bw:.1f}% roofline", flush=True)
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    set_name = args[args.index("--set") + 1] if "--set" in args else "default"
+    chosen = SETS[set_name]
+    out = [a for a in args if not a.startswith("--") and a != set_name]
+    bw = copy_roofline()
+    rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "repeats": REPEATS,
+             "set": set_name,
+             "shipped_dense": [WIDE.name(), NARROW.name()], "shipped_moe": MOE_GEMV.name()}]
+    for shape, configs in chosen["dense"]:
+        dense_case(rows, bw, shape, configs)  # each case's rotating weights are freed when it returns
+    torch.cuda.empty_cache()
+    moe_cases(rows, bw, chosen["moe"], chosen["tokens"])
+    if out:
+        json.dump(rows, open(out[0], "w"), indent=1)
 
 
 if __name__ == "__main__":

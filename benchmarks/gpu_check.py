@@ -20,6 +20,7 @@ Timings: ``triton.testing.do_bench`` medians (ms).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import platform
@@ -37,7 +38,8 @@ from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dequantize_mx
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, pick_gemv_config  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import (LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,  # noqa: E402
                                            use_gemv)
-from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe, pick_moe_config, pick_moe_gemv_config  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import (MoeGemvConfig, moe_mxfp4, pick_moe, pick_moe_config,  # noqa: E402
+                                        pick_moe_gemv_config)
 
 FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 DEV = "cuda"
@@ -99,6 +101,12 @@ def replay_ms(g: torch.cuda.CUDAGraph, replays: int = 10) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / replays
+
+
+def without_pdl(cfg):
+    """A decode config (:class:`GemvConfig` or the MoE's pair) without programmatic dependent launch: the same
+    math, so the same bits, launched after the kernel before it has finished."""
+    return cfg.each(pdl=0) if isinstance(cfg, MoeGemvConfig) else dataclasses.replace(cfg, pdl=0)
 
 
 def rotating(make, bytes_each: int, min_total: int = 400 << 20):

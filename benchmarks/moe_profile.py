@@ -65,7 +65,7 @@ def main() -> None:
     per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
     for T, pdl in itertools.product(Ts, (0, 1)):
-        cfg = dataclasses.replace(pick_moe_gemv_config(T * 4), pdl=pdl)
+        cfg = pick_moe_gemv_config(T * 4).each(pdl=pdl)
         draws = []
         nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)

@@ -12,10 +12,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_decode_inputs,  # noqa: E402
-                       moe_expert_bytes, moe_weights, replay_ms, rotating)
+                       moe_expert_bytes, moe_weights, replay_ms, rotating, without_pdl)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import MOE_GEMV_FEW, moe_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
 
 
 def graph_ms(fn, unroll: int) -> float:
@@ -39,7 +39,7 @@ def main() -> None:
     torch.cuda.empty_cache()
     W = moe_weights()
     per_expert = moe_expert_bytes(W)
-    configs = [dataclasses.replace(MOE_GEMV_FEW, pdl=0), MOE_GEMV_FEW]
+    configs = [MOE_GEMV.each(pdl=0), MOE_GEMV]
     configs += [GemvConfig(bn, bk, w, 1, "f16x2", pdl=p) for bn, bk, w, p in
                 ((16, 512, 8, 0), (16, 512, 8, 1), (16, 1024, 8, 1), (32, 256, 8, 1), (8, 1024, 8, 1),
                  (16, 256, 4, 1), (8, 512, 4, 1), (16, 512, 2, 1), (16, 512, 4, 2))]
@@ -57,7 +57,7 @@ def main() -> None:
                 try:
                     if c.name() not in res:
                         res[c.name()] = []
-                        twin = dataclasses.replace(c, pdl=0)  # pdl changes when a GEMV starts, not its result
+                        twin = without_pdl(c)  # pdl changes when a GEMV starts, not its result
                         assert torch.equal(moe_mxfp4(xm, ids, wts, W, config=c),
                                            moe_mxfp4(xm, ids, wts, W, config=twin)), c.name()
                     res[c.name()].append(graph_ms(lambda: moe_mxfp4(*nxt(), W, config=c, out=o), 64 if T < 64 else 8))

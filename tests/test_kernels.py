@@ -26,8 +26,8 @@ from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequantize_mxfp4_rows
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import (CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,
                                            use_gemv)
-from mxrepack.kernels.moe_mxfp4 import (MOE_GEMV_FEW, MOE_GEMV_MANY, MoeConfig, moe_mxfp4, moe_schedule,
-                                        pick_moe_config, pick_moe_gemv_config)
+from mxrepack.kernels.moe_mxfp4 import (MOE_GEMV, MoeConfig, MoeGemvConfig, moe_mxfp4, moe_schedule, pick_moe_config,
+                                        pick_moe_gemv_config)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
 from mxrepack.layouts import ExpertDims, get_layout
@@ -104,7 +104,9 @@ def test_gemv_matches_reference(N, K):
     bias = torch.randn(N).to(torch.bfloat16)
     ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
     configs = (GemvConfig(16, 128, 4, 1, "ops"), GemvConfig(16, 128, 4, 1, "f16x2-ops"),
-               GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2))  # 0, 2 and 4 full tiles: each branch
+               GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2),  # 0, 2 and 4 full tiles: each branch
+               # the partial tile loaded after the full ones, as before stop 11
+               GemvConfig(16, 128, 4, 1, "ops", tail_first=0), GemvConfig(16, 128, 4, 1, "f16x2-ops", tail_first=0))
     for M, cfg in itertools.product((1, 2, 3), configs):
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
         y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", cfg, out=out)
@@ -189,7 +191,11 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
-        gemv = (GemvConfig(16, 64, 4, 1, "ops"), GemvConfig(16, 64, 4, 1, "f16x2-ops", prefetch=2)) \
+        # one GEMV config for both kernels; pairs: the f16x2 gate_up at 32 rows (one program packs a group of
+        # the intermediate) and at 8 (four programs share a group), down two tiles ahead
+        gemv = (GemvConfig(16, 64, 4, 1, "ops"),
+                MoeGemvConfig(GemvConfig(32, 64, 4, 1, "f16x2-ops"), GemvConfig(16, 64, 4, 1, "f16x2-ops")),
+                MoeGemvConfig(GemvConfig(8, 64, 4, 1, "f16x2-ops"), GemvConfig(16, 64, 4, 1, "f16x2-ops", prefetch=2))) \
             if activations == "bf16" else ()
         for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 64)) + gemv:
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
@@ -200,11 +206,17 @@ def test_moe_mxfp4_matches_reference(activations, bound):
                 assert torch.equal(moe_mxfp4(x, ids, wts, strided, activations, cfg), y)
                 # int32 ids are read as they come, as int64 ones are
                 assert torch.equal(moe_mxfp4(x, ids.to(torch.int32), wts, strided, activations, cfg), y)
-    assert pick_moe_gemv_config(4) == MOE_GEMV_FEW and pick_moe_gemv_config(16) == MOE_GEMV_MANY
+    assert pick_moe_gemv_config(4) == MOE_GEMV == pick_moe_gemv_config(256)
+    f16x2 = GemvConfig(16, 64, 4, 1, "f16x2-ops")
+    with pytest.raises(ValueError, match="both use prepared"):
+        MoeGemvConfig(GemvConfig(32, 64, 4, 1, "ops"), f16x2)
+    with pytest.raises(ValueError, match="multiple or a divisor of 32"):  # the prepared intermediate is whole groups
+        MoeGemvConfig(GemvConfig(48, 64, 4, 1, "f16x2-ops"), f16x2)
+    assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 64, 4, 1, "f16x2-ops"), f16x2)
     # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
     assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 4096, 8192)] == [16, 32, 128, 128]
     assert pick_moe_config(8192, 4, 128).block_n == 128 and pick_moe_config(4096, 4, 128).block_n == 64
-    assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV_FEW.portable()
+    assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
 
 
 def test_kernels_check_builds_for_sm12x_without_tma():
@@ -234,8 +246,8 @@ _VECTOR_LOADS = """
 import json, re, triton
 from triton.backends.compiler import GPUTarget
 from mxrepack.kernels import check, moe_mxfp4 as moe
-cfg = moe.MOE_GEMV_FEW
-src = check._moe_gemv_sources(cfg)["gemv_moe_gate_up_f16x2"]
+cfg = moe.MOE_GEMV.gate_up
+src = check._moe_gemv_sources(moe.MOE_GEMV)["gemv_moe_gate_up_f16x2"]
 ptx = {name: triton.compile(s, target=GPUTarget("cuda", 90, 32), options=cfg.launch_options()).asm["ptx"]
        for name, s in (("launched", check.specialized(src)), ("bare", src))}
 print(json.dumps({name: len(re.findall(r"ld\\.global[\\w.:]*\\.v4", p)) for name, p in ptx.items()}))

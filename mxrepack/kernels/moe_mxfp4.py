@@ -28,6 +28,7 @@ kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -70,19 +71,56 @@ MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 # T = 80 (320 assignments), 1.95 vs 1.70 ms at T = 96. A token sharing an expert re-reads its weights (the
 # programs of one row tile run together and mostly hit L2); the tiles read each expert once.
 GEMV_MAX_ASSIGNMENTS = 320
-GATE_UP_F16X2_ROWS = 32  # f16x2 gate_up rows per program: whole groups of the intermediate it prepares
-# H100, benchmarks/decode_pick.py with rotating routing (docs/PERF.md, stop 9): few assignments take 16-row
-# down tiles of 512 k and 4 warps; from MOE_GEMV_MANY_FROM on, 32-row tiles of 256 k and 8 warps. Both launch
-# each GEMV while the kernel before it runs (``pdl``).
-MOE_GEMV_FEW = GemvConfig(16, 512, 4, 1, "f16x2", pdl=1)
-MOE_GEMV_MANY = GemvConfig(32, 256, 8, 1, "f16x2", pdl=1)
-MOE_GEMV_MANY_FROM = 16  # T * k: T >= 4 at top-4
 
 
-def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> GemvConfig:
-    """The decode GEMV config for ``assignments`` = T * k (portable, without PTX, off CUDA)."""
-    cfg = MOE_GEMV_MANY if assignments >= MOE_GEMV_MANY_FROM else MOE_GEMV_FEW
-    return cfg if cuda else cfg.portable()
+@dataclass(frozen=True)
+class MoeGemvConfig:
+    """The decode path's two GEMV configs: ``gate_up`` (its ``block_n`` counts intermediate rows: each program
+    runs that many gate rows and as many up rows) and ``down``. On prepared activations (f16x2 math) both
+    must be prepared, and gate_up writes the intermediate prepared in groups of 32, so its ``block_n`` is a
+    multiple of 32 or a divisor (then a group's programs share the packing)."""
+    gate_up: GemvConfig
+    down: GemvConfig
+
+    def __post_init__(self):
+        if self.gate_up.prepared != self.down.prepared:
+            raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
+                             "activations (f16x2) or neither")
+        n = self.gate_up.block_n
+        if self.gate_up.prepared and n % 32 and 32 % n:
+            raise ValueError(f"the f16x2 gate_up writes whole groups of 32 intermediate values: block_n must be a "
+                             f"multiple or a divisor of 32, got {n}")
+
+    @classmethod
+    def from_single(cls, cfg: GemvConfig) -> MoeGemvConfig:
+        """One GEMV config for both kernels, as before stop 11 (the f16x2 gate_up then ran 32 rows per program)."""
+        return cls(dataclasses.replace(cfg, block_n=32) if cfg.prepared else cfg, cfg)
+
+    def each(self, **changes) -> MoeGemvConfig:
+        """``changes`` applied to both kernels' configs (``pdl=0``: the same math, launched one after the other)."""
+        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes))
+
+    def portable(self) -> MoeGemvConfig:
+        return MoeGemvConfig(self.gate_up.portable(), self.down.portable())
+
+    @property
+    def prepared(self) -> bool:
+        return self.gate_up.prepared
+
+    def name(self) -> str:
+        return f"gate_up {self.gate_up.name()} down {self.down.name()}"
+
+
+# H100, benchmarks/moe_pair_probe.py (docs/PERF.md, stop 11): one pair is best or within noise of the best
+# at every T from 1 to 64: gate_up 32 intermediate rows (64 weight rows) x 256 k on 8 warps, down 16 rows x
+# 512 k on 4 warps. Each GEMV is launched while the kernel before it runs (``pdl``).
+MOE_GEMV = MoeGemvConfig(GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(16, 512, 4, 1, "f16x2", pdl=1))
+
+
+def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
+    """The decode GEMV configs for ``assignments`` = T * k (portable, without PTX, off CUDA). One pair serves
+    every T the GEMV path takes (:data:`GEMV_MAX_ASSIGNMENTS`); the argument stays for the next measurement."""
+    return MOE_GEMV if cuda else MOE_GEMV.portable()
 
 
 def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
@@ -92,7 +130,7 @@ def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
 
 
 def pick_moe(tokens: int, topk: int, experts: int, hidden: int, activations: str = "bf16",
-             cuda: bool = True) -> MoeConfig | GemvConfig:
+             cuda: bool = True) -> MoeConfig | MoeGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
     ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
     if activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
@@ -238,27 +276,31 @@ def _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit):
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOPK, stride_x, stride_we, stride_wn,
                          stride_wse, stride_wsn, stride_h, alpha, limit,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
+                         TAIL_FIRST: tl.constexpr = 1):
     p = tl.program_id(0)  # assignment t * k + slot
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // TOPK) * stride_x
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    gate = gemv_rows(x_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
-    up = gemv_rows(x_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+    gate = gemv_rows(x_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, TAIL_FIRST)
+    up = gemv_rows(x_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, TAIL_FIRST)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit)
     tl.store(h_ptr + p * stride_h + rn, h.to(h_ptr.dtype.element_ty))
 
 
 @triton.jit
-def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
-                               stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
-                               limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
-                               PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
+def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, hs_ptr, count_ptr, ids_ptr, H, Ip,
+                               TOPK, stride_xp, stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp,
+                               stride_he, stride_hs, alpha, limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               MATH: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0,
+                               TAIL_FIRST: tl.constexpr = 1):
     """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
-    prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
-    stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
-    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
+    prepared too: the intermediate, rounded to bf16 as the other path stores it, goes out as fp16 pairs and
+    group factors for the down kernel's f16x2 GEMV. ``BLOCK_N`` is whole groups of 32, or divides 32: then a
+    group spans ``32 // BLOCK_N`` programs, which store their values in ``hs`` (fp32), and the last of them
+    to arrive (a counter per (assignment, group) in ``count_ptr``) packs the group. ``PDL``: launched while
+    ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
     if PDL:
         gdc_launch_dependents()
     p = tl.program_id(0)
@@ -270,22 +312,44 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
     r2 = tl.arange(0, 2 * BLOCK_N)
     rows = tl.program_id(1) * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip
     y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
-                        PDL)
+                        PDL, TAIL_FIRST)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
-    GB: tl.constexpr = BLOCK_N // 32
-    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
-    g = tl.program_id(1) * GB + tl.arange(0, GB)
-    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
-    tl.store(he_ptr + p * stride_he + g, factors)
+    if BLOCK_N >= 32:
+        GB: tl.constexpr = BLOCK_N // 32
+        pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
+        g = tl.program_id(1) * GB + tl.arange(0, GB)
+        tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
+        tl.store(he_ptr + p * stride_he + g, factors)
+    else:
+        # fewer weight rows per program stream faster (docs/PERF.md, stop 11); a group's factor needs all 32
+        # values, so the last of its programs packs it, in the same order whatever the arrival order
+        SHARE: tl.constexpr = 32 // BLOCK_N
+        tl.store(hs_ptr + p * stride_hs + rn, h)
+        g = tl.program_id(1) // SHARE
+        counter = count_ptr + p * (Ip // 32) + g
+        if _last_to_arrive(counter, SHARE):
+            v = tl.load(hs_ptr + p * stride_hs + g * 32 + tl.arange(0, 32)[None, :], cache_modifier=".cg")
+            pairs, factors = pack_groups(v, 1)
+            tl.store(hp_ptr + p * stride_hp + g * 16 + tl.arange(0, 16)[None, :], pairs)
+            tl.store(he_ptr + p * stride_he + g + tl.arange(0, 1), factors)
+            tl.atomic_xchg(counter, 0)
+
+
+@triton.jit
+def _last_to_arrive(counter, arrivals):
+    """True in the one program whose arrival at ``counter`` completes ``arrivals``: every thread's stores are
+    made before the arrival is published (release), and the others' are visible after it (acquire)."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter, 1, sem="acq_rel") == arrivals - 1
 
 
 @triton.jit
 def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
                       stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
-                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
+                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0, TAIL_FIRST: tl.constexpr = 1):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
     the result does not depend on which finished last, writes the bf16 output and resets its counter.
@@ -299,15 +363,15 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     if PREPARED:
         y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL)
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, TAIL_FIRST)
     else:
-        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE,
+                      TAIL_FIRST)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
     counter = count_ptr + t * tl.num_programs(1) + tile
-    tl.debug_barrier()  # every thread's partial is stored before the arrival is published (release)
-    if tl.atomic_add(counter, 1, sem="acq_rel") == TOPK - 1:
+    if _last_to_arrive(counter, TOPK):
         total = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for j in range(TOPK):
             total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
@@ -327,52 +391,58 @@ def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: GemvConfig, out: torch.Tensor) -> torch.Tensor:
+def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig,
+              out: torch.Tensor) -> torch.Tensor:
     """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
     Ip, Hp = Ip2 // 2, w2.shape[1]
+    gu, d = cfg.gate_up, cfg.down
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
+    tiles = Hp // d.block_n
+    # arrival counters: the down kernel's combine (per token and row tile), then, when gate_up's programs share
+    # a group of the intermediate, its packing (per assignment and group); 16-byte aligned regions
+    n_combine = -(-T * tiles // 4) * 4
+    shared_groups = cfg.prepared and gu.block_n < 32
+    counters = _arrival_counters(x.device, n_combine + (T * k * (Ip // 32) if shared_groups else 0))
     if cfg.prepared:
-        if Ip % GATE_UP_F16X2_ROWS:
-            raise ValueError(f"the f16x2 MoE GEMV needs Ip % {GATE_UP_F16X2_ROWS} == 0, got {Ip}")
-        xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
+        xp, xe = prepare_x(x, pdl=bool(gu.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
-        _gate_up_gemv_f16x2_kernel[(T * k, Ip // GATE_UP_F16X2_ROWS)](
-            xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
-            s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
-            BLOCK_N=GATE_UP_F16X2_ROWS, BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, PDL=cfg.pdl,
-            **cfg.launch_options())
+        hs = torch.empty(T * k, Ip, dtype=torch.float32, device=x.device) if shared_groups else he
+        _gate_up_gemv_f16x2_kernel[(T * k, Ip // gu.block_n)](
+            xp, xe, w13, s13, b13, h, he, hs, counters[n_combine:], ids, H, Ip, k, xp.stride(0), xe.stride(0),
+            w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), hs.stride(0),
+            SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PREFETCH=gu.prefetch,
+            PDL=gu.pdl, TAIL_FIRST=gu.tail_first, **gu.launch_options())
     else:
         h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
         he = h
-        _gate_up_gemv_kernel[(T * k, Ip // cfg.block_n)](
+        _gate_up_gemv_kernel[(T * k, Ip // gu.block_n)](
             x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
-            s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            DECODE=cfg.decode, **cfg.launch_options())
+            s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
+            DECODE=gu.decode, TAIL_FIRST=gu.tail_first, **gu.launch_options())
     part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
-    tiles = Hp // cfg.block_n
-    counters = _arrival_counters(x.device, T * tiles)
     _down_gemv_kernel[(T * k, tiles)](
         h, he, w2, s2, b2, part, counters, out, ids, wts, H, Hp, Ip,
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
-        out.stride(0), k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.math if cfg.prepared else cfg.decode,
-        PREPARED=cfg.prepared, PREFETCH=cfg.prefetch, PDL=cfg.pdl, **cfg.launch_options())
+        out.stride(0), k, BLOCK_N=d.block_n, BLOCK_K=d.block_k, DECODE=d.math if d.prepared else d.decode,
+        PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, TAIL_FIRST=d.tail_first, **d.launch_options())
     return out
 
 
 def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: dict[str, torch.Tensor],
-              activations: str = "bf16", config: MoeConfig | GemvConfig | None = None,
+              activations: str = "bf16", config: MoeConfig | MoeGemvConfig | GemvConfig | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """One gpt-oss MoE block: ``x [T, H]`` bf16, ``topk_ids/topk_weights [T, k]`` -> ``[T, H]`` bf16.
 
     ``w``: the strided layout's tensors by suffix (``w13_weight``, ``w13_weight_scale``, ``w13_bias``,
     ``w2_weight``, ``w2_weight_scale``, ``w2_bias``). ``config``: a :class:`MoeConfig` (scheduled tiles),
-    a :class:`GemvConfig` (decode GEMV, BF16 activations), or None to choose by shape.
+    a :class:`MoeGemvConfig` (decode GEMV, BF16 activations; a single :class:`GemvConfig` serves both
+    kernels, :meth:`MoeGemvConfig.from_single`), or None to choose by shape.
     """
     if activations not in ("bf16", "e4m3", "e2m1"):
         raise ValueError(f"activations must be bf16, e4m3 or e2m1, got {activations!r}")
@@ -385,11 +455,14 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     if w2.shape != (E, Hp, Ip // 2) or H > Hp:
         raise ValueError(f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer")
     cfg = config or pick_moe(T, k, E, H, activations, x.device.type == "cuda")
-    gemv = isinstance(cfg, GemvConfig)
+    if isinstance(cfg, GemvConfig):
+        cfg = MoeGemvConfig.from_single(cfg)
+    gemv = isinstance(cfg, MoeGemvConfig)
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
-    if Ip % cfg.block_n or Hp % cfg.block_n:
-        raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of block_n={cfg.block_n}")
+    ip_tile, hp_tile = (cfg.gate_up.block_n, cfg.down.block_n) if gemv else (cfg.block_n, cfg.block_n)
+    if Ip % ip_tile or Hp % hp_tile:
+        raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
     if gemv:
         target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
         y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
