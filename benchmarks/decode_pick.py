@@ -1,17 +1,16 @@
 """Pick the shipped decode configs among a sweep's leaders: each candidate timed several times,
-interleaved (so that drift hits all alike), median reported. Dense layers at M = 1 (lm_head; with
-the ``tail`` set also q/k/v and o) and the 120b MoE at T = 1..64 (CUDA graph; bytes = weights + scales,
-touched experts only for the MoE). The MoE routing rotates through several draws whose touched experts
+interleaved (so that drift hits all alike), median reported. Dense layers at M = 1 (lm_head) and the 120b
+MoE at T = 1..64 (CUDA graph; bytes = weights + scales, touched experts only for the MoE). The MoE routing rotates through several draws whose touched experts
 add up to > 400 MB, as the dense weights rotate: one layer's four experts at T = 1 (53 MB) would
 otherwise be read from H100's 50 MB L2 in part. Candidates that differ only in ``pdl`` must give the
 same bits (it changes when a GEMV starts, not what it computes).
 
 Candidate sets (``SETS``): ``default``, the stop-9 set (dense f16x2 shapes, MoE shapes with and without
-pdl); ``tail``, each shipped config with its partial K tile loaded first (shipped since stop 11) and last
-(before); ``shapes``, tile shapes again with the partial tile first.
+pdl); ``shapes``, tile shapes again once the partial K tile was loaded first (stop 11). The ``tail`` set
+of stop 11, each shipped config with its partial tile first and last, ran at commit 9597ffa, which still
+had the option.
 Usage: python benchmarks/decode_pick.py [--set NAME] [OUT.json]"""
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -24,19 +23,10 @@ from gpu_check import (DEV, bench_decode, copy_roofline, moe_decode_inputs,  # n
                        moe_expert_bytes, moe_weights, rand_mx, rotating, without_pdl)
 
 from mxrepack.kernels.gemv_mxfp4 import NARROW, WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, MoeGemvConfig, moe_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
 
 REPEATS = 5
 LM_HEAD = ("lm_head", 201088, 2880)
-
-
-def both_tails(configs):
-    """Each config with its partial K tile first and last (a MoE pair: both kernels alike)."""
-    def flipped(cfg):
-        if isinstance(cfg, MoeGemvConfig):
-            return cfg.each(tail_first=1 - cfg.gate_up.tail_first)
-        return dataclasses.replace(cfg, tail_first=1 - cfg.tail_first)
-    return [c for cfg in configs for c in (cfg, flipped(cfg))]
 
 
 SETS = {
@@ -45,12 +35,6 @@ SETS = {
                              GemvConfig(8, 512, 4, 1, "f16x2"), GemvConfig(8, 512, 4, 1, "f16x2", pdl=1)])],
         "moe": [MOE_GEMV, MOE_GEMV.each(pdl=0), GemvConfig(16, 512, 4, 1, "f16x2", pdl=1),
                 GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(16, 256, 4, 1, "f16x2", pdl=1)],
-        "tokens": (1, 2, 4, 8, 16, 64),
-    },
-    "tail": {
-        "dense": [(LM_HEAD, both_tails([WIDE])), (("qkv", 5120, 2880), both_tails([NARROW])),
-                  (("o", 2880, 4096), both_tails([NARROW]))],
-        "moe": both_tails([MOE_GEMV]),
         "tokens": (1, 2, 4, 8, 16, 64),
     },
     "shapes": {  # tile shapes again, with the partial tile first

@@ -36,7 +36,7 @@ SM12X_SHARED_LIMIT = 101376
 # and whether loads become asynchronous copies (so shared memory). These integer arguments are multiples of
 # 16 at gpt-oss's shapes (H 2880, padded 2944, K 2880/4096, N 201088/4096/2880/512, their packed strides);
 # the others (scale-row strides such as 90 or 92, top-k 4, M) are not, or vary per call.
-DIVISIBLE_BY_16 = frozenset({"H", "Hp", "Ip", "K", "N", "stride_h", "stride_hp", "stride_hs", "stride_on",
+DIVISIBLE_BY_16 = frozenset({"H", "Hp", "Ip", "K", "N", "stride_h", "stride_hp", "stride_on",
                              "stride_out", "stride_part", "stride_pm", "stride_we", "stride_wse", "stride_wn",
                              "stride_x", "stride_xm", "stride_xp", "stride_y", "stride_ym"})
 ARCHS = {90: "sm_90a", 100: "sm_100a", 120: "sm_120a", 121: "sm_121a"}
@@ -78,7 +78,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
 def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     if cfg.prepared:
         const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch,
-                 "PDL": cfg.pdl, "TAIL_FIRST": cfg.tail_first}
+                 "PDL": cfg.pdl}
         dense = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16",
                  "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_pm": "i32", "stride_em": "i32", "stride_wn": "i32",
                  "stride_wsn": "i32", "stride_ym": "i32", "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}
@@ -87,7 +87,7 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
         return {"gemv_mxfp4_f16x2": ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const}),
                 "gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep,
                                             {"GB": gemv.PREPARE_GROUPS, "PDL": cfg.pdl})}
-    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode, "TAIL_FIRST": cfg.tail_first}
+    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
     dense = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32",
              "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_ym": "i32",
              "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}
@@ -101,19 +101,18 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
     gu, d = cfg.gate_up, cfg.down
     if cfg.prepared:
         const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PREFETCH": gu.prefetch,
-                 "PDL": gu.pdl, "TAIL_FIRST": gu.tail_first}
+                 "PDL": gu.pdl}
         sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
-               "hp_ptr": "*i32", "he_ptr": "*fp32", "hs_ptr": "*fp32", "count_ptr": "*i32", **ids_dims,
-               "stride_xp": "i32", "stride_xe": "i32", **w_strides, "stride_hp": "i32", "stride_he": "i32",
-               "stride_hs": "i32", **act, **{k: "constexpr" for k in const}}
+               "hp_ptr": "*i32", "he_ptr": "*fp32", **ids_dims, "stride_xp": "i32", "stride_xe": "i32", **w_strides,
+               "stride_hp": "i32", "stride_he": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up_f16x2": ASTSource(moe._gate_up_gemv_f16x2_kernel, sig, const)}
     else:
-        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "DECODE": gu.decode, "TAIL_FIRST": gu.tail_first}
+        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "DECODE": gu.decode}
         sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "h_ptr": "*bf16", **ids_dims,
                "stride_x": "i32", **w_strides, "stride_h": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
     const = {"BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "DECODE": d.math if d.prepared else d.decode,
-             "PREPARED": d.prepared, "PREFETCH": d.prefetch, "PDL": d.pdl, "TAIL_FIRST": d.tail_first}
+             "PREPARED": d.prepared, "PREFETCH": d.prefetch, "PDL": d.pdl}
     down = {"h_ptr": "*i32" if d.prepared else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
             "b_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32",
             "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32",

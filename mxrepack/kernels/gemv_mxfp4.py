@@ -52,9 +52,6 @@ class GemvConfig:
     # request their first weight tiles, then wait (``griddepcontrol.wait``) for the activations. The launch
     # gap and the previous kernel's tail then overlap weight streaming. 0 or 1.
     pdl: int = 0
-    # 1: a partial last K tile is loaded first, in flight with the first full tile; 0: after the last full
-    # tile (as up to stop 10; kept to measure the difference)
-    tail_first: int = 1
 
     def __post_init__(self):
         if self.pdl not in (0, 1):
@@ -65,8 +62,7 @@ class GemvConfig:
     def name(self) -> str:
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
         pdl = f"pdl{self.pdl}" if self.pdl else ""
-        tail = "" if self.tail_first else "taillast"
-        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}{tail}"
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}"
 
     @property
     def prepared(self) -> bool:
@@ -156,10 +152,10 @@ def _accumulate(acc, w, s, x, G: tl.constexpr, DECODE: tl.constexpr):
 
 @triton.jit
 def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, TAIL_FIRST: tl.constexpr = 1):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
     """``W[rn, :K] @ x[:K]`` in fp32 for ``BLOCK_N`` valid row indices ``rn`` (clamp them, no mask here);
     ``x_ptr`` points at one bf16 row of at least K values. Shared by the dense and the MoE decode kernels.
-    ``TAIL_FIRST``: a partial last K tile is loaded first, with the first full tile (:data:`TAIL_FIRST`)."""
+    A partial K tile (K % BLOCK_K) is loaded first, in flight with the first full tile, and multiplied first."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
     # [BLOCK_N, G, 4] int32 words: a thread holds whole groups (16 bytes, one load); a row is a multiple
@@ -172,17 +168,18 @@ def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)  # reduced over groups once, after the loop
     n_full = K // BLOCK_K
     k_full = n_full * BLOCK_K
+    # The partial tile's loads go out first. Loaded last (as up to stop 10) they waited, alone, for a whole
+    # memory latency at the end of every program; this way they overlap the first full tile's
+    # (lm_head 0.1173 ms against 0.1364 in the same run, docs/PERF.md stop 11).
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
-    if TAIL_FIRST:
-        wt = tl.load(w_ptrs + n_full * (BLOCK_K // 8), mask=g_ok[None, :, None], other=0)
-        st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
-        xt = tl.load(x_ptrs + k_full, mask=g_ok[None, :, None], other=0.0)
+    wt = tl.load(w_ptrs + n_full * (BLOCK_K // 8), mask=g_ok[None, :, None], other=0)
+    st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
+    xt = tl.load(x_ptrs + k_full, mask=g_ok[None, :, None], other=0.0)
     if n_full > 0:
         # the next tile is loaded before this one is decoded, so that two tiles per program are in flight
         w, s, x = tl.load(w_ptrs), tl.load(s_ptrs), tl.load(x_ptrs)
-        if TAIL_FIRST:
-            if k_full < K:
-                acc = _accumulate(acc, wt, st, xt, G, DECODE)
+        if k_full < K:
+            acc = _accumulate(acc, wt, st, xt, G, DECODE)
         for t in range(1, n_full):
             w_next = tl.load(w_ptrs + t * (BLOCK_K // 8))
             s_next = tl.load(s_ptrs + t * G)
@@ -190,15 +187,8 @@ def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
             acc = _accumulate(acc, w, s, x, G, DECODE)
             w, s, x = w_next, s_next, x_next
         acc = _accumulate(acc, w, s, x, G, DECODE)
-    if k_full < K:
-        if TAIL_FIRST:
-            if n_full == 0:
-                acc = _accumulate(acc, wt, st, xt, G, DECODE)
-        else:
-            w = tl.load(w_ptrs + n_full * (BLOCK_K // 8), mask=g_ok[None, :, None], other=0)
-            s = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
-            x = tl.load(x_ptrs + k_full, mask=g_ok[None, :, None], other=0.0)
-            acc = _accumulate(acc, w, s, x, G, DECODE)
+    elif k_full < K:
+        acc = _accumulate(acc, wt, st, xt, G, DECODE)
     return tl.sum(acc, axis=1) * 16384.0  # the decoded values were E2M1 * 2^-14
 
 
@@ -213,13 +203,11 @@ def _store_rows(y, b_ptr, y_row, rn, N, HAS_BIAS: tl.constexpr):
 
 @triton.jit
 def _gemv_mxfp4_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_wsn, stride_ym,
-                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
-                       TAIL_FIRST: tl.constexpr = 1):
+                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)  # rows past N re-read the last row, so that the loads need no mask
-    y = gemv_rows(x_ptr + m * stride_xm, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE,
-                  TAIL_FIRST)
+    y = gemv_rows(x_ptr + m * stride_xm, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
     _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
@@ -388,11 +376,10 @@ def _tail_f16x2(acc, w, s, p_ptrs, e_ptrs, g_ok, BLOCK_N: tl.constexpr, G: tl.co
 @triton.jit
 def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr,
-                    PDL: tl.constexpr = 0, TAIL_FIRST: tl.constexpr = 1):
-    """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows`, from one row of prepared activations (xp, xe).
-    ``PDL``: the activations are written by the kernel launched before this one, which may still run;
-    wait for it once the first weight tiles are requested (:class:`GemvConfig`). ``TAIL_FIRST``: a partial
-    last K tile is loaded first, with the first full tile (:data:`TAIL_FIRST`)."""
+                    PDL: tl.constexpr = 0):
+    """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows` (the partial K tile first), from one row of prepared
+    activations (xp, xe). ``PDL``: the activations are written by the kernel launched before this one, which
+    may still run; wait for it once the first weight tiles are requested (:class:`GemvConfig`)."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
     row_words = tl.multiple_of(rn * (stride_wn // 4), 4)
@@ -412,9 +399,8 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
     W_STEP: tl.constexpr = BLOCK_K // 8
     X_STEP: tl.constexpr = BLOCK_K // 2
-    if TAIL_FIRST:
-        wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)
-        st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
+    wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)  # the partial tile, first
+    st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
     # The weights and scales of the next PREFETCH tiles are in flight while a tile is multiplied (the
     # activations come from L1/L2 and are loaded when used): at M = 1 the kernel is bound by how many
     # weight bytes are in flight per SM, not by its instructions.
@@ -423,9 +409,8 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
         wb, sb = tl.load(w_ptrs + W_STEP), tl.load(s_ptrs + G)
         if PDL:
             gdc_wait()
-        if TAIL_FIRST:
-            if k_full < K:
-                acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
+        if k_full < K:
+            acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
         for t in range(2, n_full):
             wc, sc = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
             acc = _tile_f16x2(acc, wa, sa, p_ptrs + (t - 2) * X_STEP, e_ptrs + (t - 2) * G, BLOCK_N, G, MATH)
@@ -436,37 +421,30 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
         wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
         if PDL:
             gdc_wait()
-        if TAIL_FIRST:
-            if k_full < K:
-                acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
+        if k_full < K:
+            acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
         for t in range(1, n_full):
             wb, sb = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
             acc = _tile_f16x2(acc, wa, sa, p_ptrs + (t - 1) * X_STEP, e_ptrs + (t - 1) * G, BLOCK_N, G, MATH)
             wa, sa = wb, sb
         acc = _tile_f16x2(acc, wa, sa, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
-    elif PDL:
-        gdc_wait()
-    if k_full < K:
-        if TAIL_FIRST:
-            if n_full == 0:
-                acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
-        else:
-            w = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)
-            s = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
-            acc = _tail_f16x2(acc, w, s, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
+    else:
+        if PDL:
+            gdc_wait()
+        if k_full < K:
+            acc = _tail_f16x2(acc, wt, st, p_ptrs, e_ptrs, g_ok, BLOCK_N, G, MATH)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
 def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_pm, stride_em, stride_wn, stride_wsn,
                        stride_ym, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       MATH: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0,
-                       TAIL_FIRST: tl.constexpr = 1):
+                       MATH: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)
     y = gemv_rows_f16x2(xp_ptr + m * stride_pm, xe_ptr + m * stride_em, w_ptr, ws_ptr, rn_load, K, stride_wn,
-                        stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL, TAIL_FIRST)
+                        stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL)
     _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
@@ -500,14 +478,14 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
         _gemv_f16x2_kernel[(M, triton.cdiv(N, cfg.block_n))](
             xp, xe, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K, xp.stride(0), xe.stride(0),
             w_packed.stride(0), w_scales.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, PDL=cfg.pdl, TAIL_FIRST=cfg.tail_first,
+            BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, PDL=cfg.pdl,
             **cfg.launch_options())
         return out
     grid = (M, triton.cdiv(N, cfg.block_n))
     _gemv_mxfp4_kernel[grid](x, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K,
                              x.stride(0), w_packed.stride(0), w_scales.stride(0), out.stride(0),
                              HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode,
-                             TAIL_FIRST=cfg.tail_first, **cfg.launch_options())
+                             **cfg.launch_options())
     return out
 
 

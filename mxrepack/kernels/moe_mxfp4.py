@@ -77,8 +77,7 @@ GEMV_MAX_ASSIGNMENTS = 320
 class MoeGemvConfig:
     """The decode path's two GEMV configs: ``gate_up`` (its ``block_n`` counts intermediate rows: each program
     runs that many gate rows and as many up rows) and ``down``. On prepared activations (f16x2 math) both
-    must be prepared, and gate_up writes the intermediate prepared in groups of 32, so its ``block_n`` is a
-    multiple of 32 or a divisor (then a group's programs share the packing)."""
+    must be prepared, and gate_up writes the intermediate prepared, so its ``block_n`` is whole groups of 32."""
     gate_up: GemvConfig
     down: GemvConfig
 
@@ -86,10 +85,10 @@ class MoeGemvConfig:
         if self.gate_up.prepared != self.down.prepared:
             raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
                              "activations (f16x2) or neither")
-        n = self.gate_up.block_n
-        if self.gate_up.prepared and n % 32 and 32 % n:
+        if self.gate_up.prepared and self.gate_up.block_n % 32:
+            # one program per whole group: fewer rows sharing a group's packing were slower (docs/PERF.md, stop 11)
             raise ValueError(f"the f16x2 gate_up writes whole groups of 32 intermediate values: block_n must be a "
-                             f"multiple or a divisor of 32, got {n}")
+                             f"multiple of 32, got {self.gate_up.block_n}")
 
     @classmethod
     def from_single(cls, cfg: GemvConfig) -> MoeGemvConfig:
@@ -276,31 +275,27 @@ def _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit):
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOPK, stride_x, stride_we, stride_wn,
                          stride_wse, stride_wsn, stride_h, alpha, limit,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
-                         TAIL_FIRST: tl.constexpr = 1):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
     p = tl.program_id(0)  # assignment t * k + slot
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // TOPK) * stride_x
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    gate = gemv_rows(x_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, TAIL_FIRST)
-    up = gemv_rows(x_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, TAIL_FIRST)
+    gate = gemv_rows(x_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+    up = gemv_rows(x_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit)
     tl.store(h_ptr + p * stride_h + rn, h.to(h_ptr.dtype.element_ty))
 
 
 @triton.jit
-def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, hs_ptr, count_ptr, ids_ptr, H, Ip,
-                               TOPK, stride_xp, stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp,
-                               stride_he, stride_hs, alpha, limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               MATH: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0,
-                               TAIL_FIRST: tl.constexpr = 1):
+def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
+                               stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
+                               limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
+                               PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
-    prepared too: the intermediate, rounded to bf16 as the other path stores it, goes out as fp16 pairs and
-    group factors for the down kernel's f16x2 GEMV. ``BLOCK_N`` is whole groups of 32, or divides 32: then a
-    group spans ``32 // BLOCK_N`` programs, which store their values in ``hs`` (fp32), and the last of them
-    to arrive (a counter per (assignment, group) in ``count_ptr``) packs the group. ``PDL``: launched while
-    ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
+    prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
+    stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
+    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
     if PDL:
         gdc_launch_dependents()
     p = tl.program_id(0)
@@ -312,29 +307,15 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
     r2 = tl.arange(0, 2 * BLOCK_N)
     rows = tl.program_id(1) * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip
     y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
-                        PDL, TAIL_FIRST)
+                        PDL)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
-    if BLOCK_N >= 32:
-        GB: tl.constexpr = BLOCK_N // 32
-        pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
-        g = tl.program_id(1) * GB + tl.arange(0, GB)
-        tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
-        tl.store(he_ptr + p * stride_he + g, factors)
-    else:
-        # fewer weight rows per program stream faster (docs/PERF.md, stop 11); a group's factor needs all 32
-        # values, so the last of its programs packs it, in the same order whatever the arrival order
-        SHARE: tl.constexpr = 32 // BLOCK_N
-        tl.store(hs_ptr + p * stride_hs + rn, h)
-        g = tl.program_id(1) // SHARE
-        counter = count_ptr + p * (Ip // 32) + g
-        if _last_to_arrive(counter, SHARE):
-            v = tl.load(hs_ptr + p * stride_hs + g * 32 + tl.arange(0, 32)[None, :], cache_modifier=".cg")
-            pairs, factors = pack_groups(v, 1)
-            tl.store(hp_ptr + p * stride_hp + g * 16 + tl.arange(0, 16)[None, :], pairs)
-            tl.store(he_ptr + p * stride_he + g + tl.arange(0, 1), factors)
-            tl.atomic_xchg(counter, 0)
+    GB: tl.constexpr = BLOCK_N // 32
+    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
+    g = tl.program_id(1) * GB + tl.arange(0, GB)
+    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
+    tl.store(he_ptr + p * stride_he + g, factors)
 
 
 @triton.jit
@@ -349,7 +330,7 @@ def _last_to_arrive(counter, arrivals):
 def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
                       stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
-                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0, TAIL_FIRST: tl.constexpr = 1):
+                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
     the result does not depend on which finished last, writes the bf16 output and resets its counter.
@@ -363,10 +344,9 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     if PREPARED:
         y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, TAIL_FIRST)
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL)
     else:
-        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE,
-                      TAIL_FIRST)
+        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
@@ -402,35 +382,30 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
-    tiles = Hp // d.block_n
-    # arrival counters: the down kernel's combine (per token and row tile), then, when gate_up's programs share
-    # a group of the intermediate, its packing (per assignment and group); 16-byte aligned regions
-    n_combine = -(-T * tiles // 4) * 4
-    shared_groups = cfg.prepared and gu.block_n < 32
-    counters = _arrival_counters(x.device, n_combine + (T * k * (Ip // 32) if shared_groups else 0))
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(gu.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
-        hs = torch.empty(T * k, Ip, dtype=torch.float32, device=x.device) if shared_groups else he
         _gate_up_gemv_f16x2_kernel[(T * k, Ip // gu.block_n)](
-            xp, xe, w13, s13, b13, h, he, hs, counters[n_combine:], ids, H, Ip, k, xp.stride(0), xe.stride(0),
-            w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), hs.stride(0),
-            SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PREFETCH=gu.prefetch,
-            PDL=gu.pdl, TAIL_FIRST=gu.tail_first, **gu.launch_options())
+            xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
+            s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
+            BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PREFETCH=gu.prefetch, PDL=gu.pdl,
+            **gu.launch_options())
     else:
         h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
         he = h
         _gate_up_gemv_kernel[(T * k, Ip // gu.block_n)](
             x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
             s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
-            DECODE=gu.decode, TAIL_FIRST=gu.tail_first, **gu.launch_options())
+            DECODE=gu.decode, **gu.launch_options())
     part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
+    tiles = Hp // d.block_n
+    counters = _arrival_counters(x.device, T * tiles)
     _down_gemv_kernel[(T * k, tiles)](
         h, he, w2, s2, b2, part, counters, out, ids, wts, H, Hp, Ip,
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
         out.stride(0), k, BLOCK_N=d.block_n, BLOCK_K=d.block_k, DECODE=d.math if d.prepared else d.decode,
-        PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, TAIL_FIRST=d.tail_first, **d.launch_options())
+        PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, **d.launch_options())
     return out
 
 
