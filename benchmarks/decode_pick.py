@@ -6,7 +6,7 @@ otherwise be read from H100's 50 MB L2 in part. Candidates that differ only in `
 same bits (it changes when a GEMV starts, not what it computes).
 
 Candidate sets (``SETS``): ``default``, the stop-9 set (dense f16x2 shapes, MoE shapes with and without
-pdl); ``shapes``, tile shapes again once the partial K tile was loaded first (stop 11). The ``tail`` set
+pdl); ``shipped``, the shipped configs alone; ``shapes``, tile shapes again once the partial K tile was loaded first (stop 11). The ``tail`` set
 of stop 11, each shipped config with its partial tile first and last, ran at commit 9597ffa, which still
 had the option.
 Usage: python benchmarks/decode_pick.py [--set NAME] [OUT.json]"""
@@ -37,6 +37,7 @@ SETS = {
                 GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(16, 256, 4, 1, "f16x2", pdl=1)],
         "tokens": (1, 2, 4, 8, 16, 64),
     },
+    "shipped": {"dense": [(LM_HEAD, [WIDE])], "moe": [MOE_GEMV], "tokens": (1, 2, 4, 8, 16, 32, 64)},
     "shapes": {  # tile shapes again, with the partial tile first
         "dense": [(LM_HEAD, [WIDE] + [GemvConfig(n, k, w, 1, "f16x2") for n, k, w in
                                       ((16, 512, 4), (8, 1024, 8), (32, 1024, 8), (16, 1024, 4), (8, 512, 4))])],

@@ -1,9 +1,10 @@
 """lm_head at M = 1 timed the ways the two GPU scripts time it, interleaved, in one run: ``gemv_mxfp4``
 without a bias (``decode_pick.py``), with a bias, and through ``linear_mxfp4`` with a bias (``gpu_check.py``),
-with cuBLAS BF16 beside; each REPEATS times, median reported. Weights rotate through > 400 MB.
+with cuBLAS BF16 beside; each REPEATS times in a shuffled order, median reported. Weights rotate through > 400 MB.
 Usage: python benchmarks/lm_head_timing.py [OUT.json]"""
 
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -28,9 +29,11 @@ def main() -> None:
             "gemv_mxfp4, bias": lambda: gemv_mxfp4(x, *nxt(), bias, out, WIDE),
             "linear_mxfp4, bias": lambda: linear_mxfp4(x, *nxt(), bias, "w4a16")}
     times = {name: [] for name in ways}
+    order = list(ways)
     for _ in range(REPEATS):
-        for name, fn in ways.items():
-            times[name].append(bench_decode(fn, rep=50))
+        random.shuffle(order)  # a fixed order put the same way after the same one every time
+        for name in order:
+            times[name].append(bench_decode(ways[name], rep=50))
     ms_c = statistics.median(times["cublas_bf16"])
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "repeats": REPEATS, "config": WIDE.name()}]
     for name, t in times.items():
