@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, bench_decode, copy_roofline, moe_decode_inputs,  # noqa: E402
-                       moe_expert_bytes, moe_weights, rand_mx, rotating, without_pdl)
+from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_expert_bytes, moe_weights, rand_mx,  # noqa: E402
+                       rotating, rotating_moe_draws, without_pdl)
 
 from mxrepack.kernels.gemv_mxfp4 import NARROW, WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
@@ -65,13 +65,10 @@ def dense_case(rows: list, bw: float, shape, configs) -> None:
     w0 = nxt()
     for c in configs:
         same_bits_as_pdl_twin(lambda cfg: gemv_mxfp4(x, *w0, None, out.clone(), cfg), c)
-    times = {c.name(): [] for c in configs}
-    cublas = []
-    for _ in range(REPEATS):
-        cublas.append(bench_decode(lambda: x @ nxt_b().T, rep=50))
-        for c in configs:
-            times[c.name()].append(bench_decode(lambda: gemv_mxfp4(x, *nxt(), None, out, c), rep=50))
-    ms_c = statistics.median(cublas)
+    fns = {"cublas": lambda: x @ nxt_b().T}
+    fns |= {c.name(): (lambda c=c: gemv_mxfp4(x, *nxt(), None, out, c)) for c in configs}
+    times = interleaved_ms(fns, REPEATS)
+    ms_c = statistics.median(times.pop("cublas"))
     for cfg_name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
         ms = statistics.median(t)
         rows.append({"kind": f"{name}_m1", "N": N, "K": K, "config": cfg_name, "ms_median": ms, "ms_all": t,
@@ -85,17 +82,12 @@ def moe_cases(rows: list, bw: float, configs, tokens) -> None:
     per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
     for T in tokens:
-        draws = []
-        nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
+        nxt, draws, touched = rotating_moe_draws(T, per_expert)
         xm, ids, wts = nxt()
-        touched = statistics.mean(d[1].unique().numel() for d in draws) * per_expert
         for c in configs:
             same_bits_as_pdl_twin(lambda cfg: moe_mxfp4(xm, ids, wts, W, config=cfg), c)
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
-        times = {c.name(): [] for c in configs}
-        for _ in range(REPEATS):
-            for c in configs:
-                times[c.name()].append(bench_decode(lambda: moe_mxfp4(*nxt(), W, config=c, out=o), rep=50))
+        times = interleaved_ms({c.name(): (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for c in configs}, REPEATS)
         for name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
             rows.append({"kind": "moe_decode", "T": T, "config": name, "ms_median": ms, "ms_all": t, "draws": len(draws),

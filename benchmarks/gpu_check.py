@@ -24,6 +24,8 @@ import dataclasses
 import itertools
 import json
 import platform
+import random
+import statistics
 import sys
 import time
 from datetime import date
@@ -324,6 +326,29 @@ def moe_decode_inputs(T: int, E: int = 128, k: int = 4, H: int = 2880):
     x = torch.randn(T, H, device=DEV).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(T)])
     return x, ids, torch.softmax(torch.randn(T, k, device=DEV), -1)
+
+
+def rotating_moe_draws(T: int, per_expert: int):
+    """Decode routing draws for ``T`` tokens that rotate as the weights do: enough of them that their touched
+    experts add up to > 400 MB (one draw at T = 1, 53 MB, would be read from H100's 50 MB L2 in part).
+    Returns (next draw, the draws, mean bytes of the experts one draw touches)."""
+    draws = []
+    nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
+    return nxt, draws, statistics.mean(d[1].unique().numel() for d in draws) * per_expert
+
+
+def interleaved_ms(fns: dict, repeats: int, shuffle: bool = False) -> dict:
+    """Milliseconds of each of ``fns`` (name -> callable) in a CUDA graph (:func:`bench_decode`), ``repeats``
+    rounds, interleaved so that drift hits all alike: name -> list of times. ``shuffle``: a fresh random order
+    each round (in a fixed order the same one always follows the same other)."""
+    times = {name: [] for name in fns}
+    order = list(fns)
+    for _ in range(repeats):
+        if shuffle:
+            random.shuffle(order)
+        for name in order:
+            times[name].append(bench_decode(fns[name], rep=50))
+    return times
 
 
 def moe_prefill_inputs(T: int, E: int = 128, k: int = 4, H: int = 2880):

@@ -4,7 +4,6 @@ with cuBLAS BF16 beside; each REPEATS times in a shuffled order, median reported
 Usage: python benchmarks/lm_head_timing.py [OUT.json]"""
 
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, bench_decode, copy_roofline, lm_head_m1  # noqa: E402
+from gpu_check import DEV, copy_roofline, interleaved_ms, lm_head_m1  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
@@ -28,12 +27,7 @@ def main() -> None:
             "gemv_mxfp4, no bias": lambda: gemv_mxfp4(x, *nxt(), None, out, WIDE),
             "gemv_mxfp4, bias": lambda: gemv_mxfp4(x, *nxt(), bias, out, WIDE),
             "linear_mxfp4, bias": lambda: linear_mxfp4(x, *nxt(), bias, "w4a16")}
-    times = {name: [] for name in ways}
-    order = list(ways)
-    for _ in range(REPEATS):
-        random.shuffle(order)  # a fixed order put the same way after the same one every time
-        for name in order:
-            times[name].append(bench_decode(ways[name], rep=50))
+    times = interleaved_ms(ways, REPEATS, shuffle=True)
     ms_c = statistics.median(times["cublas_bf16"])
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "repeats": REPEATS, "config": WIDE.name()}]
     for name, t in times.items():

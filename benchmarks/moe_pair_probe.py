@@ -5,9 +5,9 @@ served both). 120b shapes, rotating routing and interleaved repeats as in decode
 always runs 32 intermediate rows per program (the record of this sweep, taken before gate_up's block_n was
 honoured, names gate_up configs with the row count they were given, which was ignored).
 ``pairs``: the candidate pairs for the shipped configs, at T = 1..64.
-``gate-rows``: gate_up with 8 or 16 intermediate rows per program (a group of 32 shared by 4 or 2 programs,
-the last to arrive packs it) against 32, down held at the shipped config.
-Usage: python benchmarks/moe_pair_probe.py [--pairs | --gate-rows] [OUT.json]"""
+The ``--gate-rows`` mode (gate_up with 8 or 16 intermediate rows per program, sharing a group's packing)
+ran at commit 9597ffa; the kernel no longer takes fewer than 32 rows, so the mode is gone.
+Usage: python benchmarks/moe_pair_probe.py [--pairs] [OUT.json]"""
 
 import json
 import statistics
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, bench_decode, copy_roofline, moe_decode_inputs, moe_expert_bytes,  # noqa: E402
-                       moe_reference, moe_weights, rotating)
+from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_expert_bytes, moe_reference,  # noqa: E402
+                       moe_weights, rotating_moe_draws)
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MoeGemvConfig, moe_mxfp4, pick_moe_gemv_config  # noqa: E402
@@ -46,36 +46,25 @@ PAIRS = [MoeGemvConfig(f16x2(32, 256, 8), f16x2(16, 512, 4)), MoeGemvConfig(f16x
          MoeGemvConfig(f16x2(32, 256, 8, 2), f16x2(16, 512, 4)), MoeGemvConfig(f16x2(32, 256, 8, 2), f16x2(16, 512, 4, 2))]
 
 
-_DOWN = f16x2(16, 512, 4)
-GATE_ROWS = [MoeGemvConfig(f16x2(32, 256, 8), _DOWN)] + [MoeGemvConfig(f16x2(n, k, w), _DOWN) for n, k, w in
-                                                        ((16, 256, 8), (16, 512, 8), (16, 512, 4), (16, 1024, 8),
-                                                         (8, 512, 4), (8, 1024, 8), (8, 1024, 4), (8, 512, 8))]
-
-
 def main() -> None:
-    mode = "pairs" if "--pairs" in sys.argv else "gate-rows" if "--gate-rows" in sys.argv else "sweep"
-    pairs = mode != "sweep"
+    pairs = "--pairs" in sys.argv
     out = [a for a in sys.argv[1:] if not a.startswith("--")]
     bw = copy_roofline()
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "repeats": REPEATS,
-             "mode": mode}]
+             "mode": "pairs" if pairs else "sweep"}]
     W = moe_weights()
     per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
     for T in ((1, 2, 4, 8, 16, 32, 64) if pairs else (1, 2, 4, 8, 64)):
-        cands = {c.name(): c for c in (PAIRS if mode == "pairs" else GATE_ROWS)} if pairs else sweep_candidates(T)
-        draws = []
-        nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
-        touched = statistics.mean(d[1].unique().numel() for d in draws) * per_expert
+        cands = {c.name(): c for c in PAIRS} if pairs else sweep_candidates(T)
+        nxt, draws, touched = rotating_moe_draws(T, per_expert)
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
         xm, ids, wts = draws[0]
         ref = moe_reference(xm, ids, wts, W)
         err = {key: ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item()
                for key, c in cands.items()}
-        times = {key: [] for key in cands}
-        for _ in range(REPEATS):
-            for key, cfg in cands.items():
-                times[key].append(bench_decode(lambda: moe_mxfp4(*nxt(), W, config=cfg, out=o), rep=50))
+        times = interleaved_ms({key: (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for key, c in cands.items()},
+                               REPEATS)
         for key, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
             rows.append({"T": T, "varied": key, "config": cands[key].name(), "ms_median": ms, "ms_all": t,

@@ -13,8 +13,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_decode_inputs,  # noqa: E402
-                       moe_expert_bytes, moe_weights, replay_ms, rotating)
+from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert_bytes, moe_weights,  # noqa: E402
+                       replay_ms, rotating_moe_draws)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402
@@ -66,12 +66,10 @@ def main() -> None:
     torch.manual_seed(0)
     for T, pdl in itertools.product(Ts, (0, 1)):
         cfg = pick_moe_gemv_config(T * 4).each(pdl=pdl)
-        draws = []
-        nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
+        nxt, draws, touched = rotating_moe_draws(T, per_expert)
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
         calls = len(draws)
         ms, kernels, gaps = profile_graph(lambda: [moe_mxfp4(*nxt(), W, config=cfg, out=o) for _ in range(calls)])
-        touched = sum(d[1].unique().numel() for d in draws) / calls * per_expert
         report(rows, f"moe T={T} {cfg.name()}", ms / calls, touched / bw, kernels, gaps)
     if out:
         json.dump(rows, open(out, "w"), indent=1)

@@ -14,8 +14,8 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, bench_decode, copy_roofline, moe_decode_inputs,  # noqa: E402
-                       moe_expert_bytes, moe_reference, moe_weights, rotating)
+from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_decode_inputs, moe_expert_bytes,  # noqa: E402
+                       moe_reference, moe_weights, rotating_moe_draws)
 
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, pick_moe_gemv_config  # noqa: E402
 
@@ -36,18 +36,13 @@ def main() -> None:
     for T in (16, 32, 64, 128):
         gemv = pick_moe_gemv_config(T * 4)
         configs = [gemv] + TILES
-        draws = []
-        nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
+        nxt, draws, touched = rotating_moe_draws(T, per_expert)
         xm, ids, wts = nxt()
         ref = moe_reference(xm, ids, wts, W)
         err = {c.name(): ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item()
                for c in configs}
-        touched = statistics.mean(d[1].unique().numel() for d in draws) * per_expert
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
-        times = {c.name(): [] for c in configs}
-        for _ in range(REPEATS):
-            for c in configs:
-                times[c.name()].append(bench_decode(lambda: moe_mxfp4(*nxt(), W, config=c, out=o), rep=50))
+        times = interleaved_ms({c.name(): (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for c in configs}, REPEATS)
         for name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
             rows.append({"kind": "moe_decode", "T": T, "config": name, "gemv": name == gemv.name(), "ms_median": ms,

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_decode_inputs,  # noqa: E402
-                       moe_expert_bytes, moe_weights, replay_ms, rotating, without_pdl)
+from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert_bytes, moe_weights,  # noqa: E402
+                       replay_ms, rotating_moe_draws, without_pdl)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
@@ -46,9 +46,7 @@ def main() -> None:
     configs += [GemvConfig(16, 512, 4, 1, "f16x2", prefetch=2, pdl=1), GemvConfig(16, 512, 8, 1, "f16x2", prefetch=2, pdl=1)]
     torch.manual_seed(0)
     for T in (1, 8, 64):
-        draws = []
-        nxt = rotating(lambda: draws.append(moe_decode_inputs(T)) or draws[-1], 4 * T * per_expert)
-        touched = statistics.mean(d[1].unique().numel() for d in draws) * per_expert
+        nxt, draws, touched = rotating_moe_draws(T, per_expert)
         xm, ids, wts = draws[0]
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
         res = {}
