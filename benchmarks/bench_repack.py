@@ -4,9 +4,15 @@
 
 Makes a synthetic checkpoint of real gpt-oss shapes (kept between runs), then for each target runs
 `repack` in a child process and `cp -r` of the same files, and reports wall time, the ratio
-repack/cp, source GB/s and the child's peak RSS (from wait4). Page cache: one untimed read of the
-source first, so both `cp` and `repack` read from a warm cache (the machine has no way to drop it).
-Prints a Markdown table and writes JSON next to the workdir.
+repack/cp, source GB/s and the child's peak RSS (from wait4). Prints a Markdown table and writes JSON
+next to the workdir.
+
+Page cache (``--cache``): ``warm`` (default) reads the source once, untimed, so both `cp` and `repack`
+read it from memory -- the CPU-bound case. ``cold`` evicts the source files' pages
+(``posix_fadvise(DONTNEED)``, no root needed) so both read from disk -- the user's case, where a 65 GB
+checkpoint cannot sit in a 24 GB machine's cache. In both modes dirty pages of earlier runs are
+flushed (``sync``) before each timed command. ``repack`` fsyncs every shard before it renames its
+output, so each row also gives ``cp`` followed by an fsync of the copied files (``cp+sync s``).
 
 ``--source-form hub-cache`` lays the same files out as huggingface_hub's cache (blobs named by their
 sha256, snapshot links) and converts by repo id, offline -- the user's ``repack openai/gpt-oss-120b``
@@ -48,6 +54,21 @@ def warm(path: Path) -> None:
                 pass
 
 
+def evict(path: Path) -> None:
+    """Drop ``path``'s files from the page cache (clean pages only: call after ``sync``)."""
+    for f in sorted(path.iterdir()):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def prepare_cache(path: Path, mode: str) -> None:
+    subprocess.run(["sync"], check=True)
+    warm(path) if mode == "warm" else evict(path)
+
+
 def hub_cache(src: Path, cache: Path, repo_id: str) -> Path:
     """``src``'s files as a Hub cache entry (hashed once, untimed); returns the snapshot directory."""
     repo = cache / f"models--{repo_id.replace('/', '--')}"
@@ -73,6 +94,7 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/mxbench")
     ap.add_argument("--out", default=None, help="JSON results file")
     ap.add_argument("--source-form", choices=("dir", "hub-cache"), default="dir")
+    ap.add_argument("--cache", choices=("warm", "cold"), default="warm", help="source in the page cache, or evicted")
     ap.add_argument("--dense", default=None, help="passed to repack --dense (e.g. bf16: a pure re-layout of sm121)")
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -91,28 +113,32 @@ def main() -> None:
         env.update(HF_HUB_CACHE=str(work / "hub"), HF_HUB_OFFLINE="1")
     rows = []
     for target in args.targets.split(","):
-        warm(src)
         dst_cp = work / "cp-copy"
         shutil.rmtree(dst_cp, ignore_errors=True)
+        prepare_cache(src, args.cache)
         cp_s, cp_rss = run_child(["cp", "-r", str(src), str(dst_cp)])
+        t0 = time.perf_counter()
+        subprocess.run(["sync", *map(str, sorted(dst_cp.iterdir()))], check=True)  # fsync each copied file
+        cp_sync_s = cp_s + time.perf_counter() - t0
         shutil.rmtree(dst_cp)
         out = work / f"out-{target}"
-        warm(src)
+        prepare_cache(src, args.cache)
         dense = ["--dense", args.dense] if args.dense else []
         rp_s, rp_rss = run_child([*repack, source_arg, "--target", target, *dense, "--out", str(out), "--overwrite", "--json"], env)
         out_bytes = sum(f.stat().st_size for f in out.iterdir())
         shutil.rmtree(out)
-        rows.append({"target": target, "dense": args.dense, "source_form": args.source_form, "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, "cp_s": cp_s,
-                     "repack_s": rp_s, "ratio": rp_s / cp_s, "source_GBps": src_bytes / 1e9 / rp_s,
+        rows.append({"target": target, "dense": args.dense, "source_form": args.source_form, "cache": args.cache, "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, "cp_s": cp_s, "cp_sync_s": cp_sync_s,
+                     "repack_s": rp_s, "ratio": rp_s / cp_s, "ratio_vs_cp_sync": rp_s / cp_sync_s, "source_GBps": src_bytes / 1e9 / rp_s,
                      "peak_rss_MB": rp_rss / 1e6})
     info = {"date": date.today().isoformat(), "machine": f"{platform.node()} {os.cpu_count()} cores",
             "preset": args.preset, "layers": args.layers, "rows": rows}
     Path(args.out or work / "bench_repack.json").write_text(json.dumps(info, indent=2))
-    print("| target | source GB | output GB | cp s | repack s | repack/cp | source GB/s | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"cache: {args.cache}")
+    print("| target | source GB | output GB | cp s | cp+sync s | repack s | repack/cp | repack/(cp+sync) | source GB/s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['target']} | {r['source_GB']:.2f} | {r['output_GB']:.2f} | {r['cp_s']:.1f} | {r['repack_s']:.1f} | "
-              f"{r['ratio']:.2f} | {r['source_GBps']:.2f} | {r['peak_rss_MB']:.0f} |")
+        print(f"| {r['target']} | {r['source_GB']:.2f} | {r['output_GB']:.2f} | {r['cp_s']:.1f} | {r['cp_sync_s']:.1f} | "
+              f"{r['repack_s']:.1f} | {r['ratio']:.2f} | {r['ratio_vs_cp_sync']:.2f} | {r['source_GBps']:.2f} | {r['peak_rss_MB']:.0f} |")
 
 
 if __name__ == "__main__":

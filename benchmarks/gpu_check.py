@@ -40,6 +40,7 @@ from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dequantize_mx
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, pick_gemv_config  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import (LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,  # noqa: E402
                                            use_gemv)
+from mxrepack.layouts import strided  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import (MoeGemvConfig, moe_mxfp4, pick_moe, pick_moe_config,  # noqa: E402
                                         pick_moe_gemv_config)
 
@@ -298,7 +299,8 @@ def gemv(rows: list, bw: float) -> None:
 
 
 def moe_weights(E: int = 128, H: int = 2880, I: int = 2880, Hp: int = 2944, Ip: int = 2944) -> dict:
-    """A random 120b-shaped MoE layer in the strided layout, padding zeroed as the layout does."""
+    """A random 120b-shaped MoE layer in the strided layout, padding zeroed as the layout does (made row-major,
+    then put in the layout's tile order: :func:`moe_row_major` gives it back for references)."""
     w13, s13 = rand_mx(E, 2 * Ip, Hp)
     w2, s2 = rand_mx(E, Hp, Ip)
     # zero the padding as the strided layout does (rows I..Ip of each half, columns H..Hp)
@@ -312,8 +314,14 @@ def moe_weights(E: int = 128, H: int = 2880, I: int = 2880, Hp: int = 2944, Ip: 
     b13.view(E, 2, Ip)[:, :, I:] = 0
     b2 = torch.randn(E, Hp, device=DEV) * 0.1
     b2[:, H:] = 0
-    return {"w13_weight": w13, "w13_weight_scale": s13, "w13_bias": b13, "w2_weight": w2, "w2_weight_scale": s2,
-            "w2_bias": b2}
+    return strided.from_row_major({"w13_weight": w13, "w13_weight_scale": s13, "w13_bias": b13, "w2_weight": w2,
+                                   "w2_weight_scale": s2, "w2_bias": b2})
+
+
+def moe_row_major(W: dict, experts=slice(None)) -> tuple[torch.Tensor, ...]:
+    """(w13, s13, w2, s2) of ``experts`` row-major, w13 rows [gate | up]: what the references dequantize."""
+    rm = strided.to_row_major({n: W[n][experts] for n in ("w13_weight", "w13_weight_scale", "w2_weight")})
+    return rm["w13_weight"], rm["w13_weight_scale"], rm["w2_weight"], W["w2_weight_scale"][experts]
 
 
 def moe_expert_bytes(W: dict) -> int:
@@ -361,16 +369,16 @@ def moe_prefill_inputs(T: int, E: int = 128, k: int = 4, H: int = 2880):
 
 def moe_reference(x, ids, wts, W, H: int = 2880, Hp: int = 2944, Ip: int = 2944) -> torch.Tensor:
     """Per-expert fp32 on the dequantized padded weights (the intermediate rounded to bf16 as the kernels do)."""
-    w13, s13, b13, w2, s2, b2 = (W[n] for n in ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight",
-                                                  "w2_weight_scale", "w2_bias"))
+    b13, b2 = W["w13_bias"], W["w2_bias"]
     ref = torch.zeros(x.shape[0], Hp, device=DEV)
     xp = torch.nn.functional.pad(x.float(), (0, Hp - H))
     for e in ids.unique().tolist():
         r, slot = (ids == e).nonzero(as_tuple=True)
-        g = xp[r] @ deq(w13[e], s13[e]).T + b13[e]
+        w13, s13, w2, s2 = (t[0] for t in moe_row_major(W, slice(e, e + 1)))
+        g = xp[r] @ deq(w13, s13).T + b13[e]
         gate, up = g[:, :Ip].clamp(max=7.0), g[:, Ip:].clamp(-7.0, 7.0)
         h = (up + 1) * gate * torch.sigmoid(1.702 * gate)
-        ref[r] += wts[r, slot, None] * (h.bfloat16().float() @ deq(w2[e], s2[e]).T + b2[e])
+        ref[r] += wts[r, slot, None] * (h.bfloat16().float() @ deq(w2, s2).T + b2[e])
     return ref[:, :H]
 
 
@@ -378,8 +386,6 @@ def moe(rows: list, bw: float, quick: bool) -> None:
     E, H, I, k = 128, 2880, 2880, 4
     Hp, Ip = 2944, 2944
     W = moe_weights(E, H, I, Hp, Ip)
-    w13, s13, b13, w2, s2, b2 = (W[n] for n in ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight",
-                                                  "w2_weight_scale", "w2_bias"))
     per_expert = moe_expert_bytes(W)
     Tdec = (1, 2, 4, 8, 64, 128)
     for T in Tdec + (1024, 4096):
@@ -412,8 +418,10 @@ def moe(rows: list, bw: float, quick: bool) -> None:
                 rec["gemv_rel_err"] = float((y_g.float() - ref).norm() / ref.norm())
                 print(f"moe T=1 gemv err {rec['gemv_rel_err']:.1e}", flush=True)
         if T == 4096:  # baseline: BF16 weights already dequantized, one matmul pair per expert
+            w13, s13, w2, s2 = moe_row_major(W)
             wg = torch.stack([deq(w13[e], s13[e]) for e in range(E)]).bfloat16()
             wd = torch.stack([deq(w2[e], s2[e]) for e in range(E)]).bfloat16()
+            del w13, s13, w2, s2
             xp = torch.nn.functional.pad(x, (0, Hp - H))
 
             def baseline():

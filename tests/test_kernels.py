@@ -182,18 +182,19 @@ def _strided_layer(E, H, I):
 
 @pytest.mark.parametrize("activations,bound", [("bf16", 1e-2), ("e4m3", 0.15), ("e2m1", 0.4)])
 def test_moe_mxfp4_matches_reference(activations, bound):
-    E, H, I, k = 4, 160, 96, 2  # 160 and 96: padded to 256 and 128 inside the strided layout
+    E, H, I, k = 4, 288, 96, 2  # 288 and 96: padded to 384 and 128 inside the strided layout
     dims, strided, native = _strided_layer(E, H, I)
     for T in (1, 9):
         x = torch.randn(T, H).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
-        # one GEMV config for both kernels, and a pair (the f16x2 gate_up at 32 rows, down two tiles ahead)
-        gemv = (GemvConfig(16, 64, 4, 1, "ops"),
-                MoeGemvConfig(GemvConfig(32, 64, 4, 1, "f16x2-ops"), GemvConfig(16, 64, 4, 1, "f16x2-ops", prefetch=2))) \
+        # one GEMV config for both kernels (16 rows: half a w13 row tile), and a pair (the f16x2 gate_up at 32
+        # rows, two K tiles ahead); scheduled tiles of one 128-code K tile of the layout, and of two
+        gemv = (GemvConfig(16, 128, 4, 1, "ops"),
+                MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops", prefetch=2), GemvConfig(16, 128, 4, 1, "f16x2-ops"))) \
             if activations == "bf16" else ()
-        for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 64)) + gemv:
+        for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 128), MoeConfig(16, 32, 256)) + gemv:
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, strided, activations, cfg, out=out)
             assert y is out and not torch.isnan(y).any()
@@ -203,12 +204,16 @@ def test_moe_mxfp4_matches_reference(activations, bound):
                 # int32 ids are read as they come, as int64 ones are
                 assert torch.equal(moe_mxfp4(x, ids.to(torch.int32), wts, strided, activations, cfg), y)
     assert pick_moe_gemv_config(4) == MOE_GEMV == pick_moe_gemv_config(256)
-    f16x2 = GemvConfig(16, 64, 4, 1, "f16x2-ops")
+    f16x2 = GemvConfig(16, 128, 4, 1, "f16x2-ops")
     with pytest.raises(ValueError, match="both use prepared"):
-        MoeGemvConfig(GemvConfig(32, 64, 4, 1, "ops"), f16x2)
+        MoeGemvConfig(GemvConfig(32, 128, 4, 1, "ops"), f16x2)
     with pytest.raises(ValueError, match="multiple of 32"):  # the prepared intermediate is whole groups
         MoeGemvConfig(f16x2, f16x2)
-    assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 64, 4, 1, "f16x2-ops"), f16x2)
+    with pytest.raises(ValueError, match="multiple of 128"):  # whole K tiles of the strided layout
+        MoeGemvConfig(GemvConfig(32, 64, 4, 1, "f16x2-ops"), f16x2)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        MoeConfig(16, 64, 64)
+    assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops"), f16x2)
     # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
     assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 4096, 8192)] == [16, 32, 128, 128]
     assert pick_moe_config(8192, 4, 128).block_n == 128 and pick_moe_config(4096, 4, 128).block_n == 64

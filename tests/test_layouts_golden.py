@@ -241,3 +241,32 @@ def test_layout_options_are_checked():
         make_layout("marlin", {"tile": 64})
     with pytest.raises(MxRepackError, match="value='tma'"):
         make_layout("triton-hopper", {"value": "tma"})
+
+
+def test_strided_rows_are_k_tiled_program_blocks():
+    """strided: w13 row tile i = gate rows 32i.. then the same up rows, w2 tiles of 16 rows, each stored as
+    [R, 64]-byte blocks per 128-code K step, so one decode program's K step is one contiguous block."""
+    from mxrepack.layouts import strided
+
+    dims = ExpertDims(2, 160, 96)  # padded to 256 / 128: two K tiles of 64 bytes, w13 four row tiles of 64
+    parts = _random_parts(2, 160, 96, 5)
+    out = _pack(get_layout("strided"), parts, dims)
+    w13 = parts["gate_up_proj_blocks"].flatten(2)  # [E, 2I, 80] gate/up interleaved
+    w2 = parts["down_proj_blocks"].flatten(2)  # [E, 160, 48]
+    Ip, Hp = 128, 256
+    tiles13 = out["w13_weight"].reshape(2, Ip // 32, Hp // 128, 64, 64)  # [E, row tile, K tile, row, byte]
+    assert torch.equal(tiles13[1, 1, 0, :32], w13[1, 64:128:2, :64])  # gate rows 32..63, bytes 0..63
+    assert torch.equal(tiles13[1, 1, 0, 32:], w13[1, 65:128:2, :64])  # up rows 32..63
+    assert torch.equal(tiles13[1, 1, 1, :32, :16], w13[1, 64:128:2, 64:])  # the partial K tile, zero-padded
+    assert not tiles13[:, :, 1, :, 16:].any() and not tiles13[:, 3].any()  # intermediate 96..127 is padding
+    tiles2 = out["w2_weight"].reshape(2, Hp // 16, 1, 16, 64)
+    assert torch.equal(tiles2[0, 3, 0, :, :48], w2[0, 48:64]) and not tiles2[:, :, :, :, 48:].any()
+    assert not tiles2[:, 10:].any()  # hidden 160..255 is padding
+    # scales: row-major in the weights' row order
+    assert torch.equal(out["w13_weight_scale"][0, 64:96, :5], parts["gate_up_proj_scales"][0, 64:128:2])
+    assert torch.equal(out["w13_weight_scale"][0, 96:128, :5], parts["gate_up_proj_scales"][0, 65:128:2])
+    # the benchmarks' row-major helpers are exact inverses
+    rm = strided.to_row_major(out)
+    back = strided.from_row_major(rm)
+    assert all(torch.equal(back[n], out[n]) for n in out)
+    assert torch.equal(rm["w13_weight"][0, Ip + 5, :80], w13[0, 11])  # up row 5 in the [gate | up] form

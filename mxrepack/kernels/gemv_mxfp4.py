@@ -151,18 +151,36 @@ def _accumulate(acc, w, s, x, G: tl.constexpr, DECODE: tl.constexpr):
 
 
 @triton.jit
+def _weight_ptrs(w_ptr, rn, stride_wn, G: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """``[BLOCK_N, G, 4]`` int32 word pointers to the first K tile of rows ``rn``: a thread holds whole groups
+    (16 bytes, one load); a row is a multiple of 16 bytes (K % 32 == 0 for dense rows; padded to 128 in
+    the MoE layouts). ``TILE_ROWS`` 0: row-major rows of ``stride_wn`` bytes. ``TILE_ROWS`` R: the strided
+    MoE layout's K-tiled rows, ``[N / R, Kp / 128, R, 64]`` bytes (``stride_wn`` still Kp / 2), in which one K
+    step of R rows is contiguous (``mxrepack.layouts.strided``)."""
+    rg = tl.arange(0, G)
+    if TILE_ROWS:
+        r_local = rn % TILE_ROWS
+        row_words = tl.multiple_of((rn - r_local) * (stride_wn // 4) + r_local * 16, 4)
+        group_words = (rg // 4) * (TILE_ROWS * 16) + (rg % 4) * 4  # 4 groups per 64-byte K tile
+    else:
+        row_words = tl.multiple_of(rn * (stride_wn // 4), 4)
+        group_words = rg * 4
+    return (w_ptr.to(tl.pointer_type(tl.int32)) + row_words[:, None, None] + group_words[None, :, None]
+            + tl.arange(0, 4)[None, None, :])
+
+
+@triton.jit
 def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, TILE_ROWS: tl.constexpr = 0):
     """``W[rn, :K] @ x[:K]`` in fp32 for ``BLOCK_N`` valid row indices ``rn`` (clamp them, no mask here);
     ``x_ptr`` points at one bf16 row of at least K values. Shared by the dense and the MoE decode kernels.
-    A partial K tile (K % BLOCK_K) is loaded first, in flight with the first full tile, and multiplied first."""
+    A partial K tile (K % BLOCK_K) is loaded first, in flight with the first full tile, and multiplied first.
+    ``TILE_ROWS``: 0 for row-major weights, else the K-tiled MoE layout's row tile (:func:`_weight_ptrs`)."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
-    # [BLOCK_N, G, 4] int32 words: a thread holds whole groups (16 bytes, one load); a row is a multiple
-    # of 16 bytes (K % 32 == 0 for dense rows; padded to 128 in the MoE layouts)
-    row_words = tl.multiple_of(rn * (stride_wn // 4), 4)
-    w_ptrs = (w_ptr.to(tl.pointer_type(tl.int32)) + row_words[:, None, None] + rg[None, :, None] * 4
-              + tl.arange(0, 4)[None, None, :])
+    w_ptrs = _weight_ptrs(w_ptr, rn, stride_wn, G, TILE_ROWS)
+    # words from one K tile to the next (tiled: BLOCK_K // 128 whole 64-byte tiles of TILE_ROWS rows)
+    W_STEP: tl.constexpr = (BLOCK_K // 128) * TILE_ROWS * 16 if TILE_ROWS else BLOCK_K // 8
     s_ptrs = ws_ptr + rn[:, None] * stride_wsn + rg[None, :]
     x_ptrs = x_ptr + rg[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)  # reduced over groups once, after the loop
@@ -172,7 +190,7 @@ def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     # memory latency at the end of every program; this way they overlap the first full tile's
     # (lm_head 0.1173 ms against 0.1364 in the same run, docs/PERF.md stop 11).
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
-    wt = tl.load(w_ptrs + n_full * (BLOCK_K // 8), mask=g_ok[None, :, None], other=0)
+    wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)
     st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
     xt = tl.load(x_ptrs + k_full, mask=g_ok[None, :, None], other=0.0)
     if n_full > 0:
@@ -181,7 +199,7 @@ def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
         if k_full < K:
             acc = _accumulate(acc, wt, st, xt, G, DECODE)
         for t in range(1, n_full):
-            w_next = tl.load(w_ptrs + t * (BLOCK_K // 8))
+            w_next = tl.load(w_ptrs + t * W_STEP)
             s_next = tl.load(s_ptrs + t * G)
             x_next = tl.load(x_ptrs + t * BLOCK_K)
             acc = _accumulate(acc, w, s, x, G, DECODE)
@@ -376,15 +394,16 @@ def _tail_f16x2(acc, w, s, p_ptrs, e_ptrs, g_ok, BLOCK_N: tl.constexpr, G: tl.co
 @triton.jit
 def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr,
-                    PDL: tl.constexpr = 0):
+                    PDL: tl.constexpr = 0, TILE_ROWS: tl.constexpr = 0):
     """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows` (the partial K tile first), from one row of prepared
     activations (xp, xe). ``PDL``: the activations are written by the kernel launched before this one, which
-    may still run; wait for it once the first weight tiles are requested (:class:`GemvConfig`)."""
+    may still run; wait for it once the first weight tiles are requested (:class:`GemvConfig`).
+    ``TILE_ROWS``: as in :func:`gemv_rows`."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
-    row_words = tl.multiple_of(rn * (stride_wn // 4), 4)
-    w_ptrs = (w_ptr.to(tl.pointer_type(tl.int32)) + row_words[:, None, None] + rg[None, :, None] * 4
-              + tl.arange(0, 4)[None, None, :])
+    w_ptrs = _weight_ptrs(w_ptr, rn, stride_wn, G, TILE_ROWS)
+    # words from one K tile to the next (tiled: BLOCK_K // 128 whole 64-byte tiles of TILE_ROWS rows)
+    W_STEP: tl.constexpr = (BLOCK_K // 128) * TILE_ROWS * 16 if TILE_ROWS else BLOCK_K // 8
     # The scales and group factors are one value per (row, group): read them as the thread that holds the
     # group's words needs them. Seen contiguous, Triton would load them two or four to a thread and move
     # every group's sum through shared memory with a barrier, each K step; an index it cannot see through
@@ -397,7 +416,6 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     n_full = K // BLOCK_K
     k_full = n_full * BLOCK_K
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
-    W_STEP: tl.constexpr = BLOCK_K // 8
     X_STEP: tl.constexpr = BLOCK_K // 2
     wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)  # the partial tile, first
     st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)

@@ -1,8 +1,10 @@
 """gpt-oss MoE block with MXFP4 experts in Triton: route, sort, gate_up + SwiGLU, down, combine.
 
-Weights are the ``strided`` layout (``mxrepack.layouts.strided``): w13 ``[E, 2*Ip, Hp/2]`` with rows
-``[gate | up]``, w2 ``[E, Hp, Ip/2]``, row-major E8M0 scales, fp32 biases, hidden and intermediate padded
-(2880 -> 2944). No TMA anywhere (sm_12x rejects TMA scatter), only plain loads and stores:
+Weights are the ``strided`` layout (``mxrepack.layouts.strided``): w13 ``[E, 2*Ip, Hp/2]`` in row tiles of
+32 gate rows then the same 32 up rows, w2 ``[E, Hp, Ip/2]`` in tiles of 16 rows, each row tile K-tiled
+(``[R, 64]``-byte blocks, one per 128 codes), E8M0 scales row-major in the same row order, fp32 biases,
+hidden and intermediate padded (2880 -> 2944). No TMA anywhere (sm_12x rejects TMA scatter), only plain
+loads and stores:
 
 1. ``moe_schedule`` (torch, no host sync): sort the ``T*k`` (token, slot) assignments by expert and cut
    each expert's run into ``BLOCK_M`` row blocks: per block its expert, first and end sorted position.
@@ -38,6 +40,15 @@ import triton.language as tl
 from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
                                          prepare_x)
 from mxrepack.kernels.mx_quant import quantize_activations
+from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
+
+# The strided layout's tiles, as the kernels see them. Written as literals inside the kernels too (under the
+# interpreter a Triton constexpr global does not mix with the Python ints of loop indices); checked here.
+_GU_HALF = tl.constexpr(32)  # intermediate rows per w13 row tile (gate, then up: 64 weight rows)
+_GU_ROWS = tl.constexpr(64)
+_DOWN_ROWS = tl.constexpr(16)  # w2 rows per row tile
+if (GATE_UP_TILE, DOWN_TILE_ROWS, K_TILE_BYTES) != (32, 16, 64):
+    raise ImportError("mxrepack.kernels.moe_mxfp4 is written for the strided layout's 32/16-row, 64-byte tiles")
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
@@ -49,6 +60,10 @@ class MoeConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+
+    def __post_init__(self):
+        if self.block_k % 128 or self.block_k <= 0:
+            raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
 
     def name(self) -> str:
         return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
@@ -85,6 +100,9 @@ class MoeGemvConfig:
         if self.gate_up.prepared != self.down.prepared:
             raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
                              "activations (f16x2) or neither")
+        for role, c in (("gate_up", self.gate_up), ("down", self.down)):
+            if c.block_k % 128:
+                raise ValueError(f"{role} block_k {c.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.gate_up.prepared and self.gate_up.block_n % 32:
             # one program per whole group: fewer rows sharing a group's packing were slower (docs/PERF.md, stop 11)
             raise ValueError(f"the f16x2 gate_up writes whole groups of 32 intermediate values: block_n must be a "
@@ -190,12 +208,35 @@ def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.conste
 
 
 @triton.jit
-def _load_w(w_ptr, ws_ptr, rn, k0, Kp, stride_wn, stride_wsn, BLOCK_K: tl.constexpr):
-    """``[BLOCK_N, BLOCK_K/2]`` packed weights as ``[BLOCK_K/2, BLOCK_N]`` and ``[BLOCK_N, BLOCK_K/32]`` scales.
-    Rows are always in range (the layout pads N to the tile); K past the padded width reads zeros."""
-    rb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+def _w13_rows(n, half):
+    """Stored w13 rows of intermediate rows ``n``: gate (``half`` 0) or up (1), in the layout's row tiles
+    of 32 gate rows then the same 32 up rows."""
+    return (n // 32) * 64 + half * 32 + n % 32
+
+
+@triton.jit
+def _load_w(w_ptr, ws_ptr, rn, k0, Kp, stride_wn, stride_wsn, BLOCK_K: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """``[BLOCK_N, BLOCK_K/2]`` packed weights as ``[BLOCK_K/2, BLOCK_N]`` and ``[BLOCK_N, BLOCK_K/32]`` scales,
+    for stored rows ``rn`` of a K-tiled matrix (``TILE_ROWS`` rows per tile, 64 bytes per row and 128-code
+    K tile). Rows are always in range (the layout pads N to the tile); K past the padded width reads zeros."""
+    r_local = rn % TILE_ROWS
+    row_base = (rn - r_local) * stride_wn + r_local * 64
+    if BLOCK_K == 128:  # one K tile (the shipped shapes)
+        # The tile offset is k0 * TILE_ROWS / 2, written without a division of k0: Triton 3.6's software
+        # pipeline miscompiled the bf16 x e2m1 dot_scaled loop when the next step's address took k0 // 128
+        # (H100, num_stages >= 2: relative error 1.4, right with num_stages=1 and on the interpreter; tiles
+        # of 64 codes, which need that division, did the same, so BLOCK_K is whole K tiles).
+        rb = k0 // 2 + tl.arange(0, 64)
+        off = k0 * (TILE_ROWS // 2) + tl.arange(0, 64)
+        w = tl.load(w_ptr + row_base[:, None] + off[None, :], mask=(rb < Kp // 2)[None, :], other=0)
+    else:  # whole K tiles: [rows, tiles, 64] bytes, then one row of BLOCK_K / 2
+        NT: tl.constexpr = BLOCK_K // 128
+        t = tl.arange(0, NT)
+        rb = k0 // 2 + t[:, None] * 64 + tl.arange(0, 64)[None, :]
+        off = k0 * (TILE_ROWS // 2) + t[:, None] * (TILE_ROWS * 64) + tl.arange(0, 64)[None, :]
+        w = tl.load(w_ptr + row_base[:, None, None] + off[None, :, :], mask=(rb < Kp // 2)[None, :, :], other=0)
+        w = tl.reshape(w, (rn.shape[0], BLOCK_K // 2))
     rs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    w = tl.load(w_ptr + rn[:, None] * stride_wn + rb[None, :], mask=(rb < Kp // 2)[None, :], other=0)
     s = tl.load(ws_ptr + rn[:, None] * stride_wsn + rs[None, :], mask=(rs < Kp // 32)[None, :], other=127)
     return w.T, s
 
@@ -228,8 +269,8 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, Hp, BLOCK_K):
         a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
-        wg, sg = _load_w(w_e, s_e, rn, k0, Hp, stride_wn, stride_wsn, BLOCK_K)
-        wu, su = _load_w(w_e, s_e, Ip + rn, k0, Hp, stride_wn, stride_wsn, BLOCK_K)
+        wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+        wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
         acc_g = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, acc_g, A_FMT, BLOCK_K)
         acc_u = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, acc_u, A_FMT, BLOCK_K)
     gate = acc_g + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
@@ -255,7 +296,7 @@ def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, Ip, BLOCK_K):
         a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
-        w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K)
+        w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
         acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K)
     acc += tl.load(b_ptr + e * Hp + rn)[None, :]
     assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
@@ -281,8 +322,8 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
     e = tl.load(ids_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // TOPK) * stride_x
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    gate = gemv_rows(x_row, w_e, s_e, rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
-    up = gemv_rows(x_row, w_e, s_e, Ip + rn, H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+    gate = gemv_rows(x_row, w_e, s_e, _w13_rows(rn, 0), H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _GU_ROWS)
+    up = gemv_rows(x_row, w_e, s_e, _w13_rows(rn, 1), H, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _GU_ROWS)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit)
     tl.store(h_ptr + p * stride_h + rn, h.to(h_ptr.dtype.element_ty))
 
@@ -303,11 +344,12 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
     t = p // TOPK
     xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    # gate rows rn and up rows Ip + rn in one pass: one stream of weight loads, not two in turn
+    # gate rows and up rows in one pass: one stream of weight loads, not two in turn. With 32 rows (the
+    # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
     r2 = tl.arange(0, 2 * BLOCK_N)
-    rows = tl.program_id(1) * BLOCK_N + r2 % BLOCK_N + (r2 // BLOCK_N) * Ip
+    rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
     y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
-                        PDL)
+                        PDL, _GU_ROWS)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
@@ -344,9 +386,9 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     if PREPARED:
         y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL)
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS)
     else:
-        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
