@@ -13,7 +13,6 @@ element a kernel fails to write shows up as NaN. Error bounds, relative Frobeniu
   the activations themselves, twice); a layout or indexing bug gives O(1).
 """
 
-import dataclasses
 import itertools
 import json
 import os
@@ -192,18 +191,16 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
         # one GEMV config for both kernels (16 rows: half a w13 row tile), and a pair (the f16x2 gate_up at 32
         # rows, two K tiles ahead); scheduled tiles of one 128-code K tile of the layout, and of two
-        pair = MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops", prefetch=2), GemvConfig(16, 128, 4, 1, "f16x2-ops"))
-        gemv = (GemvConfig(16, 128, 4, 1, "ops"), pair, dataclasses.replace(pair, fused=True)) \
+        gemv = (GemvConfig(16, 128, 4, 1, "ops"),
+                MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops", prefetch=2), GemvConfig(16, 128, 4, 1, "f16x2-ops"))) \
             if activations == "bf16" else ()
         for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 128), MoeConfig(16, 32, 256)) + gemv:
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, strided, activations, cfg, out=out)
             assert y is out and not torch.isnan(y).any()
             assert rel(y, ref) <= bound, (T, cfg, rel(y, ref))
-            if gemv and cfg is gemv[-1]:  # the counters are back at zero: same result again
+            if gemv and cfg is gemv[-1]:  # the combine's arrival counters are back at zero: same result again
                 assert torch.equal(moe_mxfp4(x, ids, wts, strided, activations, cfg), y)
-                # one launch for both projections: the same math as the two kernels, bit for bit
-                assert torch.equal(moe_mxfp4(x, ids, wts, strided, activations, pair), y)
                 # int32 ids are read as they come, as int64 ones are
                 assert torch.equal(moe_mxfp4(x, ids.to(torch.int32), wts, strided, activations, cfg), y)
     assert pick_moe_gemv_config(4) == MOE_GEMV == pick_moe_gemv_config(256)
@@ -216,8 +213,6 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         MoeGemvConfig(GemvConfig(32, 64, 4, 1, "f16x2-ops"), f16x2)
     with pytest.raises(ValueError, match="multiple of 128"):
         MoeConfig(16, 64, 64)
-    with pytest.raises(ValueError, match="same num_warps"):
-        MoeGemvConfig(GemvConfig(32, 128, 8, 1, "f16x2-ops"), f16x2, fused=True)
     assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops"), f16x2)
     # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
     assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 4096, 8192)] == [16, 32, 128, 128]

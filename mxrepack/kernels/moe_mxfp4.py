@@ -60,18 +60,13 @@ class MoeConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    # The weights as the MMA's left operand (``W @ x.T``: weight rows are its M, tokens its N). Where the MMA
-    # takes its left operand from registers (Hopper's wgmma), the weights decoded to bf16 go straight to it
-    # instead of through shared memory, and a block of few tokens fills the MMA's small N side.
-    swap_ab: bool = False
 
     def __post_init__(self):
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
 
     def name(self) -> str:
-        swap = "swap" if self.swap_ab else ""
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{swap}"
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
@@ -100,15 +95,8 @@ class MoeGemvConfig:
     must be prepared, and gate_up writes the intermediate prepared, so its ``block_n`` is whole groups of 32."""
     gate_up: GemvConfig
     down: GemvConfig
-    # One launch of resident programs runs both projections (``_moe_decode_kernel``): down tiles start as
-    # soon as their assignment's gate_up is stored, not after the whole gate_up grid. Prepared activations
-    # only; both configs then share ``num_warps``.
-    fused: bool = False
 
     def __post_init__(self):
-        if self.fused and not (self.gate_up.prepared and self.gate_up.num_warps == self.down.num_warps):
-            raise ValueError(f"fused decode needs prepared (f16x2) gate_up and down with the same num_warps, got "
-                             f"{self.gate_up.name()} / {self.down.name()}")
         if self.gate_up.prepared != self.down.prepared:
             raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
                              "activations (f16x2) or neither")
@@ -127,18 +115,17 @@ class MoeGemvConfig:
 
     def each(self, **changes) -> MoeGemvConfig:
         """``changes`` applied to both kernels' configs (``pdl=0``: the same math, launched one after the other)."""
-        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes),
-                             self.fused)
+        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes))
 
     def portable(self) -> MoeGemvConfig:
-        return MoeGemvConfig(self.gate_up.portable(), self.down.portable(), self.fused)
+        return MoeGemvConfig(self.gate_up.portable(), self.down.portable())
 
     @property
     def prepared(self) -> bool:
         return self.gate_up.prepared
 
     def name(self) -> str:
-        return f"{'fused ' if self.fused else ''}gate_up {self.gate_up.name()} down {self.down.name()}"
+        return f"gate_up {self.gate_up.name()} down {self.down.name()}"
 
 
 # H100, benchmarks/moe_pair_probe.py (docs/PERF.md, stop 11): one pair is best or within noise of the best
@@ -212,17 +199,11 @@ def _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K: tl.constexpr
 
 
 @triton.jit
-def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr,
-         SWAP: tl.constexpr):
-    """``acc += a @ W.T`` (``acc [BLOCK_M, BLOCK_N]``) or, ``SWAP``, ``acc += W @ a.T`` (``[BLOCK_N, BLOCK_M]``);
-    ``w [BLOCK_N, BLOCK_K/2]`` packed, ``ws [BLOCK_N, BLOCK_K/32]``."""
-    a_scales = None
-    if A_FMT != "bf16":
-        a_scales = _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K)
-    if SWAP:
-        acc = tl.dot_scaled(w, ws, "e2m1", a.T, a_scales, A_FMT, acc)
+def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+    if A_FMT == "bf16":
+        acc = tl.dot_scaled(a, None, "bf16", w, ws, "e2m1", acc)
     else:
-        acc = tl.dot_scaled(a, a_scales, A_FMT, w.T, ws, "e2m1", acc)
+        acc = tl.dot_scaled(a, _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K), A_FMT, w, ws, "e2m1", acc)
     return acc
 
 
@@ -235,7 +216,7 @@ def _w13_rows(n, half):
 
 @triton.jit
 def _load_w(w_ptr, ws_ptr, rn, k0, Kp, stride_wn, stride_wsn, BLOCK_K: tl.constexpr, TILE_ROWS: tl.constexpr):
-    """``[BLOCK_N, BLOCK_K/2]`` packed weights and ``[BLOCK_N, BLOCK_K/32]`` scales,
+    """``[BLOCK_N, BLOCK_K/2]`` packed weights as ``[BLOCK_K/2, BLOCK_N]`` and ``[BLOCK_N, BLOCK_K/32]`` scales,
     for stored rows ``rn`` of a K-tiled matrix (``TILE_ROWS`` rows per tile, 64 bytes per row and 128-code
     K tile). Rows are always in range (the layout pads N to the tile); K past the padded width reads zeros."""
     r_local = rn % TILE_ROWS
@@ -257,7 +238,7 @@ def _load_w(w_ptr, ws_ptr, rn, k0, Kp, stride_wn, stride_wsn, BLOCK_K: tl.conste
         w = tl.reshape(w, (rn.shape[0], BLOCK_K // 2))
     rs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     s = tl.load(ws_ptr + rn[:, None] * stride_wsn + rs[None, :], mask=(rs < Kp // 32)[None, :], other=127)
-    return w, s
+    return w.T, s
 
 
 @triton.jit
@@ -272,7 +253,7 @@ def _swiglu(gate, up, alpha, limit):
 def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
                     H, Hp, Ip, TOPK, stride_x, stride_xs, stride_we, stride_wn, stride_wse, stride_wsn, stride_h,
                     alpha, limit, A_FMT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr = False):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -284,17 +265,14 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    ACC: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
-    acc_g = tl.zeros(ACC, dtype=tl.float32)
-    acc_u = tl.zeros(ACC, dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, Hp, BLOCK_K):
         a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
         wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
         wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-        acc_g = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, acc_g, A_FMT, BLOCK_K, SWAP)
-        acc_u = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, acc_u, A_FMT, BLOCK_K, SWAP)
-    if SWAP:
-        acc_g, acc_u = acc_g.T, acc_u.T
+        acc_g = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, acc_g, A_FMT, BLOCK_K)
+        acc_u = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, acc_u, A_FMT, BLOCK_K)
     gate = acc_g + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
     up = acc_u + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
     h = _swiglu(gate, up, alpha, limit)
@@ -304,8 +282,7 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
 @triton.jit
 def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
                  H, Hp, Ip, stride_h, stride_hs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
-                 A_FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SWAP: tl.constexpr = False):
+                 A_FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -316,13 +293,11 @@ def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr,
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, Ip, BLOCK_K):
         a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
         w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
-        acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, SWAP)
-    if SWAP:
-        acc = acc.T
+        acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K)
     acc += tl.load(b_ptr + e * Hp + rn)[None, :]
     assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
     acc *= tl.load(wts_ptr + assignment, mask=row_ok, other=0.0)[:, None]
@@ -354,33 +329,6 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
 
 
 @triton.jit
-def _gate_up_f16x2_tile(p, tile, xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
-                        stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha, limit,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr,
-                        PDL: tl.constexpr):
-    """Row tile ``tile`` (``BLOCK_N`` intermediate rows) of assignment ``p``'s gate_up + SwiGLU, on prepared
-    activations; its output is prepared too (see :func:`_gate_up_gemv_f16x2_kernel`)."""
-    e = tl.load(ids_ptr + p).to(tl.int64)
-    t = p // TOPK
-    xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
-    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    # gate rows and up rows in one pass: one stream of weight loads, not two in turn. With 32 rows (the
-    # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
-    r2 = tl.arange(0, 2 * BLOCK_N)
-    rows = _w13_rows(tile * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
-    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
-                        PDL, _GU_ROWS)
-    gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
-    GB: tl.constexpr = BLOCK_N // 32
-    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
-    g = tile * GB + tl.arange(0, GB)
-    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
-    tl.store(he_ptr + p * stride_he + g, factors)
-
-
-@triton.jit
 def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
                                stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
                                limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
@@ -391,9 +339,25 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
     while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
     if PDL:
         gdc_launch_dependents()
-    _gate_up_f16x2_tile(tl.program_id(0), tl.program_id(1), xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr,
-                        ids_ptr, H, Ip, TOPK, stride_xp, stride_xe, stride_we, stride_wn, stride_wse, stride_wsn,
-                        stride_hp, stride_he, alpha, limit, BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL)
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    t = p // TOPK
+    xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
+    # gate rows and up rows in one pass: one stream of weight loads, not two in turn. With 32 rows (the
+    # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
+    r2 = tl.arange(0, 2 * BLOCK_N)
+    rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
+    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
+                        PDL, _GU_ROWS)
+    gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
+    GB: tl.constexpr = BLOCK_N // 32
+    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
+    g = tl.program_id(1) * GB + tl.arange(0, GB)
+    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
+    tl.store(he_ptr + p * stride_he + g, factors)
 
 
 @triton.jit
@@ -402,33 +366,6 @@ def _last_to_arrive(counter, arrivals):
     made before the arrival is published (release), and the others' are visible after it (acquire)."""
     tl.debug_barrier()
     return tl.atomic_add(counter, 1, sem="acq_rel") == arrivals - 1
-
-
-@triton.jit
-def _down_tile(p, tile, n_tiles, h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr,
-               H, Hp, Ip, stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out,
-               TOPK, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
-               PREFETCH: tl.constexpr, PDL: tl.constexpr, ready_ptr=None, ready_count=0):
-    """Row tile ``tile`` of ``n_tiles`` of assignment ``p``'s down projection, and the combine (see
-    :func:`_down_gemv_kernel`)."""
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
-    e = tl.load(ids_ptr + p).to(tl.int64)
-    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    if PREPARED:
-        y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS, ready_ptr, ready_count)
-    else:
-        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS)
-    y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
-    tl.store(part_ptr + p * stride_part + rn, y)
-    t = p // TOPK
-    counter = count_ptr + t * n_tiles + tile
-    if _last_to_arrive(counter, TOPK):
-        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for j in range(TOPK):
-            total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
-        tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
-        tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
@@ -442,51 +379,26 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
     ``PREPARED``: h comes as fp16 pairs + group factors (``h_ptr``, ``he_ptr``) for the f16x2 GEMV, with
     ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode. ``PDL``
     (prepared only): launched while the gate_up kernel runs."""
-    _down_tile(tl.program_id(0), tl.program_id(1), tl.num_programs(1), h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr,
-               count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip, stride_h, stride_he, stride_we, stride_wn, stride_wse,
-               stride_wsn, stride_part, stride_out, TOPK, BLOCK_N, BLOCK_K, DECODE, PREPARED, PREFETCH, PDL)
-
-
-@triton.jit
-def _moe_decode_kernel(xp_ptr, xe_ptr, w13_ptr, s13_ptr, b13_ptr, hp_ptr, he_ptr, w2_ptr, s2_ptr, b2_ptr, part_ptr,
-                       count_ptr, ready_ptr, exit_ptr, out_ptr, ids_ptr, wts_ptr, A, H, Hp, Ip, TOPK, stride_xp,
-                       stride_xe, stride_w13e, stride_w13n, stride_s13e, stride_s13n, stride_hp, stride_he, stride_w2e,
-                       stride_w2n, stride_s2e, stride_s2n, stride_part, stride_out, alpha, limit,
-                       GU_N: tl.constexpr, GU_K: tl.constexpr, GU_PREFETCH: tl.constexpr, D_N: tl.constexpr,
-                       D_K: tl.constexpr, D_PREFETCH: tl.constexpr, MATH: tl.constexpr, PDL: tl.constexpr):
-    """gate_up and down of ``A`` assignments in one launch of resident programs (``MoeGemvConfig.fused``).
-
-    Work items, in order: every assignment's gate_up row tiles (assignment-major), then every assignment's
-    down row tiles; program ``i`` takes items ``i, i + P, i + 2P...``. A gate_up item counts up its
-    assignment's ``ready`` counter when its output is stored; a down item requests its first weight tiles
-    and then waits for that counter to be complete, so that down streams weights while other assignments'
-    gate_up still runs, instead of behind a grid-wide barrier. Every program does all its gate_up items
-    before any down item, so the wait cannot deadlock when all P programs are resident (the launch sizes P
-    from the compiled kernel's occupancy). The last program to finish zeroes the counters for the next call.
-    ``PDL``: launched while ``prepare_x`` runs (the first gate_up item waits for it)."""
-    P = tl.num_programs(0)
-    gu_tiles = Ip // GU_N
-    d_tiles = Hp // D_N
-    n_gu = A * gu_tiles
-    for item in range(tl.program_id(0), n_gu + A * d_tiles, P):
-        if item < n_gu:
-            p = item // gu_tiles
-            _gate_up_f16x2_tile(p, item % gu_tiles, xp_ptr, xe_ptr, w13_ptr, s13_ptr, b13_ptr, hp_ptr, he_ptr, ids_ptr,
-                                H, Ip, TOPK, stride_xp, stride_xe, stride_w13e, stride_w13n, stride_s13e, stride_s13n,
-                                stride_hp, stride_he, alpha, limit, GU_N, GU_K, MATH, GU_PREFETCH, PDL)
-            tl.debug_barrier()  # every thread's stores, then the release
-            tl.atomic_add(ready_ptr + p, 1, sem="release")
-        else:
-            p = (item - n_gu) // d_tiles
-            _down_tile(p, (item - n_gu) % d_tiles, d_tiles, hp_ptr, he_ptr, w2_ptr, s2_ptr, b2_ptr, part_ptr,
-                       count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip, stride_hp, stride_he, stride_w2e, stride_w2n,
-                       stride_s2e, stride_s2n, stride_part, stride_out, TOPK, D_N, D_K, MATH, True, D_PREFETCH, 2,
-                       ready_ptr + p, gu_tiles)
-    if _last_to_arrive(exit_ptr, P):
-        for i in range(0, A, 256):
-            r = i + tl.arange(0, 256)
-            tl.store(ready_ptr + r, tl.zeros((256,), dtype=tl.int32), mask=r < A)
-        tl.atomic_xchg(exit_ptr, 0)
+    p = tl.program_id(0)
+    tile = tl.program_id(1)
+    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
+    if PREPARED:
+        y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS)
+    else:
+        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS)
+    y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
+    tl.store(part_ptr + p * stride_part + rn, y)
+    t = p // TOPK
+    counter = count_ptr + t * tl.num_programs(1) + tile
+    if _last_to_arrive(counter, TOPK):
+        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for j in range(TOPK):
+            total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
+        tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
+        tl.atomic_xchg(counter, 0)
 
 
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
@@ -512,8 +424,6 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
-    if cfg.fused:
-        return _moe_decode_fused(x, ids, wts, k, w13, s13, b13, w2, s2, b2, cfg, out)
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(gu.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
@@ -539,53 +449,6 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
         out.stride(0), k, BLOCK_N=d.block_n, BLOCK_K=d.block_k, DECODE=d.math if d.prepared else d.decode,
         PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, **d.launch_options())
     return out
-
-
-def _moe_decode_fused(x, ids, wts, k, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor) -> torch.Tensor:
-    """Decode as one launch of resident programs (:func:`_moe_decode_kernel`) after ``prepare_x``."""
-    T, H = x.shape
-    A = T * k
-    Ip, Hp = w13.shape[1] // 2, w2.shape[1]
-    gu, d = cfg.gate_up, cfg.down
-    xp, xe = prepare_x(x, pdl=bool(gu.pdl))
-    h = torch.empty(A, Ip // 2, dtype=torch.int32, device=x.device)
-    he = torch.empty(A, Ip // 32, dtype=torch.float32, device=x.device)
-    part = torch.empty(A, Hp, dtype=torch.float32, device=x.device)
-    d_tiles = Hp // d.block_n
-    buf = _arrival_counters(x.device, T * d_tiles + A + 1)  # combine counters, ready per assignment, exits
-    counters, ready, exits = buf[:T * d_tiles], buf[T * d_tiles:T * d_tiles + A], buf[T * d_tiles + A:]
-    args = (xp, xe, w13, s13, b13, h, he, w2, s2, b2, part, counters, ready, exits, out, ids, wts, A, H, Hp, Ip, k,
-            xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), h.stride(0),
-            he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0), out.stride(0),
-            SWIGLU_ALPHA, SWIGLU_LIMIT)
-    meta = dict(GU_N=gu.block_n, GU_K=gu.block_k, GU_PREFETCH=gu.prefetch, D_N=d.block_n, D_K=d.block_k,
-                D_PREFETCH=d.prefetch, MATH=gu.math, PDL=gu.pdl, **gu.launch_options())
-    items = A * (Ip // gu.block_n + d_tiles)
-    programs = min(items, _resident_programs(x.device, args, meta)) if x.device.type == "cuda" else 1
-    _moe_decode_kernel[(programs,)](*args, **meta)
-    return out
-
-
-_RESIDENT: dict[tuple, int] = {}
-
-
-def _resident_programs(device: torch.device, args: tuple, meta: dict) -> int:
-    """How many programs of the fused decode kernel, as compiled for these arguments, are resident at once on
-    ``device`` (registers, shared memory and warps per SM): its grid, so that every program runs at once."""
-    key = (device, tuple(sorted((k, str(v)) for k, v in meta.items())))
-    if key not in _RESIDENT:
-        kernel = _moe_decode_kernel.warmup(*args, grid=(1,), **meta)
-        kernel._init_handles()
-        props = torch.cuda.get_device_properties(device)
-        warps = meta["num_warps"]
-        regs_per_warp = -(-kernel.n_regs // 8) * 8 * 32  # allocated per warp in units of 256 registers
-        per_sm = min(getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps),
-                     getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps), 32)
-        shared = kernel.metadata.shared
-        if shared:
-            per_sm = min(per_sm, getattr(props, "shared_memory_per_multiprocessor", 232448) // shared)
-        _RESIDENT[key] = max(1, per_sm) * props.multi_processor_count
-    return _RESIDENT[key]
 
 
 def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: dict[str, torch.Tensor],
@@ -647,8 +510,7 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
         a, a_s if a_s is not None else s13, w13, s13, b13, h, order, blk_e, blk_s, blk_end,
         H, Hp, Ip, k, a.stride(0), a_s.stride(0) if a_s is not None else 0, w13.stride(0), w13.stride(1),
         s13.stride(0), s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, A_FMT=activations,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SWAP=cfg.swap_ab, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if activations == "bf16":
         ha, ha_s = h, None
     else:
@@ -658,6 +520,5 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
         ha, ha_s if ha_s is not None else s2, w2, s2, b2, y, order, topk_weights.to(torch.float32).contiguous().view(-1),
         blk_e, blk_s, blk_end, H, Hp, Ip, ha.stride(0), ha_s.stride(0) if ha_s is not None else 0, w2.stride(0),
         w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), A_FMT=activations,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SWAP=cfg.swap_ab, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
