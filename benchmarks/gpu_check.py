@@ -359,6 +359,22 @@ def interleaved_ms(fns: dict, repeats: int, shuffle: bool = False) -> dict:
     return times
 
 
+def moe_candidates(W: dict, per_expert: int, T: int, cands: dict, repeats: int, shuffle: bool = False):
+    """MoE decode configs ``cands`` (name -> config) at ``T`` tokens: each checked against the fp32 reference on
+    one routing draw, then timed interleaved (:func:`interleaved_ms`) with the routing rotating
+    (:func:`rotating_moe_draws`). Returns (mean bytes of the touched experts, name -> relative error,
+    name -> times in ms)."""
+    nxt, draws, touched = rotating_moe_draws(T, per_expert)
+    o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
+    xm, ids, wts = draws[0]
+    ref = moe_reference(xm, ids, wts, W)
+    err = {key: ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item()
+           for key, c in cands.items()}
+    times = interleaved_ms({key: (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for key, c in cands.items()},
+                           repeats, shuffle)
+    return touched, err, times
+
+
 def moe_prefill_inputs(T: int, E: int = 128, k: int = 4, H: int = 2880):
     """Random prefill-sized inputs: as :func:`moe_decode_inputs`, but each token's k experts drawn with
     replacement (one batched draw instead of a permutation per token)."""

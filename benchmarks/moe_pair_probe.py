@@ -17,11 +17,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_expert_bytes, moe_reference,  # noqa: E402
-                       moe_weights, rotating_moe_draws)
+from gpu_check import copy_roofline, moe_candidates, moe_expert_bytes, moe_weights  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import MoeGemvConfig, moe_mxfp4, pick_moe_gemv_config  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MoeGemvConfig, pick_moe_gemv_config  # noqa: E402
 
 REPEATS = 3
 SHAPES = [(16, 512, 4, 1), (32, 256, 8, 1), (16, 1024, 8, 1), (16, 1024, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 2),
@@ -57,14 +56,7 @@ def main() -> None:
     torch.manual_seed(0)
     for T in ((1, 2, 4, 8, 16, 32, 64) if pairs else (1, 2, 4, 8, 64)):
         cands = {c.name(): c for c in PAIRS} if pairs else sweep_candidates(T)
-        nxt, draws, touched = rotating_moe_draws(T, per_expert)
-        o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
-        xm, ids, wts = draws[0]
-        ref = moe_reference(xm, ids, wts, W)
-        err = {key: ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item()
-               for key, c in cands.items()}
-        times = interleaved_ms({key: (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for key, c in cands.items()},
-                               REPEATS)
+        touched, err, times = moe_candidates(W, per_expert, T, cands, REPEATS)
         for key, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
             rows.append({"T": T, "varied": key, "config": cands[key].name(), "ms_median": ms, "ms_all": t,

@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_expert_bytes, moe_reference, moe_weights,  # noqa: E402
-                       rotating_moe_draws)
+from gpu_check import copy_roofline, moe_candidates, moe_expert_bytes, moe_weights  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, MoeGemvConfig, moe_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, MoeGemvConfig  # noqa: E402
 
 SWEEP_GATE_UP = [(32, 256, 8), (32, 512, 8), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 128, 8)]
 SWEEP_DOWN = [(16, 512, 4), (16, 256, 4), (32, 256, 8), (32, 512, 8), (16, 1024, 8), (8, 512, 4), (32, 256, 4)]
@@ -44,14 +43,7 @@ def main() -> None:
     cands |= {f"down {f16x2(*d).name()}": MoeGemvConfig(MOE_GEMV.gate_up, f16x2(*d)) for d in SWEEP_DOWN[1:]}
     torch.manual_seed(0)
     for T in (1, 4, 8, 16, 64):
-        nxt, draws, touched = rotating_moe_draws(T, per_expert)
-        o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
-        xm, ids, wts = draws[0]
-        ref = moe_reference(xm, ids, wts, W)
-        err = {key: ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item()
-               for key, c in cands.items()}
-        times = interleaved_ms({key: (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for key, c in cands.items()},
-                               3, shuffle=True)
+        touched, err, times = moe_candidates(W, per_expert, T, cands, 3, shuffle=True)
         for key, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
             rows.append({"T": T, "varied": key, "ms_median": ms, "ms_all": t, "roofline_frac": touched / (ms * 1e-3) / bw,

@@ -42,10 +42,10 @@ from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
 
-# The strided layout's tiles, as the kernels see them. Written as literals inside the kernels too (under the
-# interpreter a Triton constexpr global does not mix with the Python ints of loop indices); checked here.
-_GU_HALF = tl.constexpr(32)  # intermediate rows per w13 row tile (gate, then up: 64 weight rows)
-_GU_ROWS = tl.constexpr(64)
+# The strided layout's tiles, as the kernels see them: w13 row tiles of 32 gate then 32 up rows, w2 tiles of 16
+# rows. ``_w13_rows`` writes 32 and 64 as literals (under the interpreter a Triton constexpr global does not mix
+# with the Python ints of loop indices); all are checked against the layout here.
+_GU_ROWS = tl.constexpr(64)  # weight rows per w13 row tile
 _DOWN_ROWS = tl.constexpr(16)  # w2 rows per row tile
 if (GATE_UP_TILE, DOWN_TILE_ROWS, K_TILE_BYTES) != (32, 16, 64):
     raise ImportError("mxrepack.kernels.moe_mxfp4 is written for the strided layout's 32/16-row, 64-byte tiles")
