@@ -6,12 +6,11 @@ otherwise be read from H100's 50 MB L2 in part. Candidates that differ only in `
 same bits (it changes when a GEMV starts, not what it computes).
 
 Candidate sets (``SETS``): ``default``, the stop-9 set (dense f16x2 shapes, MoE shapes with and without
-pdl); ``runs``, the shipped MoE pair per assignment and per run of 2-8 assignments (stop 14); ``shipped``, the shipped configs alone; ``shapes``, tile shapes again once the partial K tile was loaded first (stop 11). The ``tail`` set
+pdl); ``shipped``, the shipped configs alone; ``shapes``, tile shapes again once the partial K tile was loaded first (stop 11). The ``tail`` set
 of stop 11, each shipped config with its partial tile first and last, ran at commit 9597ffa, which still
 had the option.
 Usage: python benchmarks/decode_pick.py [--set NAME] [OUT.json]"""
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -39,11 +38,6 @@ SETS = {
         "tokens": (1, 2, 4, 8, 16, 64),
     },
     "shipped": {"dense": [(LM_HEAD, [WIDE])], "moe": [MOE_GEMV], "tokens": (1, 2, 4, 8, 16, 32, 64)},
-    "runs": {  # stop 14: one program per run of an expert's assignments (MoeGemvConfig.runs)
-        "dense": [],
-        "moe": [MOE_GEMV] + [dataclasses.replace(MOE_GEMV, runs=r) for r in (2, 4, 8)],
-        "tokens": (4, 8, 16, 32, 64, 80),
-    },
     "shapes": {  # tile shapes again, with the partial tile first
         "dense": [(LM_HEAD, [WIDE] + [GemvConfig(n, k, w, 1, "f16x2") for n, k, w in
                                       ((16, 512, 4), (8, 1024, 8), (32, 1024, 8), (16, 1024, 4), (8, 512, 4))])],
@@ -59,8 +53,6 @@ def same_bits_as_pdl_twin(run, cfg) -> None:
     twin = without_pdl(cfg)
     if twin != cfg:
         assert torch.equal(run(cfg), run(twin)), cfg.name()
-    if getattr(cfg, "runs", 0):  # runs change which program computes an assignment, not how
-        assert torch.equal(run(cfg), run(dataclasses.replace(cfg, runs=0))), cfg.name()
 
 
 def dense_case(rows: list, bw: float, shape, configs) -> None:

@@ -95,15 +95,8 @@ class MoeGemvConfig:
     must be prepared, and gate_up writes the intermediate prepared, so its ``block_n`` is whole groups of 32."""
     gate_up: GemvConfig
     down: GemvConfig
-    # 0: one program per (assignment, row tile). R > 0: the assignments sorted by expert (moe_schedule) and cut
-    # into runs of at most R of one expert; one program per (run, row tile) takes its run's assignments one
-    # after another, so an expert's row tile is streamed from HBM once and re-read at once, from L1/L2, for the
-    # other tokens that chose it (the per-assignment programs read it once per token). Prepared (f16x2) only.
-    runs: int = 0
 
     def __post_init__(self):
-        if self.runs < 0 or (self.runs and not self.gate_up.prepared):
-            raise ValueError(f"runs={self.runs} needs prepared (f16x2) configs and must be >= 0")
         if self.gate_up.prepared != self.down.prepared:
             raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
                              "activations (f16x2) or neither")
@@ -122,18 +115,17 @@ class MoeGemvConfig:
 
     def each(self, **changes) -> MoeGemvConfig:
         """``changes`` applied to both kernels' configs (``pdl=0``: the same math, launched one after the other)."""
-        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes),
-                             self.runs)
+        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes))
 
     def portable(self) -> MoeGemvConfig:
-        return MoeGemvConfig(self.gate_up.portable(), self.down.portable(), self.runs)
+        return MoeGemvConfig(self.gate_up.portable(), self.down.portable())
 
     @property
     def prepared(self) -> bool:
         return self.gate_up.prepared
 
     def name(self) -> str:
-        return f"gate_up {self.gate_up.name()} down {self.down.name()}" + (f" runs {self.runs}" if self.runs else "")
+        return f"gate_up {self.gate_up.name()} down {self.down.name()}"
 
 
 # H100, benchmarks/moe_pair_probe.py (docs/PERF.md, stop 11): one pair is best or within noise of the best
@@ -337,55 +329,35 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
 
 
 @triton.jit
-def _assignments(ids_ptr, order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr, RUNS: tl.constexpr):
-    """This program's assignments as (first sorted position, end, expert, sorted?): one (``program_id(0)``
-    itself) when ``RUNS`` is 0; else the run of one expert's sorted assignments of block ``program_id(0)``
-    (:func:`moe_schedule`; an empty run for the blocks past the real ones)."""
-    b = tl.program_id(0)
-    if RUNS:
-        e = tl.load(blk_e_ptr + b)
-        start = tl.load(blk_s_ptr + b)
-        end = tl.where(e < 0, start, tl.minimum(tl.load(blk_end_ptr + b), start + RUNS))
-    else:
-        e = tl.load(ids_ptr + b).to(tl.int32)
-        start, end = b, b + 1
-    return start, end, e
-
-
-@triton.jit
-def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, order_ptr, blk_e_ptr,
-                               blk_s_ptr, blk_end_ptr, H, Ip, TOPK, stride_xp, stride_xe, stride_we, stride_wn,
-                               stride_wse, stride_wsn, stride_hp, stride_he, alpha, limit, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr,
-                               PDL: tl.constexpr = 0, RUNS: tl.constexpr = 0):
+def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
+                               stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
+                               limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
+                               PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
     prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
     stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
-    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``). ``RUNS``:
-    each program takes a run of one expert's assignments, one after another (``MoeGemvConfig.runs``)."""
+    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
     if PDL:
         gdc_launch_dependents()
-    start, end, e = _assignments(ids_ptr, order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr, RUNS)
-    w_e, s_e = w_ptr + e.to(tl.int64) * stride_we, ws_ptr + e.to(tl.int64) * stride_wse
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    t = p // TOPK
+    xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     # gate rows and up rows in one pass: one stream of weight loads, not two in turn. With 32 rows (the
     # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
     r2 = tl.arange(0, 2 * BLOCK_N)
     rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
+    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
+                        PDL, _GU_ROWS)
+    gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
     GB: tl.constexpr = BLOCK_N // 32
+    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
-    for pos in range(start, end):
-        p = pos
-        if RUNS:
-            p = tl.load(order_ptr + pos)
-        t = p // TOPK
-        y = gemv_rows_f16x2(xp_ptr + t * stride_xp, xe_ptr + t * stride_xe, w_e, s_e, rows, H, stride_wn, stride_wsn,
-                            2 * BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL, _GU_ROWS)
-        gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
-        h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
-        pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
-        tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
-        tl.store(he_ptr + p * stride_he + g, factors)
+    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
+    tl.store(he_ptr + p * stride_he + g, factors)
 
 
 @triton.jit
@@ -397,41 +369,36 @@ def _last_to_arrive(counter, arrivals):
 
 
 @triton.jit
-def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, order_ptr, blk_e_ptr,
-                      blk_s_ptr, blk_end_ptr, wts_ptr, H, Hp, Ip, stride_h, stride_he, stride_we, stride_wn, stride_wse,
-                      stride_wsn, stride_part, stride_out, TOPK, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      DECODE: tl.constexpr, PREPARED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0,
-                      RUNS: tl.constexpr = 0):
+def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
+                      stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
+                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
     the result does not depend on which finished last, writes the bf16 output and resets its counter.
     ``PREPARED``: h comes as fp16 pairs + group factors (``h_ptr``, ``he_ptr``) for the f16x2 GEMV, with
     ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode. ``PDL``
-    (prepared only): launched while the gate_up kernel runs. ``RUNS``: as in the gate_up kernel."""
+    (prepared only): launched while the gate_up kernel runs."""
+    p = tl.program_id(0)
     tile = tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
-    start, end, e = _assignments(ids_ptr, order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr, RUNS)
-    w_e, s_e = w_ptr + e.to(tl.int64) * stride_we, ws_ptr + e.to(tl.int64) * stride_wse
-    for pos in range(start, end):
-        p = pos
-        if RUNS:
-            p = tl.load(order_ptr + pos)
-        if PREPARED:
-            y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                                BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS)
-        else:
-            y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE,
-                          _DOWN_ROWS)
-        y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
-        tl.store(part_ptr + p * stride_part + rn, y)
-        t = p // TOPK
-        counter = count_ptr + t * tl.num_programs(1) + tile
-        if _last_to_arrive(counter, TOPK):
-            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for j in range(TOPK):
-                total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
-            tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
-            tl.atomic_xchg(counter, 0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
+    if PREPARED:
+        y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS)
+    else:
+        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS)
+    y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
+    tl.store(part_ptr + p * stride_part + rn, y)
+    t = p // TOPK
+    counter = count_ptr + t * tl.num_programs(1) + tile
+    if _last_to_arrive(counter, TOPK):
+        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for j in range(TOPK):
+            total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
+        tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
+        tl.atomic_xchg(counter, 0)
 
 
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
@@ -457,20 +424,15 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
-    if cfg.runs:  # scheduled before prepare_x, so that the GEMVs still follow it by dependent launch
-        order, blk_e, blk_s, blk_end = moe_schedule(topk_ids, E, cfg.runs)
-    else:  # unused
-        order = blk_e = blk_s = blk_end = ids
-    programs = blk_e.numel() if cfg.runs else T * k
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(gu.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
-        _gate_up_gemv_f16x2_kernel[(programs, Ip // gu.block_n)](
-            xp, xe, w13, s13, b13, h, he, ids, order, blk_e, blk_s, blk_end, H, Ip, k, xp.stride(0), xe.stride(0),
-            w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA,
-            SWIGLU_LIMIT, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PREFETCH=gu.prefetch, PDL=gu.pdl,
-            RUNS=cfg.runs, **gu.launch_options())
+        _gate_up_gemv_f16x2_kernel[(T * k, Ip // gu.block_n)](
+            xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
+            s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
+            BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PREFETCH=gu.prefetch, PDL=gu.pdl,
+            **gu.launch_options())
     else:
         h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
         he = h
@@ -481,11 +443,11 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
     part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
     tiles = Hp // d.block_n
     counters = _arrival_counters(x.device, T * tiles)
-    _down_gemv_kernel[(programs, tiles)](
-        h, he, w2, s2, b2, part, counters, out, ids, order, blk_e, blk_s, blk_end, wts, H, Hp, Ip,
+    _down_gemv_kernel[(T * k, tiles)](
+        h, he, w2, s2, b2, part, counters, out, ids, wts, H, Hp, Ip,
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
         out.stride(0), k, BLOCK_N=d.block_n, BLOCK_K=d.block_k, DECODE=d.math if d.prepared else d.decode,
-        PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, RUNS=cfg.runs, **d.launch_options())
+        PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, **d.launch_options())
     return out
 
 
