@@ -69,6 +69,9 @@ def convert(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON"),
 ) -> None:
     """Convert SOURCE for a target GPU (the main job)."""
+    from mxrepack.repack import readahead
+
+    readahead.start(source, revision)  # the disk reads the first tensors while torch is imported
     from mxrepack.repack.pipeline import repack
 
     if target is None and recipe is None:

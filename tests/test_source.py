@@ -118,3 +118,28 @@ def test_local_dir_download_metadata_gives_source_hashes_and_verify_rechecks(tin
     assert not report["ok"] and any("sha256 differs from the one recorded" in p for p in report["problems"])
     os.utime(shard, (time.time() + 60, time.time() + 60))  # modified after the download: recomputed
     assert open_checkpoint(str(src)).hash_files_async()[shard.name].result() == real
+
+
+def test_early_read_ahead_finds_the_first_tensors_without_torch(tiny, tiny_original, tmp_path, monkeypatch):
+    """The start-up read-ahead (mxrepack.repack.readahead) runs before torch is imported: it finds the
+    embeddings' and lm_head's bytes in a directory, in the HF cache by repo id, and in the original/ layout."""
+    from mxrepack.repack import readahead
+    from mxrepack.repack.source import open_checkpoint
+
+    ck = open_checkpoint(str(tiny))
+    expected = sorted((Path(t.info.file).resolve(), t.info.start, t.nbytes)
+                      for t in (ck.tensors["model.embed_tokens.weight"], ck.tensors["lm_head.weight"]))
+    assert sorted((p.resolve(), o, n) for p, o, n in readahead.first_ranges(tiny)) == expected
+    readahead.read_ahead(readahead.first_ranges(tiny))
+    orig = readahead.first_ranges(tiny_original)
+    assert len(orig) == 2 and all(n > 0 for _, _, n in orig)
+    cache = tmp_path / "hub"
+    _fake_hub_cache(cache, "openai/gpt-oss-tiny", tiny)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    assert readahead.local_source_dir("openai/gpt-oss-tiny").is_dir()
+    assert readahead.local_source_dir("openai/not-downloaded") is None
+    assert readahead.local_source_dir(str(tmp_path / "missing")) is None
+    # nothing of torch is imported by it (it must run while torch's import runs)
+    code = "import sys, mxrepack.repack.readahead; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

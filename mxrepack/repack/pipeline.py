@@ -15,6 +15,7 @@ import platform
 import shutil
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -141,34 +142,68 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
     weight_map: dict[str, str] = {}
     files: dict[str, dict] = {}
     closed: list[StreamingShardWriter] = []  # hashing and fsyncing in the background while the next shard is written
-    try:
-        for s, tensors in enumerate(shards):
-            fname = _shard_name(s, len(shards))
-            writer = StreamingShardWriter(tmp / fname, tensors,
-                                          metadata={"format": "pt", "producer": f"mxrepack {mxrepack.__version__}"})
-            try:
-                for t in tensors:
-                    done = _write_tensor(writer, by_name[t.name], chunk_bytes, done, total, progress)
-                    weight_map[t.name] = fname
-                writer.close()
-                closed.append(writer)
-            except BaseException:
+    order = [by_name[t.name] for tensors in shards for t in tensors]
+    with ThreadPoolExecutor(1, thread_name_prefix="mxrepack-read") as pool:
+        reads = _reads_ahead(pool, _chunks(order, chunk_bytes))
+        try:
+            for s, tensors in enumerate(shards):
+                fname = _shard_name(s, len(shards))
+                writer = StreamingShardWriter(tmp / fname, tensors,
+                                              metadata={"format": "pt", "producer": f"mxrepack {mxrepack.__version__}"})
+                try:
+                    for t in tensors:
+                        done = _write_tensor(writer, by_name[t.name], reads, chunk_bytes, done, total, progress)
+                        weight_map[t.name] = fname
+                    writer.close()
+                    closed.append(writer)
+                except BaseException:
+                    writer.abort()
+                    raise
+            for writer in closed:  # the shards' hashes ran in parallel, each behind its writer
+                files[writer.path.name] = {"sha256": writer.sha256(), "size": writer.size}
+        except BaseException:
+            reads.close()
+            for writer in closed:
                 writer.abort()
-                raise
-        for writer in closed:  # the shards' hashes ran in parallel, each behind its writer
-            files[writer.path.name] = {"sha256": writer.sha256(), "size": writer.size}
-    except BaseException:
-        for writer in closed:
-            writer.abort()
-        raise
+            raise
     for writer in closed:
         writer.wait_synced()
     return weight_map, files
 
 
-def _write_tensor(writer: StreamingShardWriter, item: PlanItem, chunk_bytes: int, done: int, total: int,
+def _chunks(order: list[PlanItem], chunk_bytes: int):
+    """(item, first row, end row) of every chunk the pipeline reads into memory, in the order it writes them
+    (the tensors stored unchanged are copied by the kernel instead, and read nothing here)."""
+    for item in order:
+        if _stored_unchanged(item) is None:
+            step = rows_per_chunk(item, chunk_bytes)
+            for r0 in range(0, item.shape[0], step):
+                yield item, r0, min(r0 + step, item.shape[0])
+
+
+def _read_chunk(item: PlanItem, r0: int, r1: int) -> dict[str, torch.Tensor]:
+    return {k: src.read() if item.whole else src.read(r0, r1) for k, src in item.inputs.items()}
+
+
+def _reads_ahead(pool: ThreadPoolExecutor, chunks):
+    """The chunks' inputs, each read by ``pool`` while the chunk before it is packed and written: from a cold
+    page cache the disk then reads while the CPU works, instead of in turn. One chunk ahead, so the memory
+    bound grows by one chunk's inputs."""
+    chunks = iter(chunks)
+    nxt = next(chunks, None)
+    pending = pool.submit(_read_chunk, *nxt) if nxt is not None else None
+    while pending is not None:
+        current = nxt
+        inputs = pending.result()
+        nxt = next(chunks, None)
+        pending = pool.submit(_read_chunk, *nxt) if nxt is not None else None
+        yield current, inputs
+
+
+def _write_tensor(writer: StreamingShardWriter, item: PlanItem, reads, chunk_bytes: int, done: int, total: int,
                   progress: Progress | None) -> int:
-    """Stream one planned tensor into ``writer`` chunk by chunk; returns the source bytes done so far."""
+    """Stream one planned tensor into ``writer`` chunk by chunk (its inputs from ``reads``, :func:`_reads_ahead`);
+    returns the source bytes done so far."""
     step = rows_per_chunk(item, chunk_bytes)
     stored = _stored_unchanged(item)
     if stored is not None:  # the kernel copies it, chunk by chunk for the progress bar
@@ -183,7 +218,9 @@ def _write_tensor(writer: StreamingShardWriter, item: PlanItem, chunk_bytes: int
         return done
     for r0 in range(0, item.shape[0], step):
         r1 = min(r0 + step, item.shape[0])
-        inputs = {k: src.read() if item.whole else src.read(r0, r1) for k, src in item.inputs.items()}
+        (read_item, read_r0, read_r1), inputs = next(reads)
+        if read_item is not item or (read_r0, read_r1) != (r0, r1):  # the two walks over the plan must agree
+            raise RuntimeError(f"{item.name}: rows {r0}:{r1} expected, read {read_item.name} {read_r0}:{read_r1}")
         for k, src in item.inputs.items():
             if src.name.endswith("_scales"):
                 check_e8m0(inputs[k], f"{src.info.file}: tensor '{src.name}'")
@@ -194,6 +231,7 @@ def _write_tensor(writer: StreamingShardWriter, item: PlanItem, chunk_bytes: int
             raise RuntimeError(f"{item.name}: layout {item.layout} produced {chunk.dtype} "
                                f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}")
         writer.write(item.name, chunk)
+        del inputs, chunk  # before the next chunk is taken: at most two chunks' inputs are alive
         done += sum(src.info.row_bytes * (src.rows if item.whole else r1 - r0) for src in item.inputs.values())
         if progress:
             progress(done, total)
