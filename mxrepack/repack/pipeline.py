@@ -171,14 +171,19 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
     return weight_map, files
 
 
+def _row_ranges(item: PlanItem, chunk_bytes: int):
+    """``item``'s chunks as (first row, end row): what each read, pack and write handles at once."""
+    step = rows_per_chunk(item, chunk_bytes)
+    for r0 in range(0, item.shape[0], step):
+        yield r0, min(r0 + step, item.shape[0])
+
+
 def _chunks(order: list[PlanItem], chunk_bytes: int):
     """(item, first row, end row) of every chunk the pipeline reads into memory, in the order it writes them
     (the tensors stored unchanged are copied by the kernel instead, and read nothing here)."""
     for item in order:
         if _stored_unchanged(item) is None:
-            step = rows_per_chunk(item, chunk_bytes)
-            for r0 in range(0, item.shape[0], step):
-                yield item, r0, min(r0 + step, item.shape[0])
+            yield from ((item, r0, r1) for r0, r1 in _row_ranges(item, chunk_bytes))
 
 
 def _read_chunk(item: PlanItem, r0: int, r1: int) -> dict[str, torch.Tensor]:
@@ -204,20 +209,17 @@ def _write_tensor(writer: StreamingShardWriter, item: PlanItem, reads, chunk_byt
                   progress: Progress | None) -> int:
     """Stream one planned tensor into ``writer`` chunk by chunk (its inputs from ``reads``, :func:`_reads_ahead`);
     returns the source bytes done so far."""
-    step = rows_per_chunk(item, chunk_bytes)
     stored = _stored_unchanged(item)
     if stored is not None:  # the kernel copies it, chunk by chunk for the progress bar
         row_bytes = stored.info.row_bytes
-        for r0 in range(0, item.shape[0], step):
-            r1 = min(r0 + step, item.shape[0])
+        for r0, r1 in _row_ranges(item, chunk_bytes):
             writer.copy_from(item.name, stored.info.file, stored.info.start + (stored.row_start + r0) * row_bytes,
                              (r1 - r0) * row_bytes)
             done += (r1 - r0) * row_bytes
             if progress:
                 progress(done, total)
         return done
-    for r0 in range(0, item.shape[0], step):
-        r1 = min(r0 + step, item.shape[0])
+    for r0, r1 in _row_ranges(item, chunk_bytes):
         (read_item, read_r0, read_r1), inputs = next(reads)
         if read_item is not item or (read_r0, read_r1) != (r0, r1):  # the two walks over the plan must agree
             raise RuntimeError(f"{item.name}: rows {r0}:{r1} expected, read {read_item.name} {read_r0}:{read_r1}")

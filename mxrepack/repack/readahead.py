@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import threading
 import time
 from pathlib import Path
+
+from mxrepack.repack.safetensors_header import raw_header
 
 # The plan's first tensors (mxrepack.repack.gptoss.expected_tensors puts them first), by their HF and
 # original/ names.
@@ -42,15 +43,6 @@ def local_source_dir(source: str, revision: str | None = None) -> Path | None:
     return Path(cached).parent if isinstance(cached, str) else None
 
 
-def _header(path: Path) -> tuple[int, dict]:
-    """(offset of the data, header) of a safetensors file."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > 100_000_000:
-            raise ValueError(f"{path}: header of {n} bytes")
-        return 8 + n, json.loads(f.read(n))
-
-
 def first_ranges(root: Path, names=FIRST_TENSORS) -> list[tuple[Path, int, int]]:
     """(file, offset, length) of the tensors ``names`` that ``root``'s safetensors files hold."""
     index = root / "model.safetensors.index.json"
@@ -61,7 +53,7 @@ def first_ranges(root: Path, names=FIRST_TENSORS) -> list[tuple[Path, int, int]]
         files = sorted(p.name for p in root.glob("*.safetensors"))
     ranges = []
     for name in files:
-        data, header = _header(root / name)
+        data, header, _ = raw_header(root / name)
         for tensor in names:
             if tensor in header:
                 start, stop = header[tensor]["data_offsets"]

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mxrepack.errors import MxRepackError
+from mxrepack.repack.safetensors_header import raw_header
 
 DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
@@ -33,7 +34,6 @@ DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -64,27 +64,8 @@ class TensorInfo:
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Parse and check a safetensors header: every tensor must lie inside the file, without overlap."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise MxRepackError(f"{path}: not a safetensors file (only {size} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(_MAX_HEADER, size - 8):
-                raise MxRepackError(f"{path}: corrupted or truncated safetensors header "
-                                    f"(declares {n} header bytes, file has {size})")
-            raw = f.read(n)
-    except OSError as e:
-        raise MxRepackError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MxRepackError(f"{path}: corrupted safetensors header (not valid JSON)") from None
-    if not isinstance(header, dict):
-        raise MxRepackError(f"{path}: corrupted safetensors header (not a JSON object)")
+    base, header, size = raw_header(path)
     metadata = header.pop("__metadata__", None) or {}
-    base = 8 + n
     infos: dict[str, TensorInfo] = {}
     end_max = 0
     for name, entry in header.items():
