@@ -1,6 +1,7 @@
 """Where MoE decode time goes: each kernel's duration and the gaps between them, from the CUDA profiler
 over CUDA-graph replays (120b shapes, rotating routing as in decode_pick.py).
-Usage: python benchmarks/moe_profile.py [OUT.json] [T,T,...]"""
+With ``--handoff`` (stop 15): the MoE pair only, without and with pdl and with the per-assignment handoff.
+Usage: python benchmarks/moe_profile.py [OUT.json] [T,T,...] [--handoff]"""
 
 import collections
 import dataclasses
@@ -17,7 +18,7 @@ from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert
                        replay_ms, rotating_moe_draws)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4, pick_moe_gemv_config  # noqa: E402
 
 REPLAYS = 20
 
@@ -35,7 +36,12 @@ def profile_graph(fn) -> tuple[float, list[dict], list[float]]:
     per = collections.defaultdict(list)
     for e in events:
         per[e.name].append(e.time_range.end - e.time_range.start)
-    kernels = [{"kernel": name[:60], "calls": len(d), "us_mean": sum(d) / len(d)} for name, d in per.items()]
+    starts = collections.defaultdict(list)  # each kernel's start after the end of the one before it
+    for a, b in zip(events, events[1:]):
+        starts[b.name].append(b.time_range.start - a.time_range.end)
+    kernels = [{"kernel": name[:60], "calls": len(d), "us_mean": sum(d) / len(d),
+                "start_after_previous_end_us": sum(starts[name]) / max(len(starts[name]), 1)}
+               for name, d in per.items()]
     gaps = [b.time_range.start - a.time_range.end for a, b in zip(events, events[1:])]
     return ms, kernels, gaps
 
@@ -43,7 +49,8 @@ def profile_graph(fn) -> tuple[float, list[dict], list[float]]:
 def report(rows: list, what: str, ms: float, roofline_s: float, kernels: list, gaps: list) -> None:
     print(f"{what}: {ms * 1e3:.1f} us per call, roofline {roofline_s * 1e6:.1f} us", flush=True)
     for k in kernels:
-        print(f"   {k['kernel']:60s} {k['us_mean']:7.2f} us x{k['calls']}")
+        print(f"   {k['kernel']:60s} {k['us_mean']:7.2f} us x{k['calls']}, starts "
+              f"{k['start_after_previous_end_us']:+.2f} us after the previous kernel's end")
     gap = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
     print(f"   gap between kernels (negative: overlap): median {gap:.2f} us")
     rows.append({"what": what, "us_per_call": ms * 1e3, "roofline_us": roofline_s * 1e6, "kernels": kernels,
@@ -51,21 +58,27 @@ def report(rows: list, what: str, ms: float, roofline_s: float, kernels: list, g
 
 
 def main() -> None:
-    out = sys.argv[1] if len(sys.argv) > 1 else None
-    Ts = [int(t) for t in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 8]
+    handoff = "--handoff" in sys.argv
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    out = args[0] if args else None
+    Ts = [int(t) for t in args[1].split(",")] if len(args) > 1 else [1, 8]
     bw = copy_roofline()
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12}]
-    wbytes, nxt_w, _, x, y = lm_head_m1()
-    for cfg in (WIDE, dataclasses.replace(WIDE, pdl=1)):
-        ms, kernels, gaps = profile_graph(lambda: [gemv_mxfp4(x, *nxt_w(), None, y, cfg) for _ in range(8)])
-        report(rows, f"lm_head M=1 {cfg.name()}", ms / 8, wbytes / bw, kernels, gaps)
-    nxt_w = None  # frees the rotating lm_head weights
-    torch.cuda.empty_cache()
+    if not handoff:
+        wbytes, nxt_w, _, x, y = lm_head_m1()
+        for cfg in (WIDE, dataclasses.replace(WIDE, pdl=1)):
+            ms, kernels, gaps = profile_graph(lambda: [gemv_mxfp4(x, *nxt_w(), None, y, cfg) for _ in range(8)])
+            report(rows, f"lm_head M=1 {cfg.name()}", ms / 8, wbytes / bw, kernels, gaps)
+        nxt_w = None  # frees the rotating lm_head weights
+        torch.cuda.empty_cache()
     W = moe_weights()
     per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
-    for T, pdl in itertools.product(Ts, (0, 1)):
-        cfg = pick_moe_gemv_config(T * 4).each(pdl=pdl)
+    variants = ((lambda T: MOE_GEMV.each(pdl=0)), (lambda T: MOE_GEMV),
+                (lambda T: dataclasses.replace(MOE_GEMV, order="assignment", handoff="assignment"))) if handoff else \
+        ((lambda T: pick_moe_gemv_config(T * 4).each(pdl=0)), (lambda T: pick_moe_gemv_config(T * 4)))
+    for T, variant in itertools.product(Ts, variants):
+        cfg = variant(T)
         nxt, draws, touched = rotating_moe_draws(T, per_expert)
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
         calls = len(draws)
