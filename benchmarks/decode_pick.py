@@ -6,13 +6,12 @@ otherwise be read from H100's 50 MB L2 in part. Candidates that differ only in `
 same bits (it changes when a GEMV starts, not what it computes).
 
 Candidate sets (``SETS``): ``default``, the stop-9 set (dense f16x2 shapes, MoE shapes with and without
-pdl); ``shipped``, the shipped configs alone; ``handoff``, the MoE pair with an assignment's programs first and
-down starting per assignment (stop 15); ``shapes``, tile shapes again once the partial K tile was loaded first (stop 11). The ``tail`` set
+pdl); ``shipped``, the shipped configs alone; ``shapes``, tile shapes again once the partial K tile was loaded first (stop 11). The ``tail`` set
 of stop 11, each shipped config with its partial tile first and last, ran at commit 9597ffa, which still
-had the option.
+had the option; the ``handoff`` and ``prefetch`` sets of stop 15 (the MoE pair with down started per assignment,
+and with down's weights asked of L2 during gate_up) ran at commit 5f58364.
 Usage: python benchmarks/decode_pick.py [--set NAME] [OUT.json]"""
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -40,21 +39,6 @@ SETS = {
         "tokens": (1, 2, 4, 8, 16, 64),
     },
     "shipped": {"dense": [(LM_HEAD, [WIDE])], "moe": [MOE_GEMV], "tokens": (1, 2, 4, 8, 16, 32, 64)},
-    "handoff": {  # stop 15: an assignment's programs first, and down starting per assignment (the same math)
-        "dense": [],
-        "moe": [MOE_GEMV, dataclasses.replace(MOE_GEMV, order="assignment"),
-                dataclasses.replace(MOE_GEMV, order="assignment", handoff="assignment"),
-                dataclasses.replace(MOE_GEMV, handoff="assignment")],
-        "tokens": (1, 2, 4, 8, 16, 64),
-        "same_bits": True,
-    },
-    "prefetch": {  # stop 15: gate_up asks L2 for the down weights (the same math)
-        "dense": [],
-        "moe": [MOE_GEMV, dataclasses.replace(MOE_GEMV, prefetch_down=1),
-                dataclasses.replace(MOE_GEMV, prefetch_down=1, order="assignment", handoff="assignment")],
-        "tokens": (1, 2, 4, 8),
-        "same_bits": True,
-    },
     "shapes": {  # tile shapes again, with the partial tile first
         "dense": [(LM_HEAD, [WIDE] + [GemvConfig(n, k, w, 1, "f16x2") for n, k, w in
                                       ((16, 512, 4), (8, 1024, 8), (32, 1024, 8), (16, 1024, 4), (8, 512, 4))])],
@@ -94,7 +78,7 @@ def dense_case(rows: list, bw: float, shape, configs) -> None:
               f"{100 * wbytes / (ms * 1e-3) / bw:.1f}% roofline", flush=True)
 
 
-def moe_cases(rows: list, bw: float, configs, tokens, same_bits: bool = False) -> None:
+def moe_cases(rows: list, bw: float, configs, tokens) -> None:
     W = moe_weights()
     per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
@@ -103,8 +87,6 @@ def moe_cases(rows: list, bw: float, configs, tokens, same_bits: bool = False) -
         xm, ids, wts = nxt()
         for c in configs:
             same_bits_as_pdl_twin(lambda cfg: moe_mxfp4(xm, ids, wts, W, config=cfg), c)
-            if same_bits:  # the set's configs differ in launch order and waits only
-                assert torch.equal(moe_mxfp4(xm, ids, wts, W, config=c), moe_mxfp4(xm, ids, wts, W, config=configs[0])), c
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
         times = interleaved_ms({c.name(): (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for c in configs}, REPEATS)
         for name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
@@ -127,7 +109,7 @@ def main() -> None:
     for shape, configs in chosen["dense"]:
         dense_case(rows, bw, shape, configs)  # each case's rotating weights are freed when it returns
     torch.cuda.empty_cache()
-    moe_cases(rows, bw, chosen["moe"], chosen["tokens"], chosen.get("same_bits", False))
+    moe_cases(rows, bw, chosen["moe"], chosen["tokens"])
     if out:
         json.dump(rows, open(out[0], "w"), indent=1)
 

@@ -1,7 +1,9 @@
 """Where MoE decode time goes: each kernel's duration and the gaps between them, from the CUDA profiler
 over CUDA-graph replays (120b shapes, rotating routing as in decode_pick.py).
-With ``--handoff`` (stop 15): the MoE pair only, without and with pdl and with the per-assignment handoff.
-Usage: python benchmarks/moe_profile.py [OUT.json] [T,T,...] [--handoff]"""
+Each kernel is also reported with its start after the end of the kernel before it (negative: launched while
+that one ran, under programmatic dependent launch). Stop 15's ``--handoff`` mode (the MoE pair only, with the
+per-assignment handoff as a third variant) ran at commit 5f58364.
+Usage: python benchmarks/moe_profile.py [OUT.json] [T,T,...]"""
 
 import collections
 import dataclasses
@@ -18,7 +20,7 @@ from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert
                        replay_ms, rotating_moe_draws)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4, pick_moe_gemv_config  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402
 
 REPLAYS = 20
 
@@ -58,27 +60,21 @@ def report(rows: list, what: str, ms: float, roofline_s: float, kernels: list, g
 
 
 def main() -> None:
-    handoff = "--handoff" in sys.argv
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    out = args[0] if args else None
-    Ts = [int(t) for t in args[1].split(",")] if len(args) > 1 else [1, 8]
+    out = sys.argv[1] if len(sys.argv) > 1 else None
+    Ts = [int(t) for t in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 8]
     bw = copy_roofline()
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12}]
-    if not handoff:
-        wbytes, nxt_w, _, x, y = lm_head_m1()
-        for cfg in (WIDE, dataclasses.replace(WIDE, pdl=1)):
-            ms, kernels, gaps = profile_graph(lambda: [gemv_mxfp4(x, *nxt_w(), None, y, cfg) for _ in range(8)])
-            report(rows, f"lm_head M=1 {cfg.name()}", ms / 8, wbytes / bw, kernels, gaps)
-        nxt_w = None  # frees the rotating lm_head weights
-        torch.cuda.empty_cache()
+    wbytes, nxt_w, _, x, y = lm_head_m1()
+    for cfg in (WIDE, dataclasses.replace(WIDE, pdl=1)):
+        ms, kernels, gaps = profile_graph(lambda: [gemv_mxfp4(x, *nxt_w(), None, y, cfg) for _ in range(8)])
+        report(rows, f"lm_head M=1 {cfg.name()}", ms / 8, wbytes / bw, kernels, gaps)
+    nxt_w = None  # frees the rotating lm_head weights
+    torch.cuda.empty_cache()
     W = moe_weights()
     per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
-    variants = ((lambda T: MOE_GEMV.each(pdl=0)), (lambda T: MOE_GEMV),
-                (lambda T: dataclasses.replace(MOE_GEMV, order="assignment", handoff="assignment"))) if handoff else \
-        ((lambda T: pick_moe_gemv_config(T * 4).each(pdl=0)), (lambda T: pick_moe_gemv_config(T * 4)))
-    for T, variant in itertools.product(Ts, variants):
-        cfg = variant(T)
+    for T, pdl in itertools.product(Ts, (0, 1)):
+        cfg = pick_moe_gemv_config(T * 4).each(pdl=pdl)
         nxt, draws, touched = rotating_moe_draws(T, per_expert)
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
         calls = len(draws)

@@ -101,13 +101,10 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
     gu, d = cfg.gate_up, cfg.down
     if cfg.prepared:
         const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PREFETCH": gu.prefetch,
-                 "PDL": gu.pdl, "BY_ASSIGNMENT": int(cfg.order == "assignment"), "SIGNAL": int(cfg.handoff == "assignment"),
-                 "PREFETCH_DOWN": cfg.prefetch_down}
+                 "PDL": gu.pdl}
         sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
                "hp_ptr": "*i32", "he_ptr": "*fp32", **ids_dims, "stride_xp": "i32", "stride_xe": "i32", **w_strides,
-               "stride_hp": "i32", "stride_he": "i32", **act, "ready_ptr": "*i32", "w2_ptr": "*u8", "s2_ptr": "*u8",
-               "stride_w2e": "i32", "stride_s2e": "i32", "down_w_share": "i32", "down_s_share": "i32",
-               **{k: "constexpr" for k in const}}
+               "stride_hp": "i32", "stride_he": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up_f16x2": ASTSource(moe._gate_up_gemv_f16x2_kernel, sig, const)}
     else:
         const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "DECODE": gu.decode}
@@ -115,13 +112,11 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
                "stride_x": "i32", **w_strides, "stride_h": "i32", **act, **{k: "constexpr" for k in const}}
         gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
     const = {"BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "DECODE": d.math if d.prepared else d.decode,
-             "PREPARED": d.prepared, "PREFETCH": d.prefetch, "PDL": 2 if cfg.handoff == "assignment" else d.pdl,
-             "BY_ASSIGNMENT": int(cfg.order == "assignment")}
+             "PREPARED": d.prepared, "PREFETCH": d.prefetch, "PDL": d.pdl}
     down = {"h_ptr": "*i32" if d.prepared else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
             "b_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32",
             "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32",
-            **w_strides, "stride_part": "i32", "stride_out": "i32", "TOPK": "i32", "ready_ptr": "*i32",
-            "gate_up_tiles": "i32", **{k: "constexpr" for k in const}}
+            **w_strides, "stride_part": "i32", "stride_out": "i32", "TOPK": "i32", **{k: "constexpr" for k in const}}
     return {**gate_up, "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, const)}
 
 

@@ -392,51 +392,12 @@ def _tail_f16x2(acc, w, s, p_ptrs, e_ptrs, g_ok, BLOCK_N: tl.constexpr, G: tl.co
 
 
 @triton.jit
-def l2_prefetch(ptr, nbytes):
-    """Ask L2 for ``nbytes`` (a multiple of 16, 16-byte aligned) from ``ptr`` on, to be kept over streaming
-    data (``evict_last``): one bulk prefetch by the program's first thread, no registers or shared memory
-    held, no wait. (A bulk copy to L2, not a TMA tensor copy: nothing the sm_12x check forbids.)"""
-    tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .pred first;
-        .reg .b32 t;
-        .reg .b64 policy;
-        mov.u32 t, %tid.x;
-        setp.eq.u32 first, t, 0;
-        createpolicy.fractional.L2::evict_last.b64 policy, 1.0;
-        @first cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, policy;
-        mov.u32 $0, 0;
-        }
-        """, constraints="=r,l,r", args=[ptr.to(tl.uint64, bitcast=True), nbytes.to(tl.uint32)],
-        dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def wait_inputs(WAIT: tl.constexpr, ready_ptr, ready_count):
-    """Wait until the activations this program reads are written. ``WAIT`` 0: they are (nothing to do); 1: by
-    the kernel launched before this one (programmatic dependent launch: ``griddepcontrol.wait``, for its whole
-    grid); 2: by the programs of that kernel which count ``ready_ptr`` up (release) to ``ready_count``. It
-    spins on relaxed loads: an acquiring one at GPU scope drops the SM's L1, from which the programs it shares
-    the SM with read their activations. One acquiring load, once the count is reached, makes the counted stores
-    visible here; the barrier holds every thread of the program until then."""
-    if WAIT == 1:
-        gdc_wait()
-    elif WAIT == 2:
-        seen = tl.atomic_add(ready_ptr, 0, sem="relaxed")
-        while seen < ready_count:
-            seen = tl.atomic_add(ready_ptr, 0, sem="relaxed")
-        tl.atomic_add(ready_ptr, 0, sem="acquire")
-        tl.debug_barrier()
-
-
-@triton.jit
 def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr,
-                    PDL: tl.constexpr = 0, TILE_ROWS: tl.constexpr = 0, ready_ptr=None, ready_count=0):
+                    PDL: tl.constexpr = 0, TILE_ROWS: tl.constexpr = 0):
     """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows` (the partial K tile first), from one row of prepared
-    activations (xp, xe). ``PDL``: the activations may not be written yet; wait for them (:func:`wait_inputs`,
-    with ``ready_ptr`` and ``ready_count``) once the first weight tiles are requested (:class:`GemvConfig`).
+    activations (xp, xe). ``PDL``: the activations are written by the kernel launched before this one, which
+    may still run; wait for it once the first weight tiles are requested (:class:`GemvConfig`).
     ``TILE_ROWS``: as in :func:`gemv_rows`."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
@@ -464,7 +425,8 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     if PREFETCH == 2 and n_full >= 2:
         wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
         wb, sb = tl.load(w_ptrs + W_STEP), tl.load(s_ptrs + G)
-        wait_inputs(PDL, ready_ptr, ready_count)
+        if PDL:
+            gdc_wait()
         if k_full < K:
             acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
         for t in range(2, n_full):
@@ -475,7 +437,8 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
         acc = _tile_f16x2(acc, wb, sb, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
     elif n_full > 0:
         wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
-        wait_inputs(PDL, ready_ptr, ready_count)
+        if PDL:
+            gdc_wait()
         if k_full < K:
             acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
         for t in range(1, n_full):
@@ -484,7 +447,8 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
             wa, sa = wb, sb
         acc = _tile_f16x2(acc, wa, sa, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
     else:
-        wait_inputs(PDL, ready_ptr, ready_count)
+        if PDL:
+            gdc_wait()
         if k_full < K:
             acc = _tail_f16x2(acc, wt, st, p_ptrs, e_ptrs, g_ok, BLOCK_N, G, MATH)
     return tl.sum(acc, axis=1)

@@ -37,8 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, l2_prefetch,
-                                         pack_groups, prepare_x)
+from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
+                                         prepare_x)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
 
@@ -95,24 +95,8 @@ class MoeGemvConfig:
     must be prepared, and gate_up writes the intermediate prepared, so its ``block_n`` is whole groups of 32."""
     gate_up: GemvConfig
     down: GemvConfig
-    # Which programs the GPU starts first. "slot": assignment-fastest, so each row tile's programs for every
-    # assignment run together (tokens sharing an expert then re-read its tile from L2). "assignment": one
-    # assignment's row tiles together, so that its intermediate is complete while others' is still computed.
-    order: str = "slot"
-    # When a down program may read its assignment's intermediate (under ``pdl``). "grid": once the whole
-    # gate_up grid has finished (``griddepcontrol.wait``). "assignment": once that assignment's gate_up
-    # programs have (a counter each counts up), so down streams weights while gate_up's last programs run.
-    handoff: str = "grid"
-    # 1: each gate_up program asks L2 for its share of its expert's down weights and scales (kept over the
-    # streaming gate_up weights), so that the down kernel reads them from L2 while HBM is still busy with gate_up
-    prefetch_down: int = 0
 
     def __post_init__(self):
-        if self.order not in ("slot", "assignment") or self.handoff not in ("grid", "assignment"):
-            raise ValueError(f"order must be 'slot' or 'assignment' and handoff 'grid' or 'assignment', got "
-                             f"{self.order!r}, {self.handoff!r}")
-        if (self.order, self.handoff, self.prefetch_down) != ("slot", "grid", 0) and not self.gate_up.prepared:
-            raise ValueError("order='assignment', handoff='assignment' and prefetch_down need the prepared (f16x2) GEMVs")
         if self.gate_up.prepared != self.down.prepared:
             raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
                              "activations (f16x2) or neither")
@@ -131,21 +115,17 @@ class MoeGemvConfig:
 
     def each(self, **changes) -> MoeGemvConfig:
         """``changes`` applied to both kernels' configs (``pdl=0``: the same math, launched one after the other)."""
-        return dataclasses.replace(self, gate_up=dataclasses.replace(self.gate_up, **changes),
-                                   down=dataclasses.replace(self.down, **changes))
+        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes))
 
     def portable(self) -> MoeGemvConfig:
-        return dataclasses.replace(self, gate_up=self.gate_up.portable(), down=self.down.portable(), prefetch_down=0)
+        return MoeGemvConfig(self.gate_up.portable(), self.down.portable())
 
     @property
     def prepared(self) -> bool:
         return self.gate_up.prepared
 
     def name(self) -> str:
-        extra = "".join(f" {k} {v}" for k, v in (("order", self.order), ("handoff", self.handoff),
-                                                 ("prefetch_down", self.prefetch_down))
-                        if v != MoeGemvConfig.__dataclass_fields__[k].default)
-        return f"gate_up {self.gate_up.name()} down {self.down.name()}{extra}"
+        return f"gate_up {self.gate_up.name()} down {self.down.name()}"
 
 
 # H100, benchmarks/moe_pair_probe.py (docs/PERF.md, stop 11): one pair is best or within noise of the best
@@ -351,46 +331,33 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
 @triton.jit
 def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
                                stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
-                               limit, ready_ptr, w2_ptr, s2_ptr, stride_w2e, stride_s2e, down_w_share, down_s_share,
-                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
-                               PREFETCH: tl.constexpr, PDL: tl.constexpr = 0, BY_ASSIGNMENT: tl.constexpr = 0,
-                               SIGNAL: tl.constexpr = 0, PREFETCH_DOWN: tl.constexpr = 0):
+                               limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
+                               PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
     prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
     stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
-    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``).
-    ``BY_ASSIGNMENT``: grid (row tile, assignment) instead of (assignment, row tile) (``MoeGemvConfig.order``).
-    ``SIGNAL``: count the assignment's counter at ``ready_ptr`` up once its output is stored (release), for
-    ``MoeGemvConfig.handoff = "assignment"``. ``PREFETCH_DOWN``: first ask L2 for share ``tile`` of the expert's
-    down weights (``down_w_share`` bytes) and scales (``down_s_share``) (``MoeGemvConfig.prefetch_down``)."""
+    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
     if PDL:
         gdc_launch_dependents()
-    p = tl.program_id(1) if BY_ASSIGNMENT else tl.program_id(0)
-    tile = tl.program_id(0) if BY_ASSIGNMENT else tl.program_id(1)
+    p = tl.program_id(0)
     e = tl.load(ids_ptr + p).to(tl.int64)
-    if PREFETCH_DOWN:
-        l2_prefetch(w2_ptr + e * stride_w2e + tile * down_w_share, down_w_share)
-        l2_prefetch(s2_ptr + e * stride_s2e + tile * down_s_share, down_s_share)
     t = p // TOPK
     xp_row, xe_row = xp_ptr + t * stride_xp, xe_ptr + t * stride_xe
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     # gate rows and up rows in one pass: one stream of weight loads, not two in turn. With 32 rows (the
     # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
     r2 = tl.arange(0, 2 * BLOCK_N)
-    rows = _w13_rows(tile * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
+    rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
     y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
                         PDL, _GU_ROWS)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
     GB: tl.constexpr = BLOCK_N // 32
     pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
-    g = tile * GB + tl.arange(0, GB)
+    g = tl.program_id(1) * GB + tl.arange(0, GB)
     tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
     tl.store(he_ptr + p * stride_he + g, factors)
-    if SIGNAL:
-        tl.debug_barrier()  # every thread's stores before the one release that publishes them
-        tl.atomic_add(ready_ptr + p, 1, sem="release")
 
 
 @triton.jit
@@ -404,35 +371,28 @@ def _last_to_arrive(counter, arrivals):
 @triton.jit
 def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
                       stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
-                      ready_ptr, gate_up_tiles, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
-                      PREPARED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0,
-                      BY_ASSIGNMENT: tl.constexpr = 0):
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
+                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
     the result does not depend on which finished last, writes the bf16 output and resets its counter.
     ``PREPARED``: h comes as fp16 pairs + group factors (``h_ptr``, ``he_ptr``) for the f16x2 GEMV, with
     ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode. ``PDL``
-    (prepared only): launched while the gate_up kernel runs; 1: wait for its whole grid, 2: for the
-    assignment's counter at ``ready_ptr`` to reach ``gate_up_tiles`` (``MoeGemvConfig.handoff``), which the
-    assignment's last down program resets. ``BY_ASSIGNMENT``: as in the gate_up kernel."""
-    p = tl.program_id(1) if BY_ASSIGNMENT else tl.program_id(0)
-    tile = tl.program_id(0) if BY_ASSIGNMENT else tl.program_id(1)
-    tiles = tl.num_programs(0) if BY_ASSIGNMENT else tl.num_programs(1)
+    (prepared only): launched while the gate_up kernel runs."""
+    p = tl.program_id(0)
+    tile = tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     if PREPARED:
         y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS, ready_ptr + p, gate_up_tiles)
-        if PDL == 2:  # each down program counts on past gate_up's count; the last one resets it for the next call
-            if tl.atomic_add(ready_ptr + p, 1, sem="relaxed") == gate_up_tiles + tiles - 1:
-                tl.atomic_xchg(ready_ptr + p, 0)
+                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS)
     else:
         y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
-    counter = count_ptr + t * tiles + tile
+    counter = count_ptr + t * tl.num_programs(1) + tile
     if _last_to_arrive(counter, TOPK):
         total = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for j in range(TOPK):
@@ -464,47 +424,30 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
-    tiles = Hp // d.block_n
-    gu_tiles = Ip // gu.block_n
-    buf = _arrival_counters(x.device, T * tiles + T * k)
-    counters, ready = buf[:T * tiles], buf[T * tiles:T * tiles + T * k]  # combine; gate_up -> down handoff
-    by_assignment = int(cfg.order == "assignment")
-    signal = int(cfg.handoff == "assignment")
-
-    def grid(tile_count: int) -> tuple[int, int]:
-        return (tile_count, T * k) if by_assignment else (T * k, tile_count)
-
-    w_share, s_share = w2.stride(0) // gu_tiles, s2.stride(0) // gu_tiles
-    if cfg.prefetch_down and (w_share % 16 or s_share % 16 or w_share * gu_tiles != w2.stride(0)
-                              or s_share * gu_tiles != s2.stride(0)):
-        raise ValueError(f"prefetch_down: an expert's down weights ({w2.stride(0)} bytes) and scales ({s2.stride(0)}) "
-                         f"must split into {gu_tiles} shares of whole 16-byte units")
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(gu.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
-        _gate_up_gemv_f16x2_kernel[grid(gu_tiles)](
+        _gate_up_gemv_f16x2_kernel[(T * k, Ip // gu.block_n)](
             xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
-            s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, ready,
-            w2, s2, w2.stride(0), s2.stride(0), w_share, s_share,
+            s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
             BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PREFETCH=gu.prefetch, PDL=gu.pdl,
-            BY_ASSIGNMENT=by_assignment, SIGNAL=signal, PREFETCH_DOWN=cfg.prefetch_down, **gu.launch_options())
+            **gu.launch_options())
     else:
         h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
         he = h
-        _gate_up_gemv_kernel[(T * k, gu_tiles)](
+        _gate_up_gemv_kernel[(T * k, Ip // gu.block_n)](
             x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
             s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
             DECODE=gu.decode, **gu.launch_options())
     part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
-    # the counters count whatever the launch: without pdl the gate_up grid has finished and the wait is over at once
-    wait = 2 if signal else d.pdl
-    _down_gemv_kernel[grid(tiles)](
+    tiles = Hp // d.block_n
+    counters = _arrival_counters(x.device, T * tiles)
+    _down_gemv_kernel[(T * k, tiles)](
         h, he, w2, s2, b2, part, counters, out, ids, wts, H, Hp, Ip,
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
-        out.stride(0), k, ready, gu_tiles, BLOCK_N=d.block_n, BLOCK_K=d.block_k,
-        DECODE=d.math if d.prepared else d.decode, PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=wait,
-        BY_ASSIGNMENT=by_assignment, **d.launch_options())
+        out.stride(0), k, BLOCK_N=d.block_n, BLOCK_K=d.block_k, DECODE=d.math if d.prepared else d.decode,
+        PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, **d.launch_options())
     return out
 
 
