@@ -12,6 +12,7 @@ Heavy imports (torch, transformers, triton) happen inside the commands, not at s
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -71,6 +72,10 @@ def convert(
     """Convert SOURCE for a target GPU (the main job)."""
     from mxrepack.repack import readahead
 
+    # Idle OpenMP workers sleep at once instead of spinning (libgomp reads this when torch loads it). The
+    # pipeline's torch ops are short and run between hashing, reading and writing threads: on 2 cores the
+    # spinning took ~3 core-seconds of 28 from them (docs/PERF.md, stop 15). A user's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     readahead.start(source, revision)  # the disk reads the first tensors while torch is imported
     from mxrepack.repack.pipeline import repack
 

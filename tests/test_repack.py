@@ -290,3 +290,24 @@ def test_sigterm_cleans_up(tmp_path):
     proc = _start_and_wait_for(src, out, ".out.mxrepack-tmp-*/model-00002-*", signal.SIGTERM)
     assert proc.returncode != 0
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_shard_hash_is_the_files(tmp_path):
+    """The writer's sha256, computed behind it from the written chunks and the kernel-copied ranges, is the
+    file's own hash."""
+    import hashlib
+
+    from mxrepack.repack import safetensors_io as sio
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(5000))
+    tensors = [sio.PlannedTensor("a", torch.uint8, (40, 100)), sio.PlannedTensor("b", torch.uint8, (5000,)),
+               sio.PlannedTensor("c", torch.int32, (300,))]
+    writer = sio.StreamingShardWriter(tmp_path / "out.safetensors", tensors)
+    for r0 in range(0, 40, 15):  # chunks of 1500, 1500, 1000 bytes
+        writer.write("a", torch.randint(0, 256, (min(15, 40 - r0), 100), dtype=torch.uint8))
+    writer.copy_from("b", src, 0, 5000)
+    writer.write("c", torch.randint(-9, 9, (300,), dtype=torch.int32))
+    writer.close()
+    assert writer.sha256() == hashlib.sha256((tmp_path / "out.safetensors").read_bytes()).hexdigest()
+    writer.wait_synced()
