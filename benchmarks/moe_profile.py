@@ -38,13 +38,13 @@ def profile_graph(fn) -> tuple[float, list[dict], list[float]]:
     per = collections.defaultdict(list)
     for e in events:
         per[e.name].append(e.time_range.end - e.time_range.start)
+    gaps = [b.time_range.start - a.time_range.end for a, b in zip(events, events[1:])]
     starts = collections.defaultdict(list)  # each kernel's start after the end of the one before it
-    for a, b in zip(events, events[1:]):
-        starts[b.name].append(b.time_range.start - a.time_range.end)
+    for b, gap in zip(events[1:], gaps):
+        starts[b.name].append(gap)
     kernels = [{"kernel": name[:60], "calls": len(d), "us_mean": sum(d) / len(d),
                 "start_after_previous_end_us": sum(starts[name]) / max(len(starts[name]), 1)}
                for name, d in per.items()]
-    gaps = [b.time_range.start - a.time_range.end for a, b in zip(events, events[1:])]
     return ms, kernels, gaps
 
 

@@ -293,7 +293,7 @@ def test_sigterm_cleans_up(tmp_path):
 
 
 def test_shard_hash_is_the_files(tmp_path):
-    """The writer's sha256, computed behind it from the written chunks and the kernel-copied ranges, is the
+    """The writer's sha256, read back behind it over written chunks and kernel-copied ranges alike, is the
     file's own hash."""
     import hashlib
 
