@@ -292,13 +292,14 @@ def test_sigterm_cleans_up(tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
 
 
-def test_shard_hash_is_the_files(tmp_path):
-    """The writer's sha256, read back behind it over written chunks and kernel-copied ranges alike, is the
-    file's own hash."""
+def test_shard_hash_is_the_files(tmp_path, monkeypatch):
+    """The writer's sha256, mapped back behind it over written chunks and kernel-copied ranges alike, is the
+    file's own hash (small windows, so that most start inside a page)."""
     import hashlib
 
     from mxrepack.repack import safetensors_io as sio
 
+    monkeypatch.setattr(sio._FollowingHash, "WINDOW", 1000)
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(5000))
     tensors = [sio.PlannedTensor("a", torch.uint8, (40, 100)), sio.PlannedTensor("b", torch.uint8, (5000,)),
@@ -310,4 +311,21 @@ def test_shard_hash_is_the_files(tmp_path):
     writer.write("c", torch.randint(-9, 9, (300,), dtype=torch.int32))
     writer.close()
     assert writer.sha256() == hashlib.sha256((tmp_path / "out.safetensors").read_bytes()).hexdigest()
+    writer.wait_synced()
+
+
+def test_shard_hash_failure_is_an_error(tmp_path, monkeypatch):
+    """Any failure on the hashing thread, not only an I/O error, fails the shard: a digest of part of the file
+    must never reach the manifest."""
+    from mxrepack.repack import safetensors_io as sio
+
+    def broken(*args):
+        raise RuntimeError("no mapping")
+
+    monkeypatch.setattr(sio, "map_range", broken)
+    writer = sio.StreamingShardWriter(tmp_path / "out.safetensors", [sio.PlannedTensor("a", torch.uint8, (10,))])
+    writer.write("a", torch.zeros(10, dtype=torch.uint8))
+    writer.close()
+    with pytest.raises(MxRepackError, match="out.safetensors.*sha256.*no mapping"):
+        writer.sha256()
     writer.wait_synced()
