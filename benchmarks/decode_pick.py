@@ -9,10 +9,10 @@ Candidate sets (``SETS``): ``default``, the stop-9 set (dense f16x2 shapes, MoE 
 pdl); ``shipped``, the shipped configs alone; ``shapes``, tile shapes again once the partial K tile was loaded first (stop 11). The ``tail`` set
 of stop 11, each shipped config with its partial tile first and last, ran at commit 9597ffa, which still
 had the option; the ``handoff`` and ``prefetch`` sets of stop 15 (the MoE pair with down started per assignment,
-and with down's weights asked of L2 during gate_up) ran at commit 5f58364.
+and with down's weights asked of L2 during gate_up) ran at commit 5f58364; the ``group`` and ``group_shapes`` sets
+of stop 16 (two assignments of one expert per program) at commit d711308.
 Usage: python benchmarks/decode_pick.py [--set NAME] [OUT.json]"""
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -25,7 +25,7 @@ from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_expert_bytes, moe
                        rotating, rotating_moe_draws, without_pdl)
 
 from mxrepack.kernels.gemv_mxfp4 import NARROW, WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, MoeGemvConfig, moe_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
 
 REPEATS = 5
 LM_HEAD = ("lm_head", 201088, 2880)
@@ -40,20 +40,6 @@ SETS = {
         "tokens": (1, 2, 4, 8, 16, 64),
     },
     "shipped": {"dense": [(LM_HEAD, [WIDE])], "moe": [MOE_GEMV], "tokens": (1, 2, 4, 8, 16, 32, 64)},
-    "group": {  # two assignments of one expert per program (stop 16), against the shipped pair
-        "dense": [],
-        "moe": [MOE_GEMV, dataclasses.replace(MOE_GEMV, group=2)],
-        "tokens": (1, 8, 16, 32, 64, 80),
-    },
-    "group_shapes": {  # group 2 on other tile shapes (gate_up rows x k x warps, down rows x k x warps)
-        "dense": [],
-        "moe": [MOE_GEMV] + [MoeGemvConfig(GemvConfig(*g, 1, "f16x2", pdl=1), GemvConfig(*d, 1, "f16x2", pdl=1), group=2)
-                             for g, d in (((32, 256, 8), (16, 512, 4)), ((32, 256, 4), (16, 512, 4)),
-                                          ((32, 512, 8), (16, 512, 4)), ((32, 128, 4), (16, 256, 4)),
-                                          ((32, 256, 8), (16, 256, 4)), ((32, 256, 8), (32, 512, 8)),
-                                          ((32, 256, 8), (16, 1024, 8)))],
-        "tokens": (32, 64),
-    },
     "shapes": {  # tile shapes again, with the partial tile first
         "dense": [(LM_HEAD, [WIDE] + [GemvConfig(n, k, w, 1, "f16x2") for n, k, w in
                                       ((16, 512, 4), (8, 1024, 8), (32, 1024, 8), (16, 1024, 4), (8, 512, 4))])],
@@ -66,13 +52,9 @@ SETS = {
 
 
 def same_bits_as_pdl_twin(run, cfg) -> None:
-    """``cfg`` gives the bits of its twin without dependent launch, and (two assignments per program) of its
-    twin with one."""
     twin = without_pdl(cfg)
     if twin != cfg:
         assert torch.equal(run(cfg), run(twin)), cfg.name()
-    if getattr(cfg, "group", 1) != 1:
-        assert torch.equal(run(cfg), run(dataclasses.replace(cfg, group=1))), cfg.name()
 
 
 def dense_case(rows: list, bw: float, shape, configs) -> None:

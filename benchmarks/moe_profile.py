@@ -2,7 +2,8 @@
 over CUDA-graph replays (120b shapes, rotating routing as in decode_pick.py).
 Each kernel is also reported with its start after the end of the kernel before it (negative: launched while
 that one ran, under programmatic dependent launch). Stop 15's ``--handoff`` mode (the MoE pair only, with the
-per-assignment handoff as a third variant) ran at commit 5f58364.
+per-assignment handoff as a third variant) ran at commit 5f58364, stop 16's ``--group`` mode (one and two
+assignments of one expert per program) at commit d711308.
 Usage: python benchmarks/moe_profile.py [OUT.json] [T,T,...]"""
 
 import collections

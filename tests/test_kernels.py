@@ -13,7 +13,6 @@ element a kernel fails to write shows up as NaN. Error bounds, relative Frobeniu
   the activations themselves, twice); a layout or indexing bug gives O(1).
 """
 
-import dataclasses
 import itertools
 import json
 import os
@@ -169,22 +168,6 @@ def test_moe_schedule_covers_every_assignment_once():
     assert sorted(seen) == list(range(flat.numel()))
     # the grid bound: cdiv(10 assignments + 1 * min(5 experts, 10), 2) = 8 blocks; 1 + 2 + 1 + 2 are real
     assert blk_e.numel() == 8 and (blk_e >= 0).sum() == 6
-
-
-def test_moe_gemv_group2_same_bits_as_one_per_program():
-    """Two assignments of one expert per program compute each exactly as one per program does (the decode is
-    shared, each row's sums are not), including blocks with a single assignment and an expert chosen 3 times.
-    Small: H 160 (one full 128-code K tile and a partial one), I 32, both padded inside the layout."""
-    E, H, I, k = 3, 160, 32, 2
-    dims, strided, _ = _strided_layer(E, H, I)
-    x = torch.randn(4, H).to(torch.bfloat16)
-    ids = torch.tensor([[0, 1], [0, 2], [2, 0], [1, 2]])
-    wts = torch.softmax(torch.randn(4, k), -1)
-    one = MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops"), GemvConfig(16, 128, 4, 1, "f16x2-ops"))
-    two = dataclasses.replace(one, group=2)
-    assert torch.equal(moe_mxfp4(x, ids, wts, strided, config=one), moe_mxfp4(x, ids, wts, strided, config=two))
-    with pytest.raises(ValueError, match="prefetch=1"):
-        dataclasses.replace(one, group=2, down=GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2))
 
 
 def _strided_layer(E, H, I):

@@ -99,20 +99,6 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
     w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
     act = {"alpha": "fp32", "limit": "fp32"}
     gu, d = cfg.gate_up, cfg.down
-    if cfg.group == 2:
-        blocks = {"order_ptr": "*i32", "blk_e_ptr": "*i32", "blk_s_ptr": "*i32", "blk_end_ptr": "*i32"}
-        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PDL": gu.pdl}
-        sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
-               "hp_ptr": "*i32", "he_ptr": "*fp32", **blocks, "H": "i32", "Ip": "i32", "TOPK": "i32",
-               "stride_xp": "i32", "stride_xe": "i32", **w_strides, "stride_hp": "i32", "stride_he": "i32", **act,
-               **{k: "constexpr" for k in const}}
-        dconst = {"BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "MATH": d.math, "PDL": d.pdl}
-        dsig = {"h_ptr": "*i32", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
-                "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", **blocks, "wts_ptr": "*fp32",
-                "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32", **w_strides,
-                "stride_part": "i32", "stride_out": "i32", "TOPK": "i32", **{k: "constexpr" for k in dconst}}
-        return {"gemv_moe_gate_up_f16x2_group2": ASTSource(moe._gate_up_gemv2_f16x2_kernel, sig, const),
-                "gemv_moe_down_group2": ASTSource(moe._down_gemv2_f16x2_kernel, dsig, dconst)}
     if cfg.prepared:
         const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PREFETCH": gu.prefetch,
                  "PDL": gu.pdl}

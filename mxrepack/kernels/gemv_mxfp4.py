@@ -288,41 +288,32 @@ def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.T
     return xp, xe
 
 
-def _group_dot_f16x2_asm_text(tokens: int = 1) -> str:
+def _group_dot_f16x2_asm_text() -> str:
     """PTX for one group: words $1..$4 (eight codes each), activation pairs $5..$20 (word-major, slot s of a
     word = its codes s and s + 4, lo and hi half) -> $0, the fp32 sum of the 32 products.
 
     A word decodes in 11 instructions, not 4 x 3 + 3: codes 3 and 1 of each half are built together in
     place (sign where it is, the three exponent/mantissa bits moved down 3 and masked), then codes 3 are
     masked out and codes 1 are moved up a byte by one ``prmt`` that also zeroes the rest; codes 2 and 0
-    the same after a shift of 4.
-
-    ``tokens`` T > 1: the same words times T rows of activations, decoded once: outputs $0..$(T-1), words
-    $T..$(T+3), token i's pairs the 16 operands from $(T + 4 + 16i)."""
-    T = tokens
-    accs = [f"a{i}, b{i}" for i in range(T)] if T > 1 else ["a, b"]
-    lines = ["{", f".reg .b32 q, t, v, p0, p1, p2, p3, {', '.join(accs)};", ".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
+    the same after a shift of 4."""
+    lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a, b;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
     for word in range(4):
-        lines += [f"mov.b32 q, ${T + word};",
+        acc = "ab"[word % 2]  # two chains: words 0, 2 and words 1, 3
+        lines += [f"mov.b32 q, ${1 + word};",
                   "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
                   "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
                   "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
                   "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;"]
-        for i in range(T):
-            acc = "ab"[word % 2] + (str(i) if T > 1 else "")  # two chains per token: words 0, 2 and words 1, 3
-            for pair in range(4):
-                x = f"${T + 4 + 16 * i + 4 * word + 3 - pair}"  # decoded pair p is codes (3 - p, 7 - p): slot 3 - p
-                lines.append(f"mul.rn.f16x2 {acc}, p{pair}, {x};" if word < 2 and pair == 0
-                             else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};")
-    for i in range(T):
-        a, b = (f"a{i}", f"b{i}") if T > 1 else ("a", "b")
-        lines += [f"add.rn.f16x2 {a}, {a}, {b};", f"mov.b32 {{lo, hi}}, {a};", "cvt.f32.f16 f0, lo;",
-                  "cvt.f32.f16 f1, hi;", f"add.f32 ${i}, f0, f1;"]
-    return "\n".join(lines + ["}"])
+        for pair in range(4):
+            x = f"${5 + 4 * word + 3 - pair}"  # decoded pair p is codes (3 - p, 7 - p): slot 3 - p
+            lines.append(f"mul.rn.f16x2 {acc}, p{pair}, {x};" if word < 2 and pair == 0
+                         else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};")
+    lines += ["add.rn.f16x2 a, a, b;", "mov.b32 {lo, hi}, a;", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;",
+              "add.f32 $0, f0, f1;", "}"]
+    return "\n".join(lines)
 
 
 GROUP_DOT_F16X2 = tl.constexpr(_group_dot_f16x2_asm_text())
-GROUP_DOT2_F16X2 = tl.constexpr(_group_dot_f16x2_asm_text(2))
 
 
 @triton.jit
@@ -461,97 +452,6 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
         if k_full < K:
             acc = _tail_f16x2(acc, wt, st, p_ptrs, e_ptrs, g_ok, BLOCK_N, G, MATH)
     return tl.sum(acc, axis=1)
-
-
-# -- two rows of activations per program ------------------------------------------------------------
-# At T = 64 the MoE decode runs two (token, slot) assignments of one expert in one program: each weight word
-# is loaded and decoded once for both rows (:data:`GROUP_DOT2_F16X2`), so an expert chosen by several tokens
-# is streamed about half as many times (docs/PERF.md, stop 16).
-
-
-@triton.jit
-def _group_dot2(w, xa, xb, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
-    """:func:`_group_dot` for two rows of activations (``xa``, ``xb``) on the same words: two [BLOCK_N, G]."""
-    if MATH == "asm":
-        ws = _split4(w, BLOCK_N, G)
-        b = ()
-        for xq in tl.static_range(2):
-            src = xa if xq == 0 else xb
-            x0, x1, x2, x3 = _split4(src[0], 1, G)
-            y0, y1, y2, y3 = _split4(src[1], 1, G)
-            z0, z1, z2, z3 = _split4(src[2], 1, G)
-            u0, u1, u2, u3 = _split4(src[3], 1, G)
-            xs = (x0, y0, z0, u0, x1, y1, z1, u1, x2, y2, z2, u2, x3, y3, z3, u3)  # word-major
-            for i in tl.static_range(16):
-                b = b + (tl.broadcast_to(xs[i], (BLOCK_N, G)),)
-        return tl.inline_asm_elementwise(
-            asm=GROUP_DOT2_F16X2, constraints="=r,=r" + ",r" * 36,
-            args=[ws[0], ws[1], ws[2], ws[3], b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
-                  b[12], b[13], b[14], b[15], b[16], b[17], b[18], b[19], b[20], b[21], b[22], b[23], b[24], b[25],
-                  b[26], b[27], b[28], b[29], b[30], b[31]],
-            dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
-    return _group_dot(w, xa, BLOCK_N, G, MATH), _group_dot(w, xb, BLOCK_N, G, MATH)
-
-
-@triton.jit
-def _tile2_f16x2(acc_a, acc_b, w, s, pa_ptrs, ea_ptrs, pb_ptrs, eb_ptrs, g_ok, MASKED: tl.constexpr,
-                 BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
-    """One K tile (weights and scales loaded) for two rows of activations, loaded here."""
-    if MASKED:
-        xe_a = tl.load(ea_ptrs, mask=g_ok[None, :], other=0.0)
-        xe_b = tl.load(eb_ptrs, mask=g_ok[None, :], other=0.0)
-    else:
-        xe_a, xe_b = tl.load(ea_ptrs), tl.load(eb_ptrs)
-    da, db = _group_dot2(w, _load_pairs(pa_ptrs, g_ok, MASKED), _load_pairs(pb_ptrs, g_ok, MASKED), BLOCK_N, G, MATH)
-    scale = e8m0_to_fp32(s.to(tl.int32))
-    return acc_a + da * (scale * xe_a), acc_b + db * (scale * xe_b)
-
-
-@triton.jit
-def gemv_rows2_f16x2(xpa_ptr, xea_ptr, xpb_ptr, xeb_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PDL: tl.constexpr = 0,
-                     TILE_ROWS: tl.constexpr = 0):
-    """:func:`gemv_rows_f16x2` (one weight tile in flight ahead) for two rows of prepared activations, a and
-    b: ``(W[rn, :K] @ xa, W[rn, :K] @ xb)``, each weight word loaded and decoded once."""
-    G: tl.constexpr = BLOCK_K // 32
-    rg = tl.arange(0, G)
-    w_ptrs = _weight_ptrs(w_ptr, rn, stride_wn, G, TILE_ROWS)
-    W_STEP: tl.constexpr = (BLOCK_K // 128) * TILE_ROWS * 16 if TILE_ROWS else BLOCK_K // 8
-    rg_1 = rg ^ (tl.program_id(0) >> 31)  # one scale per thread, as in gemv_rows_f16x2
-    s_ptrs = ws_ptr + rn[:, None] * stride_wsn + rg_1[None, :]
-    pair_offs = rg[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]
-    pa_ptrs, pb_ptrs = xpa_ptr + pair_offs, xpb_ptr + pair_offs
-    ea_ptrs, eb_ptrs = xea_ptr + rg_1[None, :], xeb_ptr + rg_1[None, :]
-    acc_a = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    n_full = K // BLOCK_K
-    k_full = n_full * BLOCK_K
-    g_ok = rg < (K - k_full) // 32
-    X_STEP: tl.constexpr = BLOCK_K // 2
-    wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)  # the partial tile, first
-    st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
-    if n_full > 0:
-        wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
-        if PDL:
-            gdc_wait()
-        if k_full < K:
-            acc_a, acc_b = _tile2_f16x2(acc_a, acc_b, wt, st, pa_ptrs + n_full * X_STEP, ea_ptrs + n_full * G,
-                                        pb_ptrs + n_full * X_STEP, eb_ptrs + n_full * G, g_ok, True, BLOCK_N, G, MATH)
-        for t in range(1, n_full):
-            wb, sb = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
-            acc_a, acc_b = _tile2_f16x2(acc_a, acc_b, wa, sa, pa_ptrs + (t - 1) * X_STEP, ea_ptrs + (t - 1) * G,
-                                        pb_ptrs + (t - 1) * X_STEP, eb_ptrs + (t - 1) * G, g_ok, False, BLOCK_N, G, MATH)
-            wa, sa = wb, sb
-        acc_a, acc_b = _tile2_f16x2(acc_a, acc_b, wa, sa, pa_ptrs + (n_full - 1) * X_STEP, ea_ptrs + (n_full - 1) * G,
-                                    pb_ptrs + (n_full - 1) * X_STEP, eb_ptrs + (n_full - 1) * G, g_ok, False,
-                                    BLOCK_N, G, MATH)
-    else:
-        if PDL:
-            gdc_wait()
-        if k_full < K:
-            acc_a, acc_b = _tile2_f16x2(acc_a, acc_b, wt, st, pa_ptrs, ea_ptrs, pb_ptrs, eb_ptrs, g_ok, True,
-                                        BLOCK_N, G, MATH)
-    return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
 
 
 @triton.jit

@@ -37,8 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows2_f16x2, gemv_rows_f16x2,
-                                         pack_groups, prepare_x)
+from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
+                                         prepare_x)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
 
@@ -95,16 +95,8 @@ class MoeGemvConfig:
     must be prepared, and gate_up writes the intermediate prepared, so its ``block_n`` is whole groups of 32."""
     gate_up: GemvConfig
     down: GemvConfig
-    # Assignments of one expert per program: 1, or 2 (f16x2, one weight tile ahead: ``prefetch`` 1). With 2 the
-    # assignments are sorted by expert first (``moe_schedule``), and a program runs two of the same expert on
-    # each weight word it loads, so an expert chosen by n tokens is streamed ceil(n / 2) times instead of n.
-    group: int = 1
 
     def __post_init__(self):
-        if self.group not in (1, 2):
-            raise ValueError(f"group must be 1 or 2 assignments per program, got {self.group}")
-        if self.group == 2 and not (self.gate_up.prepared and self.gate_up.prefetch == self.down.prefetch == 1):
-            raise ValueError("group=2 runs the f16x2 GEMVs with one weight tile ahead (prefetch=1) only")
         if self.gate_up.prepared != self.down.prepared:
             raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
                              "activations (f16x2) or neither")
@@ -123,19 +115,17 @@ class MoeGemvConfig:
 
     def each(self, **changes) -> MoeGemvConfig:
         """``changes`` applied to both kernels' configs (``pdl=0``: the same math, launched one after the other)."""
-        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes),
-                             self.group)
+        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes))
 
     def portable(self) -> MoeGemvConfig:
-        return MoeGemvConfig(self.gate_up.portable(), self.down.portable(), self.group)
+        return MoeGemvConfig(self.gate_up.portable(), self.down.portable())
 
     @property
     def prepared(self) -> bool:
         return self.gate_up.prepared
 
     def name(self) -> str:
-        group = f" group{self.group}" if self.group != 1 else ""
-        return f"gate_up {self.gate_up.name()} down {self.down.name()}{group}"
+        return f"gate_up {self.gate_up.name()} down {self.down.name()}"
 
 
 # H100, benchmarks/moe_pair_probe.py (docs/PERF.md, stop 11): one pair is best or within noise of the best
@@ -359,65 +349,18 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     # gate rows and up rows in one pass: one stream of weight loads, not two in turn. With 32 rows (the
     # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
-    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, _gate_up_rows(BLOCK_N), H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
-                        PDL, _GU_ROWS)
-    _store_h_prepared(y, b_ptr, e, Ip, hp_ptr + p * stride_hp, he_ptr + p * stride_he, alpha, limit, BLOCK_N)
-
-
-@triton.jit
-def _gate_up_rows(BLOCK_N: tl.constexpr):
-    """This program's gate rows then its up rows of w13 (``2 * BLOCK_N`` weight rows)."""
     r2 = tl.arange(0, 2 * BLOCK_N)
-    return _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
-
-
-@triton.jit
-def _store_h_prepared(y, b_ptr, e, Ip, hp_row, he_row, alpha, limit, BLOCK_N: tl.constexpr):
-    """gate_up's epilogue on prepared activations: ``y`` (this program's gate rows, then its up rows) + bias,
-    SwiGLU, rounded to bf16, stored as fp16 pairs and group factors of one intermediate row."""
+    rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
+    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
+                        PDL, _GU_ROWS)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
     GB: tl.constexpr = BLOCK_N // 32
     pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
-    tl.store(hp_row + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
-    tl.store(he_row + g, factors)
-
-
-@triton.jit
-def _unit_assignments(order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr):
-    """A group-of-2 program's expert (-1: an empty block) and its two assignments; with only one, the second is
-    the first again (computed twice, not stored) and ``two`` is False."""
-    u = tl.program_id(0)
-    e = tl.load(blk_e_ptr + u).to(tl.int64)  # int64: it scales the expert strides
-    s0 = tl.load(blk_s_ptr + u)
-    two = s0 + 1 < tl.load(blk_end_ptr + u)
-    pa = tl.load(order_ptr + s0)
-    pb = tl.where(two, tl.load(order_ptr + s0 + two.to(tl.int32)), pa)
-    return e, pa, pb, two
-
-
-@triton.jit
-def _gate_up_gemv2_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, order_ptr, blk_e_ptr, blk_s_ptr,
-                                blk_end_ptr, H, Ip, TOPK, stride_xp, stride_xe, stride_we, stride_wn, stride_wse,
-                                stride_wsn, stride_hp, stride_he, alpha, limit, BLOCK_N: tl.constexpr,
-                                BLOCK_K: tl.constexpr, MATH: tl.constexpr, PDL: tl.constexpr = 0):
-    """:func:`_gate_up_gemv_f16x2_kernel` for a block of up to two assignments of one expert (``moe_schedule``
-    with ``block_m`` 2): each weight word loaded once for both."""
-    if PDL:
-        gdc_launch_dependents()
-    e, pa, pb, two = _unit_assignments(order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr)
-    if e >= 0:
-        ta, tb = pa // TOPK, pb // TOPK
-        w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-        ya, yb = gemv_rows2_f16x2(xp_ptr + ta * stride_xp, xe_ptr + ta * stride_xe, xp_ptr + tb * stride_xp,
-                                  xe_ptr + tb * stride_xe, w_e, s_e, _gate_up_rows(BLOCK_N), H, stride_wn, stride_wsn,
-                                  2 * BLOCK_N, BLOCK_K, MATH, PDL, _GU_ROWS)
-        _store_h_prepared(ya, b_ptr, e, Ip, hp_ptr + pa * stride_hp, he_ptr + pa * stride_he, alpha, limit, BLOCK_N)
-        if two:
-            _store_h_prepared(yb, b_ptr, e, Ip, hp_ptr + pb * stride_hp, he_ptr + pb * stride_he, alpha, limit,
-                              BLOCK_N)
+    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
+    tl.store(he_ptr + p * stride_he + g, factors)
 
 
 @triton.jit
@@ -449,15 +392,6 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
                             BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS)
     else:
         y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS)
-    _combine(y, b_ptr, e, Hp, rn, wts_ptr, p, part_ptr, stride_part, count_ptr, out_ptr, stride_out, H, TOPK, tile,
-             BLOCK_N)
-
-
-@triton.jit
-def _combine(y, b_ptr, e, Hp, rn, wts_ptr, p, part_ptr, stride_part, count_ptr, out_ptr, stride_out, H, TOPK, tile,
-             BLOCK_N: tl.constexpr):
-    """Down's epilogue for assignment ``p``: + bias, times its routing weight, stored as its partial; the last of
-    its token's k programs for this row tile sums the k partials in slot order and writes the output."""
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
@@ -468,27 +402,6 @@ def _combine(y, b_ptr, e, Hp, rn, wts_ptr, p, part_ptr, stride_part, count_ptr, 
             total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
         tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
         tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
-def _down_gemv2_f16x2_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, order_ptr, blk_e_ptr,
-                             blk_s_ptr, blk_end_ptr, wts_ptr, H, Hp, Ip, stride_h, stride_he, stride_we, stride_wn,
-                             stride_wse, stride_wsn, stride_part, stride_out, TOPK, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, MATH: tl.constexpr, PDL: tl.constexpr = 0):
-    """:func:`_down_gemv_kernel` (prepared) for a block of up to two assignments of one expert."""
-    tile = tl.program_id(1)
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    e, pa, pb, two = _unit_assignments(order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr)
-    if e >= 0:
-        w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-        ya, yb = gemv_rows2_f16x2(h_ptr + pa * stride_h, he_ptr + pa * stride_he, h_ptr + pb * stride_h,
-                                  he_ptr + pb * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K,
-                                  MATH, PDL, _DOWN_ROWS)
-        _combine(ya, b_ptr, e, Hp, rn, wts_ptr, pa, part_ptr, stride_part, count_ptr, out_ptr, stride_out, H, TOPK,
-                 tile, BLOCK_N)
-        if two:
-            _combine(yb, b_ptr, e, Hp, rn, wts_ptr, pb, part_ptr, stride_part, count_ptr, out_ptr, stride_out, H,
-                     TOPK, tile, BLOCK_N)
 
 
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
@@ -514,8 +427,6 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
-    if cfg.group == 2:
-        return _moe_gemv2(x, topk_ids, wts, w13, s13, b13, w2, s2, b2, cfg, out)
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(gu.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
@@ -540,34 +451,6 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
         h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
         out.stride(0), k, BLOCK_N=d.block_n, BLOCK_K=d.block_k, DECODE=d.math if d.prepared else d.decode,
         PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, **d.launch_options())
-    return out
-
-
-def _moe_gemv2(x, topk_ids, wts, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor) -> torch.Tensor:
-    """Decode with ``cfg.group`` 2: the assignments sorted by expert (``moe_schedule``, before the GEMVs so that
-    their dependent launches follow ``prepare_x`` directly), then one program per (block of up to two
-    assignments of one expert, row tile)."""
-    T, H = x.shape
-    k = topk_ids.shape[1]
-    E, Ip2, _ = w13.shape
-    Ip, Hp = Ip2 // 2, w2.shape[1]
-    gu, d = cfg.gate_up, cfg.down
-    order, blk_e, blk_s, blk_end = moe_schedule(topk_ids, E, 2)
-    nb = blk_e.numel()
-    xp, xe = prepare_x(x, pdl=bool(gu.pdl))
-    h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs, in assignment order
-    he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
-    _gate_up_gemv2_f16x2_kernel[(nb, Ip // gu.block_n)](
-        xp, xe, w13, s13, b13, h, he, order, blk_e, blk_s, blk_end, H, Ip, k, xp.stride(0), xe.stride(0),
-        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA,
-        SWIGLU_LIMIT, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PDL=gu.pdl, **gu.launch_options())
-    part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
-    tiles = Hp // d.block_n
-    counters = _arrival_counters(x.device, T * tiles)
-    _down_gemv2_f16x2_kernel[(nb, tiles)](
-        h, he, w2, s2, b2, part, counters, out, order, blk_e, blk_s, blk_end, wts, H, Hp, Ip, h.stride(0),
-        he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0), out.stride(0), k,
-        BLOCK_N=d.block_n, BLOCK_K=d.block_k, MATH=d.math, PDL=d.pdl, **d.launch_options())
     return out
 
 
