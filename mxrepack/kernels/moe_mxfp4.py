@@ -172,7 +172,7 @@ def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
     cum_blocks = torch.cumsum(blocks, 0)
     starts = torch.cumsum(counts, 0) - counts
     n = flat.numel()
-    nb = triton.cdiv(n + (block_m - 1) * min(experts, n), block_m)
+    nb = max(1, triton.cdiv(n + (block_m - 1) * min(experts, n), block_m))  # one empty block when T = 0
     b = torch.arange(nb, device=flat.device)
     expert = torch.searchsorted(cum_blocks, b, right=True)
     valid = expert < experts
