@@ -20,9 +20,10 @@ def _pack(layout, parts, dims):
 GOLDEN_DIMS = ExpertDims(experts=3, hidden=160, intermediate=96)
 
 
-@pytest.fixture(params=["native", "numpy"])
+@pytest.fixture(params=["native", "scalar", "numpy"])
 def byte_loops(request, monkeypatch):
-    """Run a test once with the compiled byte loops (``mxrepack.native``) and once with the numpy twins."""
+    """Run a test with the compiled byte loops (``mxrepack.native``; their AVX-512 twins where the CPU has
+    them), with the portable C loops only, and with the numpy twins."""
     from mxrepack import native
 
     if request.param == "numpy":
@@ -31,6 +32,8 @@ def byte_loops(request, monkeypatch):
         pytest.skip("no C compiler: the native loops are not built here")
     else:
         assert native.library() is not None, "a C compiler is present but the native loops did not build"
+        if request.param == "scalar":
+            monkeypatch.setenv("MXREPACK_NATIVE", "scalar")
     return request.param
 
 
@@ -129,10 +132,15 @@ def test_triton_hopper_values_native_equals_numpy(E, n16, kb32, seed):
     assert torch.equal(packed, th.hopper_values_numpy(w))
     assert torch.equal(th.hopper_value_unswizzle(packed), w)
     assert torch.equal(th.hopper_values_unpack_numpy(packed), w)
+    if native.simd():  # and the portable C loop, where the above ran the AVX-512 one
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv("MXREPACK_NATIVE", "scalar")
+            assert torch.equal(th.hopper_value_swizzle(w), packed)
+            assert torch.equal(th.hopper_value_unswizzle(packed), w)
 
 
 @settings(max_examples=10, deadline=None)
-@given(E=st.integers(1, 2), n=st.integers(1, 150), kb8=st.integers(1, 12), pad_n=st.integers(0, 2), pad_k=st.integers(0, 3),
+@given(E=st.integers(1, 2), n=st.integers(1, 150), kb8=st.integers(1, 20), pad_n=st.integers(0, 2), pad_k=st.integers(0, 3),
        seed=st.integers(0, 2**31))
 def test_marlin_weights_native_equals_numpy(E, n, kb8, pad_n, pad_k, seed):
     """The compiled Marlin weight loop gives the delta-swap path's bytes, padding included."""
@@ -146,6 +154,36 @@ def test_marlin_weights_native_equals_numpy(E, n, kb8, pad_n, pad_k, seed):
     packed = marlin.repack_weight(w, rows, kbytes)
     assert torch.equal(packed, marlin.repack_weight_numpy(w, rows, kbytes))
     assert torch.equal(marlin.unrepack_weight(packed)[:, :n, : 8 * kb8], w)
+    if native.simd():  # and the portable C loop, where the above ran the AVX-512 one
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv("MXREPACK_NATIVE", "scalar")
+            assert torch.equal(marlin.repack_weight(w, rows, kbytes), packed)
+
+
+def test_native_simd_loops_with_an_unaligned_output(monkeypatch):
+    """The AVX-512 loops write whole 64-byte lines with streaming stores; into an output that does not start
+    on a line they store plainly, and give the same bytes."""
+    import numpy as np
+
+    from mxrepack import native
+    from mxrepack.layouts import marlin
+    from mxrepack.layouts import triton_hopper as th
+
+    if not native.simd():
+        pytest.skip("no AVX-512 VBMI here (or the native loops are not built)")
+    g = torch.Generator().manual_seed(3)
+    w = torch.randint(0, 256, (2, 144, 160), generator=g, dtype=torch.uint8)
+    hopper, marlin_words = th.hopper_value_swizzle(w), marlin.repack_weight(w, 192, 192)
+    aligned = native.empty
+
+    def unaligned(shape, dtype):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return aligned(n + 4, np.uint8)[4:].view(dtype).reshape(shape)
+
+    monkeypatch.setattr(native, "empty", unaligned)
+    assert torch.equal(th.hopper_value_swizzle(w), hopper)
+    assert torch.equal(marlin.repack_weight(w, 192, 192), marlin_words)
+    assert torch.equal(marlin_words, marlin.repack_weight_numpy(w, 192, 192))
 
 
 def test_triton_hopper_bit_twiddle_lets_a_mask_read_bf16():

