@@ -28,8 +28,20 @@ def test_dequant_matches_golden_transformers_and_gpt_oss(golden, proj, dtype, ta
     assert torch.equal(_bits(out), _bits(o[f"out.gpt_oss.{name}.{tag}"]))
 
 
+@pytest.fixture(params=["native", "twin"])
+def dequant_path(request, monkeypatch):
+    """Run a test with BF16 dequantization by the compiled loop (``mxrepack.native``) and by its numpy twin."""
+    from mxrepack import native
+
+    if request.param == "twin":
+        monkeypatch.setattr(native, "library", lambda: None)
+    elif native.library() is None:
+        pytest.skip("no C compiler: the native loops are not built here")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_dequant_bit_identical_to_transformers_over_all_scales(dtype):
+def test_dequant_bit_identical_to_transformers_over_all_scales(dtype, dequant_path):
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     blocks = torch.randint(0, 256, (3, 40, 4, 16), dtype=torch.uint8)
@@ -37,6 +49,34 @@ def test_dequant_bit_identical_to_transformers_over_all_scales(dtype):
     scales[0, 0] = torch.tensor([0, 1, 253, 254], dtype=torch.uint8)
     ref = convert_moe_packed_tensors(blocks.clone(), scales.clone(), dtype=dtype)
     assert torch.equal(_bits(dequantize_mxfp4(blocks, scales, dtype).transpose(1, 2).contiguous()), _bits(ref))
+    assert torch.equal(_bits(dequantize_mxfp4(blocks, scales, dtype, transpose=True)), _bits(ref))
+
+
+@pytest.mark.parametrize("lead,rows,groups", [((3,), 37, 5), ((2,), 64, 3), ((), 33, 2), ((2, 2), 1, 1)])
+def test_dequant_bf16_native_equals_twin(lead, rows, groups):
+    """The compiled BF16 loop gives its twin's bits for every E8M0 byte 0..254 and every code, row-major and
+    transposed (rows that are not a multiple of the 32-row tile included). Byte 255 (NaN, refused in sources) gives
+    inf times the code in both, so NaN at the same places, with another NaN payload."""
+    from mxrepack import native
+
+    if native.library() is None:
+        pytest.skip("no C compiler: the native loops are not built here")
+    g = torch.Generator().manual_seed(rows)
+    blocks = torch.randint(0, 256, (*lead, rows, groups, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(0, 256, (*lead, rows, groups), generator=g, dtype=torch.uint8)
+    flat = scales.view(-1)
+    flat[: min(256, flat.numel())] = torch.arange(256, dtype=torch.uint8)[: flat.numel()]
+    got = dequantize_mxfp4(blocks, scales), dequantize_mxfp4(blocks, scales, transpose=True)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(native, "library", lambda: None)
+        ref = dequantize_mxfp4(blocks, scales), dequantize_mxfp4(blocks, scales, transpose=True)
+    legal = (scales != 255).unsqueeze(-1).expand(*scales.shape, 32).flatten(-2)
+    for out, want, ok in zip(got, ref, (legal, legal.transpose(-1, -2))):
+        assert out.shape == want.shape and out.dtype == torch.bfloat16
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(out), nan) and not nan[ok].any()
+        assert torch.equal(_bits(out)[~nan], _bits(want)[~nan])
+    assert torch.equal(_bits(got[1]), _bits(got[0].transpose(-1, -2).contiguous()))
 
 
 def test_e2m1_table_and_nibble_order():

@@ -18,7 +18,7 @@ from mxrepack.quant import dequantize_mxfp4
 
 
 def _dequant_transposed(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return dequantize_mxfp4(blocks, scales, torch.bfloat16).transpose(1, 2).contiguous()
+    return dequantize_mxfp4(blocks, scales, torch.bfloat16, transpose=True)
 
 
 def _dequant_gate_up(gate_up_proj_blocks, gate_up_proj_scales):

@@ -23,6 +23,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("mxrepack_native.c")
 _U8 = ctypes.POINTER(ctypes.c_uint8)
+_U16 = ctypes.POINTER(ctypes.c_uint16)
 _U32 = ctypes.POINTER(ctypes.c_uint32)
 _SIGNATURES = {"hopper_values_pack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
                "hopper_values_unpack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
@@ -30,6 +31,8 @@ _SIGNATURES = {"hopper_values_pack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, 
                "hopper_values_unpack_simd": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32, _U32, ctypes.c_int),
                "marlin_weights_pack": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
                "marlin_weights_pack_simd": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
+               "mxfp4_bf16_rows": (_U8, _U8, _U16, *(ctypes.c_int64,) * 3),
+               "mxfp4_bf16_cols": (_U8, _U8, _U16, *(ctypes.c_int64,) * 4),
                "native_simd": ()}
 
 
@@ -107,6 +110,6 @@ def empty(shape: tuple[int, ...] | int, dtype) -> np.ndarray:
 
 
 def ptr(a: np.ndarray):
-    """A ctypes pointer to a C-contiguous array's first element, typed by its dtype (uint8 or uint32)."""
+    """A ctypes pointer to a C-contiguous array's first element, typed by its dtype (uint8, uint16 or uint32)."""
     assert a.flags.c_contiguous
     return a.ctypes.data_as(ctypes.POINTER(np.ctypeslib.as_ctypes_type(a.dtype)))

@@ -297,3 +297,62 @@ void marlin_weights_pack_simd(const uint8_t *src, uint32_t *dst, int64_t u0, int
     _mm_sfence();
 #endif
 }
+
+/* MXFP4 -> BF16 in one pass: table value times the group's power of two, in fp32. Every product is exact
+ * (at most 4 significant bits, fp32 subnormals reach 2^-149) or overflows to inf, so its top 16 bits are the
+ * BF16 that rounding would give: the same bits as torch's bf16 multiply of the table value by the bf16 scale.
+ * blocks: [rows, groups, 16] bytes (low nibble = even element); scales: [rows, groups] E8M0 bytes. */
+static const float E2M1_F32[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static inline float e8m0_f32(uint8_t s) {
+    uint32_t u = s ? (uint32_t)s << 23 : 1u << 22; /* byte 0 is 2^-127, an fp32 subnormal */
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* one group: 16 bytes -> 32 values at dst[0], dst[step], ... */
+static inline void mxfp4_group(const uint8_t *p, uint8_t s, uint16_t *dst, int64_t step) {
+    const float sc = e8m0_f32(s);
+    for (int j = 0; j < 16; j++) {
+        dst[(2 * j) * step] = bf16_bits(E2M1_F32[p[j] & 15] * sc);
+        dst[(2 * j + 1) * step] = bf16_bits(E2M1_F32[p[j] >> 4] * sc);
+    }
+}
+
+/* rows r0..r1 -> out [rows, 32 groups] (row-major, the checkpoint's element order) */
+void mxfp4_bf16_rows(const uint8_t *blocks, const uint8_t *scales, uint16_t *out, int64_t r0, int64_t r1,
+                     int64_t groups) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t g = 0; g < groups; g++)
+            mxfp4_group(blocks + (r * groups + g) * 16, scales[r * groups + g], out + (r * groups + g) * 32, 1);
+}
+
+/* Transposed: matrices of `rows` x 32 `groups` -> out [32 groups, rows] each (transformers' [in, out] expert
+ * weights). Work unit u = one 32-row tile of one matrix (tiles = ceil(rows / 32) per matrix). A tile's 32 rows
+ * of one group fill a 32 x 32 block in L1, k-major, which then leaves as 32 runs of 64 bytes: the 2-byte
+ * transpose costs no strided stores to memory. */
+void mxfp4_bf16_cols(const uint8_t *blocks, const uint8_t *scales, uint16_t *out, int64_t u0, int64_t u1,
+                     int64_t rows, int64_t groups) {
+    const int64_t tiles = (rows + 31) / 32;
+    uint16_t tile[32 * 32];
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t m = u / tiles, n0 = 32 * (u % tiles), nr = rows - n0 < 32 ? rows - n0 : 32;
+        const uint8_t *b = blocks + (m * rows + n0) * groups * 16;
+        const uint8_t *s = scales + (m * rows + n0) * groups;
+        uint16_t *o = out + m * 32 * groups * rows + n0;
+        for (int64_t g = 0; g < groups; g++) {
+            for (int64_t i = 0; i < nr; i++)
+                mxfp4_group(b + (i * groups + g) * 16, s[i * groups + g], tile + i, 32);
+            for (int k = 0; k < 32; k++)
+                memcpy(o + (g * 32 + k) * rows, tile + 32 * k, (size_t)nr * 2);
+        }
+    }
+}

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from mxrepack import native
 from mxrepack.errors import MxRepackError
 
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -117,17 +118,26 @@ def e8m0_to_float(scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> t
     return bits.view(torch.float32).to(dtype)
 
 
-def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
+                     transpose: bool = False) -> torch.Tensor:
     """MXFP4 -> float, bit-identical to ``transformers...convert_moe_packed_tensors`` (before its transpose).
 
     ``blocks`` is uint8 ``[..., G, 16]`` (checkpoint form) or ``[..., G*16]`` (flattened);
-    ``scales`` is uint8 ``[..., G]``. Returns ``[..., G*32]`` in ``dtype``.
+    ``scales`` is uint8 ``[..., G]``. Returns ``[..., G*32]`` in ``dtype``; with ``transpose``,
+    ``[..., G*32, R]`` (the last two dims swapped, contiguous: transformers' ``[in, out]`` expert weights).
     Every value is ``code * 2**k``: exact in bf16/fp32 wherever the format can hold it at all.
+
+    BF16 on the CPU runs one compiled pass (:mod:`mxrepack.native`: lookup, scale, and the transpose in
+    L1-sized tiles) where the library is built; elsewhere, and for other dtypes, its numpy/torch twin below.
     """
     if blocks.dim() == scales.dim():
         blocks = blocks.unflatten(-1, (-1, BYTES_PER_GROUP))
     if tuple(blocks.shape[:-1]) != tuple(scales.shape) or blocks.shape[-1] != BYTES_PER_GROUP:
         raise ValueError(f"blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)}")
+    if transpose and blocks.dim() < 3:
+        raise ValueError(f"transpose needs rows of groups, [..., R, G, 16]; got blocks {tuple(blocks.shape)}")
+    if dtype == torch.bfloat16 and blocks.device.type == "cpu" and (lib := native.library()) is not None:
+        return _dequantize_bf16_native(lib, blocks, scales, transpose)
     lut = _lut(dtype)
     if isinstance(lut, np.ndarray):
         quads = lut[blocks.contiguous().numpy().view(np.uint16)]  # [..., G, 8] four values each
@@ -136,7 +146,27 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
         values = lut[blocks.to(torch.int32)].contiguous().view(dtype)
     values = values.reshape(*blocks.shape[:-1], MX_GROUP)
     values = values * e8m0_to_float(scales, dtype).unsqueeze(-1)
-    return values.flatten(-2)
+    values = values.flatten(-2)
+    return values.transpose(-1, -2).contiguous() if transpose else values
+
+
+def _dequantize_bf16_native(lib, blocks: torch.Tensor, scales: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """:func:`dequantize_mxfp4` to BF16 by the compiled loops, rows (or 32-row tiles) split over the cores."""
+    G = blocks.shape[-2]
+    b = blocks.contiguous().numpy()
+    s = scales.contiguous().numpy()
+    if transpose:
+        *lead, R = blocks.shape[:-2]
+        matrices, tiles = int(np.prod(lead)), -(-R // 32)
+        out = np.empty((matrices, 32 * G, R), np.int16)
+        map_row_blocks(matrices * tiles, lambda u0, u1: lib.mxfp4_bf16_cols(
+            native.ptr(b), native.ptr(s), native.ptr(out.view(np.uint16)), u0, u1, R, G), min_rows=4)
+        return torch.from_numpy(out).view(torch.bfloat16).reshape(*lead, 32 * G, R)
+    rows = int(np.prod(blocks.shape[:-2]))
+    out = np.empty((rows, 32 * G), np.int16)
+    map_row_blocks(rows, lambda r0, r1: lib.mxfp4_bf16_rows(
+        native.ptr(b), native.ptr(s), native.ptr(out.view(np.uint16)), r0, r1, G), min_rows=64)
+    return torch.from_numpy(out).view(torch.bfloat16).reshape(*blocks.shape[:-2], 32 * G)
 
 
 def dequantize_mxfp8(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
