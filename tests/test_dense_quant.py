@@ -255,3 +255,32 @@ def test_swizzled_dense_scales_through_the_pipeline(tiny, tmp_path):
     plain = repack(str(tiny), "sm121", tmp_path / "plain").out  # same quantization, plain scales
     ids = torch.randint(0, 512, (10,))
     assert torch.equal(load_runner(out).forward(ids), load_runner(plain).forward(ids))
+
+
+def test_dense_chunks_are_sized_by_weights_and_nothing_is_held_after_the_run(tiny, tmp_path, monkeypatch):
+    """Both stored tensors of a dense weight take the same rows per chunk, whose temporaries fit the budget (the
+    scales, 1/32 byte per weight, once took 16x the values' rows); and once the run is over no quantizer holds a
+    chunk (each held its last chunk to the end of the run: ~1.5 GB over gpt-oss-20b's layers)."""
+    from mxrepack.repack import pipeline
+    from mxrepack.repack.plan import TEMP_BYTES_PER_WEIGHT, rows_per_chunk
+
+    plans = []
+    build = pipeline.build_plan
+    monkeypatch.setattr(pipeline, "build_plan", lambda *a, **k: plans.append(build(*a, **k)) or plans[-1])
+    repack(str(tiny), "sm121", tmp_path / "out")
+    (plan,) = plans
+    dense = {}
+    for item in plan:
+        quantizer = getattr(item.pack, "func", None)
+        if quantizer is not None and getattr(quantizer, "__name__", "") == "pack":
+            dense.setdefault(item.group, []).append(item)
+            assert quantizer.__self__._held is None, item.name
+    assert "lm_head.weight" in dense and len(dense) > 4
+    budget = 64 << 10
+    for name, items in dense.items():
+        assert len(items) == 2, name
+        rows = {rows_per_chunk(i, budget) for i in items}
+        assert len(rows) == 1, (name, rows)
+        k = items[0].inputs["value"].shape[1]
+        if rows.pop() > 1:
+            assert min(rows_per_chunk(i, budget) for i in items) * k * TEMP_BYTES_PER_WEIGHT <= budget, name

@@ -77,36 +77,42 @@ def expert_dims(ck: Checkpoint) -> ExpertDims:
 class DenseQuantizer:
     """Quantizes one dense weight chunk by chunk for its two stored tensors, and measures the error.
 
-    The values item and the error observer see the same chunk object one after the other; the last
-    result is kept (by identity, holding a reference) so the chunk is quantized once for both."""
+    The values item and the error observer see the same chunk object one after the other, so the values
+    item's result is held (by identity, with a reference) until the observer has used it: the chunk is
+    quantized once for both. Held no longer: the plan keeps every quantizer to the end of the run, and a
+    result left behind per tensor (its last chunk's input and codes) added up to ~1.5 GB over 20b's layers."""
 
     def __init__(self, layout: DenseMxLayout, src: SourceTensor, recorded=None):
         self.layout, self.k = layout, src.shape[1]
         self.where = f"{src.info.file}: tensor '{src.name}'"
         self.stats = ErrorStats(src.name, self.k, recorded)
-        self._last: tuple | None = None
+        self._held: tuple | None = None
 
     def _quantize(self, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._last is not None and self._last[0] is value:
-            return self._last[1]
+        if self._held is not None and self._held[0] is value:
+            return self._held[1]
         try:
-            out = self.layout.quantize(value)
+            return self.layout.quantize(value)
         except NonFiniteError as e:
             raise MxRepackError(f"{self.where}: {e.count} NaN/Inf value(s) (first in row {e.row} of this chunk); "
                                 "refusing to quantize") from None
-        self._last = (value, out)
-        return out
 
     def pack(self, value: torch.Tensor, role: str) -> torch.Tensor:
-        return self.layout.store(*self._quantize(value), self.k, role)
+        out = self._quantize(value)
+        self._held = (value, out) if role == "values" else None  # for observe, which comes next
+        return self.layout.store(*out, self.k, role)
 
     def observe(self, inputs: dict[str, torch.Tensor], chunk: torch.Tensor) -> None:
         value = inputs["value"]
         values, scales = self._quantize(value)
+        self._held = None
         self.stats.add(value, self.layout.dequantize(values, scales))
 
     def result(self) -> dict:
         return {"format": self.layout.format, **self.stats.result()}
+
+
+TEMP_BYTES_PER_WEIGHT = 17
 
 
 def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tensor | None) -> list[PlanItem]:
@@ -120,9 +126,16 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
     quantizer = DenseQuantizer(layout, src, recorded)
     module = src.name.removesuffix(".weight")
     # Quantizing and measuring the error hold ~17 bytes of temporaries per weight (bf16 scaled copy, fp32
-    # weight, dequantized weight and difference) against 0.53 bytes written per weight: ~32x the output.
+    # weight, dequantized weight and difference), and each of the two stored tensors quantizes its chunk's rows.
+    # So a chunk is sized by its weights, not by what that tensor writes: the scales (1/32 byte per weight)
+    # would otherwise take 16x the rows of the values, and a 256 MB budget grew to ~1.8 GB.
+    def work_factor(o) -> int:
+        out_row_bytes = math.prod(o.shape[1:]) * o.dtype.itemsize
+        return -(-TEMP_BYTES_PER_WEIGHT * src.shape[1] // out_row_bytes)
+
     return [PlanItem(f"{module}.{o.suffix}", o.dtype, o.shape, {"value": source}, partial(quantizer.pack, role=o.role),
-                     layout.name, src.name, o.logical_shape, layout.padding(src.shape), layout.upstream, work_factor=32,
+                     layout.name, src.name, o.logical_shape, layout.padding(src.shape), layout.upstream,
+                     work_factor=work_factor(o),
                      row_align=128 if layout.scales == "swizzled" else 1,
                      observer=quantizer if o.role == "values" else None)
             for o in outputs]
