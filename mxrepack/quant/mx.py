@@ -158,15 +158,17 @@ def _dequantize_bf16_native(lib, blocks: torch.Tensor, scales: torch.Tensor, tra
     if transpose:
         *lead, R = blocks.shape[:-2]
         matrices, tiles = int(np.prod(lead)), -(-R // 32)
-        out = np.empty((matrices, 32 * G, R), np.int16)
+        out = np.empty((matrices, 32 * G, R), np.uint16)
         map_row_blocks(matrices * tiles, lambda u0, u1: lib.mxfp4_bf16_cols(
-            native.ptr(b), native.ptr(s), native.ptr(out.view(np.uint16)), u0, u1, R, G), min_rows=4)
-        return torch.from_numpy(out).view(torch.bfloat16).reshape(*lead, 32 * G, R)
-    rows = int(np.prod(blocks.shape[:-2]))
-    out = np.empty((rows, 32 * G), np.int16)
-    map_row_blocks(rows, lambda r0, r1: lib.mxfp4_bf16_rows(
-        native.ptr(b), native.ptr(s), native.ptr(out.view(np.uint16)), r0, r1, G), min_rows=64)
-    return torch.from_numpy(out).view(torch.bfloat16).reshape(*blocks.shape[:-2], 32 * G)
+            native.ptr(b), native.ptr(s), native.ptr(out), u0, u1, R, G), min_rows=4)
+        shape = (*lead, 32 * G, R)
+    else:
+        rows = int(np.prod(blocks.shape[:-2]))
+        out = np.empty((rows, 32 * G), np.uint16)
+        map_row_blocks(rows, lambda r0, r1: lib.mxfp4_bf16_rows(
+            native.ptr(b), native.ptr(s), native.ptr(out), r0, r1, G), min_rows=64)
+        shape = (*blocks.shape[:-2], 32 * G)
+    return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).reshape(shape)  # BF16 bits
 
 
 def dequantize_mxfp8(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
