@@ -37,9 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import e8m0_to_fp32
-from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, _group_dot, _split4, gdc_launch_dependents, gemv_rows,
-                                         gemv_rows_f16x2, pack_groups, prepare_x)
+from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
+                                         prepare_x)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
 
@@ -96,14 +95,8 @@ class MoeGemvConfig:
     must be prepared, and gate_up writes the intermediate prepared, so its ``block_n`` is whole groups of 32."""
     gate_up: GemvConfig
     down: GemvConfig
-    # > 0: no down kernel; each gate_up program multiplies its intermediate slice by w2's columns of that slice,
-    # this many w2 rows per step, and adds the partial to the token's output with atomics
-    # (:func:`_moe_fused_f16x2_kernel`). Prepared (f16x2) only; ``down`` is then unused.
-    fuse_down: int = 0
 
     def __post_init__(self):
-        if self.fuse_down and (not self.gate_up.prepared or self.fuse_down & (self.fuse_down - 1)):
-            raise ValueError(f"fuse_down={self.fuse_down} needs the f16x2 path and a power of two of rows")
         if self.gate_up.prepared != self.down.prepared:
             raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
                              "activations (f16x2) or neither")
@@ -122,19 +115,16 @@ class MoeGemvConfig:
 
     def each(self, **changes) -> MoeGemvConfig:
         """``changes`` applied to both kernels' configs (``pdl=0``: the same math, launched one after the other)."""
-        return dataclasses.replace(self, gate_up=dataclasses.replace(self.gate_up, **changes),
-                                   down=dataclasses.replace(self.down, **changes))
+        return MoeGemvConfig(dataclasses.replace(self.gate_up, **changes), dataclasses.replace(self.down, **changes))
 
     def portable(self) -> MoeGemvConfig:
-        return dataclasses.replace(self, gate_up=self.gate_up.portable(), down=self.down.portable())
+        return MoeGemvConfig(self.gate_up.portable(), self.down.portable())
 
     @property
     def prepared(self) -> bool:
         return self.gate_up.prepared
 
     def name(self) -> str:
-        if self.fuse_down:
-            return f"gate_up {self.gate_up.name()} fused down {self.fuse_down} rows"
         return f"gate_up {self.gate_up.name()} down {self.down.name()}"
 
 
@@ -414,85 +404,6 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
         tl.atomic_xchg(counter, 0)
 
 
-@triton.jit
-def _down_slice_words(w_ptr, rn, stride_wn, g):
-    """``[R, GB, 4]`` int32 word pointers to groups ``g`` (of 32 codes along the intermediate) of w2 rows ``rn``,
-    in the strided layout's K-tiled row tiles of 16 rows (``[Hp / 16, Ip / 128, 16, 64]`` bytes)."""
-    r_local = rn % 16
-    row_words = tl.multiple_of((rn - r_local) * (stride_wn // 4) + r_local * 16, 4)
-    group_words = (g // 4) * 256 + (g % 4) * 4
-    return (w_ptr.to(tl.pointer_type(tl.int32)) + row_words[:, None, None] + group_words[None, :, None]
-            + tl.arange(0, 4)[None, None, :])
-
-
-@triton.jit
-def _moe_fused_f16x2_kernel(xp_ptr, xe_ptr, w13_ptr, s13_ptr, b13_ptr, w2_ptr, s2_ptr, b2_ptr, acc_ptr, count_ptr,
-                            out_ptr, ids_ptr, wts_ptr, H, Hp, Ip, TOPK, stride_xp, stride_xe, stride_we, stride_wn,
-                            stride_wse, stride_wsn, stride_w2e, stride_w2n, stride_s2e, stride_s2n, stride_acc,
-                            stride_out, alpha, limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            MATH: tl.constexpr, PREFETCH: tl.constexpr, DOWN_ROWS: tl.constexpr,
-                            PDL: tl.constexpr = 0):
-    """gate_up, SwiGLU and the down projection's share of one intermediate slice, in one program.
-
-    Program (assignment p, slice j) runs the gate_up GEMV of ``BLOCK_N`` intermediate rows (as
-    :func:`_gate_up_gemv_f16x2_kernel`), then multiplies them by w2's columns of that slice, all ``Hp`` rows
-    (``DOWN_ROWS`` per step, each row's slice one 16-byte group per 32 columns), and adds the weighted
-    partial to the token's fp32 accumulator row with relaxed atomics: no program waits for another's
-    intermediate, so there is no second grid and no barrier between the projections. The last of a token's
-    programs to arrive (an arrival counter) converts the row to bf16, stores it, and zeroes the row and the
-    counter for the next call. The atomics' order varies, so the result may differ in the last bits from
-    call to call."""
-    p = tl.program_id(0)
-    j = tl.program_id(1)
-    e = tl.load(ids_ptr + p).to(tl.int64)
-    t = p // TOPK
-    w_e, s_e = w13_ptr + e * stride_we, s13_ptr + e * stride_wse
-    r2 = tl.arange(0, 2 * BLOCK_N)
-    rows = _w13_rows(j * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
-    y = gemv_rows_f16x2(xp_ptr + t * stride_xp, xe_ptr + t * stride_xe, w_e, s_e, rows, H, stride_wn, stride_wsn,
-                        2 * BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL, _GU_ROWS)
-    gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
-    rn = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    h = _bias_swiglu(gate, up, b13_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
-    GB: tl.constexpr = BLOCK_N // 32
-    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
-    # the slice's activations as the f16x2 group dot takes them: slot s of words 0..3 of each group
-    v = tl.reshape(tl.permute(tl.reshape(pairs, (GB, 4, 4)), (0, 2, 1)), (GB, 4, 4))  # [group, word, slot]
-    x0, x1, x2, x3 = _split4(v, GB, 4)
-    xq = (tl.reshape(x0, (1, GB, 4)), tl.reshape(x1, (1, GB, 4)), tl.reshape(x2, (1, GB, 4)),
-          tl.reshape(x3, (1, GB, 4)))
-    xe = tl.reshape(factors, (1, GB))
-    wt = tl.load(wts_ptr + p)
-    g = j * GB + tl.arange(0, GB)
-    w2_e, s2_e, b2_e = w2_ptr + e * stride_w2e, s2_ptr + e * stride_s2e, b2_ptr + e * Hp
-    acc_row = acc_ptr + t * stride_acc
-    rr = tl.arange(0, DOWN_ROWS)
-    n_steps = tl.cdiv(Hp, DOWN_ROWS)
-    rn2 = tl.minimum(rr, Hp - 1)
-    w_nxt = tl.load(_down_slice_words(w2_e, rn2, stride_w2n, g))
-    s_nxt = tl.load(s2_e + rn2[:, None] * stride_s2n + g[None, :])
-    for step in range(n_steps):
-        w, s, rn_cur = w_nxt, s_nxt, rn2
-        if step + 1 < n_steps:  # the next step's weights in flight while this one is multiplied
-            rn2 = tl.minimum((step + 1) * DOWN_ROWS + rr, Hp - 1)
-            w_nxt = tl.load(_down_slice_words(w2_e, rn2, stride_w2n, g))
-            s_nxt = tl.load(s2_e + rn2[:, None] * stride_s2n + g[None, :])
-        part = tl.sum(_group_dot(w, xq, DOWN_ROWS, GB, MATH) * (e8m0_to_fp32(s.to(tl.int32)) * xe), axis=1) * wt
-        if j == 0:
-            part += tl.load(b2_e + rn_cur) * wt
-        n_ok = (step * DOWN_ROWS + rr) < H
-        tl.atomic_add(acc_row + rn_cur, part, mask=n_ok, sem="relaxed")
-    counter = count_ptr + t
-    if _last_to_arrive(counter, TOPK * tl.num_programs(1)):
-        for step in range(n_steps):
-            rn3 = step * DOWN_ROWS + rr
-            ok = rn3 < H
-            total = tl.load(acc_row + rn3, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + t * stride_out + rn3, total.to(out_ptr.dtype.element_ty), mask=ok)
-            tl.store(acc_row + rn3, tl.zeros_like(total), mask=ok)
-        tl.atomic_xchg(counter, 0)
-
-
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -502,18 +413,6 @@ def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     buf = _ARRIVALS.get(device)
     if buf is None or buf.numel() < n:
         buf = _ARRIVALS[device] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
-    return buf
-
-
-_ACCUMULATORS: dict[torch.device, torch.Tensor] = {}
-
-
-def _accumulators(device: torch.device, n: int) -> torch.Tensor:
-    """Per-device fp32 output rows for the fused decode, all zero between calls (each call's last program
-    zeroes what it used); the same one-stream caveat as :func:`_arrival_counters`."""
-    buf = _ACCUMULATORS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = _ACCUMULATORS[device] = torch.zeros(max(n, 1 << 16), dtype=torch.float32, device=device)
     return buf
 
 
@@ -528,16 +427,6 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
-    if cfg.fuse_down:
-        xp, xe = prepare_x(x, pdl=bool(gu.pdl))
-        acc = _accumulators(x.device, T * Hp)
-        _moe_fused_f16x2_kernel[(T * k, Ip // gu.block_n)](
-            xp, xe, w13, s13, b13, w2, s2, b2, acc, _arrival_counters(x.device, T), out, ids, wts, H, Hp, Ip, k,
-            xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), w2.stride(0),
-            w2.stride(1), s2.stride(0), s2.stride(1), Hp, out.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
-            BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PREFETCH=gu.prefetch, DOWN_ROWS=cfg.fuse_down,
-            PDL=gu.pdl, **gu.launch_options())
-        return out
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(gu.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
