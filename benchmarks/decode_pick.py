@@ -11,10 +11,10 @@ of stop 11, each shipped config with its partial tile first and last, ran at com
 had the option; the ``handoff`` and ``prefetch`` sets of stop 15 (the MoE pair with down started per assignment,
 and with down's weights asked of L2 during gate_up) ran at commit 5f58364; the ``group`` and ``group_shapes`` sets
 of stop 16 (two assignments of one expert per program) at commit d711308; the ``fused`` and ``fused64`` sets of
-stop 18 (down by intermediate slices inside the gate_up programs, atomics into the output) at commit 72bda58.
+stop 18 (down by intermediate slices inside the gate_up programs, atomics into the output) at commit 72bda58, and its
+``maxnreg`` set (registers capped at launch; it printed each kernel's registers as compiled there) at commit e61bd69.
 Usage: python benchmarks/decode_pick.py [--set NAME] [OUT.json]"""
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -27,7 +27,7 @@ from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_expert_bytes, moe
                        rotating, rotating_moe_draws, without_pdl)
 
 from mxrepack.kernels.gemv_mxfp4 import NARROW, WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, MoeGemvConfig, moe_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402
 
 REPEATS = 5
 LM_HEAD = ("lm_head", 201088, 2880)
@@ -50,30 +50,7 @@ SETS = {
                                                  (32, 256, 4))],
         "tokens": (1, 4, 8, 64),
     },
-    "maxnreg": {  # stop 18: registers capped so that more programs fit per SM (down at T = 1: 736 programs)
-        "dense": [],
-        "moe": [MOE_GEMV] + [MoeGemvConfig(dataclasses.replace(MOE_GEMV.gate_up, maxnreg=g),
-                                           dataclasses.replace(MOE_GEMV.down, maxnreg=d))
-                             for g, d in ((0, 80), (0, 64), (0, 56), (64, 64), (48, 0))],
-        "tokens": (1, 8, 64),
-    },
 }
-
-
-def print_registers(configs) -> None:
-    """Registers per thread of each MoE decode kernel as compiled here (the device's Triton), per config."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import compile as triton_compile
-
-    from mxrepack.kernels import check
-    cap = torch.cuda.get_device_capability()
-    for cfg in configs:
-        for name, src in check._moe_gemv_sources(cfg).items():
-            one = cfg.gate_up if "gate_up" in name else cfg.down
-            opts = {k: v for k, v in one.launch_options().items() if k != "launch_pdl"}
-            k = triton_compile(check.specialized(src), target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32), options=opts)
-            k._init_handles()
-            print(f"registers {cfg.name()} {name}: {k.n_regs} (spills {k.n_spills})", flush=True)
 
 
 def same_bits_as_pdl_twin(run, cfg) -> None:
@@ -135,8 +112,6 @@ def main() -> None:
     for shape, configs in chosen["dense"]:
         dense_case(rows, bw, shape, configs)  # each case's rotating weights are freed when it returns
     torch.cuda.empty_cache()
-    if set_name == "maxnreg":
-        print_registers(chosen["moe"])
     moe_cases(rows, bw, chosen["moe"], chosen["tokens"])
     if out:
         json.dump(rows, open(out[0], "w"), indent=1)

@@ -52,7 +52,6 @@ class GemvConfig:
     # request their first weight tiles, then wait (``griddepcontrol.wait``) for the activations. The launch
     # gap and the previous kernel's tail then overlap weight streaming. 0 or 1.
     pdl: int = 0
-    maxnreg: int = 0  # > 0: registers per thread capped at launch (more programs per SM); 0: the compiler's choice
 
     def __post_init__(self):
         if self.pdl not in (0, 1):
@@ -63,8 +62,7 @@ class GemvConfig:
     def name(self) -> str:
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
         pdl = f"pdl{self.pdl}" if self.pdl else ""
-        regs = f"r{self.maxnreg}" if self.maxnreg else ""
-        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}{regs}"
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}"
 
     @property
     def prepared(self) -> bool:
@@ -83,8 +81,6 @@ class GemvConfig:
 
     def launch_options(self) -> dict:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if self.maxnreg:
-            opts["maxnreg"] = self.maxnreg
         return opts | {"launch_pdl": True} if self.pdl else opts
 
 
