@@ -22,12 +22,13 @@ import typer
 
 from mxrepack.errors import MxRepackError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, context_settings=_CONTEXT,
                   help="Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want.")
 SUBCOMMANDS = {"convert", "inspect", "targets", "verify", "make-fixture", "kernels", "eval", "push"}
-kernels_app = typer.Typer(no_args_is_help=True, help="mxrepack's Triton kernels: build proofs.")
+kernels_app = typer.Typer(no_args_is_help=True, context_settings=_CONTEXT, help="mxrepack's Triton kernels: build proofs.")
 app.add_typer(kernels_app, name="kernels")
-eval_app = typer.Typer(no_args_is_help=True, help="Evidence: logit fidelity, GPQA-style accuracy, regression gate, report.")
+eval_app = typer.Typer(no_args_is_help=True, context_settings=_CONTEXT, help="Evidence: logit fidelity, GPQA-style accuracy, regression gate, report.")
 app.add_typer(eval_app, name="eval")
 INTERRUPTED = "error: interrupted; nothing was written to the output path"
 
@@ -48,6 +49,20 @@ def _emit(data: dict, as_json: bool, human: str) -> None:
         typer.echo(json.dumps(data, indent=2))
     else:
         typer.echo(human)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import mxrepack
+
+        typer.echo(f"mxrepack {mxrepack.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit")) -> None:
+    """Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want."""
 
 
 @app.command("convert")
@@ -412,6 +427,11 @@ def eval_record_cmd(
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        typo = _misspelled_subcommand(argv[0])
+        if typo:
+            typer.echo(f"error: unknown command {argv[0]!r}; did you mean {typo!r}? (a checkpoint to convert is a "
+                       "directory or a Hub id ORG/NAME)", err=True)
+            return 2
         argv.insert(0, "convert")
     # A file-size limit (RLIMIT_FSIZE) should surface as a write error, not kill the process.
     if hasattr(signal, "SIGXFSZ"):
@@ -428,19 +448,49 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo(INTERRUPTED, err=True)
         return 130
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:  # usage errors
+        usage, leave, abort = _click_exceptions()
+        if isinstance(e, usage):
             e.show()
             return e.exit_code
-        if isinstance(e, click.exceptions.Exit):
+        if isinstance(e, leave):
             return e.exit_code
-        if isinstance(e, click.exceptions.Abort):
+        if isinstance(e, abort):
             typer.echo("error: aborted", err=True)
             return 130
         raise
     return 0
+
+
+def _misspelled_subcommand(word: str) -> str | None:
+    """The subcommand ``word`` is a near miss of, when it cannot be a source (no such path, no ``/``)."""
+    import difflib
+
+    if "/" in word or Path(word).exists():
+        return None
+    close = difflib.get_close_matches(word, sorted(SUBCOMMANDS), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
+    """(usage error, exit, abort) exception classes of every click the installed typer may raise from.
+
+    typer >= 0.22 bundles its own copy of click (``typer._click``; Exit and Abort in ``typer.exceptions``),
+    whose classes are not the ``click`` package's: a handler for one of them only lets the other's usage
+    errors through as tracebacks. Older typers raise ``click``'s."""
+    import importlib
+
+    modules = []
+    for name in ("click.exceptions", "typer._click.exceptions", "typer.exceptions", "typer"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            pass
+
+    def classes(attr: str) -> tuple[type, ...]:
+        return tuple({c for m in modules if isinstance(c := getattr(m, attr, None), type)})
+
+    return classes("ClickException"), classes("Exit"), classes("Abort")
 
 
 if __name__ == "__main__":

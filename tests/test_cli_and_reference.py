@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from mxrepack.cli import main
@@ -33,6 +34,20 @@ def test_targets_inspect_and_verify(tiny, tmp_path, capsys):
     assert v["ok"] and v["source_checked"] and v["checksums"]
     assert main(["inspect", str(out)]) == 0
     assert "mxrepack target 'bf16'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,rc,text", [
+    (["-h"], 0, "Usage: repack"), (["--version"], 0, "mxrepack "), (["convert", "-h"], 0, "Usage: repack convert"),
+    (["x", "--target"], 2, "Option '--target' requires an argument"), (["x", "--bogus"], 2, "No such option: --bogus"),
+    (["kernels", "check", "--jobs", "abc"], 2, "Invalid value for '--jobs'"),
+    (["kernels", "chek"], 2, "No such command 'chek'"), (["verfy", "out"], 2, "did you mean 'verify'"),
+])
+def test_usage_mistakes_are_short_messages_not_tracebacks(args, rc, text):
+    p = run(*args)
+    assert p.returncode == rc and "Traceback" not in p.stderr + p.stdout
+    assert text in p.stdout + p.stderr
+    if rc:
+        assert len(p.stderr.strip().splitlines()) <= 4
 
 
 def test_verify_detects_tampering_and_missing_manifest(tiny, tmp_path):

@@ -118,14 +118,126 @@ def test_layout_roundtrips_on_tiny(tiny):
 
 def test_existing_output_is_refused_then_replaced_with_overwrite(tiny, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep").write_text("x")
+    repack(str(tiny), "bf16", out)
     with pytest.raises(MxRepackError, match="already exists; pass --overwrite"):
-        repack(str(tiny), "bf16", out)
-    assert (out / "keep").exists()
-    repack(str(tiny), "bf16", out, overwrite=True)
-    assert not (out / "keep").exists() and (out / "mxrepack.json").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary siblings left
+        repack(str(tiny), "mxfp4", out)
+    repack(str(tiny), "mxfp4", out, overwrite=True)
+    assert json.loads((out / "mxrepack.json").read_text())["target"]["name"] == "mxfp4"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary siblings or lock left
+
+
+def _tree(path: Path) -> dict:
+    return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*"))}
+
+
+@pytest.mark.parametrize("where", ["source", "source parent", "inside source", "plain folder", "output with a user file"])
+def test_overwrite_never_deletes_what_mxrepack_did_not_write(tiny, tmp_path, copy_of, where):
+    """--overwrite replaces only an mxrepack output holding nothing else, and never the source or what holds it."""
+    src = copy_of(tiny)
+    (tmp_path / "notes.txt").write_text("the user's")
+    out = {"source": src, "source parent": tmp_path, "inside source": src / "sub", "plain folder": tmp_path / "mine",
+           "output with a user file": tmp_path / "out"}[where]
+    if where == "plain folder":
+        out.mkdir()
+        (out / "keep.txt").write_text("x")
+    if where == "output with a user file":
+        repack(str(src), "bf16", out)
+        (out / "my-eval.json").write_text("{}")
+    before = _tree(tmp_path)
+    message = {"source": "is the source checkpoint", "source parent": "contains the source checkpoint",
+               "inside source": "lies inside the source checkpoint", "plain folder": "holds no readable mxrepack.json",
+               "output with a user file": "holds 'my-eval.json', which its manifest does not list"}[where]
+    with pytest.raises(MxRepackError, match=message) as e:
+        repack(str(src), "bf16", out, overwrite=True)
+    assert "\n" not in str(e.value) and str(out) in str(e.value)
+    assert _tree(tmp_path) == before  # nothing touched, no lock or temporary left
+
+
+def test_hub_cache_blobs_count_as_the_source(tmp_path, tiny):
+    """A Hub-cache source is its snapshot and the blobs its links resolve to: neither may be an output."""
+    repo = tmp_path / "models--org--tiny"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in tiny.iterdir():
+        (blobs / f.name).write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(Path("../../blobs") / f.name)
+    for out in (blobs, repo):
+        with pytest.raises(MxRepackError, match="source checkpoint"):
+            repack(str(snap), "bf16", out, overwrite=True)
+    assert sorted(p.name for p in blobs.iterdir()) == sorted(p.name for p in tiny.iterdir())
+
+
+def test_a_second_conversion_to_the_same_output_fails_and_leaves_the_first(tiny, tmp_path):
+    from mxrepack.repack.destination import OutputLock
+
+    out = tmp_path / "out"
+    repack(str(tiny), "bf16", out)
+    before = _tree(out)
+    with OutputLock(out.absolute()):  # another conversion in progress
+        with pytest.raises(MxRepackError, match=f"another repack is writing this output \\(process {os.getpid()}\\)"):
+            repack(str(tiny), "mxfp4", out, overwrite=True)
+        with pytest.raises(MxRepackError, match="another repack is writing"):
+            repack(str(tiny), "mxfp4", tmp_path / "out")
+    assert _tree(out) == before
+    repack(str(tiny), "mxfp4", out, overwrite=True)  # the lock is released with its holder
+
+
+def test_two_processes_racing_for_one_output(tiny, tmp_path):
+    """Two real conversions started together: exactly one writes the output, the other fails in one line."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "bf16", "--out", str(out),
+           "--no-source-hash", "--json"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 1], results
+    err = next(e for rc, e in results if rc == 1).strip()
+    assert len(err.splitlines()) == 1 and ("another repack is writing" in err or "already exists" in err)
+    assert verify_dir(out)["ok"]
+
+
+def test_unwritable_output_place_is_one_line(tiny, tmp_path, monkeypatch):
+    """A read-only place (a read-only mount; root ignores permission bits, so the OS error is injected)."""
+    import errno
+
+    import mxrepack.repack.destination as destination
+
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith(".mxrepack-lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(destination.os, "open", read_only)
+    with pytest.raises(MxRepackError, match="cannot write the output here \\(Read-only file system\\)"):
+        repack(str(tiny), "bf16", tmp_path / "out")
+    monkeypatch.undo()
+
+    def no_mkdir(self, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "mkdir", no_mkdir)
+    with pytest.raises(MxRepackError, match="cannot write the output here"):
+        repack(str(tiny), "bf16", tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_make_fixture_overwrite_replaces_only_a_fixture(tmp_path):
+    from mxrepack.repack.fixture import make_fixture
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("x")
+    with pytest.raises(MxRepackError, match="only replaces a fixture"):
+        make_fixture(mine, "tiny", overwrite=True)
+    assert (mine / "thesis.tex").exists()
+    fx = make_fixture(tmp_path / "fx", "tiny", seed=1)
+    make_fixture(fx, "tiny", seed=2, overwrite=True)
+    (fx / "notes").write_text("x")
+    with pytest.raises(MxRepackError, match="holds 'notes'"):
+        make_fixture(fx, "tiny", overwrite=True)
 
 
 def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):

@@ -173,6 +173,9 @@ def train(out: Path, steps: int = 560, batch: int = 32, seed: int = 0, qat_fract
     from torch.nn.utils import parametrize
     from transformers import GptOssConfig, GptOssForCausalLM
 
+    if out.exists() and not (out / "tasks" / "training.json").is_file():
+        # Only a folder this script made (it records its training there) is ever replaced.
+        raise SystemExit(f"{out}: exists and is not a model made by train_tiny; choose another path")
     torch.manual_seed(seed)
     config = tiny_config()
     hf = {k: v for k, v in config.items() if k != "quantization_config"}
@@ -241,7 +244,8 @@ def train(out: Path, steps: int = 560, batch: int = 32, seed: int = 0, qat_fract
              "final_loss": round(loss.item(), 4), "test_accuracy_greedy": acc, "test_rows": len(test_rows),
              "chance": 0.25}
     (tmp / "tasks" / "training.json").write_text(json.dumps(stats, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
+    if out.exists():  # checked at the start: a bundled-model folder made by this script
+        shutil.rmtree(out)
     tmp.rename(out)
     log(json.dumps(stats))
     return stats

@@ -109,6 +109,23 @@ def _original_tensors(c: dict) -> dict[str, tuple[tuple[int, ...], str, list[str
     return out
 
 
+FIXTURE_MARK = "mxrepack-fixture.json"  # what make-fixture wrote there: the only folders --overwrite replaces
+
+
+def _not_a_fixture(out: Path) -> str | None:
+    """Why ``out`` is not a fixture folder that ``--overwrite`` may replace whole, or None."""
+    if out.is_symlink() or not out.is_dir():
+        return "this is not a folder"
+    try:
+        listed = set(json.loads((out / FIXTURE_MARK).read_text())["files"]) | {FIXTURE_MARK}
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"it holds no readable {FIXTURE_MARK}"
+    for entry in sorted(out.iterdir()):
+        if entry.name not in listed:
+            return f"it holds {entry.name!r}, which make-fixture did not write"
+    return None
+
+
 def make_fixture(out: str | Path, preset: str = "tiny", layers: int | None = None, seed: int = 0,
                  layout: str = "hf", shard_bytes: int = 4_800_000_000, overwrite: bool = False,
                  chunk_bytes: int = 64 << 20, **overrides) -> Path:
@@ -116,10 +133,13 @@ def make_fixture(out: str | Path, preset: str = "tiny", layers: int | None = Non
     if layout not in ("hf", "original"):
         raise MxRepackError(f"unknown fixture layout {layout!r}; valid: hf, original")
     out = Path(out)
-    if out.exists():
+    if out.exists() or out.is_symlink():
         if not overwrite:
             raise MxRepackError(f"{out}: already exists; pass --overwrite to replace it")
-        shutil.rmtree(out)
+        problem = _not_a_fixture(out)
+        if problem:
+            raise MxRepackError(f"{out}: --overwrite only replaces a fixture made by `repack make-fixture`, and "
+                                f"{problem}; remove it yourself or choose another path")
     config = fixture_config(preset, layers, **overrides)
     d = gptoss.Dims.from_config(config)
     expected = gptoss.expected_tensors(d)
@@ -161,7 +181,17 @@ def make_fixture(out: str | Path, preset: str = "tiny", layers: int | None = Non
             {"bos_token_id": config["bos_token_id"], "eos_token_id": [config["eos_token_id"]],
              "pad_token_id": config["pad_token_id"], "do_sample": True}, indent=2))
         (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-        tmp.rename(out)
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / FIXTURE_MARK).write_text(json.dumps({"preset": preset, "layers": layers, "seed": seed,
+                                                    "layout": layout, "files": files}, indent=2))
+        if out.exists():  # a fixture, checked above: aside first, so the path always holds a whole one
+            old = out.parent / f".{out.name}.fixture-old"
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

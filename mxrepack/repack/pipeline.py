@@ -31,6 +31,7 @@ from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
 from mxrepack.layouts import make_layout
 from mxrepack.layouts.base import passthrough
+from mxrepack.repack.destination import OutputLock, check_destination, replace_with, source_places
 from mxrepack.repack.memory import keep_freed_memory
 from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
@@ -290,33 +291,18 @@ def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_
     }
 
 
-def repack(source: str, target: str | None = None, out: str | Path | None = None, *, recipe_file: str | None = None,
-           revision: str | None = None, overwrite: bool = False, shard_bytes: int = DEFAULT_SHARD_BYTES,
-           chunk_bytes: int = DEFAULT_CHUNK_BYTES, hash_source: bool = True, progress: Progress | None = None,
-           checkpoint: Checkpoint | None = None, dense: str | None = None, dense_layers: str | None = None,
-           scale_rule: str | None = None, scale_search: bool | None = None,
-           activations: str | Path | None = None) -> RepackResult:
-    """Convert ``source`` for ``target`` (or ``recipe_file``) into ``out``; see the module docstring.
-
-    ``dense``/``dense_layers``/``scale_rule``/``scale_search`` override the recipe's dense section;
-    ``activations`` is a safetensors file of recorded layer inputs for the error report."""
-    started = time.perf_counter()
-    keep_freed_memory()
-    recipe = load_recipe(target, recipe_file).with_overrides(dense, dense_layers, scale_rule, scale_search)
-    out = Path(out) if out is not None else default_out(source, recipe.name)
-    out = out.expanduser().absolute()
-    if out.exists() and not overwrite:
-        raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
-    if not out.parent.is_dir():
-        raise MxRepackError(f"{out.parent}: output's parent directory does not exist")
-    ck = checkpoint or open_checkpoint(source, revision)
-    plan = build_plan(ck, recipe, load_activations(activations))
+def _convert(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], out: Path, shard_bytes: int, chunk_bytes: int,
+             hash_source: bool, progress: Progress | None) -> tuple[dict, dict, dict]:
+    """Write, verify and rename into place (the caller holds the output's lock and has checked the path);
+    returns (manifest, files, verify report)."""
     hash_futures = ck.hash_files_async() if hash_source else {}
-
     _stale_temp_dirs(out)
     tmp = out.parent / f".{out.name}.mxrepack-tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise MxRepackError(f"{out.parent}: cannot write the output here ({e.strerror or e})") from None
     previous_term = signal.getsignal(signal.SIGTERM)
     try:
         # SIGTERM unwinds like Ctrl-C so the finally below removes the temporary directory.
@@ -342,13 +328,7 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
         report = verify_dir(tmp, checksums=False, source=ck, quick=True)
         if not report["ok"]:
             raise MxRepackError(f"{out}: verification of the new output failed: {report['problems'][0]}")
-        if out.exists():
-            old = out.parent / f".{out.name}.mxrepack-old-{os.getpid()}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        replace_with(out, tmp)
     except OSError as e:
         where = e.filename or tmp
         raise MxRepackError(f"{where}: write failed ({e.strerror or e}); is the disk full?") from None
@@ -356,6 +336,33 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
         shutil.rmtree(tmp, ignore_errors=True)
+    return manifest, files, report
+
+
+def repack(source: str, target: str | None = None, out: str | Path | None = None, *, recipe_file: str | None = None,
+           revision: str | None = None, overwrite: bool = False, shard_bytes: int = DEFAULT_SHARD_BYTES,
+           chunk_bytes: int = DEFAULT_CHUNK_BYTES, hash_source: bool = True, progress: Progress | None = None,
+           checkpoint: Checkpoint | None = None, dense: str | None = None, dense_layers: str | None = None,
+           scale_rule: str | None = None, scale_search: bool | None = None,
+           activations: str | Path | None = None) -> RepackResult:
+    """Convert ``source`` for ``target`` (or ``recipe_file``) into ``out``; see the module docstring.
+
+    ``dense``/``dense_layers``/``scale_rule``/``scale_search`` override the recipe's dense section;
+    ``activations`` is a safetensors file of recorded layer inputs for the error report."""
+    started = time.perf_counter()
+    keep_freed_memory()
+    recipe = load_recipe(target, recipe_file).with_overrides(dense, dense_layers, scale_rule, scale_search)
+    out = Path(out) if out is not None else default_out(source, recipe.name)
+    out = out.expanduser().absolute()
+    if not out.parent.is_dir():
+        raise MxRepackError(f"{out.parent}: output's parent directory does not exist")
+    with OutputLock(out):
+        if (out.exists() or out.is_symlink()) and not overwrite:  # before a Hub source is fetched
+            raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
+        ck = checkpoint or open_checkpoint(source, revision)
+        check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
+        plan = build_plan(ck, recipe, load_activations(activations))
+        manifest, files, report = _convert(ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress)
     return RepackResult(out, recipe.name, len(plan), len(files), ck.total_bytes,
                         sum(f["size"] for f in files.values()), time.perf_counter() - started, report,
                         manifest["quantization_error"])
