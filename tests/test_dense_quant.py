@@ -237,7 +237,7 @@ def test_swizzled_dense_scales_through_the_pipeline(tiny, tmp_path):
     from mxrepack.layouts.base import unswizzle_128x4
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("name: swz\ndescription: b12x experts, MXFP4 dense with 128x4 scales\nexperts:\n  layout: b12x\n"
+    recipe.write_text("name: swz\ndescription: flashinfer-cutlass experts, MXFP4 dense with 128x4 scales\nexperts:\n  layout: flashinfer-cutlass\n"
                       "dense:\n  format: mxfp4\n  layers: [qkv, o, lm_head]\n  scales: swizzled\n"
                       "config:\n  quantization_config: mxrepack\n")
     out = repack(str(tiny), recipe_file=str(recipe), out=tmp_path / "o", chunk_bytes=1 << 16).out  # many 128-row chunks

@@ -82,6 +82,8 @@ def _layout(name):
         return make_layout("marlin", {"fp8_activations": True})
     if name == "triton-blackwell-scales":
         return make_layout("triton-hopper", {"value": "strided", "scale": "blackwell"})
+    if name == "triton-hopper-vllm":  # the sm90 target: scale groups padded to 4 as vLLM does on sm90
+        return make_layout("triton-hopper", {"scale_groups_multiple": 4})
     return get_layout(name)
 
 
@@ -201,8 +203,8 @@ def test_triton_hopper_bit_twiddle_lets_a_mask_read_bf16():
     assert torch.equal(untwiddle_bits(twiddle_bits(x)), x)
 
 
-@pytest.mark.parametrize("name", ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4", "b12x", "strided",
-                                  "triton-hopper", "triton-blackwell-scales"])
+@pytest.mark.parametrize("name", ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4", "flashinfer-cutlass", "strided",
+                                  "triton-hopper", "triton-blackwell-scales", "triton-hopper-vllm"])
 @settings(max_examples=12, deadline=None)
 @given(E=st.integers(1, 3), h=st.integers(1, 10), i=st.integers(1, 10), seed=st.integers(0, 2**31))
 def test_roundtrip_is_byte_exact(name, E, h, i, seed):
@@ -224,8 +226,8 @@ def test_roundtrip_is_byte_exact(name, E, h, i, seed):
         assert all(torch.equal(one[k].view(torch.uint8), stored[k][1:2].view(torch.uint8)) for k in one)
 
 
-ALL_LAYOUTS = ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4", "b12x", "strided", "triton-hopper",
-               "triton-blackwell-scales"]
+ALL_LAYOUTS = ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4", "flashinfer-cutlass", "strided", "triton-hopper",
+               "triton-blackwell-scales", "triton-hopper-vllm"]
 
 
 @pytest.mark.parametrize("name", ALL_LAYOUTS)
@@ -259,10 +261,21 @@ def test_reference_gemm_on_padded_layout_equals_unpadded(name, h, i, seed):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
-def test_b12x_rows_are_up_then_gate_padded_per_half():
+def test_flashinfer_cutlass_matches_vllm_cutlass_mxfp8_conversion(golden):
+    """What vLLM 0.33.0's FLASHINFER_CUTLASS_MXFP4_MXFP8 backend computes with on sm_12x, byte for byte; the former
+    name ``b12x`` still reaches it."""
+    g = golden("flashinfer_cutlass_sm12x.safetensors")
+    out = _pack(get_layout("flashinfer-cutlass"), _inputs(g), GOLDEN_DIMS)
+    for name in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_bias", "w2_bias"):
+        ref = g[f"ficutlass_mxfp8.out.{name}"]
+        assert out[name].dtype == ref.dtype and torch.equal(out[name], ref), name
+    assert get_layout("b12x") is get_layout("flashinfer-cutlass")
+
+
+def test_flashinfer_cutlass_rows_are_up_then_gate_padded_per_half():
     dims = ExpertDims(1, 160, 96)
     parts = _random_parts(1, 160, 96, 3)
-    out = _pack(get_layout("b12x"), parts, dims)
+    out = _pack(get_layout("flashinfer-cutlass"), parts, dims)
     w = parts["gate_up_proj_blocks"].flatten(2)
     Ip, Hp = 128, 256
     assert out["w13_weight"].shape == (1, 2 * Ip, Hp // 2)

@@ -46,7 +46,7 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     elif target == "mxfp4":
         assert quant["quant_method"] == "mxfp4"
     else:  # kernel layouts must not be mistaken for the native format by a stock engine
-        layout = {"sm121-marlin": "marlin", "sm100": "trtllm", "sm90": "triton-hopper", "sm121": "b12x"}[target]
+        layout = {"sm121-marlin": "marlin", "sm100": "trtllm", "sm90": "triton-hopper", "sm121": "flashinfer-cutlass"}[target]
         dense = ["dense-mxfp4"] if target == "sm121" else []  # sm12x recipes quantize q/k/v/o/lm_head
         assert quant["quant_method"] == "mxrepack" and quant["target"] == target
         assert quant["layouts"] == sorted([layout, "passthrough", *dense])
@@ -54,10 +54,10 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
         assert quant["groups"]["experts"]["stored"]["w13_weight"]["logical_shape"][0] == 4
         padding = {"marlin": {"hidden": [288, 512], "intermediate": [160, 256]},
                    "trtllm": {"hidden": [288, 512], "intermediate": [160, 256]},
-                   "b12x": {"hidden": [288, 384], "intermediate": [160, 256]}}
+                   "flashinfer-cutlass": {"hidden": [288, 384], "intermediate": [160, 256]}}
         if layout in padding:
             assert entry["padding"] == padding[layout]
-        assert entry["stored_shape"] == {"marlin": [4, 32, 1024], "trtllm": [4, 512, 256], "b12x": [4, 512, 192],
+        assert entry["stored_shape"] == {"marlin": [4, 32, 1024], "trtllm": [4, 512, 256], "flashinfer-cutlass": [4, 512, 192],
                                          "triton-hopper": [4, 80, 640]}[layout]
     assert verify_dir(out)["ok"]
 
@@ -247,7 +247,7 @@ def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
     assert repack(str(tiny), None, tmp_path / "o", recipe_file=str(good)).target == "mine"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: b\ndescription: d\nexperts: {layout: nope}\ndense: {format: bf16}\nconfig: {quantization_config: remove}\n")
-    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: b12x, bf16, compressed-tensors, marlin, mxfp4, strided, triton-hopper, trtllm\)"):
+    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: bf16, compressed-tensors, flashinfer-cutlass, marlin, mxfp4, strided, triton-hopper, trtllm\)"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     bad.write_text("name: b\ndescription: d\nexperts: {layout: bf16, colour: red}\n")
     with pytest.raises(MxRepackError, match="key 'experts.colour' is not known"):

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts import b12x, bf16, compressed_tensors, marlin, mxfp4, strided, triton_hopper, trtllm
+from mxrepack.layouts import (bf16, compressed_tensors, flashinfer_cutlass, marlin, mxfp4, strided, triton_hopper,
+                              trtllm)
 from mxrepack.layouts.base import EXPERTS_PREFIX, ExpertDims, ExpertLayout, OutputSpec, dense_weights
 
-LAYOUTS: dict[str, ExpertLayout] = {m.LAYOUT.name: m.LAYOUT for m in (mxfp4, bf16, marlin, trtllm, b12x, triton_hopper, strided, compressed_tensors)}
+LAYOUTS: dict[str, ExpertLayout] = {m.LAYOUT.name: m.LAYOUT for m in (mxfp4, bf16, marlin, trtllm, flashinfer_cutlass,
+                                                                triton_hopper, strided, compressed_tensors)}
+# Former names: a recipe written for an earlier release still names the same bytes.
+RENAMED = {"b12x": "flashinfer-cutlass"}
 
 
 def get_layout(name: str) -> ExpertLayout:
     try:
-        return LAYOUTS[name]
+        return LAYOUTS[RENAMED.get(name, name)]
     except KeyError:
         raise MxRepackError(f"unknown layout {name!r}; valid: {', '.join(sorted(LAYOUTS))}") from None
 

@@ -224,13 +224,18 @@ class TritonHopperLayout(ExpertLayout):
     description = ("OpenAI triton_kernels matmul_ogs (as vLLM 0.33.0 calls it on Hopper): HopperMXValueLayout "
                    "bit-twiddled values, HopperMXScaleLayout scales, fp32 biases, gate/up interleaved")
 
-    def __init__(self, value: str = "hopper", scale: str = "hopper", num_warps: int = 8):
+    def __init__(self, value: str = "hopper", scale: str = "hopper", num_warps: int = 8, scale_groups_multiple: int = 1):
         for what, v in (("value", value), ("scale", scale)):
             if v not in LAYOUT_NAMES:
                 raise MxRepackError(f"triton-hopper option {what}={v!r}: expected one of {', '.join(LAYOUT_NAMES)}")
         if num_warps not in (1, 2, 4, 8, 16):
             raise MxRepackError(f"triton-hopper option num_warps={num_warps!r}: expected a power of two <= 16")
+        if scale_groups_multiple not in (1, 2, 4):
+            raise MxRepackError(f"triton-hopper option scale_groups_multiple={scale_groups_multiple!r}: expected 1, 2 or 4")
         self.value, self.scale, self.num_warps = value, scale, num_warps
+        # vLLM's _swizzle_mxfp4 zero-pads the K/32 scale groups to a multiple of 4 on sm90 before swizzling (vLLM
+        # #47303; 0.26 and 0.33): 4 gives its bytes, 1 triton_kernels' own (the golden vectors).
+        self.scale_groups_multiple = scale_groups_multiple
 
     def _value(self, w: torch.Tensor) -> torch.Tensor:
         return {"hopper": hopper_value_swizzle, "blackwell": blackwell_value_pad, "strided": lambda t: t}[self.value](w)
@@ -244,11 +249,14 @@ class TritonHopperLayout(ExpertLayout):
         return hopper_value_unswizzle(x) if self.value == "hopper" else x
 
     def _scale(self, s: torch.Tensor) -> torch.Tensor:
+        if s.shape[2] % self.scale_groups_multiple:
+            s = pad_rows_cols(s, s.shape[1], round_up(s.shape[2], self.scale_groups_multiple))
         if self.scale == "hopper":
             return hopper_scale_swizzle(s, self.num_warps)
         return blackwell_scale_swizzle(s) if self.scale == "blackwell" else s
 
     def _scale_shape(self, E: int, N: int, Ks: int) -> tuple[int, ...]:
+        Ks = round_up(Ks, self.scale_groups_multiple)
         if self.scale == "hopper":
             return (E, round_up(N, 32 * self.num_warps) // 32, round_up(Ks, 2) * 32)
         if self.scale == "blackwell":

@@ -19,9 +19,30 @@ from mxrepack.errors import MxRepackError
 EXPERT_TARGET = r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"
 FORMAT_OF = {"mxfp4": "mxfp4-pack-quantized", "mxfp8": "mxfp8-quantized"}
 PRESET_OF = {"mxfp4": "MXFP4A16", "mxfp8": "MXFP8A16"}
+TESTED = ((0, 19), (0, 22))  # [from, below): the versions whose bytes and config the tests compare with
+
+
+def require():
+    """The compressed-tensors library, or one line saying how to get a version this target is tested with (it is an
+    extra: vLLM pins 0.17, and mxrepack's vLLM plugin must install beside that)."""
+    try:
+        import compressed_tensors
+    except ImportError:
+        raise MxRepackError('the compressed-tensors target needs the compressed-tensors library: '
+                            'pip install "mxrepack[compressed-tensors]"') from None
+    try:
+        version = tuple(int(x) for x in compressed_tensors.__version__.split(".")[:2])
+    except ValueError:
+        version = TESTED[0]
+    if not TESTED[0] <= version < TESTED[1]:
+        raise MxRepackError(f"compressed-tensors {compressed_tensors.__version__} is installed; the compressed-tensors "
+                            "target is tested with 0.19 to 0.21: pip install \"mxrepack[compressed-tensors]\" (in an "
+                            "environment without vLLM, which pins 0.17)")
+    return compressed_tensors
 
 
 def scheme(fmt: str, targets: list[str]):
+    require()
     from compressed_tensors.quantization import preset_name_to_scheme
 
     s = preset_name_to_scheme(PRESET_OF[fmt], targets)
@@ -48,7 +69,7 @@ def quantization_config(experts_mxfp4: bool, dense_format: str | None, dense_mod
 
     ``dense_modules``: the dense Linear modules quantized (``dense_format``); ``all_linear``: every
     dense Linear module of the model (the rest go to ``ignore``)."""
-    import compressed_tensors
+    compressed_tensors = require()
     from compressed_tensors.quantization import QuantizationConfig
 
     groups, formats = {}, []

@@ -1,19 +1,21 @@
-"""``b12x``: FlashInfer's sm120/sm121 fused MoE (b12x CuTe-DSL, ``b12x_fused_moe``, mxfp4 mode) and
-CUTLASS sm12x block-scaled GEMMs.
+"""``flashinfer-cutlass``: FlashInfer's CUTLASS fused MoE with MXFP4 weights, as vLLM 0.33.0 prepares them for its
+``FLASHINFER_CUTLASS_MXFP4_MXFP8`` backend (MXFP4 weights x MXFP8 activations, expert biases supported).
 
-No golden vector exists for this prep (golden README); it is implemented from layouts.md 2.4-2.5 and
-FlashInfer PR #4290 (``prepare_*`` docstrings, ``_pad_intermediate_to_tile``), and its 128x4 scale
-swizzle is the function the TRT-LLM golden vector proves byte for byte (``swizzle_128x4``):
+On compute capability 12.x (RTX 50xx, RTX PRO 6000, GB10) this is vLLM's opt-in fast path for gpt-oss; its
+default there is Marlin (the ``marlin`` layout). Byte-equal to ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``
+for that backend (golden ``flashinfer_cutlass_sm12x.safetensors``, section ``ficutlass_mxfp8``):
 
-* w13 ``[E, 2*Ip, Hp/2]``: gate/up de-interleaved to ``[up(0:Ip) | gate(Ip:2Ip)]`` (the
-  ``swigluoai_uninterleave`` activation); each half zero-padded to Ip on its own (FlashInfer pads the
-  halves separately at load time, so the real rows of both halves start at 0 and Ip);
-* hidden zero-padded to a multiple of 128 (``MXFP4 b12x hidden_size must be a multiple of 128``:
-  2880 -> 2944), intermediate to the 128-row tile ``_LEVEL_TILE_N`` (2880 -> 2944), done here so the
-  engine's runtime pad-and-reswizzle is a no-op;
-* scales: raw E8M0 bytes (``Float8E8M0FNU``, vector 32), each expert's ``[rows, K/32]`` in the 128x4
-  swizzle (rows % 128 == 0 and K/32 % 4 == 0 by the padding above);
+* hidden and intermediate zero-padded to a multiple of 128 (gpt-oss 2880 -> 2944), as vLLM pads this backend's
+  parameters before loading into them;
+* w13 ``[E, 2*Ip, Hp/2]``: gate/up de-interleaved to ``[up(0:Ip) | gate(Ip:2Ip)]``, each half its real rows then
+  its own zero rows; no weight shuffle;
+* scales: raw E8M0 bytes, each expert's ``[rows, K/32]`` in the 128x4 block-scale swizzle (FlashInfer
+  ``block_scale_interleave``);
 * w2 ``[E, Hp, Ip/2]`` unchanged apart from padding; biases bf16 in the same row order.
+
+FlashInfer's b12x fused MoE (sm120/121 CuTe-DSL) is not a consumer: it takes no expert biases, quantizes activations
+to MXFP4, re-pads an intermediate of 2944 to 3072 at decode, and vLLM 0.33.0 never routes gpt-oss to it
+(layouts.md 2.5, correction).
 """
 
 from __future__ import annotations
@@ -23,21 +25,23 @@ import torch
 from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, gate_up_from_halves, gate_up_halves_padded,
                                    pad_rows_cols, packed_expert_outputs, round_up, swizzle_128x4, unswizzle_128x4)
 
-UPSTREAM = ("flashinfer PR #4290 fused_moe/cute_dsl/b12x_moe.b12x_fused_moe (quant_mode mxfp4, "
-            "swigluoai_uninterleave) weight prep; not golden-tested (no upstream vector), 128x4 swizzle = "
-            "flashinfer swizzle_block_scale")
+UPSTREAM = ("vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_CUTLASS_MXFP4_MXFP8) "
+            "(swap w13 halves, flashinfer block_scale_interleave)")
 
 
-class B12xLayout(ExpertLayout):
-    name = "b12x"
-    description = ("FlashInfer sm120/sm121 b12x fused MoE / CUTLASS sm12x: [up|gate] rows, hidden and "
+class FlashInferCutlassLayout(ExpertLayout):
+    name = "flashinfer-cutlass"
+    description = ("FlashInfer CUTLASS MXFP4 MoE (vLLM FLASHINFER_CUTLASS_MXFP4_MXFP8): [up|gate] rows, hidden and "
                    "intermediate padded to 128, 128x4-swizzled raw E8M0 scales, bf16 biases")
 
     def __init__(self, tile: int = 128):
         self.tile = tile
 
+    def padded(self, d: ExpertDims) -> tuple[int, int]:
+        return round_up(d.hidden, 128), round_up(d.intermediate, self.tile)
+
     def outputs(self, d: ExpertDims) -> list[OutputSpec]:
-        Hp, Ip = round_up(d.hidden, 128), round_up(d.intermediate, self.tile)
+        Hp, Ip = self.padded(d)
 
         def up_gate(x, cols):
             return gate_up_halves_padded(x, Ip, cols, up_first=True)
@@ -67,4 +71,4 @@ class B12xLayout(ExpertLayout):
         }
 
 
-LAYOUT = B12xLayout()
+LAYOUT = FlashInferCutlassLayout()

@@ -1,0 +1,318 @@
+"""Serve mxrepack outputs with a real vLLM on one GPU and compare them with stock vLLM on the source. Not a test.
+
+    python benchmarks/vllm_plugin_check.py --work /root/vpc --json out.json [--cases a,b,...] [--layers 2]
+
+Needs vLLM (on the lent GPU: ../shared/tools/vllm-kit, then the plugin's entry point made visible: see
+docs/SERVING.md "Proof"). One run:
+
+1. makes a gpt-oss checkpoint of real widths (``make_fixture("20b")``: hidden 2880, intermediate 2880, 32 experts, the
+   real 201088-token vocabulary; ``--layers`` deep) and repacks it for each case's target or recipe;
+2. starts ``vllm.LLM`` once per case, each in its own process (so each load's time and peak GPU memory are its own),
+   in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a failure's root cause lands in this log), eager mode;
+   records the time to ready, the weight phase (vLLM's ``load_model``: ``load_weights`` + process after loading, timed
+   by wrapping vLLM's loader), the GPU memory the load peaked at above what was allocated before it, greedy tokens and
+   the top-5 logprobs of every prompt position and generated token;
+3. compares each case with its baseline (stock vLLM on the source with the same MoE backend): greedy tokens equal, and
+   the largest |logprob difference| over the tokens both list;
+4. ``_convert``: for every expert layout, the tensors the plugin hands to vLLM's kernel (the stored bytes, retyped as
+   the plugin does) against vLLM's own ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` of the same source layer,
+   run here (the Blackwell-only backends' kernels cannot run on Hopper; their conversions can).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = [[(7 * i + 3 * j) % 5000 + 100 for j in range(24)] for i in range(3)]
+MAX_TOKENS = 8
+TOP = 5
+
+# Recipes of layouts that no built-in target carries (written into the work folder).
+RECIPES = {
+    "strided": {"name": "strided", "description": "strided experts on mxrepack's Triton kernels; BF16 dense",
+                "experts": {"layout": "strided"}, "dense": {"format": "bf16"},
+                "config": {"quantization_config": "mxrepack"}},
+    "marlin-dense": {"name": "marlin-dense", "description": "Marlin experts, MXFP4 q/k/v/o/lm_head (the sm121 dense)",
+                     "experts": {"layout": "marlin"},
+                     "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp"},
+                     "config": {"quantization_config": "mxrepack"}},
+}
+# name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
+CASES = {
+    "source-marlin": ("source", {"moe_backend": "marlin"}, None, "stock vLLM, Marlin MoE (the baseline)"),
+    "source-triton": ("source", {"moe_backend": "triton"}, None, "stock vLLM, triton_kernels MoE (the baseline)"),
+    "sm80": ("sm80", {}, "source-marlin", "bit-identical"),
+    "sm121-marlin": ("sm121-marlin", {}, "source-marlin", "bit-identical"),
+    "sm90": ("sm90", {}, "source-triton", "bit-identical"),
+    "strided": ("strided", {}, "source-marlin", "within the kernels' bound (other kernels, fp32 accumulation)"),
+    "marlin-dense": ("marlin-dense", {}, "source-marlin", "dense MXFP4 quantization error only"),
+    "bf16": ("bf16", {}, "source-marlin", "within BF16 matmul rounding"),
+    "compressed-tensors": ("compressed-tensors", {}, "source-marlin", "stock vLLM: does it load?"),
+}
+
+
+def _engine(model: str, out: str, kwargs_json: str) -> None:
+    """One case, in this process: start vLLM on ``model``, generate, write the record to ``out``."""
+    import torch
+
+    kwargs = json.loads(kwargs_json)
+    record: dict = {"model": model, "kwargs": kwargs, "ok": False}
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams
+        from vllm.model_executor.model_loader import base_loader
+
+        record["vllm"] = vllm.__version__
+        phases: dict[str, float] = {}
+        load_model = base_loader.BaseModelLoader.load_model
+
+        def timed_load_model(self, *a, **k):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            t = time.perf_counter()
+            model_ = load_model(self, *a, **k)
+            torch.cuda.synchronize()
+            phases["weight_phase_s"] = time.perf_counter() - t
+            phases["load_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+            phases["load_end_gib"] = (torch.cuda.memory_allocated() - base) / 2**30
+            return model_
+
+        base_loader.BaseModelLoader.load_model = timed_load_model
+        t0 = time.perf_counter()
+        llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, max_model_len=256, max_num_seqs=4,
+                  gpu_memory_utilization=0.35, seed=0, tensor_parallel_size=1, **kwargs)
+        record["ready_s"] = time.perf_counter() - t0
+        record.update(phases)
+        sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP, prompt_logprobs=TOP,
+                            detokenize=False, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp)
+        record["outputs"] = []
+        for o in outs:
+            c = o.outputs[0]
+            record["outputs"].append({
+                "tokens": list(c.token_ids),
+                "logprobs": [{str(t): lp.logprob for t, lp in d.items()} for d in (c.logprobs or [])],
+                "prompt_logprobs": [{str(t): lp.logprob for t, lp in d.items()} if d else {}
+                                    for d in (o.prompt_logprobs or [])],
+            })
+        record["ok"] = True
+    except BaseException as e:  # noqa: BLE001 - the record says what failed
+        record["error"] = f"{type(e).__name__}: {e}"[:2000]
+        record["traceback"] = traceback.format_exc()[-8000:]
+    Path(out).write_text(json.dumps(record))
+
+
+def compare(a: dict, b: dict) -> dict:
+    """Greedy tokens equal? The largest |logprob difference| over tokens listed by both, prompt and generated."""
+    if not (a.get("ok") and b.get("ok")):
+        return {"comparable": False}
+    same_tokens, worst, n = True, 0.0, 0
+    for oa, ob in zip(a["outputs"], b["outputs"]):
+        same_tokens &= oa["tokens"] == ob["tokens"]
+        for key in ("prompt_logprobs", "logprobs"):
+            for da, db in zip(oa[key], ob[key]):
+                for t in set(da) & set(db):
+                    worst = max(worst, abs(da[t] - db[t]))
+                    n += 1
+    return {"comparable": True, "tokens_equal": same_tokens, "max_abs_logprob_diff": worst, "logprobs_compared": n,
+            "bit_identical": same_tokens and worst == 0.0}
+
+
+def _convert(work: str, out: str) -> None:
+    """The tensors the plugin hands to vLLM's kernels vs vLLM's own conversion of the source, layer 0."""
+    import torch
+    from safetensors import safe_open
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+
+    from mxrepack.serve.spec import ServeSpec, load_config
+
+    work_dir = Path(work)
+    src = work_dir / "src"
+    results = {}
+
+    def tensors(directory: Path, names: list[str]) -> dict:
+        index = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+        got = {}
+        for n in names:
+            with safe_open(directory / index[n], "pt", device="cuda") as f:
+                got[n] = f.get_tensor(n)
+        return got
+
+    parts = ["gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks", "down_proj_scales",
+             "down_proj_bias"]
+    s = tensors(src, [f"model.layers.0.mlp.experts.{p}" for p in parts])
+    s = {p: s[f"model.layers.0.mlp.experts.{p}"] for p in parts}
+    for target, backend_name in (("sm80", "MARLIN"), ("sm90", "TRITON"), ("sm100", "FLASHINFER_TRTLLM_MXFP4_BF16"),
+                                 ("sm121", "FLASHINFER_CUTLASS_MXFP4_MXFP8")):
+        rec: dict = {"backend": backend_name}
+        results[target] = rec
+        try:
+            tdir = work_dir / target
+            spec = ServeSpec.from_config(load_config(tdir))
+            (h, hp), (i, ip) = spec.hidden, spec.intermediate
+            E = s["gate_up_proj_blocks"].shape[0]
+
+            def padded(x, rows, cols=None):
+                out = torch.zeros((E, rows) + ((cols,) if cols is not None else ()), dtype=x.dtype, device=x.device)
+                if cols is None:
+                    out[:, : x.shape[1]] = x
+                else:
+                    out[:, : x.shape[1], : x.shape[2]] = x
+                return out
+
+            # vLLM's parameters after its own load (zeros, the checkpoint in the top-left corner), at the stored padding
+            w13 = padded(s["gate_up_proj_blocks"].flatten(2), 2 * ip, hp // 2)
+            w13s = padded(s["gate_up_proj_scales"], 2 * ip, hp // 32)
+            b13 = padded(s["gate_up_proj_bias"], 2 * ip)
+            w2 = padded(s["down_proj_blocks"].flatten(2), hp, ip // 2)
+            w2s = padded(s["down_proj_scales"], hp, ip // 32)
+            b2 = padded(s["down_proj_bias"], hp)
+            layer = torch.nn.Module()
+            layer.params_dtype = torch.bfloat16
+            for n, t in (("w13_weight", w13), ("w2_weight", w2), ("w13_weight_scale", w13s), ("w2_weight_scale", w2s),
+                         ("w13_bias", b13), ("w2_bias", b2)):
+                layer.register_parameter(n, torch.nn.Parameter(t, requires_grad=False))
+            backend = oracle.Mxfp4MoeBackend[backend_name]
+            got = oracle.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
+                mxfp4_backend=backend, layer=layer, w13_weight=layer.w13_weight, w2_weight=layer.w2_weight,
+                w13_weight_scale=layer.w13_weight_scale, w2_weight_scale=layer.w2_weight_scale,
+                w13_bias=layer.w13_bias, w2_bias=layer.w2_bias, _cache_permute_indices={})
+            names = ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_bias", "w2_bias"]
+            vllm_t = dict(zip(names, got))
+            if backend in oracle.TRITON_BACKENDS:  # wrappers: compare their storage bytes in memory order
+                vllm_t["w13_weight"] = vllm_t["w13_weight"].storage.data.mT
+                vllm_t["w2_weight"] = vllm_t["w2_weight"].storage.data.mT
+                for w in ("w13", "w2"):
+                    pc = vllm_t[f"{w}_weight_scale"]
+                    sc = getattr(pc, "weight_scale", None) or getattr(pc, "b_mx_scale")
+                    vllm_t[f"{w}_weight_scale"] = sc.storage.data.mT
+            ours = tensors(tdir, [f"model.layers.0.mlp.experts.{n}" for n in names])
+            for n in names:
+                a, b = ours[f"model.layers.0.mlp.experts.{n}"], vllm_t[n]
+                if backend in oracle.TRTLLM_BACKENDS and n.endswith("_bias"):
+                    a = a.float()  # the plugin's retype
+                ab = a.contiguous().view(torch.uint8).reshape(-1)
+                bb = b.contiguous().view(torch.uint8).reshape(-1)
+                rec[n] = {"ours": [str(a.dtype), list(a.shape)], "vllm": [str(b.dtype), list(b.shape)],
+                          "bytes_equal": bool(ab.numel() == bb.numel() and torch.equal(ab, bb))}
+            rec["all_equal"] = all(v["bytes_equal"] for k, v in rec.items() if isinstance(v, dict))
+        except BaseException as e:  # noqa: BLE001
+            rec["error"] = f"{type(e).__name__}: {e}"[:2000]
+            rec["traceback"] = traceback.format_exc()[-3000:]
+        print(f"== convert {target} ({backend_name}): {rec.get('all_equal', rec.get('error'))}", flush=True)
+    Path(out).write_text(json.dumps(results))
+
+
+def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int = 900) -> None:
+    p = subprocess.run([sys.executable, __file__, *args], env={**os.environ, **(env or {})}, capture_output=True,
+                       text=True, timeout=timeout)
+    log.write_text(p.stdout + p.stderr)
+
+
+def _model(name: str, work: Path, src: Path) -> Path:
+    if name == "source":
+        return src
+    from mxrepack.repack.pipeline import repack
+
+    model = work / name
+    if not model.exists():
+        recipe = None
+        if name in RECIPES:
+            import yaml
+
+            recipe = work / f"{name}.yaml"
+            recipe.write_text(yaml.safe_dump(RECIPES[name]))
+        t = time.perf_counter()
+        repack(str(src), None if recipe else name, model, recipe_file=str(recipe) if recipe else None, hash_source=False)
+        print(f"repack {name}: {time.perf_counter() - t:.1f} s", flush=True)
+    return model
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_engine":
+        _engine(*sys.argv[2:5])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_convert":
+        _convert(*sys.argv[2:4])
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", default="/root/vpc")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--convert", action="store_true", help="also compare the plugin's tensors with vLLM's conversion")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from mxrepack.repack.fixture import make_fixture
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / "src"
+    if not src.exists():
+        t = time.perf_counter()
+        make_fixture(src, preset="20b", layers=args.layers, num_local_experts=args.experts)
+        print(f"fixture: {time.perf_counter() - t:.1f} s", flush=True)
+    results: dict = {"date": date.today().isoformat(), "layers": args.layers, "experts": args.experts, "cases": {},
+                     "comparisons": {}}
+    try:
+        import torch
+
+        results["device"] = torch.cuda.get_device_name()
+        results["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                           capture_output=True, text=True).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        pass
+    for name in args.cases.split(","):
+        what, kwargs, baseline, expect = CASES[name]
+        try:
+            model = _model(what, work, src)
+        except Exception as e:  # noqa: BLE001
+            results["cases"][name] = {"ok": False, "error": f"repack failed: {e}"}
+            print(f"== {name}: repack failed: {e}", flush=True)
+            continue
+        out = work / f"case-{name}.json"
+        out.unlink(missing_ok=True)
+        t = time.perf_counter()
+        _subprocess(["_engine", str(model), str(out), json.dumps(kwargs)], work / f"case-{name}.log",
+                    {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+        rec = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
+        rec["wall_s"] = time.perf_counter() - t
+        rec["expect"] = expect
+        results["cases"][name] = rec
+        line = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in rec.items()
+                if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error")}
+        print(f"== {name}: {line}", flush=True)
+        if not rec.get("ok"):
+            print(rec.get("traceback", (work / f"case-{name}.log").read_text()[-4000:])[-3000:], flush=True)
+        if baseline and baseline in results["cases"]:
+            cmp = compare(rec, results["cases"][baseline])
+            results["comparisons"][f"{name} vs {baseline}"] = cmp
+            print(f"   vs {baseline}: {cmp}", flush=True)
+    if args.convert:
+        for target in ("sm80", "sm90", "sm100", "sm121"):
+            _model(target, work, src)
+        out = work / "convert.json"
+        _subprocess(["_convert", str(work), str(out)], work / "convert.log")
+        results["conversions"] = json.loads(out.read_text()) if out.exists() else {
+            "error": (work / "convert.log").read_text()[-3000:]}
+        print(json.dumps(results["conversions"])[:3000], flush=True)
+    for rec in results["cases"].values():
+        rec.pop("outputs", None)  # kept in the case files; the summary stays small
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""What an engine needs to know to serve an mxrepack output, read from its ``config.json`` alone; no engine import.
+
+:data:`EXPERT_BACKENDS` says, per expert layout, which vLLM MoE backend computes with those bytes and on which GPUs;
+:class:`ServeSpec` is a checkpoint's ``quantization_config`` parsed and checked; :func:`check_checkpoint` compares the
+safetensors headers with it, so that a wrong tensor is one line naming it before an engine allocates anything;
+:func:`serve_hint` is what ``repack`` prints and the model card says. The vLLM plugin (:mod:`mxrepack.serve.vllm`)
+is built on these, and CI tests them without vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mxrepack.errors import MxRepackError
+
+QUANT_METHOD = "mxrepack"
+VLLM_SUPPORTED = ((0, 26), (0, 34))  # [from, below): 0.26 ran on the lent H100; 0.33 is what GB10 users run
+VLLM_SUPPORTED_TEXT = "0.26 to 0.33"
+
+
+@dataclass(frozen=True)
+class ExpertBackend:
+    """How vLLM serves one expert layout."""
+
+    layout: str
+    vllm_backend: str  # vLLM's Mxfp4MoeBackend member, or "mxrepack" for mxrepack's own Triton kernels
+    kernel: str
+    gpus: str
+    min_capability: int  # compute capability x 10
+
+
+EXPERT_BACKENDS: dict[str, ExpertBackend] = {b.layout: b for b in (
+    ExpertBackend("marlin", "MARLIN", "vLLM Marlin MXFP4 MoE (fused_marlin_moe, W4A16)", "sm80 and newer", 80),
+    ExpertBackend("triton-hopper", "TRITON", "OpenAI triton_kernels matmul_ogs as vendored in vLLM", "sm90 (H100/H200)", 90),
+    ExpertBackend("trtllm", "FLASHINFER_TRTLLM_MXFP4_BF16", "FlashInfer TRT-LLM-gen MXFP4 MoE", "sm100 (B200/GB200)", 100),
+    ExpertBackend("flashinfer-cutlass", "FLASHINFER_CUTLASS_MXFP4_MXFP8",
+                  "FlashInfer CUTLASS fused MoE, MXFP4 weights x MXFP8 activations", "sm100, sm120, sm121", 100),
+    ExpertBackend("strided", "mxrepack", "mxrepack's Triton MoE kernels (mxrepack.kernels.moe_mxfp4)",
+                  "sm80 and newer, sm120/sm121 included", 80),
+)}
+DENSE_KERNEL = "vLLM Marlin MXFP4 linear (apply_fp4_marlin_linear), repacked at load by prepare_fp4_layer_for_marlin"
+
+# safetensors header dtype names of the torch dtypes a layout stores
+_ST_DTYPES = {"uint8": "U8", "int32": "I32", "bfloat16": "BF16", "float32": "F32", "float8_e8m0fnu": "F8_E8M0",
+              "float8_e4m3fn": "F8_E4M3"}
+_DENSE_HF = re.compile(r"model\.layers\.(\d+)\.self_attn\.([qkvo])_proj")
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """A checkpoint's ``quantization_config`` (``quant_method: mxrepack``), checked: what the plugin serves."""
+
+    target: str
+    layout: str
+    stored: dict[str, tuple[str, tuple[int, ...]]]  # expert tensor suffix -> (torch dtype name, stored shape)
+    hidden: tuple[int, int]  # (logical, padded)
+    intermediate: tuple[int, int]
+    dense_modules: frozenset[str]  # checkpoint module names stored as MXFP4 (q/k/v/o projections, lm_head)
+
+    @classmethod
+    def from_config(cls, config: dict) -> ServeSpec:
+        """Parse and check a ``config.json``; a one-line :class:`MxRepackError` for anything the plugin cannot serve."""
+        qc = config.get("quantization_config")
+        if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
+            method = qc.get("quant_method") if isinstance(qc, dict) else None
+            raise MxRepackError(f"quantization_config.quant_method is {method!r}, not {QUANT_METHOD!r}: "
+                                "not an mxrepack GPU target")
+        groups = qc.get("groups") or {}
+        experts = groups.get("experts")
+        if not isinstance(experts, dict) or "layout" not in experts:
+            raise MxRepackError("quantization_config.groups.experts is missing: the checkpoint names no expert layout")
+        layout = experts["layout"]
+        layout = {"b12x": "flashinfer-cutlass"}.get(layout, layout)  # written before the rename
+        if layout not in EXPERT_BACKENDS:
+            raise MxRepackError(f"quantization_config.groups.experts.layout is {layout!r}, which no vLLM backend serves "
+                                f"(served: {', '.join(EXPERT_BACKENDS)})")
+        try:
+            stored = {k: (v["dtype"], tuple(int(x) for x in v["shape"])) for k, v in experts["stored"].items()}
+            h, i = int(config["hidden_size"]), int(config["intermediate_size"])
+            padding = experts.get("padding") or {}  # layouts that pad nothing (triton-hopper) record none
+            hidden = tuple(int(x) for x in padding.get("hidden", (h, h)))
+            intermediate = tuple(int(x) for x in padding.get("intermediate", (i, i)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MxRepackError(f"quantization_config.groups.experts: missing or malformed {e} "
+                                "(expected stored shapes and hidden/intermediate padding)") from None
+        missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(stored)
+        if missing:
+            raise MxRepackError(f"quantization_config.groups.experts.stored lacks {', '.join(sorted(missing))}")
+        dense = groups.get("dense")
+        modules: frozenset[str] = frozenset()
+        if dense:
+            if dense.get("format") != "mxfp4" or dense.get("scales", "plain") != "plain":
+                raise MxRepackError(f"quantization_config.groups.dense is {dense.get('layout')!r}: the plugin serves "
+                                    "dense MXFP4 with plain scales (dense-mxfp4) only")
+            modules = frozenset(dense.get("modules") or ())
+            _check_fused_qkv(modules)
+        return cls(str(qc.get("target", "?")), layout, stored, hidden, intermediate, modules)
+
+    @property
+    def backend(self) -> ExpertBackend:
+        return EXPERT_BACKENDS[self.layout]
+
+    @property
+    def lm_head_quantized(self) -> bool:
+        return "lm_head" in self.dense_modules
+
+    def quantized_vllm_prefixes(self) -> frozenset[str]:
+        """The vLLM module prefixes of the quantized dense layers (q/k/v are one ``qkv_proj`` in vLLM's gpt-oss)."""
+        out = set()
+        for m in self.dense_modules:
+            hit = _DENSE_HF.fullmatch(m)
+            if hit:
+                out.add(f"model.layers.{hit[1]}.attn." + ("o_proj" if hit[2] == "o" else "qkv_proj"))
+            else:
+                out.add(m)
+        return frozenset(out)
+
+    def expected_tensors(self, config: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every tensor this spec puts in the checkpoint (experts and quantized dense), by name: (dtype, shape)."""
+        out = {}
+        for layer in range(int(config["num_hidden_layers"])):
+            for suffix, (dtype, shape) in self.stored.items():
+                out[f"model.layers.{layer}.mlp.experts.{suffix}"] = (dtype, shape)
+        heads, kv, hd, h = (int(config[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim",
+                                                        "hidden_size"))
+        for m in self.dense_modules:
+            hit = _DENSE_HF.fullmatch(m)
+            if m == "lm_head":
+                n, k = int(config["vocab_size"]), h
+            elif hit:
+                n, k = {"q": (heads * hd, h), "k": (kv * hd, h), "v": (kv * hd, h), "o": (h, heads * hd)}[hit[2]]
+            else:
+                raise MxRepackError(f"quantization_config.groups.dense.modules names {m!r}, which is not a q/k/v/o "
+                                    "projection or lm_head")
+            out[f"{m}.weight_packed"] = ("uint8", (n, k // 2))
+            out[f"{m}.weight_scale"] = ("uint8", (n, k // 32))
+        return out
+
+
+def _check_fused_qkv(modules: frozenset[str]) -> None:
+    layers: dict[str, set[str]] = {}
+    for m in modules:
+        hit = _DENSE_HF.fullmatch(m)
+        if hit and hit[2] in "qkv":
+            layers.setdefault(hit[1], set()).add(hit[2])
+    for layer, parts in sorted(layers.items()):
+        if parts != {"q", "k", "v"}:
+            raise MxRepackError(f"model.layers.{layer}.self_attn: only {'/'.join(sorted(parts))}_proj are MXFP4; vLLM "
+                                "fuses q/k/v into one layer, which must be all MXFP4 or all BF16")
+
+
+def load_config(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MxRepackError(f"{path}: cannot read the model config ({e})") from None
+
+
+def check_checkpoint(model_dir: str | Path, spec: ServeSpec | None = None) -> ServeSpec:
+    """Compare the safetensors headers of ``model_dir`` with its ``config.json``: every expert and quantized dense
+    tensor present with the stored dtype and shape. Reads headers only (no tensor data, no torch)."""
+    from mxrepack.repack.safetensors_header import raw_header
+
+    model_dir = Path(model_dir)
+    config = load_config(model_dir)
+    spec = spec or ServeSpec.from_config(config)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise MxRepackError(f"{index}: cannot read the weight map ({e})") from None
+    else:
+        weight_map = None
+    headers: dict[str, dict] = {}
+    for name, (dtype, shape) in spec.expected_tensors(config).items():
+        file = weight_map.get(name) if weight_map is not None else "model.safetensors"
+        if file is None:
+            raise MxRepackError(f"{index}: {name} is missing (the config's {spec.layout} experts / dense MXFP4 need it)")
+        if file not in headers:
+            headers[file] = raw_header(model_dir / file)[1]
+        info = headers[file].get(name)
+        if info is None:
+            raise MxRepackError(f"{model_dir / file}: {name} is missing")
+        want = (_ST_DTYPES.get(dtype, dtype), list(shape))
+        if (info.get("dtype"), info.get("shape")) != want:
+            raise MxRepackError(f"{model_dir / file}: {name} is {info.get('dtype')} {info.get('shape')}; the config's "
+                                f"{spec.layout} layout stores {want[0]} {want[1]}")
+    return spec
+
+
+def check_vllm_version(version: str) -> None:
+    """One line when the running vLLM is outside the versions the plugin is written for."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        raise MxRepackError(f"vLLM version {version!r} is not a release; the mxrepack plugin supports vLLM "
+                            f"{VLLM_SUPPORTED_TEXT}") from None
+    low, high = VLLM_SUPPORTED
+    if not low <= (major, minor) < high:
+        raise MxRepackError(f"vLLM {version} is not supported by the mxrepack plugin (supported: vLLM "
+                            f"{VLLM_SUPPORTED_TEXT}); install a supported vLLM or an mxrepack release for yours")
+
+
+def serving(target_layout: str | None, quantization_config: str) -> tuple[str, str]:
+    """(how vLLM loads a target, the MoE kernel that computes with it), from its recipe's expert layout and its
+    ``config.quantization_config`` mode."""
+    if quantization_config == "remove":
+        return "stock vLLM (unquantized BF16 MoE)", "vLLM's BF16 fused MoE"
+    if quantization_config == "native":
+        return "stock vLLM (gpt-oss mxfp4; repacks at every start)", "vLLM's choice per GPU (Marlin, triton_kernels, ...)"
+    if quantization_config == "compressed-tensors":
+        return ("not loadable by vLLM 0.26-0.33: its compressed-tensors MXFP4 MoE has no expert biases",
+                "vLLM CompressedTensorsW4A4Mxfp4MoEMethod (Marlin W4A16) once it takes biases")
+    backend = EXPERT_BACKENDS.get(target_layout or "")
+    if backend is None:
+        return "no vLLM path", "-"
+    return "vLLM with the mxrepack plugin: pip install \"mxrepack[vllm]\"", f"{backend.kernel} [{backend.gpus}]"
+
+
+def serve_hint(out: str | Path, target_layout: str | None, quantization_config: str) -> list[str]:
+    """The lines ``repack`` prints after a conversion: how to serve the output with vLLM."""
+    how, kernel = serving(target_layout, quantization_config)
+    if quantization_config == "compressed-tensors":
+        return [f"serve: {how}"]
+    lines = []
+    if quantization_config == "mxrepack":
+        lines.append('serve: pip install "mxrepack[vllm]"   (the vLLM plugin; vLLM ' + VLLM_SUPPORTED_TEXT + ")")
+    lines.append(f"       vllm serve {out}" + ("   (no --quantization needed: config.json names the method)"
+                                                 if quantization_config == "mxrepack" else ""))
+    lines.append(f"       MoE kernel: {kernel}; one GPU (tensor parallelism 1)")
+    return lines

@@ -1,0 +1,210 @@
+"""gpt-oss experts from their stored kernel layout: parameters in the stored shapes, bytes loaded as stored, no repack.
+
+Two methods:
+
+* :class:`PreconvertedMoEMethod` -- vLLM's own gpt-oss MXFP4 method (``GptOssMxfp4MoEMethod``) with its load-time
+  conversion (``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``) taken out: the backend is the one the layout was
+  written for (not vLLM's choice for the GPU), and after loading only the tail of vLLM's ``_setup_kernel`` runs
+  (quant config, then ``make_mxfp4_moe_kernel``). ``apply`` is vLLM's. Layouts ``marlin``, ``triton-hopper``,
+  ``trtllm``, ``flashinfer-cutlass``.
+* :class:`StridedMoEMethod` -- the ``strided`` layout on mxrepack's own Triton kernels (:func:`moe_mxfp4`), which
+  build for sm_120a/121a where triton_kernels does not. Routing is vLLM's (its router's top-k), so the kernels see
+  exactly the assignments any other backend would.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+
+import torch
+import vllm.model_executor.layers.quantization.mxfp4 as vllm_mxfp4
+from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+from vllm.model_executor.utils import set_weight_attrs
+
+from mxrepack.errors import MxRepackError
+from mxrepack.serve.spec import ServeSpec
+
+
+def make_moe_method(spec: ServeSpec, moe) -> FusedMoEMethodBase:
+    if spec.layout == "strided":
+        return StridedMoEMethod(moe, spec)
+    return PreconvertedMoEMethod(moe, spec)
+
+
+def _pinned_backend(spec: ServeSpec, moe):
+    """(vLLM backend, its experts class) for the stored layout, or one line saying why this GPU cannot run it."""
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+    backend = oracle.Mxfp4MoeBackend[spec.backend.vllm_backend]
+    act_key = oracle._backend_activation_key(backend)
+    reasons = []
+    for cls in oracle.backend_to_kernel_cls(backend):
+        ok, reason = cls.is_supported_config(cls, moe, oracle.kMxfp4Static, act_key,
+                                             mk.FusedMoEActivationFormat.Standard)
+        if ok:
+            return backend, cls
+        reasons.append(f"{cls.__name__}: {reason}")
+    raise MxRepackError(f"this checkpoint's experts are laid out for vLLM's {backend.name} backend (target "
+                        f"{spec.target}; {spec.backend.gpus}), which cannot run here: {'; '.join(reasons)}")
+
+
+@contextmanager
+def _backend_choice(pinned):
+    """vLLM's method picks its backend in ``__init__`` from the GPU; the stored bytes fix it. Swapping the selector
+    for the constructor call (model construction is single-threaded) keeps every other attribute vLLM sets."""
+    original = vllm_mxfp4.select_mxfp4_moe_backend
+    vllm_mxfp4.select_mxfp4_moe_backend = lambda *args, **kwargs: pinned
+    try:
+        yield
+    finally:
+        vllm_mxfp4.select_mxfp4_moe_backend = original
+
+
+class _StoredExperts:
+    """Parameters in the stored shapes and dtypes, each filled by a loader that copies the stored tensor as it is
+    (after checking its dtype and shape) and records it, so a missing tensor is an error, not garbage."""
+
+    spec: ServeSpec
+
+    def _create_stored(self, layer: torch.nn.Module, num_experts: int, extra_weight_attrs: dict) -> None:
+        extra = {k: v for k, v in extra_weight_attrs.items() if k != "weight_loader"}  # vLLM's narrows by rank
+        self._loaded: set[str] = set()
+        for suffix, (dtype, shape) in self.spec.stored.items():
+            if shape[0] != num_experts:
+                raise MxRepackError(f"{layer.layer_name}.{suffix}: stored for {shape[0]} experts, the model has "
+                                    f"{num_experts}")
+            p = torch.nn.Parameter(torch.empty(shape, dtype=getattr(torch, dtype)), requires_grad=False)
+            layer.register_parameter(suffix, p)
+            set_weight_attrs(p, extra)
+            p.weight_loader = self._loader(layer.layer_name, suffix)
+
+    def _loader(self, layer_name: str, suffix: str):
+        def load(param: torch.nn.Parameter, loaded: torch.Tensor, *args, **kwargs) -> None:
+            if loaded.dtype != param.dtype and loaded.dtype.itemsize == param.dtype.itemsize:
+                loaded = loaded.view(param.dtype)  # raw E8M0/FP8 bytes written as uint8 by older writers
+            if loaded.dtype != param.dtype or loaded.shape != param.shape:
+                raise MxRepackError(f"{layer_name}.{suffix}: checkpoint tensor is {loaded.dtype} "
+                                    f"{list(loaded.shape)}, the config's {self.spec.layout} layout stores {param.dtype} "
+                                    f"{list(param.shape)}")
+            param.data.copy_(loaded)
+            self._loaded.add(suffix)
+        return load
+
+    def _check_loaded(self, layer: torch.nn.Module) -> None:
+        missing = sorted(set(self.spec.stored) - self._loaded)
+        if missing:
+            raise MxRepackError(f"{layer.layer_name}: {', '.join(missing)} not found in the checkpoint")
+
+
+class PreconvertedMoEMethod(_StoredExperts, vllm_mxfp4.GptOssMxfp4MoEMethod):
+    def __init__(self, moe, spec: ServeSpec):
+        self.spec = spec
+        with _backend_choice(_pinned_backend(spec, moe)):
+            super().__init__(moe)
+        if self.mxfp4_backend == oracle.Mxfp4MoeBackend.MARLIN:
+            from vllm.model_executor.layers.quantization.utils.marlin_utils import get_marlin_input_dtype
+
+            if get_marlin_input_dtype() is not None:
+                raise MxRepackError("VLLM_MARLIN_INPUT_DTYPE is set: the stored Marlin scales are for BF16 activations; "
+                                    "unset it, or repack with experts.options {fp8_activations: true}")
+
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
+        # The stored padding, not this vLLM's rule for the backend (TRT-LLM's intermediate rounding went 256 -> 128
+        # between 0.26 and 0.33): the kernels and the activation padding follow the bytes.
+        return self.spec.hidden[1], self.spec.intermediate[1]
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
+                       **extra_weight_attrs):
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size_per_partition
+        layer.params_dtype, layer.num_experts = params_dtype, num_experts
+        self._create_stored(layer, num_experts, extra_weight_attrs)
+
+    def process_weights_after_loading(self, layer) -> None:
+        self._check_loaded(layer)
+        backend = self.mxfp4_backend
+        if backend in oracle.TRITON_BACKENDS:
+            self._wrap_for_triton_kernels(layer)
+        elif backend == oracle.Mxfp4MoeBackend.MARLIN:
+            for name in ("w13_weight_scale", "w2_weight_scale"):
+                _retype(layer, name, torch.float8_e8m0fnu)
+        elif backend in oracle.TRTLLM_BACKENDS:
+            for name in ("w13_weight_scale", "w2_weight_scale"):
+                _retype(layer, name, torch.float8_e4m3fn)  # vLLM's tag for these E8M0 bytes on this backend
+            for name in ("w13_bias", "w2_bias"):
+                layer.register_parameter(name, torch.nn.Parameter(getattr(layer, name).data.float(), requires_grad=False))
+        # The tail of vLLM's GptOssMxfp4MoEMethod._setup_kernel, after its conversion.
+        self.moe_quant_config = self.get_fused_moe_quant_config(layer)
+        kwargs = dict(moe_quant_config=self.moe_quant_config, moe_config=self.moe, mxfp4_backend=backend,
+                      experts_cls=self.experts_cls, routing_tables=layer._expert_routing_tables())
+        if "layer" in inspect.signature(oracle.make_mxfp4_moe_kernel).parameters:  # 0.26
+            kwargs["layer"] = layer
+        self.moe_kernel = oracle.make_mxfp4_moe_kernel(**kwargs)
+        # 0.33 ends _setup_kernel with this (0.26 does not); the base class's no-op for these four backends in both.
+        self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+    def _wrap_for_triton_kernels(self, layer) -> None:
+        """triton_kernels' tensor wrappers around the stored (already swizzled) bytes, as ``_swizzle_mxfp4`` leaves
+        them: ``storage.data`` is the stored tensor transposed to ``[E, K-ish, N-ish]`` views, the layout object is
+        built from the pre-swizzle shape, and nothing is swizzled again."""
+        from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+        from triton_kernels.numerics import InFlexData
+        from triton_kernels.tensor import FP4, Storage, Tensor
+        from triton_kernels.tensor_details import layout as tk_layout
+
+        value_cls, value_opts = tk_layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
+        scale_cls, scale_opts = tk_layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
+        if value_cls.__name__ != "HopperMXValueLayout" or scale_cls.__name__ != "HopperMXScaleLayout":
+            raise MxRepackError(f"triton-hopper experts hold Hopper-swizzled bytes; this GPU's triton_kernels wants "
+                                f"{value_cls.__name__}/{scale_cls.__name__} (serve them on sm90)")
+        import triton_kernels.matmul_ogs_details.opt_flags as opt_flags
+
+        opt_flags.update_opt_flags_constraints({"split_k": 1})  # what _swizzle_mxfp4 sets on sm90
+        h, i = self.spec.hidden[1], self.spec.intermediate[1]
+        E = self.num_experts
+        configs = {}
+        for w, K, N in (("w13", h, 2 * i), ("w2", i, h)):
+            value, scale = getattr(layer, f"{w}_weight").data, getattr(layer, f"{w}_weight_scale").data
+            groups = scale.shape[2] // 32  # the stored [E, N/32, 32 * groups]: groups padded as vLLM pads them
+            v = Tensor(Storage(value.mT, value_cls(torch.Size([E, K // 2, N]), **value_opts)), dtype=FP4, shape=[E, K, N])
+            s = Tensor(Storage(scale.mT, scale_cls(torch.Size([E, groups, N]), **scale_opts)), dtype=torch.uint8,
+                       shape=[E, groups, N])
+            delattr(layer, f"{w}_weight")
+            delattr(layer, f"{w}_weight_scale")
+            setattr(layer, f"{w}_weight", v)
+            kwargs = ({"weight_scale": s} if "weight_scale" in inspect.signature(PrecisionConfig).parameters
+                      else {"b_mx_scale": s, "b_microblock_size": 32})
+            configs[w] = PrecisionConfig(**kwargs, flex_ctx=FlexCtx(rhs_data=InFlexData()))
+        self.w13_precision_config, self.w2_precision_config = configs["w13"], configs["w2"]
+
+
+def _retype(layer: torch.nn.Module, name: str, dtype: torch.dtype) -> None:
+    p = getattr(layer, name)
+    if p.dtype != dtype:
+        layer.register_parameter(name, torch.nn.Parameter(p.data.view(dtype), requires_grad=False))
+
+
+class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
+    """The ``strided`` layout on :func:`mxrepack.kernels.moe_mxfp4.moe_mxfp4` (BF16 activations)."""
+
+    def __init__(self, moe, spec: ServeSpec):
+        super().__init__(moe)
+        self.spec = spec
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
+                       **extra_weight_attrs):
+        layer.params_dtype, layer.num_experts = params_dtype, num_experts
+        self._create_stored(layer, num_experts, extra_weight_attrs)
+
+    def process_weights_after_loading(self, layer) -> None:
+        self._check_loaded(layer)
+
+    def get_fused_moe_quant_config(self, layer):
+        return None  # no vLLM modular kernel: apply() calls mxrepack's kernels
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None, *args, **kwargs):
+        from mxrepack.kernels.moe_mxfp4 import moe_mxfp4
+
+        w = {name: getattr(layer, name) for name in self.spec.stored}
+        return moe_mxfp4(x, topk_ids, topk_weights, w)
