@@ -56,7 +56,9 @@ CASES = {
     "sm121-marlin": ("sm121-marlin", {}, "source-marlin", "bit-identical"),
     "sm90": ("sm90", {}, "source-triton", "bit-identical"),
     "strided": ("strided", {}, "source-marlin", "within the kernels' bound (other kernels, fp32 accumulation)"),
-    "marlin-dense": ("marlin-dense", {}, "source-marlin", "dense MXFP4 quantization error only"),
+    "marlin-dense-twin": ("marlin-dense-twin", {}, None,
+                          "marlin-dense with its dense MXFP4 weights dequantized to BF16 (vLLM's BF16 linear)"),
+    "marlin-dense": ("marlin-dense", {}, "marlin-dense-twin", "within BF16 matmul rounding of its BF16 twin"),
     "bf16": ("bf16", {}, "source-marlin", "within BF16 matmul rounding"),
     "compressed-tensors": ("compressed-tensors", {}, "source-marlin", "stock vLLM: does it load?"),
 }
@@ -115,19 +117,25 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
 
 
 def compare(a: dict, b: dict) -> dict:
-    """Greedy tokens equal? The largest |logprob difference| over tokens listed by both, prompt and generated."""
+    """Greedy tokens equal? |logprob differences| over the tokens both list, at every prompt position and at each
+    generated position up to the first token that differs (after it the two condition on different text)."""
     if not (a.get("ok") and b.get("ok")):
         return {"comparable": False}
-    same_tokens, worst, n = True, 0.0, 0
+    same_tokens, diffs = True, []
     for oa, ob in zip(a["outputs"], b["outputs"]):
         same_tokens &= oa["tokens"] == ob["tokens"]
-        for key in ("prompt_logprobs", "logprobs"):
-            for da, db in zip(oa[key], ob[key]):
-                for t in set(da) & set(db):
-                    worst = max(worst, abs(da[t] - db[t]))
-                    n += 1
-    return {"comparable": True, "tokens_equal": same_tokens, "max_abs_logprob_diff": worst, "logprobs_compared": n,
-            "bit_identical": same_tokens and worst == 0.0}
+        generated = 0
+        while generated < min(len(oa["tokens"]), len(ob["tokens"])) and oa["tokens"][generated] == ob["tokens"][generated]:
+            generated += 1
+        pairs = list(zip(oa["prompt_logprobs"], ob["prompt_logprobs"]))
+        pairs += list(zip(oa["logprobs"], ob["logprobs"]))[:generated + 1]
+        for da, db in pairs:
+            diffs += [abs(da[t] - db[t]) for t in set(da) & set(db)]
+    diffs.sort()
+    pick = (lambda q: diffs[min(len(diffs) - 1, int(q * len(diffs)))]) if diffs else (lambda q: None)
+    return {"comparable": True, "tokens_equal": same_tokens, "max_abs_logprob_diff": diffs[-1] if diffs else None,
+            "median_abs_logprob_diff": pick(0.5), "p99_abs_logprob_diff": pick(0.99), "logprobs_compared": len(diffs),
+            "bit_identical": same_tokens and bool(diffs) and diffs[-1] == 0.0}
 
 
 def _convert(work: str, out: str) -> None:
@@ -221,12 +229,53 @@ def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: in
     log.write_text(p.stdout + p.stderr)
 
 
-def _model(name: str, work: Path, src: Path) -> Path:
+def _bf16_dense_twin(quantized: Path, twin: Path) -> None:
+    """``quantized`` with every dense MXFP4 weight dequantized to a BF16 ``weight`` (the same values), so that stock
+    vLLM's BF16 linear computes what the plugin's Marlin MXFP4 linear should."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from mxrepack.quant.mx import dequantize_mxfp4
+
+    config = json.loads((quantized / "config.json").read_text())
+    qc = config["quantization_config"]
+    modules = qc["groups"].pop("dense")["modules"]
+    qc["layouts"] = [name for name in qc["layouts"] if not name.startswith("dense")]
+    tensors: dict = {}
+    for f in sorted(quantized.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    for m in modules:
+        tensors[f"{m}.weight"] = dequantize_mxfp4(tensors.pop(f"{m}.weight_packed"), tensors.pop(f"{m}.weight_scale"),
+                                                  torch.bfloat16)
+    tmp = twin.with_name(twin.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for side in quantized.glob("*.json"):
+        if side.name not in ("config.json", "model.safetensors.index.json", "mxrepack.json"):
+            shutil.copyfile(side, tmp / side.name)
+    tmp.rename(twin)
+
+
+def _model(name: str, work: Path, src: Path, ct_site: str | None = None) -> Path:
     if name == "source":
         return src
     from mxrepack.repack.pipeline import repack
 
     model = work / name
+    if name == "marlin-dense-twin" and not model.exists():
+        _bf16_dense_twin(_model("marlin-dense", work, src), model)
+    if name == "compressed-tensors" and ct_site and not model.exists():
+        # vLLM pins compressed-tensors 0.17; the target is written with a tested one, in a process of its own
+        code = f"from mxrepack.repack.pipeline import repack; repack({str(src)!r}, {name!r}, {str(model)!r}, hash_source=False)"
+        p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": f"{ct_site}:" +
+                                                                 os.environ.get("PYTHONPATH", "")},
+                           capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}")
     if not model.exists():
         recipe = None
         if name in RECIPES:
@@ -253,6 +302,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--convert", action="store_true", help="also compare the plugin's tensors with vLLM's conversion")
+    ap.add_argument("--ct-site", help="a folder holding compressed-tensors 0.19-0.21, for writing that target")
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -277,7 +327,7 @@ def main() -> None:
     for name in args.cases.split(","):
         what, kwargs, baseline, expect = CASES[name]
         try:
-            model = _model(what, work, src)
+            model = _model(what, work, src, args.ct_site)
         except Exception as e:  # noqa: BLE001
             results["cases"][name] = {"ok": False, "error": f"repack failed: {e}"}
             print(f"== {name}: repack failed: {e}", flush=True)
@@ -300,6 +350,8 @@ def main() -> None:
             cmp = compare(rec, results["cases"][baseline])
             results["comparisons"][f"{name} vs {baseline}"] = cmp
             print(f"   vs {baseline}: {cmp}", flush=True)
+        if args.json:  # after every case: a run stopped at its time limit keeps what it measured
+            Path(args.json).write_text(json.dumps(_summary(results), indent=1))
     if args.convert:
         for target in ("sm80", "sm90", "sm100", "sm121"):
             _model(target, work, src)
@@ -308,10 +360,14 @@ def main() -> None:
         results["conversions"] = json.loads(out.read_text()) if out.exists() else {
             "error": (work / "convert.log").read_text()[-3000:]}
         print(json.dumps(results["conversions"])[:3000], flush=True)
-    for rec in results["cases"].values():
-        rec.pop("outputs", None)  # kept in the case files; the summary stays small
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps(_summary(results), indent=1))
+
+
+def _summary(results: dict) -> dict:
+    """The record without the per-token outputs (those stay in the case files)."""
+    return {**results, "cases": {k: {kk: vv for kk, vv in v.items() if kk != "outputs"}
+                                 for k, v in results["cases"].items()}}
 
 
 if __name__ == "__main__":

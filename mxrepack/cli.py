@@ -111,7 +111,7 @@ def convert(
         typer.echo(format_error_table(s["quantization_error"]))
     human = (f"wrote {s['out']}: target {s['target']}, {s['tensors']} tensors in {s['files']} files, "
              f"{s['output_bytes'] / 1e9:.3f} GB from {s['source_bytes'] / 1e9:.3f} GB in {s['seconds']:.1f} s; "
-             f"verified ({s['verify']['groups_compared']} groups re-derived from the source)")
+             f"verified ({s['verify']['groups_compared']} groups re-derived from the source)\n" + "\n".join(s["serve"]))
     _emit(s, as_json, human)
     if push_to_hub:
         from mxrepack.hub import plan_push, push
@@ -185,10 +185,19 @@ def targets_cmd(as_json: bool = typer.Option(False, "--json", help="Print as JSO
     """List the built-in targets and what each produces."""
     from mxrepack.recipes import list_recipes
 
-    rows = [{"target": r.name, "experts": r.expert_layout, "dense": r.dense_format, "description": r.description,
-             "consumer": r.consumer} for r in list_recipes()]
+    from mxrepack.layouts import get_layout
+    from mxrepack.serve.spec import RUN_HERE, serving
+
+    rows = []
+    for r in list_recipes():
+        loads, kernel = serving(get_layout(r.expert_layout).name, r.quantization_config)
+        rows.append({"target": r.name, "experts": r.expert_layout, "dense": r.dense_format, "description": r.description,
+                     "consumer": r.consumer, "vllm": loads, "moe_kernel": kernel, "run_here": RUN_HERE.get(r.name, "")})
     width = max(len(r["target"]) for r in rows)
-    human = "\n".join(f"{r['target']:<{width}}  {r['description']}\n{'':<{width}}  consumer: {r['consumer']}" for r in rows)
+    pad = " " * width
+    human = "\n".join(f"{r['target']:<{width}}  {r['description']}\n{pad}  consumer: {r['consumer']}\n"
+                      f"{pad}  vLLM: {r['vllm']}\n{pad}  MoE kernel: {r['moe_kernel']}"
+                      + (f"\n{pad}  run here: {r['run_here']}" if r["run_here"] else "") for r in rows)
     _emit({"targets": rows}, as_json, human)
 
 

@@ -156,6 +156,9 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     """The model card (YAML metadata + README body), rendered offline."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+    from mxrepack.layouts import get_layout
+    from mxrepack.serve.spec import RUN_HERE, VLLM_SUPPORTED_TEXT, serving
+
     target = manifest["target"]
     base = manifest["source"].get("repo_id")
     evals = _eval_entries(list(eval_paths))
@@ -164,7 +167,9 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     if target.get("engine"):
         tags.append(target["engine"])
     data = ModelCardData(
-        base_model=base, license=_license(manifest), library_name="transformers", tags=tags, model_name=name,
+        base_model=base, license=_license(manifest),
+        library_name="vllm" if target["recipe"]["config"]["quantization_config"] == "mxrepack" else "transformers",
+        tags=tags, model_name=name,
         pipeline_tag="text-generation", base_model_relation="quantized" if base else None,
         quantized_by=f"mxrepack {manifest['tool']['mxrepack']}",
         eval_results=[EvalResult(task_type="text-generation", dataset_type=e["dataset"], dataset_name=e["dataset"],
@@ -172,16 +177,26 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
                       for e in evals] or None)
     experts = target["recipe"]["experts"]["layout"]
     dense = target["recipe"]["dense"]
-    load = {
-        "mxfp4": "Any engine that reads the official gpt-oss checkpoints (transformers, vLLM, SGLang) loads this as is.",
-        "bf16": "Stock transformers: `AutoModelForCausalLM.from_pretrained(repo)` (no quantizer; experts are BF16).",
-        "compressed-tensors": "vLLM and transformers read `quantization_config` (compressed-tensors, "
-                              "`mxfp4-pack-quantized`): `vllm serve " + repo_id + "`. Experts are per-expert Linear "
-                              "tensors; check your vLLM version's gpt-oss loader supports per-expert compressed-tensors keys.",
-    }.get(target["name"], f"The weights are laid out for **{target.get('consumer')}**; `config.json` declares "
-                           "`quant_method: mxrepack` so that a stock loader refuses it instead of misreading it. Load "
-                           "the tensors straight into the consumer's parameters (names follow vLLM's FusedMoE: "
-                           "`w13_weight`, `w13_weight_scale`, ...); `repack verify` proves the bytes.")
+    mode = target["recipe"]["config"]["quantization_config"]
+    layout = get_layout(experts).name
+    how, kernel = serving(layout, mode)
+    if mode == "mxrepack":
+        load = ("Serve it with vLLM and mxrepack's vLLM plugin, which loads the stored bytes straight into the kernel's "
+                "parameters (no repack at start-up):\n\n```\npip install \"mxrepack[vllm]\"\nvllm serve " + repo_id +
+                "\n```\n\nNo `--quantization` flag: `config.json` declares `quant_method: mxrepack`, which a stock "
+                f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
+                f"supports vLLM {VLLM_SUPPORTED_TEXT}.")
+    elif mode == "compressed-tensors":
+        load = (f"Not servable by vLLM yet: {how}. llm-compressor / compressed-tensors tools read it; transformers "
+                "decompresses it.")
+    elif mode == "native":
+        load = ("Any engine that reads the official gpt-oss checkpoints (transformers, vLLM, SGLang) loads this as is: "
+                f"`vllm serve {repo_id}`.")
+    else:
+        load = (f"Stock transformers: `AutoModelForCausalLM.from_pretrained(\"{repo_id}\")` (no quantizer; experts are "
+                f"BF16), or `vllm serve {repo_id}`.")
+    if RUN_HERE.get(target["name"]):
+        load += f"\n\nRun on a GPU by mxrepack: {RUN_HERE[target['name']]}."
     notes = (f"Experts: `{experts}` layout. Dense layers: {dense['format']}" +
              (f" ({', '.join(dense.get('layers') or [])}; scale rule {dense.get('scale_rule', 'ocp')})" if dense["format"] != "bf16" else "") +
              ". Padding is zero bytes and zero scales: numerically inert (proved in mxrepack's tests).")

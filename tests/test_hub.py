@@ -50,11 +50,13 @@ def test_card_metadata_and_body(output, tmp_path, no_network):
                                 "data": {"path": "gpqa_diamond.csv"}}))
     plan = plan_push(output, "me/tiny-sm121", eval_paths=[gpqa])
     meta = _front_matter(plan.card)
-    assert "gpt_oss" in meta["tags"] and "mxfp4" in meta["tags"] and "sm121" in meta["tags"] and "flashinfer" in meta["tags"]
+    assert "gpt_oss" in meta["tags"] and "mxfp4" in meta["tags"] and "sm121" in meta["tags"] and "vllm" in meta["tags"]
+    assert meta["library_name"] == "vllm"  # served through the plugin, not loaded by transformers
     results = meta["model-index"][0]["results"]
     assert results[0]["metrics"][0]["value"] == 0.81 and results[0]["metrics"][0]["type"] == "accuracy"
     assert "| GPQA-style (gpqa_diamond.csv, 8 repeats) | accuracy | 0.8100 | 0.0120 | 1584 |" in plan.card
-    assert "b12x" in plan.card and "hidden 288→384" in plan.card and "repack verify" in plan.card
+    assert "flashinfer-cutlass" in plan.card and "hidden 288→384" in plan.card and "repack verify" in plan.card
+    assert 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm121' in plan.card
     assert manifest["tool"]["mxrepack"] in plan.card
     # a Hub source carries its base model, the quantized relation and its license
     manifest["source"] = {**manifest["source"], "repo_id": "openai/gpt-oss-120b", "path": None}

@@ -37,6 +37,7 @@ from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chu
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, SourceTensor, open_checkpoint
 from mxrepack.repack.verify import INDEX, MANIFEST, verify_dir
+from mxrepack.serve.spec import serve_hint
 DEFAULT_SHARD_BYTES = 5_000_000_000
 DEFAULT_CHUNK_BYTES = 256 << 20
 Progress = Callable[[int, int], None]  # (source bytes done, total)
@@ -53,12 +54,13 @@ class RepackResult:
     seconds: float
     verify: dict
     quantization_error: dict
+    serve: list[str]  # how to serve the output (mxrepack.serve.spec.serve_hint)
 
     def summary(self) -> dict:
         return {"out": str(self.out), "target": self.target, "tensors": self.tensors, "files": self.files,
                 "source_bytes": self.source_bytes, "output_bytes": self.output_bytes,
                 "seconds": round(self.seconds, 3), "verify": self.verify,
-                "quantization_error": self.quantization_error}
+                "quantization_error": self.quantization_error, "serve": self.serve}
 
 
 def default_out(source: str, target: str) -> Path:
@@ -363,6 +365,7 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
         check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
         plan = build_plan(ck, recipe, load_activations(activations))
         manifest, files, report = _convert(ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress)
+    layout = make_layout(recipe.expert_layout, recipe.expert_options).name
     return RepackResult(out, recipe.name, len(plan), len(files), ck.total_bytes,
                         sum(f["size"] for f in files.values()), time.perf_counter() - started, report,
-                        manifest["quantization_error"])
+                        manifest["quantization_error"], serve_hint(out, layout, recipe.quantization_config))

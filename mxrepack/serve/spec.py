@@ -41,6 +41,21 @@ EXPERT_BACKENDS: dict[str, ExpertBackend] = {b.layout: b for b in (
     ExpertBackend("strided", "mxrepack", "mxrepack's Triton MoE kernels (mxrepack.kernels.moe_mxfp4)",
                   "sm80 and newer, sm120/sm121 included", 80),
 )}
+# What ran on a GPU here, per target (docs/SERVING.md has the figures, commands and records).
+_H100 = "H100, vLLM 0.26.0, 2026-11-24"
+RUN_HERE = {
+    "mxfp4": f"{_H100}: stock vLLM (Marlin and triton_kernels backends), the baseline of the others",
+    "bf16": f"{_H100}: stock vLLM; greedy tokens equal the source's",
+    "sm80": f"{_H100}: plugin, Marlin; logprobs bit-identical to stock vLLM's Marlin on the source",
+    "sm89": "same bytes as sm80",
+    "sm121-marlin": f"{_H100}: plugin, Marlin; logprobs bit-identical to stock vLLM's Marlin on the source",
+    "sm90": f"{_H100}: plugin, triton_kernels; logprobs bit-identical to stock vLLM's triton_kernels on the source",
+    "sm100": f"{_H100}: experts byte-equal to vLLM's own TRT-LLM conversion; the kernel needs sm100 (not run)",
+    "sm120": "same layouts as sm121",
+    "sm121": (f"{_H100}: experts byte-equal to vLLM's own FLASHINFER_CUTLASS_MXFP4_MXFP8 conversion (its kernel needs "
+              "sm100/sm12x: not run); dense MXFP4 served end to end on Marlin"),
+    "compressed-tensors": f"{_H100}: stock vLLM fails (KeyError: 'layers.0.mlp.experts.0.w2_bias')",
+}
 DENSE_KERNEL = "vLLM Marlin MXFP4 linear (apply_fp4_marlin_linear), repacked at load by prepare_fp4_layer_for_marlin"
 
 # safetensors header dtype names of the torch dtypes a layout stores

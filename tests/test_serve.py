@@ -1,0 +1,150 @@
+"""The vLLM plugin's own logic, without vLLM: what it reads from a written checkpoint, what it refuses, how it is found.
+
+The plugin's vLLM side (mxrepack/serve/vllm) runs on a real vLLM in benchmarks/vllm_plugin_check.py (docs/SERVING.md).
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+
+from pathlib import Path
+
+import pytest
+
+from mxrepack.errors import MxRepackError
+from mxrepack.layouts import get_layout
+from mxrepack.recipes import list_recipes, load_recipe
+from mxrepack.repack.pipeline import repack
+from mxrepack.serve.spec import (EXPERT_BACKENDS, ServeSpec, check_checkpoint, check_vllm_version, serve_hint,
+                                 serving)
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN_TARGETS = [r.name for r in list_recipes() if r.quantization_config == "mxrepack"]
+
+
+def test_every_gpu_target_layout_has_a_vllm_backend():
+    assert set(PLUGIN_TARGETS) >= {"sm80", "sm89", "sm90", "sm100", "sm120", "sm121", "sm121-marlin"}
+    for name in PLUGIN_TARGETS:
+        layout = get_layout(load_recipe(name).expert_layout).name
+        assert layout in EXPERT_BACKENDS, name
+    assert EXPERT_BACKENDS["flashinfer-cutlass"].vllm_backend == "FLASHINFER_CUTLASS_MXFP4_MXFP8"
+    assert EXPERT_BACKENDS["marlin"].vllm_backend == "MARLIN" and EXPERT_BACKENDS["strided"].vllm_backend == "mxrepack"
+
+
+@pytest.fixture(scope="module")
+def outputs(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    return {t: repack(str(tiny), t, root / t).out for t in PLUGIN_TARGETS}
+
+
+@pytest.mark.parametrize("target", PLUGIN_TARGETS)
+def test_spec_matches_the_written_checkpoint(outputs, target):
+    """The parameters the plugin creates (ServeSpec.stored, dense shapes) are the written tensors, dtype and shape."""
+    out = outputs[target]
+    spec = check_checkpoint(out)
+    manifest = json.loads((out / "mxrepack.json").read_text())
+    stored = {n.split(".mlp.experts.")[1]: (t["dtype"], tuple(t["stored_shape"]))
+              for n, t in manifest["tensors"].items() if n.startswith("model.layers.0.mlp.experts.")}
+    assert {k: (d, s) for k, (d, s) in spec.stored.items()} == stored
+    assert spec.layout == get_layout(load_recipe(target).expert_layout).name
+    config = json.loads((out / "config.json").read_text())
+    expected = spec.expected_tensors(config)
+    assert len(expected) == config["num_hidden_layers"] * 6 + 2 * len(spec.dense_modules)
+    if target in ("sm120", "sm121"):
+        assert spec.lm_head_quantized
+        assert spec.quantized_vllm_prefixes() == {"lm_head"} | {f"model.layers.{i}.attn.{p}" for i in range(2)
+                                                                  for p in ("qkv_proj", "o_proj")}
+        assert expected["lm_head.weight_packed"] == ("uint8", (config["vocab_size"], config["hidden_size"] // 2))
+    else:
+        assert not spec.dense_modules
+
+
+def _edit_config(out: Path, tmp_path: Path, edit, name: str = "copy") -> Path:
+    copy = tmp_path / name
+    shutil.copytree(out, copy)
+    config = json.loads((copy / "config.json").read_text())
+    edit(config["quantization_config"])
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda qc: qc.update(quant_method="mxfp4"), r"quant_method is 'mxfp4', not 'mxrepack'"),
+    (lambda qc: qc["groups"]["experts"].update(layout="bf16"), r"layout is 'bf16', which no vLLM backend serves"),
+    (lambda qc: qc["groups"].pop("experts"), r"groups.experts is missing"),
+    (lambda qc: qc["groups"]["experts"]["stored"].pop("w2_bias"), r"stored lacks w2_bias"),
+    (lambda qc: qc["groups"]["dense"].update(format="mxfp8"), r"dense MXFP4 with plain scales"),
+    (lambda qc: qc["groups"]["dense"]["modules"].remove("model.layers.1.self_attn.k_proj"),
+     r"model.layers.1.self_attn: only q/v_proj are MXFP4"),
+])
+def test_what_the_plugin_cannot_serve_is_one_line(outputs, tmp_path, edit, message):
+    with pytest.raises(MxRepackError, match=message) as e:
+        check_checkpoint(_edit_config(outputs["sm121"], tmp_path, edit))
+    assert "\n" not in str(e.value)
+
+
+def test_a_wrong_or_missing_tensor_is_named_before_any_engine_starts(outputs, tmp_path):
+    out = outputs["sm80"]
+    wrong = _edit_config(out, tmp_path, lambda qc: qc["groups"]["experts"]["stored"]["w13_weight"].update(
+        shape=[4, 1, 1]))
+    with pytest.raises(MxRepackError, match=r"model-\d+-of-\d+\.safetensors: model\.layers\.0\.mlp\.experts\.w13_weight "
+                                            r"is I32 \[4, \d+, \d+\]; the config's marlin layout stores I32 \[4, 1, 1\]"):
+        check_checkpoint(wrong)
+    missing = _edit_config(out, tmp_path, lambda qc: None, "missing")
+    index = missing / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    del data["weight_map"]["model.layers.1.mlp.experts.w2_bias"]
+    index.write_text(json.dumps(data))
+    with pytest.raises(MxRepackError, match=r"model\.layers\.1\.mlp\.experts\.w2_bias is missing"):
+        check_checkpoint(missing)
+
+
+def test_b12x_outputs_written_before_the_rename_still_serve(outputs, tmp_path):
+    old = _edit_config(outputs["sm121"], tmp_path, lambda qc: qc["groups"]["experts"].update(layout="b12x"))
+    assert check_checkpoint(old).layout == "flashinfer-cutlass"
+
+
+@pytest.mark.parametrize("version, ok", [("0.25.2", False), ("0.26.0", True), ("0.33.0", True), ("0.33.1", True),
+                                         ("0.34.0", False), ("1.0.0", False), ("dev", False)])
+def test_vllm_versions_outside_the_tested_range_are_refused_in_one_line(version, ok):
+    if ok:
+        check_vllm_version(version)
+    else:
+        with pytest.raises(MxRepackError, match=r"supported: vLLM 0\.26 to 0\.33|supports vLLM 0\.26 to 0\.33"):
+            check_vllm_version(version)
+
+
+def test_vllm_finds_the_plugin_through_its_entry_point_and_importing_mxrepack_needs_no_vllm():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["vllm.general_plugins"] == {"mxrepack": "mxrepack.serve.vllm:register"}
+    assert any(r.startswith("vllm") for r in project["optional-dependencies"]["vllm"])
+    assert not any(r.startswith("compressed-tensors") for r in project["dependencies"])  # vLLM pins its own
+    code = ("import sys, mxrepack.serve.vllm as p, mxrepack.serve.spec, mxrepack.cli; "
+            "assert callable(p.register); assert 'vllm' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_repack_says_how_to_serve_each_kind_of_target():
+    hint = "\n".join(serve_hint("/models/out", "flashinfer-cutlass", "mxrepack"))
+    assert 'pip install "mxrepack[vllm]"' in hint and "vllm serve /models/out" in hint
+    assert "FLASHINFER_CUTLASS" in serving("flashinfer-cutlass", "mxrepack")[1] or "CUTLASS" in hint
+    assert serve_hint("/m", "mxfp4", "native")[0].strip() == "vllm serve /m"
+    assert "not loadable" in serve_hint("/m", "compressed-tensors", "compressed-tensors")[0]
+
+
+def test_the_compressed_tensors_target_names_the_versions_it_is_tested_with(monkeypatch):
+    import compressed_tensors
+
+    from mxrepack.quant import compressed_tensors as ct
+
+    monkeypatch.setattr(compressed_tensors, "__version__", "0.17.0")
+    with pytest.raises(MxRepackError, match=r"compressed-tensors 0\.17\.0 is installed; .* tested with 0\.19 to 0\.21"):
+        ct.require()
+
+
+def test_spec_needs_only_the_config(outputs):
+    config = json.loads((outputs["sm90"] / "config.json").read_text())
+    spec = ServeSpec.from_config(config)
+    assert spec.hidden == (config["hidden_size"],) * 2  # triton-hopper records no padding: none is applied
