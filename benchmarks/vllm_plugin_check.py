@@ -303,6 +303,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--convert", action="store_true", help="also compare the plugin's tensors with vLLM's conversion")
     ap.add_argument("--ct-site", help="a folder holding compressed-tensors 0.19-0.21, for writing that target")
+    ap.add_argument("--commit", help="the commit under test, for the record (the device's copy has no history)")
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -314,14 +315,12 @@ def main() -> None:
         t = time.perf_counter()
         make_fixture(src, preset="20b", layers=args.layers, num_local_experts=args.experts)
         print(f"fixture: {time.perf_counter() - t:.1f} s", flush=True)
-    results: dict = {"date": date.today().isoformat(), "layers": args.layers, "experts": args.experts, "cases": {},
-                     "comparisons": {}}
+    results: dict = {"date": date.today().isoformat(), "commit": args.commit, "layers": args.layers,
+                     "experts": args.experts, "cases": {}, "comparisons": {}}
     try:
         import torch
 
         results["device"] = torch.cuda.get_device_name()
-        results["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                           capture_output=True, text=True).stdout.strip() or None
     except Exception:  # noqa: BLE001
         pass
     for name in args.cases.split(","):
