@@ -47,6 +47,9 @@ RECIPES = {
                      "experts": {"layout": "marlin"},
                      "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp"},
                      "config": {"quantization_config": "mxrepack"}},
+    "ct-experts": {"name": "ct-experts", "description": "the compressed-tensors target's experts, BF16 attention",
+                   "experts": {"layout": "compressed-tensors", "options": {"pad_intermediate": 128}},
+                   "dense": {"format": "bf16"}, "config": {"quantization_config": "compressed-tensors"}},
 }
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
@@ -60,7 +63,10 @@ CASES = {
                           "marlin-dense with its dense MXFP4 weights dequantized to BF16 (vLLM's BF16 linear)"),
     "marlin-dense": ("marlin-dense", {}, "marlin-dense-twin", "within BF16 matmul rounding of its BF16 twin"),
     "bf16": ("bf16", {}, "source-marlin", "within BF16 matmul rounding"),
-    "compressed-tensors": ("compressed-tensors", {}, "source-marlin", "stock vLLM: does it load?"),
+    "ct-experts": ("ct-experts", {"moe_backend": "marlin"}, "source-marlin",
+                   "plugin: compressed-tensors experts into vLLM's gpt-oss MXFP4 method, Marlin: bit-identical"),
+    "compressed-tensors": ("compressed-tensors", {"moe_backend": "marlin"}, "source-marlin",
+                           "plugin experts + vLLM's compressed-tensors MXFP4 attention (Marlin): MXFP4 q/k/v/o error"),
 }
 
 
@@ -268,21 +274,23 @@ def _model(name: str, work: Path, src: Path, ct_site: str | None = None) -> Path
     model = work / name
     if name == "marlin-dense-twin" and not model.exists():
         _bf16_dense_twin(_model("marlin-dense", work, src), model)
-    if name == "compressed-tensors" and ct_site and not model.exists():
+    recipe = None
+    if name in RECIPES:
+        import yaml
+
+        recipe = work / f"{name}.yaml"
+        recipe.write_text(yaml.safe_dump(RECIPES[name]))
+    if name in ("compressed-tensors", "ct-experts") and ct_site and not model.exists():
         # vLLM pins compressed-tensors 0.17; the target is written with a tested one, in a process of its own
-        code = f"from mxrepack.repack.pipeline import repack; repack({str(src)!r}, {name!r}, {str(model)!r}, hash_source=False)"
+        code = ("from mxrepack.repack.pipeline import repack; "
+                f"repack({str(src)!r}, {None if recipe else name!r}, {str(model)!r}, "
+                f"recipe_file={str(recipe) if recipe else None!r}, hash_source=False)")
         p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": f"{ct_site}:" +
                                                                  os.environ.get("PYTHONPATH", "")},
                            capture_output=True, text=True)
         if p.returncode:
             raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}")
     if not model.exists():
-        recipe = None
-        if name in RECIPES:
-            import yaml
-
-            recipe = work / f"{name}.yaml"
-            recipe.write_text(yaml.safe_dump(RECIPES[name]))
         t = time.perf_counter()
         repack(str(src), None if recipe else name, model, recipe_file=str(recipe) if recipe else None, hash_source=False)
         print(f"repack {name}: {time.perf_counter() - t:.1f} s", flush=True)
@@ -345,6 +353,10 @@ def main() -> None:
         print(f"== {name}: {line}", flush=True)
         if not rec.get("ok"):
             print(rec.get("traceback", (work / f"case-{name}.log").read_text()[-4000:])[-3000:], flush=True)
+        if baseline and baseline not in results["cases"] and (work / f"case-{baseline}.json").exists():
+            # measured by an earlier call on this machine, same work folder and fixture
+            results["cases"][baseline] = json.loads((work / f"case-{baseline}.json").read_text())
+            results["cases"][baseline]["from_earlier_call"] = True
         if baseline and baseline in results["cases"]:
             cmp = compare(rec, results["cases"][baseline])
             results["comparisons"][f"{name} vs {baseline}"] = cmp

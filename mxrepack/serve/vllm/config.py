@@ -70,26 +70,26 @@ class MxRepackConfig(QuantizationConfig):
         if isinstance(layer, RoutedExperts):
             from mxrepack.serve.vllm.moe import make_moe_method
 
-            _check_single_shard(layer, prefix)
+            check_single_shard(layer, prefix)
             return make_moe_method(self.spec, layer.moe_config)
         if isinstance(layer, ParallelLMHead):
             if prefix.endswith("lm_head") and self.spec.lm_head_quantized:
                 from mxrepack.serve.vllm.linear import MarlinMxfp4LinearMethod
 
-                _check_single_shard(layer, prefix)
+                check_single_shard(layer, prefix)
                 return MarlinMxfp4LinearMethod()
             return None
         if isinstance(layer, LinearBase):
             if prefix in self.dense_prefixes:
                 from mxrepack.serve.vllm.linear import MarlinMxfp4LinearMethod
 
-                _check_single_shard(layer, prefix)
+                check_single_shard(layer, prefix)
                 return MarlinMxfp4LinearMethod()
             return UnquantizedLinearMethod()
         return None
 
 
-def _check_single_shard(layer: torch.nn.Module, prefix: str) -> None:
+def check_single_shard(layer: torch.nn.Module, prefix: str) -> None:
     """The stored bytes are whole-layer kernel layouts (Marlin tiles, swizzled scales): a shard of them is not a slice.
     One line instead of a wrong model."""
     from vllm.distributed import get_tensor_model_parallel_world_size
@@ -100,8 +100,9 @@ def _check_single_shard(layer: torch.nn.Module, prefix: str) -> None:
     else:
         split = get_tensor_model_parallel_world_size() != 1
     if split:
-        raise MxRepackError(f"{prefix}: an mxrepack checkpoint holds each layer whole, in its kernel's layout; serve it on "
-                            "one GPU (tensor/data/expert parallel size 1); --pipeline-parallel-size works")
+        raise MxRepackError(f"{prefix}: the mxrepack plugin serves each layer whole (stored kernel layouts are not "
+                            "sliceable; its compressed-tensors expert loader is single-GPU); serve it on one GPU "
+                            "(tensor/data/expert parallel size 1); --pipeline-parallel-size works")
 
 
 def register() -> None:

@@ -8,6 +8,14 @@ Two things vLLM's ``GptOssForCausalLM`` cannot do for stored kernel layouts:
   other tensor (attention, norms, router, sinks, embeddings, dense MXFP4 q/k/v/o) to the parent;
 * it builds lm_head without a quantization config: :meth:`__init__` builds it with the checkpoint's when lm_head is
   stored as MXFP4, so the BF16 one is never allocated.
+
+And one thing it cannot do for a compressed-tensors checkpoint of gpt-oss (mxrepack's ``compressed-tensors`` target, or
+llm-compressor's layout of it): vLLM's compressed-tensors MXFP4 MoE method has no expert biases, and its gpt-oss loader
+expects fused ``[E, ...]`` expert tensors, not per-expert ``gate_proj``/``up_proj``/``down_proj`` Linear tensors. So the
+experts of such a checkpoint get vLLM's own gpt-oss MXFP4 MoE method (biases, SwiGLU-OAI, its backend choice per GPU,
+converted at load as for the original checkpoint), and :meth:`load_weights` writes each expert's tensors into its
+parameters (gate into the even rows of ``w13``, up into the odd rows: the interleaving that method's activation reads).
+The attention layers keep vLLM's compressed-tensors linear methods.
 """
 
 from __future__ import annotations
@@ -20,19 +28,26 @@ from contextlib import contextmanager
 import torch
 from vllm.model_executor.models import gpt_oss
 
-from mxrepack.serve.vllm.config import MxRepackConfig
+from mxrepack.errors import MxRepackError
+from mxrepack.serve.vllm.config import MxRepackConfig, check_single_shard
 
 _EXPERT_PARAM = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(?:.+\.)?([^.]+)")
+_CT_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight_packed|weight_scale|bias)")
+_CT_PARAM = {"weight_packed": "weight", "weight_scale": "weight_scale", "bias": "bias"}
 
 
 class MxRepackGptOssForCausalLM(gpt_oss.GptOssForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         config = vllm_config.quant_config if isinstance(vllm_config.quant_config, MxRepackConfig) else None
-        with _lm_head_quantized_by(config):
+        ct = vllm_config.quant_config if _ct_mxfp4_experts(vllm_config) else None
+        with _lm_head_quantized_by(config), _experts_as_gpt_oss_mxfp4(ct):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.mxrepack_config = config
+        self.ct_experts = ct is not None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        if self.ct_experts:
+            return self._load_ct_weights(weights)
         if self.mxrepack_config is None:
             return super().load_weights(weights)
         stored = self.mxrepack_config.spec.stored
@@ -55,6 +70,82 @@ class MxRepackGptOssForCausalLM(gpt_oss.GptOssForCausalLM):
                 yield name, tensor
 
         return loaded | set(super().load_weights(the_rest()))
+
+    def _load_ct_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Per-expert compressed-tensors tensors into the gpt-oss MXFP4 method's fused parameters; the rest to the
+        parent."""
+        params: dict[str, tuple[str, torch.nn.Parameter]] = {}
+        for name, p in self.named_parameters():
+            hit = _EXPERT_PARAM.fullmatch(name)
+            if hit:
+                params[f"{hit[1]}.{hit[2]}"] = (name, p)
+        loaded: set[str] = set()
+
+        def the_rest():
+            for name, tensor in weights:
+                hit = _CT_EXPERT.fullmatch(name)
+                if hit is None:
+                    yield name, tensor
+                    continue
+                prefix, expert, proj, kind = hit[1], int(hit[2]), hit[3], hit[4]
+                key = f"{prefix}.{'w2' if proj == 'down' else 'w13'}_{_CT_PARAM[kind]}"
+                if key not in params:
+                    if any(k.startswith(prefix + ".") for k in params) or not params:
+                        raise MxRepackError(f"{name}: vLLM's gpt-oss MXFP4 MoE method has no parameter for it "
+                                            f"(expected {key})")
+                    continue  # a layer of another pipeline stage
+                param_name, param = params[key]
+                dst = param.data[expert]
+                if proj != "down":
+                    dst = dst[0 if proj == "gate" else 1::2]  # gate/up interleaved by rows, as SwiGLU-OAI reads them
+                _copy_leading(dst, tensor, name)
+                loaded.add(param_name)
+
+        return loaded | set(super().load_weights(the_rest()))
+
+
+def _copy_leading(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    """``src`` into the leading corner of ``dst``: vLLM's parameters may be padded wider (its per-backend round-up);
+    the padding stays zero, as for the original checkpoint."""
+    if src.dim() != dst.dim() or any(s > d for s, d in zip(src.shape, dst.shape)):
+        raise MxRepackError(f"{name}: shape {list(src.shape)} does not fit vLLM's expert parameter "
+                            f"{list(dst.shape)} (config.json's hidden/intermediate sizes disagree with the tensor)")
+    dst[tuple(slice(0, s) for s in src.shape)].copy_(src)
+
+
+def _ct_mxfp4_experts(vllm_config) -> bool:
+    """A compressed-tensors checkpoint whose gpt-oss experts are MXFP4 (mxfp4-pack-quantized per-expert Linears)."""
+    qc = getattr(vllm_config.model_config.hf_config, "quantization_config", None)
+    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
+        return False
+    return any(g.get("format", qc.get("format")) == "mxfp4-pack-quantized"
+               and any("experts" in t for t in g.get("targets", ()))
+               for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict))
+
+
+@contextmanager
+def _experts_as_gpt_oss_mxfp4(quant_config):
+    """While the parent builds the model, the experts' method is vLLM's gpt-oss MXFP4 one; every other layer asks the
+    checkpoint's compressed-tensors config as before."""
+    if quant_config is None:
+        yield
+        return
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
+
+    original = quant_config.get_quant_method
+
+    def get_quant_method(layer, prefix):
+        if isinstance(layer, RoutedExperts):
+            check_single_shard(layer, prefix)
+            return GptOssMxfp4MoEMethod(layer.moe_config)
+        return original(layer, prefix)
+
+    quant_config.get_quant_method = get_quant_method
+    try:
+        yield
+    finally:
+        del quant_config.get_quant_method
 
 
 @contextmanager
