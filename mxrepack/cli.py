@@ -209,6 +209,8 @@ def verify_cmd(directory: Path = typer.Argument(..., help="An mxrepack output di
     from mxrepack.repack.verify import verify_dir
 
     report = verify_dir(directory, checksums=True, source=False if no_source else None)
+    for warning in report.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
     if report["ok"]:
         src = (f"{report['groups_compared']} groups match the source" if report["source_checked"]
                else "source not checked (unreachable or --no-source)")

@@ -1,10 +1,12 @@
 """Publish a target checkpoint to the Hugging Face Hub with a generated model card (formats.md 6).
 
 :func:`plan_push` does everything that needs no network: verifies the directory against its manifest
-(checksums), lists the files and sizes, and renders the model card (``huggingface_hub.ModelCard``,
-offline: no ``validate()``). :func:`push` then runs ``create_repo(exist_ok=True)``, ``create_branch``
-for a non-default revision, and ``upload_folder`` (streaming and resumable: re-running the same push
-continues where it stopped). ``--dry-run`` prints the plan and calls nothing on the Hub.
+(the manifest's own digest, checksums, no unlisted files), lists the files and sizes, and renders the model
+card (``huggingface_hub.ModelCard``, offline: no ``validate()``). :func:`push` then runs
+``create_repo(exist_ok=True)``, ``create_branch`` for a non-default revision, and one ``create_commit`` of
+exactly the files the manifest lists, the manifest and the card (LFS files the Hub already holds are not sent
+again, so re-running the same push continues where it stopped). The card is uploaded from memory: nothing is
+written into the output directory. ``--dry-run`` prints the plan and calls nothing on the Hub.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ from pathlib import Path
 import mxrepack
 from mxrepack.errors import MxRepackError
 from mxrepack.repack.source import load_json
-from mxrepack.repack.verify import MANIFEST, load_manifest, verify_dir
+from mxrepack.repack.verify import MANIFEST, check_manifest_digest, load_manifest, verify_dir
 
 CARD = "README.md"
 # Licenses of known sources, for when the source's own card is not at hand.
 KNOWN_LICENSES = {"openai/gpt-oss-120b": "apache-2.0", "openai/gpt-oss-20b": "apache-2.0"}
+# The card's library_name per config.quantization_config mode: what loads the checkpoint. mxrepack targets load in
+# vLLM through the plugin; compressed-tensors: no engine loads it yet (serve.spec.serving says why), so the card
+# claims no library; the native and BF16 targets load in stock transformers (and vLLM).
+LIBRARY = {"mxrepack": "vllm", "compressed-tensors": None}
 
 BODY = """
 # {{ model_name }}
@@ -86,7 +92,7 @@ class PushPlan:
     private: bool
     revision: str | None
     commit_message: str
-    files: list[tuple[str, int]]  # (path in repo, bytes)
+    files: list[tuple[str, int]]  # (path in repo, bytes): the manifest's files, the manifest, the card
     card: str  # README.md content
     manifest: dict = field(repr=False, default_factory=dict)
 
@@ -163,14 +169,16 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     base = manifest["source"].get("repo_id")
     evals = _eval_entries(list(eval_paths))
     name = repo_id.split("/")[-1]
-    tags = ["gpt_oss", "mxfp4", target["name"], "mxrepack", "quantized"]
+    # The bf16 target dequantizes: neither MXFP4 nor quantized.
+    quantized = (target["recipe"]["experts"]["layout"], target["recipe"]["dense"]["format"]) != ("bf16", "bf16")
+    tags = ["gpt_oss", *(["mxfp4"] if quantized else []), target["name"], "mxrepack", *(["quantized"] if quantized else [])]
     if target.get("engine"):
         tags.append(target["engine"])
     data = ModelCardData(
         base_model=base, license=_license(manifest),
-        library_name="vllm" if target["recipe"]["config"]["quantization_config"] == "mxrepack" else "transformers",
+        library_name=LIBRARY.get(target["recipe"]["config"]["quantization_config"], "transformers"),
         tags=tags, model_name=name,
-        pipeline_tag="text-generation", base_model_relation="quantized" if base else None,
+        pipeline_tag="text-generation", base_model_relation="quantized" if base and quantized else None,
         quantized_by=f"mxrepack {manifest['tool']['mxrepack']}",
         eval_results=[EvalResult(task_type="text-generation", dataset_type=e["dataset"], dataset_name=e["dataset"],
                                  metric_type=e["metric"], metric_value=e["value"], metric_name=e["name"])
@@ -187,19 +195,28 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
                 f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
                 f"supports vLLM {VLLM_SUPPORTED_TEXT}.")
     elif mode == "compressed-tensors":
-        load = (f"Not servable by vLLM yet: {how}. llm-compressor / compressed-tensors tools read it; transformers "
-                "decompresses it.")
+        load = (f"vLLM: {how}. The tensors are compressed-tensors' `mxfp4-pack-quantized` "
+                "format, which the library reads and decompresses (the versions mxrepack's tests compare with):"
+                "\n\n```\npip install \"compressed-tensors>=0.19,<0.22\"\n```\n\nmxrepack's torch reference runner "
+                "(for evaluation, not serving) also runs it: `pip install mxrepack`, then `repack eval serve DIR` on "
+                "the downloaded folder.")
     elif mode == "native":
-        load = ("Any engine that reads the official gpt-oss checkpoints (transformers, vLLM, SGLang) loads this as is: "
-                f"`vllm serve {repo_id}`.")
+        load = ("The official gpt-oss MXFP4 format: engines that read openai/gpt-oss load it as is. vLLM, "
+                f"{how} -- MoE kernel: {kernel}:\n\n```\npip install vllm\nvllm serve {repo_id}\n```\n\n"
+                "or transformers' MXFP4 integration:\n\n```\npip install \"transformers>=4.56\"\n```\n\n"
+                f"`AutoModelForCausalLM.from_pretrained(\"{repo_id}\")`.")
     else:
-        load = (f"Stock transformers: `AutoModelForCausalLM.from_pretrained(\"{repo_id}\")` (no quantizer; experts are "
-                f"BF16), or `vllm serve {repo_id}`.")
+        load = ("Stock transformers, with no quantizer (experts are BF16):\n\n```\npip install \"transformers>=4.56\"\n"
+                f"```\n\n`AutoModelForCausalLM.from_pretrained(\"{repo_id}\")`. vLLM serves it too, {how} -- MoE kernel: {kernel}:"
+                f"\n\n```\npip install vllm\nvllm serve {repo_id}\n```")
     if RUN_HERE.get(target["name"]):
         load += f"\n\nRun on a GPU by mxrepack: {RUN_HERE[target['name']]}."
     notes = (f"Experts: `{experts}` layout. Dense layers: {dense['format']}" +
              (f" ({', '.join(dense.get('layers') or [])}; scale rule {dense.get('scale_rule', 'ocp')})" if dense["format"] != "bf16" else "") +
              ". Padding is zero bytes and zero scales: numerically inert (proved in mxrepack's tests).")
+    if manifest.get("nonfinite"):
+        notes += ("\n\n**Warning:** the source held NaN/Inf values, written here unchanged (`--allow-nonfinite`): " +
+                  ", ".join(f"`{n}` ({e['count']})" for n, e in manifest["nonfinite"].items()) + ".")
     card = ModelCard.from_template(
         data, template_str="---\n{{ card_data }}\n---\n" + BODY, model_name=name,
         summary=f"{base or 'A gpt-oss checkpoint'} repacked by mxrepack for **{target['name']}**: {target['recipe']['description']}.",
@@ -216,11 +233,15 @@ def plan_push(directory: str | Path, repo_id: str, private: bool = False, revisi
     if "/" not in repo_id or repo_id.count("/") != 1:
         raise MxRepackError(f"--repo-id {repo_id!r}: expected ORG/NAME")
     manifest = load_manifest(directory)  # refuses a directory without a manifest
+    problem, old = check_manifest_digest(directory, manifest)  # the card is rendered from this very content
+    if problem or old:
+        raise MxRepackError(f"{directory}: refusing to push, the manifest does not verify: {problem or old}")
     report = verify_dir(directory, checksums=True, source=False)
     if not report["ok"]:
         raise MxRepackError(f"{directory}: refusing to push, the manifest does not verify: {report['problems'][0]}")
-    files = sorted((p.relative_to(directory).as_posix(), p.stat().st_size) for p in directory.rglob("*")
-                   if p.is_file() and not p.relative_to(directory).as_posix().startswith(".cache/") and p.name != CARD)
+    # Only what the manifest lists, and the manifest: a README.md or .gitattributes there (a download from the
+    # Hub has them) is not uploaded; the card below replaces the one.
+    files = [(name, (directory / name).stat().st_size) for name in [*manifest["files"], MANIFEST]]
     card = render_card(manifest, repo_id, eval_paths)
     files.append((CARD, len(card.encode())))
     message = commit_message or f"mxrepack {mxrepack.__version__}: {manifest['target']['name']} checkpoint"
@@ -248,13 +269,17 @@ def push(plan: PushPlan, api=None) -> str:
         from huggingface_hub import HfApi
 
         api = HfApi(token=_token())
-    (plan.directory / CARD).write_text(plan.card)
+    from huggingface_hub import CommitOperationAdd
+
     try:
         url = api.create_repo(plan.repo_id, private=plan.private, repo_type="model", exist_ok=True)
         if plan.revision and plan.revision != "main":
             api.create_branch(plan.repo_id, branch=plan.revision, repo_type="model", exist_ok=True)
-        api.upload_folder(repo_id=plan.repo_id, folder_path=str(plan.directory), repo_type="model",
-                          revision=plan.revision, commit_message=plan.commit_message, ignore_patterns=[".cache/*"])
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(plan.directory / name))
+                      for name, _ in plan.files if name != CARD]
+        operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=plan.card.encode()))
+        api.create_commit(plan.repo_id, operations, commit_message=plan.commit_message, repo_type="model",
+                          revision=plan.revision)
     except MxRepackError:
         raise
     except Exception as e:  # network, auth, quota: one line that says what happened

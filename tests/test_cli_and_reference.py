@@ -64,6 +64,48 @@ def test_verify_detects_tampering_and_missing_manifest(tiny, tmp_path):
     assert proc.returncode == 1 and "no manifest" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+def test_verify_checks_the_manifest_itself_and_unlisted_files(tiny, tmp_path, capsys):
+    """The manifest carries the sha256 of its own content: an edit fails verify in one line naming it; a file the
+    manifest does not list fails it too; the Hub's own files (a download has them) do not."""
+    out = tmp_path / "out"
+    assert main([str(tiny), "--target", "bf16", "--out", str(out)]) == 0
+    path = out / "mxrepack.json"
+    original = path.read_text()
+    manifest = json.loads(original)
+    assert manifest["format_version"] == 2 and len(manifest["manifest_sha256"]) == 64
+    (out / "README.md").write_text("card")
+    (out / ".gitattributes").write_text("")
+    (out / ".cache" / "huggingface").mkdir(parents=True)
+    (out / ".cache" / "huggingface" / ".gitignore").write_text("*")
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 0 and capsys.readouterr().err == ""
+
+    (out / "weights-backup.safetensors").write_bytes(b"x")
+    assert main(["verify", str(out), "--no-source"]) == 1
+    assert capsys.readouterr().err == (f"error: verify failed: {out / 'weights-backup.safetensors'}: not listed in the "
+                                       "manifest (mxrepack did not write it); move it out of the output\n")
+    (out / "weights-backup.safetensors").unlink()
+
+    manifest["target"]["recipe"]["description"] = "something else"
+    path.write_text(json.dumps(manifest, indent=2))
+    assert main(["verify", str(out)]) == 1
+    assert capsys.readouterr().err == (f"error: verify failed: {path}: edited since mxrepack wrote it (its content no "
+                                       "longer matches its manifest_sha256); re-run repack rather than edit the "
+                                       "manifest\n")
+    # whitespace and key order are not content: a reformatted manifest still verifies
+    path.write_text(json.dumps(json.loads(original), indent=None, sort_keys=True))
+    assert main(["verify", str(out)]) == 0
+    # a manifest from before the digest: verified with a warning (push refuses it: tests/test_hub.py)
+    old = json.loads(original)
+    del old["manifest_sha256"]
+    old["format_version"] = 1
+    path.write_text(json.dumps(old))
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: {path}: format 1 has no manifest_sha256") and err.count("\n") == 1
+
+
 def test_make_fixture_cli_and_real_presets(tmp_path):
     from mxrepack.repack import gptoss
     from mxrepack.repack.fixture import fixture_bytes, fixture_config

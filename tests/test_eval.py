@@ -213,6 +213,38 @@ def test_logits_compare_report_and_cli(tmp_path):
     assert html.count("<svg") == 3 and json.loads((tmp_path / "rep" / "report.json").read_text())["gate"]["passed"]
 
 
+def test_report_charts_have_axes_and_an_edited_manifest_is_refused(tiny, tmp_path):
+    import re
+
+    from mxrepack.errors import MxRepackError
+    from mxrepack.eval.report import _plots, build_report
+    from mxrepack.repack.pipeline import repack
+
+    report = {"quantization_error": {"model.layers.0.self_attn.q_proj.weight": {"rel_fro": 0.093},
+                                     "lm_head.weight": {"rel_fro": 0.11}},
+              "gpqa": [{"label": "base", "score": 0.8, "stderr": 0.03}, {"label": "cand", "score": 0.78, "stderr": 0.03}],
+              "logits": {"kl_histogram": {"edges": [10.0 ** (-8 + i / 4) for i in range(37)],
+                                          "counts": [0] * 12 + [5, 40, 90, 30, 4] + [0] * 19}}}
+    plots = _plots(report)
+    assert set(plots) == {"quant_error", "accuracy", "kl_hist"}
+    for name, svg in plots.items():
+        assert svg.count('class="axis"') == 2, name  # an x and a y axis line
+        assert re.search(r'class="xlabel"[^>]*>[^<]+</text>', svg) and re.search(r'class="ylabel"[^>]*>[^<]+</text>', svg)
+    assert ">accuracy (fraction of samples correct)<" in plots["accuracy"]
+    assert all(f">{t}</text>" in plots["accuracy"] for t in ("0", "0.2", "0.4", "0.6", "0.8", "1"))  # value ticks
+    assert ">KL per token (log bins)<" in plots["kl_hist"] and ">tokens<" in plots["kl_hist"]
+    assert all(f">{t}</text>" in plots["kl_hist"] for t in ("0", "20", "40", "60", "80")) and ">1e-08<" in plots["kl_hist"]
+    assert ">relative Frobenius error |W - Q(W)| / |W|<" in plots["quant_error"]
+
+    out = repack(str(tiny), "sm121", tmp_path / "o").out
+    assert build_report(out)["quantization_error"]
+    manifest = json.loads((out / "mxrepack.json").read_text())
+    next(iter(manifest["quantization_error"].values()))["rel_fro"] = 1e-6  # a better-looking figure
+    (out / "mxrepack.json").write_text(json.dumps(manifest))
+    with pytest.raises(MxRepackError, match="mxrepack.json: edited since mxrepack wrote it"):
+        build_report(out)
+
+
 def test_gpqa_cli_local_and_backend_choice(tmp_path):
     from mxrepack.cli import main
     from mxrepack.eval.bundled import bundled_model

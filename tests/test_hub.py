@@ -95,7 +95,7 @@ def test_no_token_and_offline_are_one_line_errors(output, monkeypatch, tmp_path,
         push(plan)
 
 
-def test_push_calls_create_repo_branch_and_upload_folder(output, no_network):
+def test_push_calls_create_repo_branch_and_one_commit_of_the_listed_files(output, no_network):
     calls = []
 
     class FakeApi:
@@ -106,20 +106,98 @@ def test_push_calls_create_repo_branch_and_upload_folder(output, no_network):
         def create_branch(self, repo_id, **kw):
             calls.append(("create_branch", repo_id, kw))
 
-        def upload_folder(self, **kw):
-            calls.append(("upload_folder", kw["repo_id"], kw))
+        def create_commit(self, repo_id, operations, **kw):
+            calls.append(("create_commit", repo_id, {**kw, "operations": list(operations)}))
 
+    # what a download from the Hub holds besides the files: accepted by verify, never uploaded from here
+    (output / "README.md").write_text("an old card")
+    (output / ".gitattributes").write_text("*.safetensors filter=lfs\n")
+    (output / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (output / ".cache" / "huggingface" / "download" / "config.json.metadata").write_text("x")
     plan = plan_push(output, "me/tiny-sm121", private=True, revision="v1", commit_message="first")
+    manifest = json.loads((output / "mxrepack.json").read_text())
+    assert [n for n, _ in plan.files] == sorted([*manifest["files"], "mxrepack.json", "README.md"])
     assert push(plan, api=FakeApi()) == "https://huggingface.co/me/tiny-sm121"
     assert calls[0] == ("create_repo", "me/tiny-sm121", {"private": True, "repo_type": "model", "exist_ok": True})
     assert calls[1][0] == "create_branch" and calls[1][2]["branch"] == "v1" and calls[1][2]["exist_ok"]
-    up = calls[2][2]
-    assert up["folder_path"] == str(output) and up["revision"] == "v1" and up["commit_message"] == "first"
-    assert (output / "README.md").read_text() == plan.card
+    commit = calls[2][2]
+    assert calls[2][0] == "create_commit" and commit["revision"] == "v1" and commit["commit_message"] == "first"
+    ops = {op.path_in_repo: op for op in commit["operations"]}
+    assert sorted(ops) == sorted([*manifest["files"], "mxrepack.json", "README.md"])
+    assert ops["README.md"].path_or_fileobj == plan.card.encode()  # the card, from memory
+    assert ops["mxrepack.json"].path_or_fileobj == str(output / "mxrepack.json")
+    assert (output / "README.md").read_text() == "an old card"  # nothing written into the output
 
     class Failing(FakeApi):
-        def upload_folder(self, **kw):
+        def create_commit(self, repo_id, operations, **kw):
             raise ConnectionError("connection reset by peer\nsecond line")
 
     with pytest.raises(MxRepackError, match=r"push to me/tiny-sm121 failed: connection reset by peer \(re-run"):
         push(plan, api=Failing())
+
+
+def test_an_unlisted_file_is_refused_not_uploaded(output, no_network):
+    (output / "notes.txt").write_text("private")
+    with pytest.raises(MxRepackError, match=r"refusing to push, the manifest does not verify: .*notes\.txt: not listed in "
+                                            r"the manifest \(mxrepack did not write it\); move it out of the output"):
+        plan_push(output, "me/x")
+    (output / "notes.txt").unlink()
+    (output / "sub").mkdir()
+    (output / "sub" / "model-00099.safetensors").write_bytes(b"x")
+    with pytest.raises(MxRepackError, match=r"sub/model-00099\.safetensors: not listed in the manifest"):
+        plan_push(output, "me/x")
+
+
+@pytest.mark.parametrize("edit", ["target", "error figure", "digest removed", "old format"])
+def test_an_edited_manifest_cannot_reach_a_card(output, no_network, edit):
+    path = output / "mxrepack.json"
+    manifest = json.loads(path.read_text())
+    if edit == "target":
+        manifest["target"]["name"] = "sm90"
+    elif edit == "error figure":
+        first = next(iter(manifest["quantization_error"]))
+        manifest["quantization_error"][first]["rel_fro"] = 0.0001
+    elif edit == "digest removed":
+        del manifest["manifest_sha256"]
+    else:  # a manifest written before the digest existed
+        del manifest["manifest_sha256"]
+        manifest["format_version"] = 1
+    path.write_text(json.dumps(manifest, indent=2))
+    message = {"old format": "format 1 has no manifest_sha256", "digest removed": "its manifest_sha256 was removed"}.get(
+        edit, "edited since mxrepack wrote it")
+    with pytest.raises(MxRepackError, match=f"refusing to push, the manifest does not verify: .*mxrepack.json: {message}"):
+        plan_push(output, "me/x")
+    assert main(["push", str(output), "--repo-id", "me/x", "--dry-run"]) == 1
+
+
+def _card_for(output, target: str) -> tuple[dict, str]:
+    """The card of ``output``'s manifest with another built-in target's recipe in it (render_card reads only the
+    manifest)."""
+    from mxrepack.hub import render_card
+    from mxrepack.recipes import load_recipe
+
+    manifest = json.loads((output / "mxrepack.json").read_text())
+    r = load_recipe(target)
+    manifest["target"] = {"name": r.name, "recipe_source": r.source, "recipe": r.data, "consumer": r.consumer,
+                          "engine": r.engine}
+    card = render_card(manifest, f"me/tiny-{target}")
+    return _front_matter(card), card
+
+
+def test_card_says_what_loads_each_kind_of_target(output, no_network):
+    meta, card = _card_for(output, "bf16")
+    assert meta["library_name"] == "transformers" and "mxfp4" not in meta["tags"] and "quantized" not in meta["tags"]
+    assert 'pip install "transformers>=4.56"' in card and 'AutoModelForCausalLM.from_pretrained("me/tiny-bf16")' in card
+    assert "pip install vllm\nvllm serve me/tiny-bf16" in card and "mxrepack[vllm]" not in card
+    meta, card = _card_for(output, "mxfp4")
+    assert meta["library_name"] == "transformers" and "quantized" in meta["tags"]
+    assert "pip install vllm\nvllm serve me/tiny-mxfp4" in card and 'pip install "transformers>=4.56"' in card
+    assert "repacks at every start" in card  # serve.spec.serving's words
+    meta, card = _card_for(output, "compressed-tensors")
+    assert "library_name" not in meta  # no engine loads it: no library claimed
+    from mxrepack.serve.spec import serving
+
+    assert 'pip install "compressed-tensors>=0.19,<0.22"' in card and serving("compressed-tensors", "compressed-tensors")[0] in card
+    assert "from_pretrained" not in card  # transformers does not load per-expert Linear experts
+    meta, card = _card_for(output, "sm90")
+    assert meta["library_name"] == "vllm" and 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm90' in card

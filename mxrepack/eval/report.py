@@ -13,25 +13,53 @@ import json
 from pathlib import Path
 
 
+def _nice_ticks(vmax: float, n: int = 5) -> list[float]:
+    """0 and round steps (1, 2 or 5 x 10^k) up to at least ``vmax``: a linear axis's tick values."""
+    import math
+
+    if vmax <= 0:
+        return [0.0, 1.0]
+    raw = vmax / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    return [i * step for i in range(int(math.ceil(vmax / step - 1e-9)) + 1)]
+
+
+def _tick_label(v: float) -> str:
+    return f"{v:g}" if v == 0 or 1e-3 <= abs(v) < 1e4 else f"{v:.0e}"
+
+
 def _bar_svg(title: str, labels: list[str], values: list[float], errors: list[float] | None = None,
-             fmt: str = "{:.3f}", width: int = 640, bar_h: int = 18, log: bool = False) -> str:
-    """A horizontal bar chart; ``errors`` draws +-error whiskers."""
+             fmt: str = "{:.3f}", width: int = 640, bar_h: int = 18, log: bool = False, xlabel: str = "",
+             ylabel: str = "") -> str:
+    """A horizontal bar chart with axes: categories on the y axis (``ylabel``), values on a ticked x axis
+    (``xlabel``, linear from 0 or log10); ``errors`` draws +-error whiskers."""
     import math
 
     n = len(values)
     left, right, top = 260, 70, 30
-    height = top + n * (bar_h + 6) + 20
+    axis_y = top + n * (bar_h + 6)  # the x axis, below the last bar
+    height = axis_y + 44
     vmax = max([v + (errors[i] if errors else 0) for i, v in enumerate(values)] + [1e-12])
     span = width - left - right
+    if log:
+        lo = math.floor(math.log10(max(min([v for v in values if v > 0] or [1e-12]), 1e-12)))
+        hi = max(math.ceil(math.log10(vmax)), lo + 1)
+        ticks = [10.0 ** k for k in range(lo, hi + 1)]
+    else:
+        ticks = _nice_ticks(vmax)
+        vmax = ticks[-1]
 
     def x(v):
         if log:
-            lo = math.log10(max(min(v for v in values if v > 0), 1e-12)) - 0.5 if any(v > 0 for v in values) else -12
-            return left + span * max(0.0, (math.log10(max(v, 1e-12)) - lo) / (math.log10(vmax) - lo + 1e-12))
+            return left + span * min(1.0, max(0.0, (math.log10(max(v, 1e-12)) - lo) / (hi - lo)))
         return left + span * v / vmax
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
              f'<text x="{left}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>']
+    for t in ticks:  # grid and tick labels of the value axis
+        parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 4}" y2="{axis_y + 4}" stroke="#ddd"/>')
+        parts.append(f'<text x="{x(t):.1f}" y="{axis_y + 16}" text-anchor="middle">{_tick_label(t)}</text>')
     for i, (label, v) in enumerate(zip(labels, values)):
         y = top + i * (bar_h + 6)
         parts.append(f'<text x="{left - 6}" y="{y + bar_h - 5}" text-anchor="end">{html.escape(label[-40:])}</text>')
@@ -40,34 +68,60 @@ def _bar_svg(title: str, labels: list[str], values: list[float], errors: list[fl
             e = errors[i]
             parts.append(f'<line x1="{x(max(v - e, 0)):.1f}" x2="{x(v + e):.1f}" y1="{y + bar_h / 2}" y2="{y + bar_h / 2}" stroke="#222" stroke-width="2"/>')
         parts.append(f'<text x="{x(v + (errors[i] if errors else 0)) + 4:.1f}" y="{y + bar_h - 5}">{fmt.format(v)}</text>')
+    parts.append(f'<line class="axis" x1="{left}" x2="{left + span}" y1="{axis_y}" y2="{axis_y}" stroke="#333"/>')
+    parts.append(f'<line class="axis" x1="{left}" x2="{left}" y1="{top - 4}" y2="{axis_y}" stroke="#333"/>')
+    if xlabel:
+        parts.append(f'<text class="xlabel" x="{left + span / 2:.1f}" y="{axis_y + 34}" text-anchor="middle">{html.escape(xlabel)}</text>')
+    if ylabel:
+        parts.append(f'<text class="ylabel" x="{left - 6}" y="{top - 8}" text-anchor="end" font-style="italic">{html.escape(ylabel)}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
 
-def _hist_svg(title: str, edges: list[float], counts: list[int], width: int = 640, height: int = 220) -> str:
-    left, bottom, top = 50, 40, 30
+def _hist_svg(title: str, edges: list[float], counts: list[int], width: int = 640, height: int = 240,
+              xlabel: str = "KL per token (log bins)", ylabel: str = "tokens") -> str:
+    """A histogram with axes: bin edges on the x axis, counts on a ticked y axis."""
+    left, right, bottom, top = 64, 20, 48, 30
     n = len(counts)
-    bw = (width - left - 20) / max(n, 1)
-    cmax = max(counts + [1])
+    bw = (width - left - right) / max(n, 1)
+    ticks = _nice_ticks(max(counts + [1]))
+    cmax = ticks[-1]
+    plot_h = height - top - bottom
+    base = height - bottom  # the x axis
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="10">',
              f'<text x="{left}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>']
+    for t in ticks:  # grid and tick labels of the count axis
+        y = base - plot_h * t / cmax
+        parts.append(f'<line x1="{left - 4}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 3:.1f}" text-anchor="end">{_tick_label(t)}</text>')
     for i, c in enumerate(counts):
-        h = (height - top - bottom) * c / cmax
-        parts.append(f'<rect x="{left + i * bw:.1f}" y="{height - bottom - h:.1f}" width="{bw - 1:.1f}" height="{h:.1f}" fill="#f58518"/>')
-        if i % 3 == 0:
-            parts.append(f'<text x="{left + i * bw:.1f}" y="{height - bottom + 14}">{edges[i]:.0e}</text>')
-    parts.append(f'<text x="{left}" y="{height - 8}">KL per token (log bins); max count {cmax}</text></svg>')
+        h = plot_h * c / cmax
+        parts.append(f'<rect x="{left + i * bw:.1f}" y="{base - h:.1f}" width="{max(bw - 1, 0.5):.1f}" height="{h:.1f}" fill="#f58518"/>')
+    step = max(1, n // 8)  # edge labels: at most ~9, the last edge included
+    for i in list(range(0, n + 1, step)) + ([n] if n % step else []):
+        if i < len(edges):
+            parts.append(f'<line x1="{left + i * bw:.1f}" x2="{left + i * bw:.1f}" y1="{base}" y2="{base + 4}" stroke="#333"/>')
+            parts.append(f'<text x="{left + i * bw:.1f}" y="{base + 15}" text-anchor="middle">{edges[i]:.0e}</text>')
+    parts.append(f'<line class="axis" x1="{left}" x2="{width - right}" y1="{base}" y2="{base}" stroke="#333"/>')
+    parts.append(f'<line class="axis" x1="{left}" x2="{left}" y1="{top - 4}" y2="{base}" stroke="#333"/>')
+    parts.append(f'<text class="xlabel" x="{left + (width - left - right) / 2:.1f}" y="{height - 10}" text-anchor="middle">{html.escape(xlabel)}</text>')
+    parts.append(f'<text class="ylabel" transform="translate(14 {top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">{html.escape(ylabel)}</text>')
+    parts.append("</svg>")
     return "\n".join(parts)
 
 
 def build_report(model_dir: str | Path | None = None, gpqa: list[str | Path] = (), logits: str | Path | None = None,
                  gate: dict | None = None) -> dict:
     from mxrepack.repack.source import load_json
-    from mxrepack.repack.verify import load_manifest
+    from mxrepack.errors import MxRepackError
+    from mxrepack.repack.verify import check_manifest_digest, load_manifest
 
     report: dict = {"model": None, "quantization_error": {}, "gpqa": [], "logits": None, "gate": gate}
     if model_dir:
         manifest = load_manifest(Path(model_dir))
+        problem, _ = check_manifest_digest(Path(model_dir), manifest)  # its error figures go into the report
+        if problem:
+            raise MxRepackError(problem)
         report["model"] = {"path": str(model_dir), "target": manifest["target"]["name"],
                            "source": manifest["source"].get("repo_id") or manifest["source"].get("path"),
                            "tool": manifest["tool"]}
@@ -89,11 +143,13 @@ def _plots(report: dict) -> dict[str, str]:
     if q:
         names = list(q)
         plots["quant_error"] = _bar_svg("Dense quantization error (relative Frobenius)", names,
-                                        [q[n]["rel_fro"] for n in names], fmt="{:.4f}")
+                                        [q[n]["rel_fro"] for n in names], fmt="{:.4f}",
+                                        xlabel="relative Frobenius error |W - Q(W)| / |W|", ylabel="tensor")
     if report["gpqa"]:
         g = report["gpqa"]
         plots["accuracy"] = _bar_svg("GPQA-style accuracy (bars: 95% interval)", [r["label"] for r in g],
-                                     [r["score"] for r in g], [1.96 * r["stderr"] for r in g])
+                                     [r["score"] for r in g], [1.96 * r["stderr"] for r in g],
+                                     xlabel="accuracy (fraction of samples correct)", ylabel="run")
     if report["logits"] and "kl_histogram" in report["logits"]:
         h = report["logits"]["kl_histogram"]
         plots["kl_hist"] = _hist_svg("KL(reference || candidate) per token", h["edges"], h["counts"])

@@ -36,7 +36,7 @@ from mxrepack.repack.memory import keep_freed_memory
 from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, SourceTensor, open_checkpoint
-from mxrepack.repack.verify import INDEX, MANIFEST, verify_dir
+from mxrepack.repack.verify import INDEX, MANIFEST, MANIFEST_FORMAT, seal_manifest, verify_dir
 from mxrepack.serve.spec import serve_hint
 DEFAULT_SHARD_BYTES = 5_000_000_000
 DEFAULT_CHUNK_BYTES = 256 << 20
@@ -280,7 +280,7 @@ def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_
                    source_hashes: dict[str, str]) -> dict:
     return {
         "format": "mxrepack-manifest",
-        "format_version": 1,
+        "format_version": MANIFEST_FORMAT,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "tool": _versions(),
         "source": {**ck.origin, "layout": ck.layout, "dims": dataclasses.asdict(ck.dims),
@@ -324,6 +324,7 @@ def _convert(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], out: Path, sh
             if path.name not in files:
                 files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
         manifest["files"] = dict(sorted(files.items()))
+        manifest = seal_manifest(manifest)  # its own sha256: an edit fails verify
         _write_json(tmp / MANIFEST, manifest)
 
         # Checksums were computed from the bytes as written; the source comparison proves the layout.

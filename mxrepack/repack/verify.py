@@ -7,6 +7,7 @@ layout and compares with the source: bytes for exact layouts, dequantized values
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -22,6 +23,16 @@ from mxrepack.repack.source import Checkpoint, open_checkpoint
 
 MANIFEST = "mxrepack.json"
 INDEX = "model.safetensors.index.json"
+# The manifest lists every other file's sha256 but cannot hold its own: it carries the sha256 of its content
+# without this key instead (sorted keys, no whitespace: json.dumps(..., sort_keys=True, separators=(",", ":"))),
+# so that an edited target, recipe or error figure fails verify instead of reaching a model card. Format 2 has
+# it; a format 1 manifest (written before) verifies with a warning, and push refuses it.
+DIGEST_KEY = "manifest_sha256"
+MANIFEST_FORMAT = 2
+# Files the Hub puts in a model repo (the card, its attributes) and what `hf download --local-dir` keeps beside
+# them: verify accepts them in an output directory (a download of one has them), push never uploads them.
+HUB_FILES = ("README.md", ".gitattributes")
+HUB_DIRS = (".cache/huggingface/",)
 
 
 def load_manifest(directory: Path) -> dict:
@@ -35,6 +46,47 @@ def load_manifest(directory: Path) -> dict:
     if manifest.get("format") != "mxrepack-manifest":
         raise MxRepackError(f"{path}: not an mxrepack manifest (format={manifest.get('format')!r})")
     return manifest
+
+
+def manifest_digest(manifest: dict) -> str:
+    """The sha256 of a manifest's content without its own digest (see DIGEST_KEY)."""
+    body = {k: v for k, v in manifest.items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal_manifest(manifest: dict) -> dict:
+    """``manifest`` with its format version and digest set: the last step before it is written."""
+    sealed = {**manifest, "format_version": MANIFEST_FORMAT}
+    sealed.pop(DIGEST_KEY, None)
+    return {**sealed, DIGEST_KEY: manifest_digest(sealed)}
+
+
+def check_manifest_digest(directory: Path, manifest: dict) -> tuple[str | None, str | None]:
+    """(problem, warning) about the manifest's own content: edited since written, or too old to tell."""
+    path = Path(directory) / MANIFEST
+    recorded = manifest.get(DIGEST_KEY)
+    if recorded is None:
+        if manifest.get("format_version", 1) < MANIFEST_FORMAT:
+            return None, (f"{path}: format {manifest.get('format_version', 1)} has no {DIGEST_KEY}, so its own content "
+                          "(target, recipe, error figures) is not checked; re-run repack to write one that has")
+        return f"{path}: its {DIGEST_KEY} was removed; re-run repack rather than edit the manifest", None
+    if recorded != manifest_digest(manifest):
+        return (f"{path}: edited since mxrepack wrote it (its content no longer matches its {DIGEST_KEY}); re-run "
+                "repack rather than edit the manifest"), None
+    return None, None
+
+
+def unlisted_files(directory: Path, manifest: dict) -> list[Path]:
+    """Files in ``directory`` that its manifest does not list (besides the manifest and the Hub's own files)."""
+    directory = Path(directory)
+    listed = set(manifest.get("files") or {}) | {MANIFEST, *HUB_FILES}
+    extra = []
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory).as_posix()
+        if (path.is_dir() and not path.is_symlink()) or rel in listed or rel.startswith(HUB_DIRS):
+            continue
+        extra.append(path)
+    return extra
 
 
 def _sample_groups(plan) -> list[str]:
@@ -125,6 +177,12 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
     sampled group with the source. Returns a report; ``ok`` is False on any problem."""
     directory = Path(directory)
     manifest = load_manifest(directory)
+    problem, warning = check_manifest_digest(directory, manifest)
+    warnings = [warning] if warning else []
+    if problem:  # nothing else it says can be trusted
+        return {"ok": False, "directory": str(directory), "files": len(manifest.get("files") or {}),
+                "tensors": len(manifest.get("tensors") or {}), "checksums": checksums, "source_checked": False,
+                "groups_compared": 0, "problems": [problem], "warnings": warnings}
     problems: list[str] = []
     for fname, meta in manifest["files"].items():
         path = directory / fname
@@ -135,6 +193,8 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
             problems.append(f"{path}: size {path.stat().st_size}, manifest says {meta['size']}")
         elif checksums and sha256_file(path) != meta["sha256"]:
             problems.append(f"{path}: sha256 differs from the manifest")
+    for path in unlisted_files(directory, manifest):
+        problems.append(f"{path}: not listed in the manifest (mxrepack did not write it); move it out of the output")
     index_path = directory / INDEX
     weight_map = json.loads(index_path.read_text())["weight_map"] if index_path.is_file() else {}
     if not weight_map:
@@ -178,4 +238,4 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
                         problems.append(f"source {path}: sha256 differs from the one recorded at conversion")
     return {"ok": not problems, "directory": str(directory), "files": len(manifest["files"]),
             "tensors": len(manifest["tensors"]), "checksums": checksums, "source_checked": checked_source,
-            "groups_compared": groups, "problems": problems}
+            "groups_compared": groups, "problems": problems, "warnings": warnings}
