@@ -24,9 +24,9 @@ CARD = "README.md"
 # Licenses of known sources, for when the source's own card is not at hand.
 KNOWN_LICENSES = {"openai/gpt-oss-120b": "apache-2.0", "openai/gpt-oss-20b": "apache-2.0"}
 # The card's library_name per config.quantization_config mode: what loads the checkpoint. mxrepack targets load in
-# vLLM through the plugin; compressed-tensors: no engine loads it yet (serve.spec.serving says why), so the card
-# claims no library; the native and BF16 targets load in stock transformers (and vLLM).
-LIBRARY = {"mxrepack": "vllm", "compressed-tensors": None}
+# vLLM through the plugin (compressed-tensors too: stock vLLM cannot load gpt-oss's expert biases in that format,
+# serve.spec.serving says why); the native and BF16 targets load in stock transformers (and vLLM).
+LIBRARY = {"mxrepack": "vllm", "compressed-tensors": "vllm"}
 
 BODY = """
 # {{ model_name }}
@@ -195,9 +195,11 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
                 f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
                 f"supports vLLM {VLLM_SUPPORTED_TEXT}.")
     elif mode == "compressed-tensors":
-        load = (f"vLLM: {how}. The tensors are compressed-tensors' `mxfp4-pack-quantized` "
-                "format, which the library reads and decompresses (the versions mxrepack's tests compare with):"
-                "\n\n```\npip install \"compressed-tensors>=0.19,<0.22\"\n```\n\nmxrepack's torch reference runner "
+        load = ("Serve it with vLLM and mxrepack's vLLM plugin (stock vLLM 0.26-0.33 cannot: its compressed-tensors "
+                "MXFP4 MoE method has no expert biases):\n\n```\npip install \"mxrepack[vllm]\"\nvllm serve " + repo_id +
+                f"\n```\n\nKernels: {kernel}. One GPU (tensor parallelism 1). The tensors are compressed-tensors' "
+                "`mxfp4-pack-quantized` format, which the library reads and decompresses (the versions mxrepack's "
+                "tests compare with):\n\n```\npip install \"compressed-tensors>=0.19,<0.22\"\n```\n\nmxrepack's torch reference runner "
                 "(for evaluation, not serving) also runs it: `pip install mxrepack`, then `repack eval serve DIR` on "
                 "the downloaded folder.")
     elif mode == "native":

@@ -194,10 +194,9 @@ def test_card_says_what_loads_each_kind_of_target(output, no_network):
     assert "pip install vllm\nvllm serve me/tiny-mxfp4" in card and 'pip install "transformers>=4.56"' in card
     assert "repacks at every start" in card  # serve.spec.serving's words
     meta, card = _card_for(output, "compressed-tensors")
-    assert "library_name" not in meta  # no engine loads it: no library claimed
-    from mxrepack.serve.spec import serving
-
-    assert 'pip install "compressed-tensors>=0.19,<0.22"' in card and serving("compressed-tensors", "compressed-tensors")[0] in card
+    assert meta["library_name"] == "vllm"  # through the plugin: stock vLLM cannot load gpt-oss's expert biases
+    assert 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-compressed-tensors' in card
+    assert 'pip install "compressed-tensors>=0.19,<0.22"' in card and "no expert biases" in card
     assert "from_pretrained" not in card  # transformers does not load per-expert Linear experts
     meta, card = _card_for(output, "sm90")
     assert meta["library_name"] == "vllm" and 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm90' in card

@@ -131,7 +131,8 @@ def test_repack_says_how_to_serve_each_kind_of_target():
     assert 'pip install "mxrepack[vllm]"' in hint and "vllm serve /models/out" in hint
     assert "FLASHINFER_CUTLASS" in serving("flashinfer-cutlass", "mxrepack")[1] or "CUTLASS" in hint
     assert serve_hint("/m", "mxfp4", "native")[0].strip() == "vllm serve /m"
-    assert "not loadable" in serve_hint("/m", "compressed-tensors", "compressed-tensors")[0]
+    ct = serve_hint("/m", "compressed-tensors", "compressed-tensors")  # stock vLLM cannot: the plugin serves it
+    assert ct[0].startswith('serve: pip install "mxrepack[vllm]"') and ct[1].strip() == "vllm serve /m"
 
 
 def test_the_compressed_tensors_target_names_the_versions_it_is_tested_with(monkeypatch):
@@ -148,3 +149,50 @@ def test_spec_needs_only_the_config(outputs):
     config = json.loads((outputs["sm90"] / "config.json").read_text())
     spec = ServeSpec.from_config(config)
     assert spec.hidden == (config["hidden_size"],) * 2  # triton-hopper records no padding: none is applied
+
+
+def test_compressed_tensors_experts_reassemble_into_vllms_gpt_oss_mxfp4_parameters(tiny, tmp_path):
+    """What the plugin's loader does with a compressed-tensors checkpoint (mxrepack/serve/vllm/model.py), on CPU: every
+    per-expert tensor placed into fused parameters shaped as vLLM's gpt-oss MXFP4 MoE method makes them from
+    config.json gives back the original checkpoint's fused experts (gate/up interleaved by rows), zeros in the padding.
+    On the H100 the same placement gave logprobs bit-identical to stock vLLM on the source (docs/SERVING.md)."""
+    pytest.importorskip("compressed_tensors")
+    import torch
+    from safetensors.torch import load_file
+
+    from mxrepack.serve.spec import ct_expert_destination, ct_gpt_oss_mxfp4_experts, place_ct_expert
+
+    out = repack(str(tiny), "compressed-tensors", tmp_path / "ct").out
+    config = json.loads((out / "config.json").read_text())
+    assert ct_gpt_oss_mxfp4_experts(config["quantization_config"])
+    assert not ct_gpt_oss_mxfp4_experts({"quant_method": "mxrepack"}) and not ct_gpt_oss_mxfp4_experts(None)
+    stored = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+    source = {k: v for f in sorted(tiny.glob("*.safetensors")) for k, v in load_file(f).items()}
+    E, H, Ip = config["num_local_experts"], config["hidden_size"], config["intermediate_size"]
+    shapes = {"w13_weight": (E, 2 * Ip, H // 2), "w13_weight_scale": (E, 2 * Ip, H // 32), "w13_bias": (E, 2 * Ip),
+              "w2_weight": (E, H, Ip // 2), "w2_weight_scale": (E, H, Ip // 32), "w2_bias": (E, H)}
+    fused: dict = {}
+    for name, tensor in stored.items():
+        where = ct_expert_destination(name)
+        if where is None:
+            assert ".experts." not in name, name
+            continue
+        key, expert, parity = where
+        prefix, param = key.rsplit(".", 1)
+        if key not in fused:
+            fused[key] = torch.zeros(shapes[param], dtype=tensor.dtype)
+        place_ct_expert(fused[key], expert, parity, tensor, name)
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}.mlp.experts."
+        gate_up = source[p + "gate_up_proj_blocks"].flatten(2)
+        I2 = gate_up.shape[1]
+        for ours, theirs in ((fused[p + "w13_weight"], gate_up), (fused[p + "w13_weight_scale"], source[p + "gate_up_proj_scales"]),
+                             (fused[p + "w13_bias"], source[p + "gate_up_proj_bias"])):
+            assert torch.equal(ours[:, :I2], theirs.to(ours.dtype)) and not ours[:, I2:].any()
+        down = source[p + "down_proj_blocks"].flatten(2)
+        for ours, theirs in ((fused[p + "w2_weight"], down), (fused[p + "w2_weight_scale"], source[p + "down_proj_scales"])):
+            assert torch.equal(ours[..., : theirs.shape[-1]], theirs) and not ours[..., theirs.shape[-1]:].any()
+        assert torch.equal(fused[p + "w2_bias"], source[p + "down_proj_bias"].to(torch.bfloat16))
+    with pytest.raises(MxRepackError, match=r"experts\.0\.up_proj\.weight_packed: shape .* does not fit"):
+        place_ct_expert(torch.zeros(1, 4, 8, dtype=torch.uint8), 0, 1, torch.zeros(3, 8, dtype=torch.uint8),
+                        "model.layers.0.mlp.experts.0.up_proj.weight_packed")

@@ -54,7 +54,9 @@ RUN_HERE = {
     "sm120": "same layouts as sm121",
     "sm121": (f"{_H100}: experts byte-equal to vLLM's own FLASHINFER_CUTLASS_MXFP4_MXFP8 conversion (its kernel needs "
               "sm100/sm12x: not run); dense MXFP4 served end to end on Marlin"),
-    "compressed-tensors": f"{_H100}: stock vLLM fails (KeyError: 'layers.0.mlp.experts.0.w2_bias')",
+    "compressed-tensors": (f"{_H100}: stock vLLM fails (KeyError: 'layers.0.mlp.experts.0.w2_bias'); with the plugin "
+                           "it serves: its experts alone give logprobs bit-identical to stock vLLM's Marlin on the "
+                           "source"),
 }
 DENSE_KERNEL = "vLLM Marlin MXFP4 linear (apply_fp4_marlin_linear), repacked at load by prepare_fp4_layer_for_marlin"
 
@@ -167,6 +169,46 @@ def _check_fused_qkv(modules: frozenset[str]) -> None:
                                 "fuses q/k/v into one layer, which must be all MXFP4 or all BF16")
 
 
+_CT_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight_packed|weight_scale|bias)")
+_CT_PARAM = {"weight_packed": "weight", "weight_scale": "weight_scale", "bias": "bias"}
+
+
+def ct_gpt_oss_mxfp4_experts(quantization_config) -> bool:
+    """A compressed-tensors ``quantization_config`` whose gpt-oss experts are MXFP4 per-expert Linears
+    (``mxfp4-pack-quantized``): what the plugin loads into vLLM's gpt-oss MXFP4 MoE method."""
+    qc = quantization_config
+    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
+        return False
+    return any(g.get("format", qc.get("format")) == "mxfp4-pack-quantized"
+               and any("experts" in t for t in g.get("targets", ()))
+               for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict))
+
+
+def ct_expert_destination(name: str) -> tuple[str, int, int | None] | None:
+    """Where a compressed-tensors per-expert tensor goes in vLLM's gpt-oss MXFP4 MoE parameters: (the fused
+    parameter's checkpoint-style name, the expert, the row parity: 0 gate, 1 up -- gate/up interleaved by rows, as
+    SwiGLU-OAI reads them -- or None for down). None for any other tensor."""
+    hit = _CT_EXPERT.fullmatch(name)
+    if hit is None:
+        return None
+    prefix, expert, proj, kind = hit[1], int(hit[2]), hit[3], hit[4]
+    fused = f"{prefix}.{'w2' if proj == 'down' else 'w13'}_{_CT_PARAM[kind]}"
+    return fused, expert, {"gate": 0, "up": 1, "down": None}[proj]
+
+
+def place_ct_expert(fused, expert: int, parity: int | None, tensor, name: str) -> None:
+    """Copy one expert's tensor into the fused ``[E, ...]`` parameter data ``fused`` (torch tensors), at its rows and
+    in the leading corner: vLLM's parameters may be padded wider (its per-backend round-up), and the padding stays
+    zero, as for the original checkpoint."""
+    dst = fused[expert]
+    if parity is not None:
+        dst = dst[parity::2]
+    if tensor.dim() != dst.dim() or any(s > d for s, d in zip(tensor.shape, dst.shape)):
+        raise MxRepackError(f"{name}: shape {list(tensor.shape)} does not fit vLLM's expert parameter "
+                            f"{list(dst.shape)} (config.json's hidden/intermediate sizes disagree with the tensor)")
+    dst[tuple(slice(0, n) for n in tensor.shape)].copy_(tensor)
+
+
 def load_config(model_dir: str | Path) -> dict:
     path = Path(model_dir) / "config.json"
     try:
@@ -229,8 +271,12 @@ def serving(target_layout: str | None, quantization_config: str) -> tuple[str, s
     if quantization_config == "native":
         return "stock vLLM (gpt-oss mxfp4; repacks at every start)", "vLLM's choice per GPU (Marlin, triton_kernels, ...)"
     if quantization_config == "compressed-tensors":
-        return ("not loadable by vLLM 0.26-0.33: its compressed-tensors MXFP4 MoE has no expert biases",
-                "vLLM CompressedTensorsW4A4Mxfp4MoEMethod (Marlin W4A16) once it takes biases")
+        # stock vLLM 0.26-0.33's compressed-tensors MXFP4 MoE method has no expert biases; the plugin gives gpt-oss's
+        # experts vLLM's own gpt-oss MXFP4 method instead
+        return ("vLLM with the mxrepack plugin: pip install \"mxrepack[vllm]\" (stock vLLM cannot: its compressed-"
+                "tensors MXFP4 MoE has no expert biases)",
+                "vLLM's gpt-oss MXFP4 MoE (its backend per GPU, converted at load); q/k/v/o on vLLM's "
+                "compressed-tensors MXFP4 linear")
     backend = EXPERT_BACKENDS.get(target_layout or "")
     if backend is None:
         return "no vLLM path", "-"
@@ -240,10 +286,8 @@ def serving(target_layout: str | None, quantization_config: str) -> tuple[str, s
 def serve_hint(out: str | Path, target_layout: str | None, quantization_config: str) -> list[str]:
     """The lines ``repack`` prints after a conversion: how to serve the output with vLLM."""
     how, kernel = serving(target_layout, quantization_config)
-    if quantization_config == "compressed-tensors":
-        return [f"serve: {how}"]
     lines = []
-    if quantization_config == "mxrepack":
+    if quantization_config in ("mxrepack", "compressed-tensors"):
         lines.append('serve: pip install "mxrepack[vllm]"   (the vLLM plugin; vLLM ' + VLLM_SUPPORTED_TEXT + ")")
     lines.append(f"       vllm serve {out}" + ("   (no --quantization needed: config.json names the method)"
                                                  if quantization_config == "mxrepack" else ""))

@@ -29,17 +29,17 @@ import torch
 from vllm.model_executor.models import gpt_oss
 
 from mxrepack.errors import MxRepackError
+from mxrepack.serve.spec import ct_expert_destination, ct_gpt_oss_mxfp4_experts, place_ct_expert
 from mxrepack.serve.vllm.config import MxRepackConfig, check_single_shard
 
 _EXPERT_PARAM = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(?:.+\.)?([^.]+)")
-_CT_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight_packed|weight_scale|bias)")
-_CT_PARAM = {"weight_packed": "weight", "weight_scale": "weight_scale", "bias": "bias"}
 
 
 class MxRepackGptOssForCausalLM(gpt_oss.GptOssForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         config = vllm_config.quant_config if isinstance(vllm_config.quant_config, MxRepackConfig) else None
-        ct = vllm_config.quant_config if _ct_mxfp4_experts(vllm_config) else None
+        hf_quant = getattr(vllm_config.model_config.hf_config, "quantization_config", None)
+        ct = vllm_config.quant_config if ct_gpt_oss_mxfp4_experts(hf_quant) else None
         with _lm_head_quantized_by(config), _experts_as_gpt_oss_mxfp4(ct):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.mxrepack_config = config
@@ -83,44 +83,21 @@ class MxRepackGptOssForCausalLM(gpt_oss.GptOssForCausalLM):
 
         def the_rest():
             for name, tensor in weights:
-                hit = _CT_EXPERT.fullmatch(name)
-                if hit is None:
+                where = ct_expert_destination(name)
+                if where is None:
                     yield name, tensor
                     continue
-                prefix, expert, proj, kind = hit[1], int(hit[2]), hit[3], hit[4]
-                key = f"{prefix}.{'w2' if proj == 'down' else 'w13'}_{_CT_PARAM[kind]}"
+                key, expert, parity = where
                 if key not in params:
-                    if any(k.startswith(prefix + ".") for k in params) or not params:
-                        raise MxRepackError(f"{name}: vLLM's gpt-oss MXFP4 MoE method has no parameter for it "
-                                            f"(expected {key})")
-                    continue  # a layer of another pipeline stage
+                    if not any(k.startswith(key.rsplit(".", 1)[0] + ".") for k in params):
+                        continue  # a layer of another pipeline stage
+                    raise MxRepackError(f"{name}: vLLM's gpt-oss MXFP4 MoE method has no parameter for it "
+                                        f"(expected {key})")
                 param_name, param = params[key]
-                dst = param.data[expert]
-                if proj != "down":
-                    dst = dst[0 if proj == "gate" else 1::2]  # gate/up interleaved by rows, as SwiGLU-OAI reads them
-                _copy_leading(dst, tensor, name)
+                place_ct_expert(param.data, expert, parity, tensor, name)
                 loaded.add(param_name)
 
         return loaded | set(super().load_weights(the_rest()))
-
-
-def _copy_leading(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
-    """``src`` into the leading corner of ``dst``: vLLM's parameters may be padded wider (its per-backend round-up);
-    the padding stays zero, as for the original checkpoint."""
-    if src.dim() != dst.dim() or any(s > d for s, d in zip(src.shape, dst.shape)):
-        raise MxRepackError(f"{name}: shape {list(src.shape)} does not fit vLLM's expert parameter "
-                            f"{list(dst.shape)} (config.json's hidden/intermediate sizes disagree with the tensor)")
-    dst[tuple(slice(0, s) for s in src.shape)].copy_(src)
-
-
-def _ct_mxfp4_experts(vllm_config) -> bool:
-    """A compressed-tensors checkpoint whose gpt-oss experts are MXFP4 (mxfp4-pack-quantized per-expert Linears)."""
-    qc = getattr(vllm_config.model_config.hf_config, "quantization_config", None)
-    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
-        return False
-    return any(g.get("format", qc.get("format")) == "mxfp4-pack-quantized"
-               and any("experts" in t for t in g.get("targets", ()))
-               for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict))
 
 
 @contextmanager
