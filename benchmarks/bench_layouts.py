@@ -36,7 +36,7 @@ def layer(E: int, H: int, I: int) -> dict[str, torch.Tensor]:
     }
 
 
-LAYOUTS = {"mxfp4": ("mxfp4", {}), "marlin": ("marlin", {}), "trtllm": ("trtllm", {}), "b12x": ("b12x", {}),
+LAYOUTS = {"mxfp4": ("mxfp4", {}), "marlin": ("marlin", {}), "trtllm": ("trtllm", {}), "flashinfer-cutlass": ("flashinfer-cutlass", {}),
            "triton-hopper": ("triton-hopper", {}), "strided": ("strided", {}), "bf16": ("bf16", {})}
 
 
