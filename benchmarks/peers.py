@@ -1,0 +1,280 @@
+"""mxrepack's Triton kernels against vLLM's own on one GPU, same shapes, same weights, same routing draws, one run.
+Not a test.
+
+    python benchmarks/peers.py [--quick] [--json out.json] [--commit C]
+
+Needs vLLM (on the lent GPU: ../shared/tools/vllm-kit; docs/SERVING.md "Reproduce" has the calls). Peers:
+
+* MoE, 120b shapes (128 experts, top-4, H = I = 2880): vLLM's Marlin MXFP4 MoE (``fused_marlin_moe``) and OpenAI's
+  triton_kernels ``matmul_ogs`` as vendored in vLLM (``triton_kernel_fused_experts``, routing metadata built in the
+  timed call as vLLM does), each on the tensors vLLM's own ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` makes
+  from one random gpt-oss layer at vLLM's padding for that backend; mxrepack's ``moe_mxfp4`` on the same layer in the
+  ``strided`` layout. T in {1, 4, 8, 16, 32, 64, 128, 512, 1024, 4096}.
+* Dense W4A16 (qkv 5120x2880, o 2880x4096, lm_head 201088x2880) at M in {1, 4, 16, 64} and prefill M in {2048, 8192}:
+  mxrepack's ``linear_mxfp4``, vLLM's Marlin MXFP4 linear (through the plugin's ``MarlinMxfp4LinearMethod``:
+  ``prepare_fp4_layer_for_marlin`` + ``apply_fp4_marlin_linear``) and cuBLAS BF16 (``x @ W.T``); weights rotate through
+  > 400 MB so that no one runs from L2.
+
+Every implementation's relative error against the fp32 reference (dequantized weights, the intermediate rounded to
+bf16) is printed beside its time. Timings: medians in ms; CUDA graphs up to T = M = 128 (``do_bench_cudagraph``, as
+engines run decode), ``do_bench`` beyond.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from datetime import date
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import (DEV, bench_decode, copy_roofline, deq, moe_decode_inputs, moe_prefill_inputs,  # noqa: E402
+                       moe_reference, moe_row_major, moe_weights, rand_mx, rotating)
+
+from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
+
+E, H, I, K_TOP = 128, 2880, 2880, 4
+HP, IP = 2944, 2944  # the strided layout's padding
+MOE_T = (1, 4, 8, 16, 32, 64, 128, 512, 1024, 4096)
+DENSE = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}
+DENSE_M = (1, 4, 16, 64)
+PREFILL_M = (2048, 8192)
+
+
+class Record(list):
+    """The rows, written to ``path`` after each one: a run stopped at its time limit keeps what it measured."""
+
+    def __init__(self, meta: dict, path: str | None):
+        super().__init__()
+        self.meta, self.path = meta, path
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        if self.path:
+            Path(self.path).write_text(json.dumps({**self.meta, "rows": list(self)}, indent=1))
+
+
+def timer(n: int):
+    """CUDA graphs for decode-sized calls (launch overhead would decide them otherwise), do_bench beyond."""
+    return bench_decode if n <= 128 else (lambda f: do_bench(f, warmup=10, rep=100))
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref).norm() / ref.norm())
+
+
+def vllm_moe_tensors(W: dict, hv: int, iv: int) -> dict:
+    """The layer as vLLM's gpt-oss MXFP4 method holds it before converting: the checkpoint's fused tensors (gate/up
+    interleaved by rows, bf16 biases) in the top-left corner of zeros at vLLM's padding ``hv`` x ``iv``."""
+    w13, s13, w2, s2 = moe_row_major(W)  # rows [gate | up], at the strided padding
+
+    def interleave(t):  # [E, 2*IP, ...] rows [gate | up] -> the logical rows, gate/up interleaved
+        return torch.stack([t[:, :I], t[:, IP:IP + I]], 2).flatten(1, 2)
+
+    def corner(t, shape):
+        out = torch.zeros(shape, dtype=t.dtype, device=t.device)
+        out[tuple(slice(0, n) for n in t.shape)] = t
+        return out
+
+    return {"w13_weight": corner(interleave(w13)[..., : H // 2], (E, 2 * iv, hv // 2)),
+            "w13_weight_scale": corner(interleave(s13)[..., : H // 32], (E, 2 * iv, hv // 32)),
+            "w13_bias": corner(interleave(W["w13_bias"]).bfloat16(), (E, 2 * iv)),
+            "w2_weight": corner(w2[:, :H, : I // 2], (E, hv, iv // 2)),
+            "w2_weight_scale": corner(s2[:, :H, : I // 32], (E, hv, iv // 32)),
+            "w2_bias": corner(W["w2_bias"][:, :H].bfloat16(), (E, hv))}
+
+
+def vllm_convert(backend_name: str, t: dict):
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+
+    layer = torch.nn.Module()
+    layer.params_dtype = torch.bfloat16
+    for n, v in t.items():
+        layer.register_parameter(n, torch.nn.Parameter(v, requires_grad=False))
+    return oracle.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
+        mxfp4_backend=oracle.Mxfp4MoeBackend[backend_name], layer=layer, w13_weight=layer.w13_weight,
+        w2_weight=layer.w2_weight, w13_weight_scale=layer.w13_weight_scale, w2_weight_scale=layer.w2_weight_scale,
+        w13_bias=layer.w13_bias, w2_bias=layer.w2_bias, _cache_permute_indices={})
+
+
+def marlin_moe(W: dict):
+    """vLLM's Marlin MXFP4 MoE as its MarlinExperts calls it for gpt-oss (SWIGLUOAI, alpha 1.702, limit 7)."""
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import mxfp4_round_up_hidden_size_and_intermediate_size
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+    from vllm.scalar_type import scalar_types
+
+    hv, iv = mxfp4_round_up_hidden_size_and_intermediate_size(oracle.Mxfp4MoeBackend.MARLIN, H, I)
+    w13, w2, s13, s2, b13, b2 = vllm_convert("MARLIN", vllm_moe_tensors(W, hv, iv))
+
+    def run(x, ids, wts):
+        xp = torch.nn.functional.pad(x, (0, hv - H)) if hv != H else x  # vLLM's gpt-oss pads the hidden state too
+        y = fused_marlin_moe(xp, w13, w2, b13, b2, s13, s2, wts, ids, quant_type_id=scalar_types.float4_e2m1f.id,
+                             global_num_experts=E, activation=MoEActivation.SWIGLUOAI, clamp_limit=7.0,
+                             gemm1_alpha=1.702, gemm1_beta=1.0)
+        return y[:, :H]
+
+    return run, f"hidden {hv}, intermediate {iv}"
+
+
+def triton_kernels_moe(W: dict):
+    """OpenAI triton_kernels' matmul_ogs pair as vLLM's OAITritonExperts runs it (routing metadata from the top-k ids
+    built inside the call, as vLLM does per forward)."""
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (make_routing_data,
+                                                                                         triton_kernel_fused_experts)
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+
+    hv, iv = oracle.mxfp4_round_up_hidden_size_and_intermediate_size(oracle.Mxfp4MoeBackend.TRITON, H, I)
+    w13, w2, pc13, pc2, b13, b2 = vllm_convert("TRITON", vllm_moe_tensors(W, hv, iv))
+    qc = oracle.make_mxfp4_moe_quant_config(mxfp4_backend=oracle.Mxfp4MoeBackend.TRITON, w1_scale=pc13, w2_scale=pc2,
+                                            w1_bias=b13, w2_bias=b2, gemm1_alpha=1.702, gemm1_beta=1.0,
+                                            swiglu_limit=7.0)
+
+    def run(x, ids, wts):
+        xp = torch.nn.functional.pad(x, (0, hv - H)) if hv != H else x
+        routing, gather, scatter = make_routing_data(ids, wts, E)
+        out = torch.empty_like(xp)
+        y = triton_kernel_fused_experts(out, xp, w13, w2, routing, gather, scatter, topk=ids.shape[1],
+                                        activation=MoEActivation.SWIGLUOAI, quant_config=qc, swiglu_alpha=1.702,
+                                        swiglu_limit=7.0, global_num_experts=E)
+        return y[:, :H]
+
+    return run, f"hidden {hv}, intermediate {iv}"
+
+
+def time_it(fn, n: int) -> tuple[float, str]:
+    try:
+        return timer(n)(fn), "cuda graph" if n <= 128 else "eager"
+    except Exception:  # noqa: BLE001 - a peer that cannot be captured is timed eagerly, and says so
+        torch.cuda.synchronize()
+        return do_bench(fn, warmup=10, rep=100), "eager (capture failed)"
+
+
+def moe(rows: list, quick: bool) -> None:
+    W = moe_weights(E, H, I, HP, IP)
+    for n in ("w13_bias", "w2_bias"):  # every implementation sees the same bf16-representable biases
+        W[n] = W[n].bfloat16().float()
+    impls = {"mxrepack": (lambda x, ids, wts: moe_mxfp4(x, ids, wts, W), "strided, 2944 x 2944")}
+    for name, make in (("vllm_marlin", marlin_moe), ("triton_kernels", triton_kernels_moe)):
+        try:
+            impls[name] = make(W)
+        except Exception as e:  # noqa: BLE001 - recorded, the others still run
+            rows.append({"kind": "moe_setup", "impl": name, "error": f"{type(e).__name__}: {e}"[:1500],
+                         "traceback": traceback.format_exc()[-3000:]})
+            print(f"moe {name}: setup failed: {type(e).__name__}: {e}"[:400], flush=True)
+    for T in MOE_T[:6] if quick else MOE_T:
+        torch.manual_seed(T)
+        x, ids, wts = (moe_decode_inputs if T <= 128 else moe_prefill_inputs)(T, E, K_TOP, H)
+        ids = ids.to(torch.int32)
+        ref = moe_reference(x, ids, wts, W, H, HP, IP)
+        rec: dict = {"kind": "moe", "T": T, "experts_touched": int(ids.unique().numel()),
+                     "mxrepack_config": pick_moe(T, K_TOP, E, H).name()}
+        for name, (fn, padding) in impls.items():
+            try:
+                rec[f"{name}_rel_err"] = rel_err(fn(x, ids, wts), ref)
+                rec[f"{name}_ms"], rec[f"{name}_timing"] = time_it(lambda: fn(x, ids, wts), T)
+                rec[f"{name}_padding"] = padding
+            except Exception as e:  # noqa: BLE001
+                rec[f"{name}_error"] = f"{type(e).__name__}: {e}"[:800]
+        peers = [rec[f"{p}_ms"] for p in impls if p != "mxrepack" and f"{p}_ms" in rec]
+        if peers and "mxrepack_ms" in rec:
+            rec["mxrepack_vs_best_peer"] = min(peers) / rec["mxrepack_ms"]  # > 1: mxrepack faster
+        rows.append(rec)
+        print("moe T=%5d " % T + "  ".join(
+            f"{n} {rec.get(f'{n}_ms', float('nan')):.4f} ms (err {rec.get(f'{n}_rel_err', float('nan')):.1e})"
+            for n in impls) + (f"  mxrepack vs best peer x{rec['mxrepack_vs_best_peer']:.2f}"
+                               if "mxrepack_vs_best_peer" in rec else ""), flush=True)
+
+
+def marlin_linear(w: torch.Tensor, s: torch.Tensor):
+    """A layer holding vLLM's Marlin MXFP4 linear weights, prepared as the plugin's method does at load."""
+    from mxrepack.serve.vllm.linear import MarlinMxfp4LinearMethod
+
+    N, K2 = w.shape
+    layer, method = torch.nn.Module(), MarlinMxfp4LinearMethod()
+    method.create_weights(layer, K2 * 2, [N], K2 * 2, N, torch.bfloat16)
+    layer.weight_packed.data = w.clone()
+    layer.weight_scale.data = s.clone()
+    method.process_weights_after_loading(layer)
+    return layer, method
+
+
+def dense(rows: list, quick: bool) -> None:
+    for name, (N, K) in DENSE.items():
+        w, ws = rand_mx(N, K)
+        wf = deq(w, ws)
+        wbytes = w.numel() + ws.numel()
+        nxt_q = rotating(lambda: rand_mx(N, K), wbytes)
+        nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
+        try:
+            marlin = marlin_linear(w, ws)
+            nxt_m = rotating(lambda: marlin_linear(*rand_mx(N, K)), wbytes)
+        except Exception as e:  # noqa: BLE001
+            marlin = None
+            rows.append({"kind": "dense_setup", "impl": "vllm_marlin", "shape": name, "error": f"{type(e).__name__}: {e}"[:800],
+                         "traceback": traceback.format_exc()[-3000:]})
+            print(f"dense {name}: Marlin setup failed: {e}"[:300], flush=True)
+        for M in DENSE_M + (() if quick else PREFILL_M):
+            if M == 8192 and name == "lm_head":
+                continue
+            x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+            ref = x.float() @ wf.T
+            rec: dict = {"kind": "dense" if M in DENSE_M else "prefill", "shape": name, "N": N, "K": K, "M": M}
+            fns = {"mxrepack": (lambda: linear_mxfp4(x, w, ws, None, "w4a16"),
+                                lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16")),
+                   "cublas_bf16": (lambda: x @ wf.to(torch.bfloat16).T, lambda: x @ nxt_b().T)}
+            if marlin is not None:
+                fns["vllm_marlin"] = (lambda: marlin[1].apply(marlin[0], x),
+                                      lambda: (lambda lm: lm[1].apply(lm[0], x))(nxt_m()))
+            for impl, (once, rotated) in fns.items():
+                try:
+                    rec[f"{impl}_rel_err"] = rel_err(once(), ref)
+                    rec[f"{impl}_ms"], rec[f"{impl}_timing"] = time_it(rotated, M)
+                except Exception as e:  # noqa: BLE001
+                    rec[f"{impl}_error"] = f"{type(e).__name__}: {e}"[:800]
+            peers = [rec[f"{p}_ms"] for p in ("vllm_marlin", "cublas_bf16") if f"{p}_ms" in rec]
+            if peers and "mxrepack_ms" in rec:
+                rec["mxrepack_vs_best_peer"] = min(peers) / rec["mxrepack_ms"]
+            rows.append(rec)
+            print(f"{rec['kind']} {name:8s} M={M:5d} " + "  ".join(
+                f"{n} {rec.get(f'{n}_ms', float('nan')):.4f} ms (err {rec.get(f'{n}_rel_err', float('nan')):.1e})"
+                for n in fns) + (f"  mxrepack vs best x{rec['mxrepack_vs_best_peer']:.2f}"
+                                 if "mxrepack_vs_best_peer" in rec else ""), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="T <= 64 and no prefill")
+    ap.add_argument("--only", choices=("moe", "dense"))
+    ap.add_argument("--commit", help="the commit under test, for the record")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import triton
+
+    meta = {"date": date.today().isoformat(), "commit": args.commit, "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__}
+    try:
+        import vllm
+
+        meta["vllm"] = vllm.__version__
+    except Exception as e:  # noqa: BLE001
+        meta["vllm"] = f"not importable: {e}"
+    meta["copy_roofline_GBps"] = copy_roofline() / 1e9
+    print(json.dumps(meta), flush=True)
+    rows = Record(meta, args.json)
+    if args.only in (None, "moe"):
+        moe(rows, args.quick)
+    if args.only in (None, "dense"):
+        dense(rows, args.quick)
+
+
+if __name__ == "__main__":
+    main()
