@@ -99,7 +99,9 @@ def convert(
     if push_to_hub is not None and push_to_hub.count("/") != 1:
         raise MxRepackError(f"--push-to-hub {push_to_hub!r}: expected ORG/NAME")
     shard_bytes = _parse_size(shard_size)
-    with _progress(enabled=not as_json) as progress:
+    from mxrepack.progress import ProgressBar
+
+    with ProgressBar("writing: output bytes", enabled=not as_json) as progress:
         result = repack(source, target, out, recipe_file=str(recipe) if recipe else None, revision=revision,
                         overwrite=overwrite, shard_bytes=shard_bytes, hash_source=not no_source_hash,
                         progress=progress, dense=dense, dense_layers=dense_layers, scale_rule=scale_rule,
@@ -142,34 +144,6 @@ def push_cmd(
     typer.echo(f"pushed {directory} to {url} ({len(plan.files)} files)")
 
 
-class _progress:
-    """A rich progress bar (bytes/s and ETA) on stderr; a no-op when disabled or not a terminal."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.bar = None
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-        self.bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                            TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-        self.bar.start()
-        self.task = self.bar.add_task("repacking", total=None)
-        return self.update
-
-    def update(self, done: int, total: int) -> None:
-        self.bar.update(self.task, completed=done, total=total)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
-
-
 @app.command("inspect")
 def inspect_cmd(path: str = typer.Argument(..., help="Checkpoint directory or Hub repo id"),
                 as_json: bool = typer.Option(False, "--json", help="Print as JSON")) -> None:
@@ -206,9 +180,11 @@ def verify_cmd(directory: Path = typer.Argument(..., help="An mxrepack output di
                no_source: bool = typer.Option(False, "--no-source", help="Skip the comparison with the source"),
                as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """Check checksums, index and headers, and re-derive a sample of tensors from the source if reachable."""
+    from mxrepack.progress import ProgressBar
     from mxrepack.repack.verify import verify_dir
 
-    report = verify_dir(directory, checksums=True, source=False if no_source else None)
+    with ProgressBar("verify", enabled=not as_json) as progress:
+        report = verify_dir(directory, checksums=True, source=False if no_source else None, progress=progress)
     for warning in report.get("warnings", []):
         typer.echo(f"warning: {warning}", err=True)
     if report["ok"]:
@@ -298,8 +274,10 @@ def eval_logits_cmd(
 ) -> None:
     """KL divergence, top-1 agreement, perplexity delta and a first-token check, candidate vs reference."""
     from mxrepack.eval.logits import compare_logits
+    from mxrepack.progress import ProgressBar
 
-    r = compare_logits(reference, candidate, text, ctx, max_tokens)
+    with ProgressBar("eval logits", enabled=not as_json, unit="count") as progress:
+        r = compare_logits(reference, candidate, text, ctx, max_tokens, progress=progress)
     _write_json_file(output, r)
     kl, ft = r["kl"], r["first_token"]
     human = (f"{r['tokens']} tokens: KL mean {kl['mean']:.3g} median {kl['median']:.3g} p99 {kl['p99']:.3g} max {kl['max']:.3g}; "
@@ -323,11 +301,17 @@ def eval_gpqa_cmd(
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds per request"),
     retries: int = typer.Option(5, "--retries", help="Retries per request (exponential backoff)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token for the server"),
+    max_errors: str = typer.Option("5%", "--max-errors", help="Failed requests (HTTP 400, or no answer after the retries) "
+                                   "allowed, as a count (3) or a percentage of the requests (5%); more stop the run and "
+                                   "exit 1. Failed requests are errors, not wrong answers: the score is over the answered ones"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result JSON here"),
     as_json: bool = typer.Option(False, "--json", help="Print the result (without samples) as JSON"),
 ) -> None:
     """GPQA-style multiple choice with gpt_oss.evals' sampling, prompt and grading."""
-    from mxrepack.eval.gpqa import LocalBackend, OpenAIChatBackend, run_gpqa
+    from mxrepack.eval.gpqa import LocalBackend, OpenAIChatBackend, allowed_errors, run_gpqa
+    from mxrepack.progress import ProgressBar
+
+    allowed_errors(max_errors, 1)  # a malformed value fails before a model is loaded
 
     if (local is None) == (base_url is None):
         raise MxRepackError("pass exactly one of --base-url URL (with --model) or --local PATH")
@@ -344,11 +328,23 @@ def eval_gpqa_cmd(
         from mxrepack.eval.bundled import bundled_model
 
         data = default_data if default_data is not None and default_data.is_file() else bundled_model() / "tasks" / "test.csv"
-    r = run_gpqa(backend, data, n_repeats, num_examples, concurrency)
+    with ProgressBar("eval gpqa: requests", enabled=not as_json, unit="count") as progress:
+        r = run_gpqa(backend, data, n_repeats, num_examples, concurrency, progress, max_errors)
     _write_json_file(output, r)
     summary = {k: v for k, v in r.items() if k != "samples"}
-    _emit(summary, as_json, f"score {r['score']:.4f} +- {r['stderr']:.4f} (stderr) over {r['n_samples']} samples; "
-                            f"{r['requests_per_s']} requests/s" + (f"; wrote {output}" if output else ""))
+    wrote = f"; wrote {output}" if output else ""
+    if r["too_many_errors"]:  # no score line: a score over a few answers must not pass for the run's
+        if as_json:
+            typer.echo(json.dumps(summary, indent=2))
+        stopped = f", {r['not_asked']} not sent" if r["not_asked"] else ""
+        raise MxRepackError(f"eval gpqa: {r['errors']} of {r['n_requests']} requests failed (--max-errors {max_errors} "
+                            f"allows {r['max_errors']}{stopped}){wrote}; first: {r['first_error']}")
+    failed = f"; {r['errors']} failed requests not scored" if r["errors"] else ""
+    _emit(summary, as_json, f"score {r['score']:.4f} +- {r['stderr']:.4f} (stderr) over {r['n_samples']} answered "
+                            f"samples{failed}; {r['requests_per_s']} requests/s{wrote}")
+    if r["errors"]:
+        typer.echo(f"warning: {r['errors']} of {r['n_requests']} requests failed and are not scored; first: "
+                   f"{r['first_error']}", err=True)
 
 
 @eval_app.command("compare")
@@ -360,11 +356,13 @@ def eval_compare_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The regression gate: exit 1 when the candidate is worse than chance explains."""
-    from mxrepack.eval.gpqa import compare
+    from mxrepack.eval.gpqa import compare, require_score
     from mxrepack.repack.source import load_json
 
-    g = compare(load_json(baseline, "`repack eval gpqa` result"), load_json(candidate, "`repack eval gpqa` result"),
-                z, tolerance)
+    results = [load_json(path, "`repack eval gpqa` result") for path in (baseline, candidate)]
+    for path, r in zip((baseline, candidate), results):
+        require_score(r, str(path))  # named by file: a run with too many failed requests is no score to gate on
+    g = compare(*results, z, tolerance)
     _emit(g, as_json, f"{'PASSED' if g['passed'] else 'FAILED'}: candidate {g['candidate']:.4f} vs baseline "
                       f"{g['baseline']:.4f} (delta {g['delta']:+.4f}, allowed drop {g['allowed_drop']:.4f})")
     if not g["passed"]:
@@ -379,11 +377,13 @@ def eval_report_cmd(
     logits: Optional[Path] = typer.Option(None, "--logits", help="A `repack eval logits` JSON"),
 ) -> None:
     """A readable page of the evidence: tables plus plots."""
-    from mxrepack.eval.gpqa import compare
+    from mxrepack.eval.gpqa import compare, require_score
     from mxrepack.eval.report import build_report, write_report
 
     from mxrepack.repack.source import load_json
 
+    for path in gpqa or []:
+        require_score(load_json(path, "`repack eval gpqa` result"), str(path))
     gate = None
     if gpqa and len(gpqa) >= 2:
         gate = compare(load_json(gpqa[0], "`repack eval gpqa` result"), load_json(gpqa[-1], "`repack eval gpqa` result"))

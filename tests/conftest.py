@@ -64,3 +64,40 @@ def copy_of(tmp_path):
         return dst
 
     return make
+
+
+@pytest.fixture
+def bars(monkeypatch):
+    """Every progress bar a command opens, recorded instead of drawn (mxrepack.progress.ProgressBar replaced):
+    its description, whether it would draw, and its updates. ``bar.totals()`` checks that within each phase
+    the total stays put, ``done`` never goes back and ends at the total, and returns {phase: total}."""
+    import mxrepack.progress
+
+    made = []
+
+    class RecordingBar:
+        def __init__(self, description, enabled=True, unit="bytes"):
+            self.description, self.enabled, self.unit, self.updates = description, enabled, unit, []
+            made.append(self)
+
+        def __enter__(self):
+            return self.update if self.enabled else None
+
+        def update(self, done, total, phase=None):
+            self.updates.append((phase, done, total))
+
+        def __exit__(self, *exc):
+            return False
+
+        def totals(self) -> dict:
+            phases: dict = {}
+            for phase, done, total in self.updates:
+                phases.setdefault(phase, []).append((done, total))
+            for phase, seq in phases.items():
+                dones = [d for d, _ in seq]
+                assert {t for _, t in seq} == {seq[-1][1]}, (self.description, phase, "total changed")
+                assert dones == sorted(dones) and dones[-1] == seq[-1][1], (self.description, phase, seq[-3:])
+            return {phase: seq[-1][1] for phase, seq in phases.items()}
+
+    monkeypatch.setattr(mxrepack.progress, "ProgressBar", RecordingBar)
+    return made

@@ -164,6 +164,73 @@ def test_gpqa_http_timeouts_and_dead_servers_are_one_line_errors(served_tiny, tm
         backend.complete([{"role": "user", "content": "hi"}])
 
 
+def test_gpqa_failed_requests_are_errors_not_wrong_answers(served_tiny, tmp_path, capsys):
+    """A server that refuses every request (HTTP 400, as vLLM did rendering the tiny model's chats with Harmony
+    token ids outside its vocabulary) scored 0.0 and exited 0: failed requests were graded as wrong answers."""
+    from mxrepack.cli import main
+    from mxrepack.eval.gpqa import LocalBackend
+    from mxrepack.eval.server import ChatServer
+
+    data = _small_csv(tmp_path)
+    refused = tmp_path / "refused.json"
+    with ChatServer(served_tiny, "tiny", fault={"bad_request_every": 1}) as server:
+        rc = main(["eval", "gpqa", "--base-url", server.base_url, "--model", "tiny", "--data", str(data), "-o", str(refused)])
+    cap = capsys.readouterr()
+    assert rc == 1 and "score" not in cap.out
+    assert cap.err.count("\n") == 1 and cap.err.startswith("error: eval gpqa:")
+    assert "HTTP 400: Token id 200005 is out of vocabulary (injected)" in cap.err  # the server's message, one line
+    r = json.loads(refused.read_text())
+    assert r["too_many_errors"] and r["errors"] >= 1 and r["n_samples"] == 0 and r["score"] is None
+    assert r["errors"] + r["not_asked"] == r["n_requests"] == 12  # it stopped sending once the run was lost
+    assert main(["eval", "compare", str(refused), str(refused)]) == 1  # the gate refuses it, and so does the report
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {refused}: ") and "not a score to gate on" in err
+    assert main(["eval", "report", "--out", str(tmp_path / "rep"), "--gpqa", str(refused)]) == 1
+    assert "not a score to gate on" in capsys.readouterr().err
+
+    # Errors within --max-errors: the score is over the answered requests, and the errors are counted apart.
+    local = {s["index"]: s for s in run_gpqa(LocalBackend(model=served_tiny), data, concurrency=1)["samples"]}
+    some = tmp_path / "some.json"
+    args = ["eval", "gpqa", "--data", str(data), "--temperature", "0", "-o", str(some)]
+    with ChatServer(served_tiny, "tiny", fault={"bad_request_every": 6}) as server:  # 2 of the 12 requests
+        assert main([*args, "--base-url", server.base_url, "--model", "tiny", "--max-errors", "2"]) == 0
+    cap = capsys.readouterr()
+    assert "over 10 answered samples; 2 failed requests not scored" in cap.out
+    assert cap.err.startswith("warning: 2 of 12 requests failed") and "out of vocabulary" in cap.err
+    r = json.loads(some.read_text())
+    assert (r["errors"], r["n_samples"], r["n_requests"], r["max_errors"], r["too_many_errors"]) == (2, 10, 12, 2, False)
+    answered = [s for s in r["samples"] if s["error"] is None]
+    assert len(answered) == 10 and all(s["response"] == local[s["index"]]["response"] for s in answered)
+    assert r["score"] == sum(s["correct"] for s in answered) / 10 and "answered" in r["scored_over"]
+    assert all(s["correct"] is None and "HTTP 400" in s["error"] for s in r["samples"] if s["error"] is not None)
+    assert main(["eval", "compare", str(some), str(some)]) == 0
+    with ChatServer(served_tiny, "tiny", fault={"bad_request_every": 6}) as server:  # the default, 5% of 12, allows none
+        assert main([*args, "--base-url", server.base_url, "--model", "tiny"]) == 1
+    from mxrepack.eval.gpqa import allowed_errors
+
+    assert (allowed_errors("5%", 12), allowed_errors("5%", 200), allowed_errors("3", 200)) == (0, 10, 3)
+    with pytest.raises(MxRepackError, match="--max-errors 'five'"):
+        allowed_errors("five", 12)
+
+
+def test_eval_progress_bars_count_to_their_totals(served_tiny, tmp_path, bars):
+    from mxrepack.cli import main
+    from mxrepack.eval.bundled import bundled_model
+    from mxrepack.eval.server import ChatServer
+
+    src, data = bundled_model(), _small_csv(tmp_path, n=4)
+    assert main(["eval", "logits", str(src), str(src), "--max-tokens", "300", "--ctx", "128"]) == 0
+    assert main(["eval", "gpqa", "--local", str(src), "--data", str(data)]) == 0
+    with ChatServer(served_tiny, "tiny") as server:
+        assert main(["eval", "gpqa", "--base-url", server.base_url, "--model", "tiny", "--data", str(data)]) == 0
+    logits, local, remote = bars
+    assert logits.totals() == {"positions": 299, "first-token prompts": 16}
+    assert local.totals() == remote.totals() == {None: 4}
+    assert all(b.enabled for b in bars)
+    assert main(["eval", "gpqa", "--local", str(src), "--data", str(data), "--json"]) == 0
+    assert not bars[-1].enabled  # --json: no bar
+
+
 def test_bundled_model_answers_well_above_chance():
     from mxrepack.eval.bundled import bundled_model
     from mxrepack.eval.gpqa import LocalBackend

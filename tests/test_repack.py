@@ -441,3 +441,42 @@ def test_shard_hash_failure_is_an_error(tmp_path, monkeypatch):
     with pytest.raises(MxRepackError, match="out.safetensors.*sha256.*no mapping"):
         writer.sha256()
     writer.wait_synced()
+
+
+@pytest.mark.parametrize("target", ["sm121", "bf16", "compressed-tensors"])
+def test_progress_counts_the_output_bytes_it_writes(tiny, tmp_path, target):
+    """The repack bar's total is what its updates add up to: the output's tensor bytes (the index's total_size). It
+    was the source bytes each output reads: a dense weight quantized into values and scales counted twice (sm121),
+    and neither size for a target that grows (bf16) or pads (compressed-tensors)."""
+    calls = []
+    out = repack(str(tiny), target, tmp_path / "out", progress=lambda done, total: calls.append((done, total))).out
+    total_size = json.loads((out / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+    dones = [done for done, _ in calls]
+    assert {total for _, total in calls} == {total_size}
+    assert dones == sorted(dones) and dones[-1] == total_size
+
+
+def test_verify_shows_progress_on_a_terminal_and_none_with_json(tiny, tmp_path, bars, capsys, monkeypatch):
+    from mxrepack import progress
+    from mxrepack.cli import main
+
+    out = repack(str(tiny), "sm121", tmp_path / "out").out
+    manifest = json.loads((out / "mxrepack.json").read_text())
+    assert main(["verify", str(out)]) == 0
+    (bar,) = bars
+    totals = bar.totals()  # each phase counts to its total
+    assert set(totals) == {"sha256 of output files", "source comparison (output bytes)", "sha256 of source files"}
+    assert totals["sha256 of output files"] == sum(f["size"] for f in manifest["files"].values())
+    assert totals["sha256 of source files"] == sum(f["size"] for f in manifest["source"]["files"].values())
+    assert 0 < totals["source comparison (output bytes)"] < totals["sha256 of output files"]
+    assert main(["verify", str(out), "--json"]) == 0 and not bars[1].enabled
+
+    # The real bar (undo() puts it back), on a terminal: drawn on stderr; with --json nothing on stderr, only JSON on stdout.
+    monkeypatch.undo()
+    monkeypatch.setattr(progress, "_stderr_is_terminal", lambda: True)
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 0
+    assert "verify: sha256 of output files" in capsys.readouterr().err
+    assert main(["verify", str(out), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert cap.err == "" and json.loads(cap.out)["ok"]

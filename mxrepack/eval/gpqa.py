@@ -3,12 +3,21 @@
 Backends: any OpenAI-compatible server (``/v1/chat/completions``: the user's vLLM or SGLang serving a
 repacked checkpoint) or a checkpoint run in this process. Requests run ``concurrency`` at a time;
 network failures, timeouts, HTTP 429/5xx and empty answers are retried with exponential backoff
-(``backoff * 2**attempt`` seconds, as gpt_oss' sampler does); HTTP 400 is answered with the text
-"No response (bad request)." and graded (wrong), as gpt_oss' chat-completions sampler does.
+(``backoff * 2**attempt`` seconds, as gpt_oss' sampler does).
 
-Result JSON: ``score`` (mean over samples), ``stderr`` (sample standard deviation / sqrt(n)),
-``std``, ``n_samples``, and ``samples`` with each ``prompt``, ``response``, ``extracted`` letter,
-``answer`` letter and ``correct``; plus timing (``requests_per_s``) and what was run.
+A request that fails (HTTP 400, or no answer after the retries) is an error, not a wrong answer:
+gpt_oss' sampler grades HTTP 400 as the answer "No response (bad request).", so a server that refused
+every request (vLLM rendering gpt-oss chats with Harmony token ids outside a small model's vocabulary)
+scored 0.0 and passed for a run. Here errors are counted apart, with the server's message, and the
+score is over the answered requests. More errors than ``max_errors`` allows (a count, or a percentage
+of the requests: 5% by default) mark the result ``too_many_errors``; the run then stops sending
+requests, the command exits 1 and the regression gate refuses the result.
+
+Result JSON: ``score`` (mean over answered samples; null when none was answered), ``stderr`` (sample
+standard deviation / sqrt(n)), ``std``, ``n_samples`` (answered), ``n_requests``, ``errors``,
+``not_asked``, ``max_errors``, ``too_many_errors``, ``first_error``, and ``samples`` with each
+``prompt``, ``response``, ``extracted`` letter, ``answer`` letter, ``correct`` and ``error`` (null, or
+the failure; then ``response`` and ``correct`` are null); plus timing (``requests_per_s``) and what was run.
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +38,33 @@ from typing import Callable, Protocol
 from mxrepack.errors import MxRepackError
 from mxrepack.eval.gpqa_format import build_samples, extract_letter, read_rows
 
-BAD_REQUEST_TEXT = "No response (bad request)."
+DEFAULT_MAX_ERRORS = "5%"
+SCORED_OVER = "answered requests; a failed request is an error (counted in errors), not a wrong answer"
+
+
+class RequestFailed(MxRepackError):
+    """One request failed: the server refused it (HTTP 400) or gave no answer after the retries."""
+
+
+def _server_message(e: urllib.error.HTTPError) -> str:
+    """The error message in an HTTP error's body, on one line (OpenAI's and vLLM's ``{"error": {"message"}}``,
+    vLLM's older ``{"message"}``, FastAPI's ``{"detail"}``, or the raw text)."""
+    try:
+        raw = e.read().decode("utf-8", "replace")
+    except Exception:  # a body that cannot be read still leaves the status line
+        raw = ""
+    text = raw
+    try:
+        body = json.loads(raw)
+        if isinstance(body, dict):
+            err = body.get("error")
+            found = err.get("message") if isinstance(err, dict) else err
+            text = str(found or body.get("message") or body.get("detail") or raw)
+    except json.JSONDecodeError:
+        pass
+    text = " ".join(text.split())
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return text or str(e.reason)
 
 
 class ChatBackend(Protocol):
@@ -73,17 +110,18 @@ class OpenAIChatBackend:
                     return content
                 last = "empty content"
             except urllib.error.HTTPError as e:
-                if e.code == 400:
-                    return BAD_REQUEST_TEXT
-                last = f"HTTP {e.code}"
-                if e.code not in (408, 409, 429) and e.code < 500:
-                    raise MxRepackError(f"{self.url}: HTTP {e.code} ({e.reason}); check --base-url and --model") from None
+                message = _server_message(e)
+                if e.code == 400:  # this request is refused; retrying it would not change that
+                    raise RequestFailed(f"{self.url}: HTTP 400: {message}") from None
+                last = f"HTTP {e.code}: {message}"
+                if e.code not in (408, 409, 429) and e.code < 500:  # the URL, model or key: every request would fail
+                    raise MxRepackError(f"{self.url}: HTTP {e.code}: {message}; check --base-url, --model and --api-key") from None
             except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, json.JSONDecodeError,
                     http_client_errors()) as e:
                 last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
             if attempt < self.retries:
                 time.sleep(self.backoff * 2 ** attempt)
-        raise MxRepackError(f"{self.url}: no answer after {self.retries + 1} attempts (last: {last})")
+        raise RequestFailed(f"{self.url}: no answer after {self.retries + 1} attempts (last: {last})")
 
 
 def http_client_errors() -> type:
@@ -111,34 +149,78 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def allowed_errors(max_errors: str | int, requests: int) -> int:
+    """How many failed requests ``max_errors`` allows: a count ("3") or a percentage of ``requests`` ("5%")."""
+    text = str(max_errors).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)%|(\d+)", text)
+    if not m:
+        raise MxRepackError(f"--max-errors {text!r}: expected a count (3) or a percentage of the requests (5%)")
+    if m[2] is not None:
+        return int(m[2])
+    return math.floor(requests * float(m[1]) / 100 + 1e-9)  # 5% of 200 is 10, not 9 by a rounding
+
+
 def run_gpqa(backend: ChatBackend, data: str | Path, n_repeats: int = 1, num_examples: int | None = None,
-             concurrency: int = 8, progress: Callable[[int, int], None] | None = None) -> dict:
+             concurrency: int = 8, progress: Callable[[int, int], None] | None = None,
+             max_errors: str | int = DEFAULT_MAX_ERRORS) -> dict:
     data = Path(data)
     samples = build_samples(read_rows(data), n_repeats, num_examples)
+    allowed = allowed_errors(max_errors, len(samples))
     started = time.perf_counter()
-    done = 0
+    done = errors = 0
+    lock = threading.Lock()
+    stop = threading.Event()  # set once the result cannot be used: the requests not yet sent are skipped
 
     def ask(sample):
-        nonlocal done
-        response = backend.complete([{"role": "user", "content": sample.prompt}])
-        extracted = extract_letter(response)
-        done += 1
-        if progress:
-            progress(done, len(samples))
-        return {"index": sample.index, "row": sample.row, "prompt": sample.prompt, "response": response,
-                "extracted": extracted, "answer": sample.answer, "correct": extracted == sample.answer}
+        nonlocal done, errors
+        if stop.is_set():
+            return None
+        record = {"index": sample.index, "row": sample.row, "prompt": sample.prompt, "answer": sample.answer}
+        try:
+            response = backend.complete([{"role": "user", "content": sample.prompt}])
+        except RequestFailed as e:
+            record.update(response=None, extracted=None, correct=None, error=str(e))
+            with lock:
+                errors += 1
+                if errors > allowed:
+                    stop.set()
+        except BaseException:  # a wrong URL, model or key fails every request alike: stop sending them
+            stop.set()
+            raise
+        else:
+            extracted = extract_letter(response)
+            record.update(response=response, extracted=extracted, correct=extracted == sample.answer, error=None)
+        with lock:
+            done += 1
+            if progress:
+                progress(done, len(samples))
+        return record
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        results = list(pool.map(ask, samples))
+        results = [r for r in pool.map(ask, samples) if r is not None]
     elapsed = time.perf_counter() - started
-    scores = [float(r["correct"]) for r in results]
+    failed = [r for r in results if r["error"] is not None]
+    scores = [float(r["correct"]) for r in results if r["error"] is None]
     n = len(scores)
-    mean = sum(scores) / n
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / max(n - 1, 1))
-    return {"eval": "gpqa", "score": mean, "stderr": std / math.sqrt(n), "std": std, "n_samples": n,
+    mean = sum(scores) / n if n else None
+    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / max(n - 1, 1)) if n else None
+    return {"eval": "gpqa", "score": mean, "stderr": std / math.sqrt(n) if n else None, "std": std, "n_samples": n,
+            "scored_over": SCORED_OVER, "n_requests": len(samples), "errors": len(failed),
+            "not_asked": len(samples) - len(results), "max_errors": allowed, "max_errors_option": str(max_errors),
+            "too_many_errors": len(failed) > allowed or n == 0, "first_error": failed[0]["error"] if failed else None,
             "n_repeats": n_repeats, "data": {"path": str(data), "sha256": _sha256(data), "rows": len(read_rows(data))},
             "backend": backend.name, "concurrency": concurrency, "seconds": round(elapsed, 3),
-            "requests_per_s": round(n / elapsed, 3) if elapsed > 0 else None, "samples": results}
+            "requests_per_s": round(len(results) / elapsed, 3) if elapsed > 0 else None, "samples": results}
+
+
+def require_score(r: dict, name: str) -> None:
+    """Refuse a result that is not a usable score: no score/stderr, or more failed requests than its run allowed."""
+    if "score" not in r or "stderr" not in r:
+        raise MxRepackError(f"{name} has no score/stderr; expected `repack eval gpqa` output")
+    if r.get("too_many_errors") or r["score"] is None:
+        raise MxRepackError(f"{name}: {r.get('errors')} of {r.get('n_requests')} requests failed (more than its "
+                            f"--max-errors allowed: {r.get('max_errors')}); not a score to gate on "
+                            f"(first: {r.get('first_error')})")
 
 
 def compare(base: dict, cand: dict, z: float = 1.96, tolerance: float = 0.0) -> dict:
@@ -147,8 +229,7 @@ def compare(base: dict, cand: dict, z: float = 1.96, tolerance: float = 0.0) -> 
     one-sided test at ~97.5% with z = 1.96) plus an optional absolute tolerance (vLLM CI uses 0.05
     alone). A better candidate always passes."""
     for name, r in (("baseline", base), ("candidate", cand)):
-        if "score" not in r or "stderr" not in r:
-            raise MxRepackError(f"{name} JSON has no score/stderr; expected `repack eval gpqa` output")
+        require_score(r, f"{name} JSON")
     se = math.sqrt(base["stderr"] ** 2 + cand["stderr"] ** 2)
     drop = base["score"] - cand["score"]
     allowed = tolerance + z * se

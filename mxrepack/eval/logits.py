@@ -17,6 +17,7 @@ import torch
 
 from mxrepack.errors import MxRepackError
 from mxrepack.eval.local import LocalChatModel
+from mxrepack.progress import Progress
 
 
 def _quantile(x: torch.Tensor, q: float) -> float:
@@ -36,7 +37,9 @@ def kl_stats(ref_logits: torch.Tensor, cand_logits: torch.Tensor, targets: torch
 
 
 def compare_logits(ref: str | Path, cand: str | Path, text: str | Path | None = None, ctx: int = 256,
-                   max_tokens: int = 4096, first_token_prompts: int = 16, hist_bins: int = 20) -> dict:
+                   max_tokens: int = 4096, first_token_prompts: int = 16, hist_bins: int = 20,
+                   progress: Progress | None = None) -> dict:
+    """``progress(done, total, phase)``: positions scored, then first-token prompts run."""
     ref_model, cand_model = LocalChatModel(ref), LocalChatModel(cand)
     text_path = Path(text) if text else Path(ref) / "tasks" / "text.txt"
     if not text_path.is_file():
@@ -46,6 +49,7 @@ def compare_logits(ref: str | Path, cand: str | Path, text: str | Path | None = 
     if len(ids) < 2:
         raise MxRepackError(f"{text_path}: fewer than 2 tokens")
     kls, same, nll_r, nll_c, positions = [], [], [], [], []
+    scored = 0
     for start in range(0, len(ids) - 1, ctx):
         window = torch.tensor(ids[start:start + ctx + 1])
         if window.numel() < 2:
@@ -58,6 +62,9 @@ def compare_logits(ref: str | Path, cand: str | Path, text: str | Path | None = 
         nll_r.append(s["nll_ref"])
         nll_c.append(s["nll_cand"])
         positions.append(torch.arange(window.numel() - 1))
+        scored += window.numel() - 1
+        if progress:
+            progress(scored, len(ids) - 1, "positions")
     kl, agree = torch.cat(kls), torch.cat(same).float()
     nr, nc, pos = torch.cat(nll_r), torch.cat(nll_c), torch.cat(positions)
     ppl_r, ppl_c = math.exp(float(nr.mean())), math.exp(float(nc.mean()))
@@ -68,7 +75,7 @@ def compare_logits(ref: str | Path, cand: str | Path, text: str | Path | None = 
     per_position = [{"positions": f"{lo}-{min(hi, int(pos.max()) + 1) - 1}", "n": int(m.sum()),
                      "kl_mean": float(kl[m].mean()), "same_top": float(agree[m].mean())}
                     for lo, hi in buckets for m in [(pos >= lo) & (pos < hi)] if m.any()]
-    first = _first_token(ref_model, cand_model, raw, first_token_prompts)
+    first = _first_token(ref_model, cand_model, raw, first_token_prompts, progress)
     edges = torch.logspace(-8, 1, hist_bins + 1, dtype=torch.float64)
     counts = torch.histogram(kl.clamp(1e-8, 10), bins=edges).hist.tolist()
     return {
@@ -84,15 +91,17 @@ def compare_logits(ref: str | Path, cand: str | Path, text: str | Path | None = 
     }
 
 
-def _first_token(ref: LocalChatModel, cand: LocalChatModel, raw: str, n: int) -> dict:
+def _first_token(ref: LocalChatModel, cand: LocalChatModel, raw: str, n: int, progress: Progress | None = None) -> dict:
     prompts = [p.strip() for p in raw.split("\n\n") if p.strip()][:n]
     kls, same = [], []
-    for p in prompts:
+    for done, p in enumerate(prompts, 1):
         ids = torch.tensor(ref.prompt_ids([{"role": "user", "content": p}]))
         a, b = ref.runner.forward(ids)[-1:], cand.runner.forward(ids)[-1:]
         s = kl_stats(a, b)
         kls.append(float(s["kl"][0]))
         same.append(bool(s["same_top"][0]))
+        if progress:
+            progress(done, len(prompts), "first-token prompts")
     return {"prompts": len(prompts), "same_top": (sum(same) / len(same)) if same else None,
             "kl_mean": (sum(kls) / len(kls)) if kls else None, "kl_max": max(kls) if kls else None,
             "ok": all(same)}

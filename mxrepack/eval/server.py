@@ -4,16 +4,27 @@ For the harness's tests (a real HTTP server on localhost) and for trying a repac
 any OpenAI client: ``repack eval serve PATH --port 8000``. Requests are answered by
 :class:`mxrepack.eval.local.LocalChatModel`; ``ThreadingHTTPServer`` accepts connections concurrently
 and generation is serialized. ``fault`` injects failures for tests: ``{"error_every": n}`` answers every
-n-th request with HTTP 500, ``{"drop_every": n}`` closes every n-th connection without a response,
-``{"delay": s}`` sleeps before answering.
+n-th request with HTTP 500, ``{"bad_request_every": n}`` with HTTP 400 (a two-line message in vLLM's error
+body, of the kind vLLM sends for a prompt with token ids outside the model's vocabulary),
+``{"drop_every": n}`` closes every n-th connection without a response, ``{"delay": s}`` sleeps before
+answering.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # A client that gave up (its timeout, an injected delay) leaves a broken pipe behind: no traceback on
+        # stderr, where it landed in whatever command or test was running by then.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class ChatServer:
@@ -57,6 +68,10 @@ class ChatServer:
                 if server.fault.get("error_every") and n % server.fault["error_every"] == 0:
                     self._send(500, {"error": {"message": "injected failure"}})
                     return
+                if server.fault.get("bad_request_every") and n % server.fault["bad_request_every"] == 0:
+                    self._send(400, {"error": {"message": "Token id 200005 is out of vocabulary\n(injected)",
+                                               "type": "BadRequestError", "param": None, "code": 400}})
+                    return
                 if server.fault.get("delay"):
                     time.sleep(server.fault["delay"])
                 if self.path.rstrip("/") != "/v1/chat/completions":
@@ -77,7 +92,7 @@ class ChatServer:
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd = _Server((host, port), Handler)
         self.httpd.daemon_threads = True
         self.thread: threading.Thread | None = None
 

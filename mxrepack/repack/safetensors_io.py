@@ -20,7 +20,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -394,9 +394,12 @@ def read_directory(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
+def sha256_file(path: Path, chunk: int = 16 << 20, on_block: Callable[[int], None] | None = None) -> str:
+    """``on_block(n)`` after each block of ``n`` bytes hashed (verify's progress bar)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
+            if on_block:
+                on_block(len(block))
     return h.hexdigest()

@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import ExpertDims, dense_weights, make_layout
+from mxrepack.progress import Progress
 from mxrepack.recipes import Recipe
 from mxrepack.repack.plan import build_plan, expert_dims
 from mxrepack.repack.safetensors_io import read_header, read_rows, sha256_file
@@ -33,6 +34,20 @@ MANIFEST_FORMAT = 2
 # them: verify accepts them in an output directory (a download of one has them), push never uploads them.
 HUB_FILES = ("README.md", ".gitattributes")
 HUB_DIRS = (".cache/huggingface/",)
+
+
+class _Meter:
+    """Bytes read in one phase of a verification, reported as ``progress(done, total, phase)``."""
+
+    def __init__(self, progress: Progress | None, phase: str, total: int):
+        self.progress, self.phase, self.total, self.done = progress, phase, total, 0
+        if progress:
+            progress(0, total, phase)
+
+    def __call__(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.progress:
+            self.progress(self.done, self.total, self.phase)
 
 
 def load_manifest(directory: Path) -> dict:
@@ -102,24 +117,31 @@ def _sample_groups(plan) -> list[str]:
 
 
 def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_bytes: int = 128 << 20,
-                        first_chunk_only: bool = False) -> tuple[int, list[str]]:
+                        first_chunk_only: bool = False, progress: Progress | None = None) -> tuple[int, list[str]]:
     """Re-derive a sample of tensors from the source, a few experts (or rows) at a time so that memory
     stays bounded at any model size; returns (groups checked, problems). ``first_chunk_only`` checks
-    only the first experts/rows of each sampled group (the quick check at the end of a conversion)."""
+    only the first experts/rows of each sampled group (the quick check at the end of a conversion).
+    ``progress(done, total, phase)`` counts the stored bytes compared (full comparisons only: the quick
+    check reads too little to show)."""
     recipe = Recipe(manifest["target"]["name"], manifest["target"]["recipe"], manifest["target"]["recipe_source"])
     plan = build_plan(ck, recipe)
     index = json.loads((directory / INDEX).read_text())["weight_map"]
     headers: dict[str, dict] = {}
+    problems: list[str] = []
+    layout = make_layout(recipe.expert_layout, recipe.expert_options)
+    groups = _sample_groups(plan)
+    # Every sampled tensor is read once, whole, a chunk at a time.
+    meter = _Meter(None if first_chunk_only else progress, "source comparison (output bytes)",
+                   sum(i.nbytes for i in plan if i.group in groups))
 
     def stored(name: str, r0: int, r1: int) -> torch.Tensor:
         fname = index[name]
         if fname not in headers:
             headers[fname] = read_header(directory / fname)[0]
-        return read_rows(headers[fname][name], r0, r1)
+        rows = read_rows(headers[fname][name], r0, r1)
+        meter(rows.nbytes)
+        return rows
 
-    problems: list[str] = []
-    layout = make_layout(recipe.expert_layout, recipe.expert_options)
-    groups = _sample_groups(plan)
     for group in groups:
         items = [i for i in plan if i.group == group]
         rows = items[0].shape[0]
@@ -171,10 +193,11 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
 
 
 def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint | None | bool = None,
-               quick: bool = False) -> dict:
+               quick: bool = False, progress: Progress | None = None) -> dict:
     """Verify an output directory. ``source``: a Checkpoint, None (open the recorded source if it is
     reachable) or False (skip the source comparison). ``quick`` compares only the first chunk of each
-    sampled group with the source. Returns a report; ``ok`` is False on any problem."""
+    sampled group with the source. ``progress(done, total, phase)`` counts the bytes each phase reads
+    (output checksums, source comparison, source checksums). Returns a report; ``ok`` is False on any problem."""
     directory = Path(directory)
     manifest = load_manifest(directory)
     problem, warning = check_manifest_digest(directory, manifest)
@@ -184,6 +207,8 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
                 "tensors": len(manifest.get("tensors") or {}), "checksums": checksums, "source_checked": False,
                 "groups_compared": 0, "problems": [problem], "warnings": warnings}
     problems: list[str] = []
+    hashed = _Meter(progress if checksums else None, "sha256 of output files",
+                    sum(meta["size"] for meta in manifest["files"].values()))
     for fname, meta in manifest["files"].items():
         path = directory / fname
         if not path.is_file():
@@ -191,7 +216,7 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
             continue
         if path.stat().st_size != meta["size"]:
             problems.append(f"{path}: size {path.stat().st_size}, manifest says {meta['size']}")
-        elif checksums and sha256_file(path) != meta["sha256"]:
+        elif checksums and sha256_file(path, on_block=hashed) != meta["sha256"]:
             problems.append(f"{path}: sha256 differs from the manifest")
     for path in unlisted_files(directory, manifest):
         problems.append(f"{path}: not listed in the manifest (mxrepack did not write it); move it out of the output")
@@ -228,13 +253,15 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
                 except MxRepackError as e:
                     problems.append(f"source {path}: {e}")
         if isinstance(ck, Checkpoint):
-            groups, more = compare_with_source(directory, manifest, ck, first_chunk_only=quick)
+            groups, more = compare_with_source(directory, manifest, ck, first_chunk_only=quick, progress=progress)
             problems += more
             checked_source = True
             if checksums and not quick:  # the source's recorded hashes may have come from the Hub unchecked
-                for name, meta in manifest["source"].get("files", {}).items():
-                    path = ck.root / name
-                    if path.is_file() and sha256_file(path) != meta["sha256"]:
+                recorded = {ck.root / name: meta for name, meta in manifest["source"].get("files", {}).items()}
+                present = {path: meta for path, meta in recorded.items() if path.is_file()}
+                source_hashed = _Meter(progress, "sha256 of source files", sum(p.stat().st_size for p in present))
+                for path, meta in present.items():
+                    if sha256_file(path, on_block=source_hashed) != meta["sha256"]:
                         problems.append(f"source {path}: sha256 differs from the one recorded at conversion")
     return {"ok": not problems, "directory": str(directory), "files": len(manifest["files"]),
             "tensors": len(manifest["tensors"]), "checksums": checksums, "source_checked": checked_source,
