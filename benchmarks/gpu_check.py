@@ -394,7 +394,9 @@ def moe_reference(x, ids, wts, W, H: int = 2880, Hp: int = 2944, Ip: int = 2944)
         g = xp[r] @ deq(w13, s13).T + b13[e]
         gate, up = g[:, :Ip].clamp(max=7.0), g[:, Ip:].clamp(-7.0, 7.0)
         h = (up + 1) * gate * torch.sigmoid(1.702 * gate)
-        ref[r] += wts[r, slot, None] * (h.bfloat16().float() @ deq(w2, s2).T + b2[e])
+        # index_add_, not ``ref[r] +=``: a token routed twice to one expert (prefill draws with replacement) adds
+        # both contributions
+        ref.index_add_(0, r, wts[r, slot, None] * (h.bfloat16().float() @ deq(w2, s2).T + b2[e]))
     return ref[:, :H]
 
 

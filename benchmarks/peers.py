@@ -194,6 +194,36 @@ def moe(rows: list, quick: bool) -> None:
                                if "mxrepack_vs_best_peer" in rec else ""), flush=True)
 
 
+def moe_sweep(rows: list, Ts: tuple[int, ...]) -> None:
+    """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages and the integer-op
+    dequant (``MoeConfig.manual_dequant``); mxrepack only, no peers (for choosing ``MOE_TILES``)."""
+    import itertools
+
+    from mxrepack.kernels.moe_mxfp4 import MoeConfig
+
+    W = moe_weights(E, H, I, HP, IP)
+    for T in Ts:
+        torch.manual_seed(T)
+        x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
+        ref = moe_reference(x, ids, wts, W, H, HP, IP)
+        rows_per_expert = T * K_TOP / E
+        ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
+        cands = {"shipped": pick_moe(T, K_TOP, E, H)}
+        for bm, bn, (w, st), manual in itertools.product(ms_, (64, 128), ((4, 3), (4, 4), (8, 3)), (False, True)):
+            cfg = MoeConfig(bm, bn, 128, num_warps=w, num_stages=st, manual_dequant=manual)
+            cands[cfg.name()] = cfg
+        for name, cfg in cands.items():
+            rec = {"kind": "moe_sweep", "T": T, "config": name if name != "shipped" else f"shipped {cfg.name()}"}
+            try:
+                rec["rel_err"] = rel_err(moe_mxfp4(x, ids, wts, W, config=cfg), ref)
+                rec["ms"], rec["timing"] = time_it(lambda: moe_mxfp4(x, ids, wts, W, config=cfg), T)
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
+                rec["error"] = f"{type(e).__name__}: {e}"[:300]
+            rows.append(rec)
+            print(f"sweep T={T:5d} {rec['config']:28s} " + (f"{rec['ms']:.4f} ms err {rec['rel_err']:.1e}"
+                                                           if "ms" in rec else rec["error"][:120]), flush=True)
+
+
 def marlin_linear(w: torch.Tensor, s: torch.Tensor):
     """A layer holding vLLM's Marlin MXFP4 linear weights, prepared as the plugin's method does at load."""
     from mxrepack.serve.vllm.linear import MarlinMxfp4LinearMethod
@@ -254,6 +284,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="T <= 64 and no prefill")
     ap.add_argument("--only", choices=("moe", "dense"))
+    ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument("--commit", help="the commit under test, for the record")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -270,6 +301,9 @@ def main() -> None:
     meta["copy_roofline_GBps"] = copy_roofline() / 1e9
     print(json.dumps(meta), flush=True)
     rows = Record(meta, args.json)
+    if args.sweep_moe:
+        moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")))
+        return
     if args.only in (None, "moe"):
         moe(rows, args.quick)
     if args.only in (None, "dense"):

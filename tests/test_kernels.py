@@ -196,7 +196,10 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         gemv = (GemvConfig(16, 128, 4, 1, "ops"),
                 MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops", prefetch=2), GemvConfig(16, 128, 4, 1, "f16x2-ops"))) \
             if activations == "bf16" else ()
-        for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 128), MoeConfig(16, 32, 256)) + gemv:
+        # integer-op dequant + tl.dot (bf16 only; other activations take dot_scaled whatever the flag says)
+        manual = (MoeConfig(16, 64, 128, manual_dequant=True), MoeConfig(32, 32, 256, manual_dequant=True)) \
+            if activations == "bf16" else ()
+        for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 128), MoeConfig(16, 32, 256)) + manual + gemv:
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, strided, activations, cfg, out=out)
             assert y is out and not torch.isnan(y).any()

@@ -31,12 +31,14 @@ kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from mxrepack.kernels.dequant_mxfp4 import dequant_tile_bf16
 from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
                                          prepare_x)
 from mxrepack.kernels.mx_quant import quantize_activations
@@ -60,13 +62,15 @@ class MoeConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    manual_dequant: bool = False  # BF16 activations: integer-op dequant + tl.dot instead of tl.dot_scaled
 
     def __post_init__(self):
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
 
     def name(self) -> str:
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
+                + ("d" if self.manual_dequant else ""))
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
@@ -202,11 +206,23 @@ def _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K: tl.constexpr
 
 
 @triton.jit
-def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr,
+         MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
+    """``acc + a @ W`` for one K step; ``w`` is the packed ``[BLOCK_N, BLOCK_K/2]`` tile as loaded, ``ws`` its scales.
+    ``MANUAL_DEQUANT`` (bf16 only): W dequantized with integer ops (as the dense decode kernel does) and multiplied
+    with ``tl.dot``, instead of ``tl.dot_scaled``'s upcast."""
     if A_FMT == "bf16":
-        acc = tl.dot_scaled(a, None, "bf16", w, ws, "e2m1", acc)
+        if MANUAL_DEQUANT:
+            wd = tl.trans(dequant_tile_bf16(w, ws, w.shape[0], BLOCK_K))
+            if INTERPRETER:  # Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
+                acc = tl.dot(a.to(tl.float32), wd.to(tl.float32), acc)
+            else:
+                acc = tl.dot(a, wd, acc)
+        else:
+            acc = tl.dot_scaled(a, None, "bf16", w.T, ws, "e2m1", acc)
     else:
-        acc = tl.dot_scaled(a, _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K), A_FMT, w, ws, "e2m1", acc)
+        acc = tl.dot_scaled(a, _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K), A_FMT, w.T, ws, "e2m1",
+                            acc)
     return acc
 
 
@@ -219,7 +235,7 @@ def _w13_rows(n, half):
 
 @triton.jit
 def _load_w(w_ptr, ws_ptr, rn, k0, Kp, stride_wn, stride_wsn, BLOCK_K: tl.constexpr, TILE_ROWS: tl.constexpr):
-    """``[BLOCK_N, BLOCK_K/2]`` packed weights as ``[BLOCK_K/2, BLOCK_N]`` and ``[BLOCK_N, BLOCK_K/32]`` scales,
+    """``[BLOCK_N, BLOCK_K/2]`` packed weights and ``[BLOCK_N, BLOCK_K/32]`` scales,
     for stored rows ``rn`` of a K-tiled matrix (``TILE_ROWS`` rows per tile, 64 bytes per row and 128-code
     K tile). Rows are always in range (the layout pads N to the tile); K past the padded width reads zeros."""
     r_local = rn % TILE_ROWS
@@ -241,7 +257,7 @@ def _load_w(w_ptr, ws_ptr, rn, k0, Kp, stride_wn, stride_wsn, BLOCK_K: tl.conste
         w = tl.reshape(w, (rn.shape[0], BLOCK_K // 2))
     rs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     s = tl.load(ws_ptr + rn[:, None] * stride_wsn + rs[None, :], mask=(rs < Kp // 32)[None, :], other=127)
-    return w.T, s
+    return w, s
 
 
 @triton.jit
@@ -256,7 +272,8 @@ def _swiglu(gate, up, alpha, limit):
 def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
                     H, Hp, Ip, TOPK, stride_x, stride_xs, stride_we, stride_wn, stride_wse, stride_wsn, stride_h,
                     alpha, limit, A_FMT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -274,8 +291,10 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
         a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
         wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
         wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-        acc_g = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, acc_g, A_FMT, BLOCK_K)
-        acc_u = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, acc_u, A_FMT, BLOCK_K)
+        acc_g = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, acc_g, A_FMT, BLOCK_K, MANUAL_DEQUANT,
+                     INTERPRETER)
+        acc_u = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, acc_u, A_FMT, BLOCK_K, MANUAL_DEQUANT,
+                     INTERPRETER)
     gate = acc_g + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
     up = acc_u + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
     h = _swiglu(gate, up, alpha, limit)
@@ -285,7 +304,8 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
 @triton.jit
 def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
                  H, Hp, Ip, stride_h, stride_hs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
-                 A_FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 A_FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -300,7 +320,7 @@ def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr,
     for k0 in range(0, Ip, BLOCK_K):
         a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
         w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
-        acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K)
+        acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
     acc += tl.load(b_ptr + e * Hp + rn)[None, :]
     assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
     acc *= tl.load(wts_ptr + assignment, mask=row_ok, other=0.0)[:, None]
@@ -503,6 +523,8 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
     Ip, Hp = Ip2 // 2, Hp2 * 2
     order, blk_e, blk_s, blk_end = moe_schedule(topk_ids, E, cfg.block_m)
     nb = blk_e.numel()
+    manual = cfg.manual_dequant and activations == "bf16"
+    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     x = x.contiguous()
     if activations == "bf16":
         a, a_s = x, None
@@ -513,7 +535,8 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
         a, a_s if a_s is not None else s13, w13, s13, b13, h, order, blk_e, blk_s, blk_end,
         H, Hp, Ip, k, a.stride(0), a_s.stride(0) if a_s is not None else 0, w13.stride(0), w13.stride(1),
         s13.stride(0), s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, A_FMT=activations,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=manual, INTERPRETER=interpreter,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if activations == "bf16":
         ha, ha_s = h, None
     else:
@@ -523,5 +546,6 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
         ha, ha_s if ha_s is not None else s2, w2, s2, b2, y, order, topk_weights.to(torch.float32).contiguous().view(-1),
         blk_e, blk_s, blk_end, H, Hp, Ip, ha.stride(0), ha_s.stride(0) if ha_s is not None else 0, w2.stride(0),
         w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), A_FMT=activations,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=manual, INTERPRETER=interpreter,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
