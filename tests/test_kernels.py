@@ -220,7 +220,8 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         MoeConfig(16, 64, 64)
     assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops"), f16x2)
     # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
-    assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 4096, 8192)] == [16, 32, 128, 128]
+    assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 1024, 4096, 8192)] == [16, 32, 64, 128, 128]
+    assert pick_moe_config(128, 4, 128).manual_dequant and not pick_moe_config(512, 4, 128).manual_dequant
     assert pick_moe_config(8192, 4, 128).block_n == 128 and pick_moe_config(4096, 4, 128).block_n == 64
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
 

@@ -75,11 +75,14 @@ class MoeConfig:
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
 # whose bound is not below it. H100, 120b shapes, CUDA graphs (benchmarks/moe_dispatch_sweep.py, docs/PERF.md
-# stop 10): 16-row blocks up to T = 256 at top-4 of 128 experts, 32 rows to T = 1024 (2.60 ms vs 3.26 for the
-# 64 x 128 tiles shipped before), 128 rows x 64 columns to T = 4096 (5.41 vs 7.04 ms), 128 x 128 beyond
-# (8.88 vs 11.94 ms at T = 8192).
-MOE_TILES = ((8, MoeConfig(16, 64, 128, num_warps=4, num_stages=4)),
-             (32, MoeConfig(32, 64, 128, num_warps=4, num_stages=4)),
+# stop 10): 16-row blocks up to T = 256 at top-4 of 128 experts, 32 rows to T = 512, 128 rows x 64 columns to
+# T = 4096 (5.41 vs 7.04 ms for the 64 x 128 tiles shipped before), 128 x 128 beyond (8.88 vs 11.94 ms at T = 8192).
+# The integer-op dequant (``manual_dequant``) where it won in ``benchmarks/peers.py --sweep-moe`` (H100,
+# 2026-11-24, docs/bench/moe_sweep_h100_2026-11-24.json): 16 x 64 at T = 128 (1.547 vs 1.765 ms), 64 x 128 at
+# T = 1024 (2.280 vs 2.635 ms for the 32 x 64 tiles); at T = 512 and 4096 it lost or tied, and those stay.
+MOE_TILES = ((8, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, manual_dequant=True)),
+             (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3)),
+             (32, MoeConfig(64, 128, 128, num_warps=4, num_stages=3, manual_dequant=True)),
              (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
              (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)))
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
