@@ -224,6 +224,43 @@ def moe_sweep(rows: list, Ts: tuple[int, ...]) -> None:
                                                            if "ms" in rec else rec["error"][:120]), flush=True)
 
 
+def dense_sweep(rows: list, Ms: tuple[int, ...]) -> None:
+    """mxrepack's W4A16 dense paths at each M: the shipped choice against the GEMV, dequantize + cuBLAS and tile
+    configurations (split-K, tile widths, the integer-op dequant); mxrepack only (for choosing the dispatch)."""
+    import itertools
+
+    from mxrepack.kernels.dequant_mxfp4 import DEQUANT
+    from mxrepack.kernels.gemv_mxfp4 import pick_gemv_config, sm_count
+    from mxrepack.kernels.linear_mxfp4 import LinearConfig
+
+    for name, (N, K) in DENSE.items():
+        w, ws = rand_mx(N, K)
+        wf = deq(w, ws)
+        nxt_q = rotating(lambda: rand_mx(N, K), w.numel() + ws.numel())
+        for M in Ms:
+            x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+            ref = x.float() @ wf.T
+            cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
+            for bm, bn, bk, split, manual in itertools.product((16,) if M <= 16 else (16, 32, 64), (32, 64, 128),
+                                                               (128, 256), (1, 2, 4, 8), (False, True)):
+                cfg = LinearConfig(bm, bn, bk, split, 4, 3, manual)
+                cands[cfg.name()] = cfg
+            for label, cfg in cands.items():
+                rec = {"kind": "dense_sweep", "shape": name, "M": M, "config": label}
+                try:
+                    rec["rel_err"] = rel_err(linear_mxfp4(x, w, ws, None, "w4a16", cfg), ref)
+                    rec["ms"], rec["timing"] = time_it(lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", cfg), M)
+                except Exception as e:  # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {e}"[:300]
+                rows.append(rec)
+            done = sorted((r["ms"], r["config"]) for r in rows if r.get("kind") == "dense_sweep"
+                          and r["shape"] == name and r["M"] == M and "ms" in r)
+            shipped = next(r["ms"] for r in rows if r.get("kind") == "dense_sweep" and r["shape"] == name
+                           and r["M"] == M and r["config"] == "shipped" and "ms" in r)
+            print(f"dense sweep {name:8s} M={M:3d} shipped {shipped:.4f} ms; best " +
+                  ", ".join(f"{c} {t:.4f}" for t, c in done[:4]), flush=True)
+
+
 def marlin_linear(w: torch.Tensor, s: torch.Tensor):
     """A layer holding vLLM's Marlin MXFP4 linear weights, prepared as the plugin's method does at load."""
     from mxrepack.serve.vllm.linear import MarlinMxfp4LinearMethod
@@ -285,6 +322,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="T <= 64 and no prefill")
     ap.add_argument("--only", choices=("moe", "dense"))
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
+    ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--commit", help="the commit under test, for the record")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -303,6 +341,9 @@ def main() -> None:
     rows = Record(meta, args.json)
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")))
+    if args.sweep_dense:
+        dense_sweep(rows, tuple(int(m) for m in args.sweep_dense.split(",")))
+    if args.sweep_moe or args.sweep_dense:
         return
     if args.only in (None, "moe"):
         moe(rows, args.quick)
