@@ -241,8 +241,9 @@ def dense_sweep(rows: list, Ms: tuple[int, ...]) -> None:
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ref = x.float() @ wf.T
             cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
-            for bm, bn, bk, split, manual in itertools.product((16,) if M <= 16 else (16, 32, 64), (32, 64, 128),
-                                                               (128, 256), (1, 2, 4, 8), (False, True)):
+            grid = (((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else
+                    ((16, 64), (64, 128), (128,), (1, 2)))
+            for bm, bn, bk, split, manual in itertools.product(*grid, (False, True)):
                 cfg = LinearConfig(bm, bn, bk, split, 4, 3, manual)
                 cands[cfg.name()] = cfg
             for label, cfg in cands.items():
