@@ -39,9 +39,12 @@ def _parse_size(text: str) -> int:
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
     try:
-        return int(float(num) * units[t[len(num):]])
-    except (KeyError, ValueError):
-        raise MxRepackError(f"--shard-size {text!r}: expected a size like 5GB, 500MB or 2GiB") from None
+        size = int(float(num) * units[t[len(num):]])
+    except (KeyError, ValueError, OverflowError):  # OverflowError: inf
+        size = 0
+    if size <= 0:  # 0 or less made one file per tensor
+        raise MxRepackError(f"--shard-size {text!r}: expected a positive size like 5GB, 500MB or 2GiB")
+    return size
 
 
 def _emit(data: dict, as_json: bool, human: str) -> None:
@@ -82,6 +85,7 @@ def convert(
     activations: Optional[Path] = typer.Option(None, "--activations", help="safetensors of recorded layer inputs for the error report"),
     push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", help="Then upload the result to this Hub repo (ORG/NAME)"),
     private: bool = typer.Option(False, "--private", help="With --push-to-hub: create the repo private"),
+    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Write NaN/Inf found in tensors stored unquantized (router, norms, biases, BF16 dense) with a warning instead of refusing"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON"),
 ) -> None:
     """Convert SOURCE for a target GPU (the main job)."""
@@ -96,6 +100,8 @@ def convert(
 
     if target is None and recipe is None:
         raise MxRepackError("no target: pass --target NAME (see `repack targets`) or --recipe FILE")
+    if target is not None and recipe is not None:
+        raise MxRepackError(f"--target {target} and --recipe {recipe}: pass one (the recipe file names its own target)")
     if push_to_hub is not None and push_to_hub.count("/") != 1:
         raise MxRepackError(f"--push-to-hub {push_to_hub!r}: expected ORG/NAME")
     shard_bytes = _parse_size(shard_size)
@@ -105,8 +111,10 @@ def convert(
         result = repack(source, target, out, recipe_file=str(recipe) if recipe else None, revision=revision,
                         overwrite=overwrite, shard_bytes=shard_bytes, hash_source=not no_source_hash,
                         progress=progress, dense=dense, dense_layers=dense_layers, scale_rule=scale_rule,
-                        scale_search=scale_search, activations=activations)
+                        scale_search=scale_search, activations=activations, allow_nonfinite=allow_nonfinite)
     s = result.summary()
+    for warning in s["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
     if s["quantization_error"] and not as_json:
         from mxrepack.quant.dense import format_error_table
 

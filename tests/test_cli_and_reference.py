@@ -106,6 +106,15 @@ def test_verify_checks_the_manifest_itself_and_unlisted_files(tiny, tmp_path, ca
     assert err.startswith(f"warning: {path}: format 1 has no manifest_sha256") and err.count("\n") == 1
 
 
+def test_manifest_digest_is_of_what_json_reads_back(tmp_path):
+    """Tuples and non-string keys (a recipe's YAML may have them) are digested as the written file reads back."""
+    from mxrepack.repack.verify import MANIFEST, check_manifest_digest, seal_manifest
+
+    sealed = seal_manifest({"format": "mxrepack-manifest", "target": {"options": {2: (1, 2), 10: 0.1}}, "files": {}})
+    (tmp_path / MANIFEST).write_text(json.dumps(sealed, indent=2))
+    assert check_manifest_digest(tmp_path, json.loads((tmp_path / MANIFEST).read_text())) == (None, None)
+
+
 def test_make_fixture_cli_and_real_presets(tmp_path):
     from mxrepack.repack import gptoss
     from mxrepack.repack.fixture import fixture_bytes, fixture_config

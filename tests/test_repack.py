@@ -355,6 +355,104 @@ def test_unknown_target_lists_valid_ones(tiny, tmp_path):
     assert proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, compressed-tensors, mxfp4, sm100, sm120, sm121, sm121-marlin, sm80, sm89, sm90"
 
 
+def _poison(src: Path, name: str, row: int, col: int, bits: bytes) -> None:
+    """Overwrite one BF16 value of tensor ``name`` in the source's shard with ``bits`` (little-endian)."""
+    from mxrepack.repack.safetensors_io import read_header
+
+    info = read_header(_shard(src))[0][name]
+    with open(_shard(src), "r+b") as f:
+        f.seek(info.start + row * info.row_bytes + col * 2)
+        f.write(bits)
+
+
+NAN, INF = b"\xc0\x7f", b"\x80\x7f"  # BF16 0x7FC0, 0x7F80
+
+
+@pytest.mark.parametrize("target,name,row,cols,how", [
+    ("mxfp4", "model.layers.1.mlp.router.weight", 2, (5, 7), "copied by the kernel"),
+    ("sm121", "model.layers.0.mlp.router.bias", 1, (0, 2), "copied by the kernel (1-D: a row is an element)"),
+    ("bf16", "model.embed_tokens.weight", 300, (5, 7), "copied by the kernel"),
+    ("sm121-marlin", "model.layers.1.mlp.experts.down_proj_bias", 1, (5, 7), "permuted by the layout"),
+    ("bf16", "model.layers.0.mlp.experts.gate_up_proj_bias", 3, (5, 7), "read beside the dequantized experts"),
+])
+def test_nonfinite_in_a_tensor_stored_unquantized(tiny, copy_of, tmp_path, target, name, row, cols, how):
+    """NaN/Inf that a conversion would write unchanged: a one-line error naming file, tensor and row; with
+    allow_nonfinite a warning, the manifest's record and the card's note."""
+    src = copy_of(tiny)
+    _poison(src, name, row, cols[0], NAN)
+    _poison(src, name, row, cols[1], INF)
+    with pytest.raises(MxRepackError) as e:
+        repack(str(src), target, tmp_path / "out")
+    assert str(e.value) == (f"{_shard(src)}: tensor '{name}': 2 NaN/Inf value(s) (first in row {row}); the output would "
+                            "carry them unchanged (pass --allow-nonfinite to write them anyway)")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+    result = repack(str(src), target, tmp_path / "out", allow_nonfinite=True)
+    assert result.warnings == [f"{_shard(src)}: tensor '{name}': 2 NaN/Inf value(s) (first in row {row}) written "
+                               "unchanged (--allow-nonfinite)"]
+    manifest = json.loads((result.out / "mxrepack.json").read_text())
+    assert manifest["nonfinite"] == {name: {"file": str(_shard(src)), "count": 2, "first_row": row}}
+    assert verify_dir(result.out)["ok"]
+    from mxrepack.hub import render_card
+
+    assert f"**Warning:** the source held NaN/Inf values, written here unchanged (`--allow-nonfinite`): `{name}` (2)" in \
+        render_card(manifest, "me/x")
+
+
+def test_nonfinite_cli_flag_and_the_quantized_path_still_refuses(tiny, copy_of, tmp_path):
+    src = copy_of(tiny)
+    _poison(src, "model.layers.0.mlp.router.weight", 0, 0, NAN)
+    cmd = [sys.executable, "-m", "mxrepack.cli", str(src), "--target", "mxfp4", "--out", str(tmp_path / "o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "--allow-nonfinite" in proc.stderr
+    proc = subprocess.run([*cmd, "--allow-nonfinite"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("warning: ") and "model.layers.0.mlp.router.weight': 1 NaN/Inf" in proc.stderr
+    # a dense layer the target quantizes refuses NaN itself, flag or not (mxfp4 codes cannot hold it)
+    _poison(src, "model.layers.0.self_attn.q_proj.weight", 4, 0, INF)
+    with pytest.raises(MxRepackError, match="q_proj.weight': 1 NaN/Inf value\\(s\\) \\(first in row 4 of this chunk\\); refusing"):
+        repack(str(src), "sm121", tmp_path / "q", allow_nonfinite=True)
+
+
+@pytest.mark.parametrize("size", ["0", "-5GB", "0.1B", "inf", "nan", "5XB", "abc"])
+def test_shard_size_must_be_a_positive_size(tiny, tmp_path, size, capsys):
+    from mxrepack.cli import main
+
+    assert main([str(tiny), "--target", "bf16", "--out", str(tmp_path / "o"), "--shard-size", size]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: --shard-size {size!r}: expected a positive size like 5GB, 500MB or 2GiB\n"
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(MxRepackError, match="shard size 0: expected a positive number of bytes"):
+        repack(str(tiny), "bf16", tmp_path / "o", shard_bytes=0)
+
+
+def test_recipe_and_target_together_is_an_error(tiny, tmp_path, capsys):
+    from mxrepack.cli import main
+    from mxrepack.recipes import load_recipe
+
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("name: mine\ndescription: d\nexperts: {layout: mxfp4}\ndense: {format: bf16}\n"
+                      "config: {quantization_config: native}\n")
+    assert main([str(tiny), "--target", "sm121", "--recipe", str(recipe), "--out", str(tmp_path / "o")]) == 1
+    assert capsys.readouterr().err == (f"error: --target sm121 and --recipe {recipe}: pass one (the recipe file names "
+                                       "its own target)\n")
+    with pytest.raises(MxRepackError, match="pass one"):
+        load_recipe("sm121", recipe)
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_mxrepack_output_as_source_says_so(tiny, tmp_path):
+    out = repack(str(tiny), "sm121", tmp_path / "sm121").out
+    with pytest.raises(MxRepackError) as e:
+        repack(str(out), "sm90", tmp_path / "again")
+    assert str(e.value) == f"{out} is an mxrepack output (target sm121); repack from the original checkpoint ({tiny})"
+    (out / "mxrepack.json").unlink()  # config.json's quant_method says it too
+    with pytest.raises(MxRepackError, match=r"is an mxrepack output \(target sm121\); repack from the original checkpoint$"):
+        open_checkpoint(str(out))
+    # the mxfp4 target keeps the native format: its output is a gpt-oss checkpoint like any other
+    native = repack(str(tiny), "mxfp4", tmp_path / "mxfp4").out
+    assert repack(str(native), "sm90", tmp_path / "from-native").verify["ok"]
+
+
 def test_disk_full_during_write(tiny, tmp_path):
     out = tmp_path / "out"
 

@@ -69,6 +69,8 @@ def test_unreachable_hub_is_one_line_error(tmp_path, monkeypatch):
                                             r"not be reached .*pass the local directory") as e:
         resolve("openai/gpt-oss-120b")
     assert "\n" not in str(e.value)
+    # huggingface_hub 1.x/2.x ship the `hf` command; `huggingface-cli` is gone
+    assert "(hf download openai/gpt-oss-120b)" in str(e.value) and "huggingface-cli" not in str(e.value)
 
 
 def test_original_layout_maps_to_canonical_names(tiny, tiny_original):

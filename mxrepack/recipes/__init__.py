@@ -8,7 +8,7 @@ output's ``config.json`` declares. Schema (every key checked; errors name the ke
     consumer: one line               # which kernel / engine reads it
     engine: vllm                     # the engine, for the model card
     experts:
-      layout: b12x                   # a name from mxrepack.layouts.LAYOUTS
+      layout: flashinfer-cutlass     # a name from mxrepack.layouts.LAYOUTS
       options: {}                    # layout keyword options (optional)
     dense:
       format: mxfp4                  # bf16 (unchanged) | mxfp4 | mxfp8
@@ -181,7 +181,9 @@ def _check(data: object, where: str) -> dict:
 
 
 def load_recipe(target: str | None = None, path: str | Path | None = None) -> Recipe:
-    """A built-in recipe by target name, or a user recipe file (``--recipe FILE``)."""
+    """A built-in recipe by target name, or a user recipe file (``--recipe FILE``); not both."""
+    if path is not None and target is not None:  # the file would silently win over the target
+        raise MxRepackError(f"--target {target} and --recipe {path}: pass one (the recipe file names its own target)")
     if path is not None:
         p = Path(path)
         try:

@@ -31,6 +31,7 @@ from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
 from mxrepack.layouts import make_layout
 from mxrepack.layouts.base import passthrough
+from mxrepack.repack.finite import FiniteGuard
 from mxrepack.repack.destination import OutputLock, check_destination, replace_with, source_places
 from mxrepack.repack.memory import keep_freed_memory
 from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
@@ -55,12 +56,13 @@ class RepackResult:
     verify: dict
     quantization_error: dict
     serve: list[str]  # how to serve the output (mxrepack.serve.spec.serve_hint)
+    warnings: list[str] = dataclasses.field(default_factory=list)  # NaN/Inf written under --allow-nonfinite
 
     def summary(self) -> dict:
         return {"out": str(self.out), "target": self.target, "tensors": self.tensors, "files": self.files,
                 "source_bytes": self.source_bytes, "output_bytes": self.output_bytes,
                 "seconds": round(self.seconds, 3), "verify": self.verify,
-                "quantization_error": self.quantization_error, "serve": self.serve}
+                "quantization_error": self.quantization_error, "serve": self.serve, "warnings": self.warnings}
 
 
 def default_out(source: str, target: str) -> Path:
@@ -222,6 +224,8 @@ def _write_tensor(writer: StreamingShardWriter, item: PlanItem, reads, chunk_byt
         for r0, r1 in _row_ranges(item, chunk_bytes):
             writer.copy_from(item.name, stored.info.file, stored.info.start + (stored.row_start + r0) * row_bytes,
                              (r1 - r0) * row_bytes)
+            if item.finite is not None:  # after the copy, which left these rows in the page cache; on a thread
+                item.finite.check_range(stored.info, stored.row_start + r0, r1 - r0)
             done += (r1 - r0) * item.row_bytes
             if progress:
                 progress(done, total)
@@ -233,6 +237,8 @@ def _write_tensor(writer: StreamingShardWriter, item: PlanItem, reads, chunk_byt
         for k, src in item.inputs.items():
             if src.name.endswith("_scales"):
                 check_e8m0(inputs[k], f"{src.info.file}: tensor '{src.name}'")
+            elif item.finite is not None:
+                item.finite.check(src.info, inputs[k])
         chunk = item.pack(**inputs)
         if item.observer is not None:
             item.observer.observe(inputs, chunk)
@@ -293,6 +299,8 @@ def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_
                    "consumer": recipe.consumer, "engine": recipe.engine},
         "tensors": {i.name: {**i.manifest_entry(), "file": weight_map[i.name]} for i in plan},
         "quantization_error": _finite(quantization_report(plan)),
+        # NaN/Inf written unchanged under --allow-nonfinite (a conversion without it refuses them)
+        "nonfinite": next((i.finite.result() for i in plan if i.finite is not None), {}),
         "files": {},
     }
 
@@ -351,13 +359,17 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
            chunk_bytes: int = DEFAULT_CHUNK_BYTES, hash_source: bool = True, progress: Progress | None = None,
            checkpoint: Checkpoint | None = None, dense: str | None = None, dense_layers: str | None = None,
            scale_rule: str | None = None, scale_search: bool | None = None,
-           activations: str | Path | None = None) -> RepackResult:
+           activations: str | Path | None = None, allow_nonfinite: bool = False) -> RepackResult:
     """Convert ``source`` for ``target`` (or ``recipe_file``) into ``out``; see the module docstring.
 
     ``dense``/``dense_layers``/``scale_rule``/``scale_search`` override the recipe's dense section;
-    ``activations`` is a safetensors file of recorded layer inputs for the error report."""
+    ``activations`` is a safetensors file of recorded layer inputs for the error report. NaN/Inf in a float
+    tensor stored without quantizing (router, norms, biases, BF16 dense) is an error unless ``allow_nonfinite``:
+    then each such tensor is a warning in the result and an entry in the manifest's ``nonfinite``."""
     started = time.perf_counter()
     keep_freed_memory()
+    if shard_bytes <= 0:
+        raise MxRepackError(f"shard size {shard_bytes}: expected a positive number of bytes")
     recipe = load_recipe(target, recipe_file).with_overrides(dense, dense_layers, scale_rule, scale_search)
     out = Path(out) if out is not None else default_out(source, recipe.name)
     out = out.expanduser().absolute()
@@ -368,9 +380,11 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
             raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
         ck = checkpoint or open_checkpoint(source, revision)
         check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
-        plan = build_plan(ck, recipe, load_activations(activations))
+        guard = FiniteGuard(allow_nonfinite)
+        plan = build_plan(ck, recipe, load_activations(activations), guard)
         manifest, files, report = _convert(ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress)
     layout = make_layout(recipe.expert_layout, recipe.expert_options).name
     return RepackResult(out, recipe.name, len(plan), len(files), ck.total_bytes,
                         sum(f["size"] for f in files.values()), time.perf_counter() - started, report,
-                        manifest["quantization_error"], serve_hint(out, layout, recipe.quantization_config))
+                        manifest["quantization_error"], serve_hint(out, layout, recipe.quantization_config),
+                        guard.warnings())

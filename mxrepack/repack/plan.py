@@ -41,6 +41,7 @@ class PlanItem:
     work_factor: int = 1
     row_align: int = 1  # chunks start at multiples of this many rows (e.g. 128-row scale swizzle blocks)
     observer: object | None = None  # has observe(inputs, chunk) and result(): fed by the pipeline only
+    finite: object | None = None  # a FiniteGuard (mxrepack.repack.finite) for float inputs stored without quantizing
     whole: bool = False  # made in one piece from all of its inputs' rows (per-expert outputs)
     part: str | None = None  # the layout's output suffix (a template with "{e}" for per-expert layouts)
     expert: int | None = None  # the expert of a per-expert output
@@ -141,7 +142,10 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
             for o in outputs]
 
 
-def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tensor] | None = None) -> list[PlanItem]:
+def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tensor] | None = None,
+               finite: object | None = None) -> list[PlanItem]:
+    """The output tensors in order. ``finite``: a FiniteGuard the pipeline runs on the float inputs of every item
+    that does not quantize them (quantized dense layers refuse NaN/Inf themselves)."""
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
     specs = layout.outputs(expert_dims(ck))
     dense_layout = recipe.dense_layout
@@ -155,7 +159,8 @@ def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tens
             if name in quantized:
                 items += _dense_items(src, dense_layout, (activations or {}).get(name))
             else:
-                items.append(PlanItem(name, src.dtype, src.shape, {"value": src}, passthrough, "passthrough", name))
+                items.append(PlanItem(name, src.dtype, src.shape, {"value": src}, passthrough, "passthrough", name,
+                                      finite=finite))
             continue
         layer = int(name.split(".")[2])
         if layer in expert_done:
@@ -171,12 +176,12 @@ def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tens
                     inputs = {p: expert_slice(parts[p], e) for p in spec.inputs}
                     items.append(PlanItem(prefix + spec.suffix.format(e=e), spec.dtype, spec.shape, inputs, spec.pack,
                                           layout.name, group, spec.logical_shape, spec.padding, spec.upstream,
-                                          spec.work_factor, whole=True, part=spec.suffix, expert=e))
+                                          spec.work_factor, whole=True, part=spec.suffix, expert=e, finite=finite))
             continue
         for spec in specs:
             items.append(PlanItem(prefix + spec.suffix, spec.dtype, spec.shape, {p: parts[p] for p in spec.inputs},
                                   spec.pack, layout.name, group, spec.logical_shape,
-                                  spec.padding, spec.upstream, spec.work_factor, part=spec.suffix))
+                                  spec.padding, spec.upstream, spec.work_factor, part=spec.suffix, finite=finite))
     return items
 
 

@@ -21,7 +21,8 @@ from mxrepack.errors import MxRepackError
 from mxrepack.repack import gptoss
 from mxrepack.repack.safetensors_io import TensorInfo, dtype_name, read_header, read_rows, sha256_file
 
-HUB_ALLOW = ["*.safetensors", "model.safetensors.index.json", "config.json", *gptoss.SIDE_FILES]
+# mxrepack.json: so that an mxrepack output on the Hub is recognised as one (_refuse_mxrepack_output)
+HUB_ALLOW = ["*.safetensors", "model.safetensors.index.json", "config.json", "mxrepack.json", *gptoss.SIDE_FILES]
 HUB_IGNORE = ["original/*", "metal/*"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -202,7 +203,7 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[Path, dict]:
             reason = type(e).__name__ + (f": {str(e).splitlines()[0]}" if str(e) else "")
             raise MxRepackError(
                 f"{repo_id}: not in the Hugging Face cache and the Hub could not be reached ({reason}); "
-                f"download it where there is network (huggingface-cli download {repo_id}) and pass the local "
+                f"download it where there is network (hf download {repo_id}) and pass the local "
                 f"directory, or point HF_HUB_CACHE at a cache that holds it") from None
     return folder, {"kind": "hub", "repo_id": repo_id, "revision": folder.name, "requested_revision": revision,
                     "path": str(folder)}
@@ -221,6 +222,7 @@ def _complete(folder: Path) -> bool:
 def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
     """Resolve ``source`` and check it is a complete, well-formed gpt-oss checkpoint."""
     root, origin = resolve(source, revision)
+    _refuse_mxrepack_output(source, root)
     raw_config = load_json(root / "config.json", "model config (config.json)")
     if "model_type" in raw_config:
         if raw_config["model_type"] != "gpt_oss":
@@ -255,6 +257,34 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
     ck = Checkpoint(root, layout, config, tensors, files, origin)
     validate(ck)
     return ck
+
+
+def _refuse_mxrepack_output(source: str, root: Path) -> None:
+    """One line when ``root`` is an mxrepack output whose tensors are not the native gpt-oss format (it would
+    otherwise fail on the first tensor a target renamed, e.g. "lm_head.weight is missing"). An output of a
+    recipe that keeps the native format (experts mxfp4, dense bf16, config native: target mxfp4) is a native
+    checkpoint and is read as one."""
+    target, native, original = None, False, None
+    try:
+        manifest = json.loads((root / "mxrepack.json").read_text())
+        if manifest.get("format") == "mxrepack-manifest":
+            target = str(manifest["target"]["name"])
+            recipe = manifest["target"]["recipe"]
+            native = (recipe["experts"]["layout"], recipe["dense"]["format"],
+                      recipe["config"]["quantization_config"]) == ("mxfp4", "bf16", "native")
+            original = manifest.get("source", {}).get("repo_id") or manifest.get("source", {}).get("path")
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        pass
+    if target is None:
+        try:
+            qc = json.loads((root / "config.json").read_text()).get("quantization_config") or {}
+            if qc.get("quant_method") == "mxrepack":
+                target = str(qc.get("target", "?"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    if target is not None and not native:
+        raise MxRepackError(f"{source} is an mxrepack output (target {target}); repack from the original checkpoint"
+                            + (f" ({original})" if original else ""))
 
 
 def _shard_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:

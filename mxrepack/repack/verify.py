@@ -70,8 +70,9 @@ def manifest_digest(manifest: dict) -> str:
 
 
 def seal_manifest(manifest: dict) -> dict:
-    """``manifest`` with its format version and digest set: the last step before it is written."""
-    sealed = {**manifest, "format_version": MANIFEST_FORMAT}
+    """``manifest`` with its format version and digest set: the last step before it is written. The digest is of
+    the content as JSON reads it back (tuples become lists, keys strings), which is what verify sees."""
+    sealed = json.loads(json.dumps({**manifest, "format_version": MANIFEST_FORMAT}))
     sealed.pop(DIGEST_KEY, None)
     return {**sealed, DIGEST_KEY: manifest_digest(sealed)}
 
@@ -114,6 +115,13 @@ def _sample_groups(plan) -> list[str]:
         if not i.group.endswith(".experts") and i.layout != "passthrough":
             quantized.setdefault(i.layout, i.group)
     return list(dict.fromkeys(picks + list(quantized.values())))
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN (a source's NaN bias written under --allow-nonfinite is still itself)."""
+    if torch.equal(a, b):  # the usual case, at torch.equal's cost
+        return True
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
 
 
 def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_bytes: int = 128 << 20,
@@ -185,7 +193,7 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
                 bad = [k for k in got if not torch.equal(got[k].view(torch.uint8), source_parts[k].view(torch.uint8))]
             else:
                 want, have = dense_weights(source_parts), dense_weights(got)
-                bad = [k for k in want if not torch.equal(have[k], want[k])]
+                bad = [k for k in want if not _same_values(have[k], want[k])]
             if bad:
                 problems.append(f"{prefix}{bad[0]}: layout {layout.name} does not invert to the source (experts {r0}:{r1})")
                 break
