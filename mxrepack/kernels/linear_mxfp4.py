@@ -69,7 +69,9 @@ class LinearConfig:
 DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=3, manual_dequant=True)
 DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, manual_dequant=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
-PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3)
+# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the integer-op dequant, 0.364 vs 0.397 ms
+# at M = 64 (H100, benchmarks/peers.py --sweep-dense, docs/bench/dense_sweep_h100_2026-11-24.json).
+PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, manual_dequant=True)
 CONFIGS = {"decode": DECODE, "decode_split": DECODE_SPLIT, "prefill": PREFILL, "prefill_small": PREFILL_SMALL}
 
 
