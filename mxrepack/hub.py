@@ -121,6 +121,9 @@ def _eval_entries(paths: list[Path]) -> list[dict]:
     for p in paths:
         r = load_json(Path(p), "`repack eval gpqa` or `repack eval logits` result")
         if r.get("eval") == "gpqa":
+            from mxrepack.eval.gpqa import require_score
+
+            require_score(r, str(p))  # a run whose requests failed is no score to publish
             out.append({"name": f"GPQA-style ({Path(r['data']['path']).name}, {r['n_repeats']} repeats)", "metric": "accuracy",
                         "value": r["score"], "stderr": f"{r['stderr']:.4f}", "n": r["n_samples"],
                         "dataset": Path(r["data"]["path"]).stem})

@@ -40,6 +40,12 @@ def test_dry_run_prints_plan_and_card_without_network(output, no_network, capsys
     assert "repo: me/tiny-sm121 (public), revision: main" in text and "dry run: nothing was sent" in text
     assert "model-00001-of-00001.safetensors" in text and "mxrepack.json" in text and "README.md" in text
     assert not (output / "README.md").exists()  # a dry run writes nothing either
+    failed = tmp_path / "failed.json"  # every request failed: no score to publish, one line, nothing sent
+    failed.write_text(json.dumps({"eval": "gpqa", "score": None, "stderr": None, "n_samples": 0, "n_repeats": 8,
+                                  "errors": 40, "n_requests": 40, "max_errors": 2, "too_many_errors": True,
+                                  "first_error": "HTTP 400", "data": {"path": "gpqa_diamond.csv"}}))
+    assert main(["push", str(output), "--repo-id", "me/tiny-sm121", "--dry-run", "--eval", str(failed)]) != 0
+    assert "40 of 40 requests failed" in capsys.readouterr().err
 
 
 def test_card_metadata_and_body(output, tmp_path, no_network):
