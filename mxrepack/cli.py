@@ -93,7 +93,7 @@ def convert(
 
     # Idle OpenMP workers sleep at once instead of spinning (libgomp reads this when torch loads it). The
     # pipeline's torch ops are short and run between hashing, reading and writing threads: on 2 cores the
-    # spinning took ~3 core-seconds of 28 from them (docs/PERF.md, stop 15). A user's own setting wins.
+    # spinning took ~3 core-seconds of 28 from them (docs/PERF_LOG.md, stop 15). A user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     readahead.start(source, revision)  # the disk reads the first tensors while torch is imported
     from mxrepack.repack.pipeline import repack

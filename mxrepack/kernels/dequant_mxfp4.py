@@ -4,7 +4,7 @@ multiply it with cuBLAS.
 Why a prefill goes this way: at thousands of rows a W4A16 GEMM is bound by tensor-core math, not by
 weight bytes, and Hopper has no BF16 x E2M1 MMA: every tensor-core kernel must first turn W into BF16.
 Done inside our Triton tile loop that conversion competes with the MMA for issue slots and registers
-(0.35-0.47x cuBLAS BF16 on H100/H200, docs/PERF.md). Done once per weight slab here, it costs one
+(0.35-0.47x cuBLAS BF16 on H100/H200, docs/PERF_LOG.md). Done once per weight slab here, it costs one
 streaming pass (~4.5 bytes per weight) that an M = 2048 GEMM amortises over 2048 rows, and the GEMM
 itself is cuBLAS's. The slab is bounded (``chunk_bytes``, default 32 MB, about H100's L2) so the
 scratch memory stays small and the GEMM mostly reads the slab back from L2.
@@ -24,7 +24,7 @@ import triton.language as tl
 @dataclass(frozen=True)
 class DequantConfig:
     # 8 rows x 1024 columns per program: the best of 9 tiles on lm_head, H100, 86% of the copy roofline
-    # in bytes read + written (docs/PERF.md); wide rows give each thread long contiguous stores.
+    # in bytes read + written (docs/PERF_LOG.md); wide rows give each thread long contiguous stores.
     block_n: int = 8
     block_k: int = 1024
     num_warps: int = 4

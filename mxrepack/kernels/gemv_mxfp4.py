@@ -188,7 +188,7 @@ def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
     k_full = n_full * BLOCK_K
     # The partial tile's loads go out first. Loaded last (as up to stop 10) they waited, alone, for a whole
     # memory latency at the end of every program; this way they overlap the first full tile's
-    # (lm_head 0.1173 ms against 0.1364 in the same run, docs/PERF.md stop 11).
+    # (lm_head 0.1173 ms against 0.1364 in the same run, docs/PERF_LOG.md stop 11).
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
     wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)
     st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
@@ -466,8 +466,8 @@ def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride
     _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
-# Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/decode_pick.py,
-# docs/PERF.md): wide layers (lm_head) take the f16x2 path, 16 rows x 1024 k and 8 warps (0.1217 ms, 84% of
+# Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/experiments/decode_pick.py,
+# docs/PERF_LOG.md): wide layers (lm_head) take the f16x2 path, 16 rows x 1024 k and 8 warps (0.1217 ms, 84% of
 # the copy roofline, 3.36x cuBLAS BF16); narrow ones (q/k/v/o: 5-8 us) the fp32 path, 8 rows x 512 k,
 # which needs no activation-preparing launch.
 WIDE = GemvConfig(16, 1024, 8, 1, "f16x2")

@@ -37,13 +37,13 @@ MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
 def use_dequant_gemm(M: int, N: int) -> bool:
     """W4A16 shapes that dequantize W slab by slab and multiply with cuBLAS (dequant_mxfp4) instead of the
     tile kernel: past decode the GEMM is math-bound and Hopper has no BF16 x E2M1 tensor-core MMA to do it
-    in one kernel. H100, graph-timed (docs/PERF.md): from 64 rows on q/k/v/o, from 256 on lm_head (at 64-128
+    in one kernel. H100, graph-timed (docs/PERF_LOG.md): from 64 rows on q/k/v/o, from 256 on lm_head (at 64-128
     rows its 1.2 GB BF16 round trip still costs more than the tile kernel's upcasts)."""
     return M >= 256 or (M > 16 and N < 65536)
 
 
 def use_gemv(M: int, N: int) -> bool:
-    """W4A16 shapes where the CUDA-core GEMV beats the 16-row tensor-core tile (H100 sweep, docs/PERF.md):
+    """W4A16 shapes where the CUDA-core GEMV beats the 16-row tensor-core tile (H100 sweep, docs/PERF_LOG.md):
     one row always; two rows on narrow layers only (lm_head at M = 2 decodes its 290 MB twice)."""
     return M == 1 or (M == 2 and N < 65536)
 
@@ -65,7 +65,7 @@ class LinearConfig:
 
 # The shipped configurations (``repack kernels check`` compiles each for every arch). Stages are kept
 # so that every one fits sm_12x's 101376 bytes of shared memory.
-# Decode: the best of a 72-config sweep on lm_head M=1 (H200, docs/PERF.md): integer-op dequant + tl.dot.
+# Decode: the best of a 72-config sweep on lm_head M=1 (H200, docs/PERF_LOG.md): integer-op dequant + tl.dot.
 DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=3, manual_dequant=True)
 DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, manual_dequant=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)

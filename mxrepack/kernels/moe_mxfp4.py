@@ -74,9 +74,10 @@ class MoeConfig:
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
-# whose bound is not below it. H100, 120b shapes, CUDA graphs (benchmarks/moe_dispatch_sweep.py, docs/PERF.md
-# stop 10): 16-row blocks up to T = 256 at top-4 of 128 experts, 32 rows to T = 512, 128 rows x 64 columns to
-# T = 4096 (5.41 vs 7.04 ms for the 64 x 128 tiles shipped before), 128 x 128 beyond (8.88 vs 11.94 ms at T = 8192).
+# whose bound is not below it. H100, 120b shapes, CUDA graphs (benchmarks/experiments/moe_dispatch_sweep.py,
+# docs/PERF_LOG.md stop 10): 16-row blocks up to T = 256 at top-4 of 128 experts, 32 rows to T = 512,
+# 128 rows x 64 columns to T = 4096 (5.41 vs 7.04 ms for the 64 x 128 tiles shipped before), 128 x 128 beyond
+# (8.88 vs 11.94 ms at T = 8192).
 # The integer-op dequant (``manual_dequant``) where it won in ``benchmarks/peers.py --sweep-moe`` (H100,
 # 2026-11-24, docs/bench/moe_sweep_h100_2026-11-24.json): 16 x 64 at T = 128 (1.547 vs 1.765 ms), 64 x 128 at
 # T = 1024 (2.280 vs 2.635 ms for the 32 x 64 tiles); at T = 512 and 4096 it lost or tied, and those stay.
@@ -89,9 +90,9 @@ MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 
 
 # T * k up to which the per-assignment GEMV beats the scheduled tiles, both in CUDA graphs (H100,
-# benchmarks/moe_dispatch_sweep.py, docs/PERF.md stop 10): 1.34 vs 1.51 ms at T = 64, 1.653 vs 1.654 ms at
-# T = 80 (320 assignments), 1.95 vs 1.70 ms at T = 96. A token sharing an expert re-reads its weights (the
-# programs of one row tile run together and mostly hit L2); the tiles read each expert once.
+# benchmarks/experiments/moe_dispatch_sweep.py, docs/PERF_LOG.md stop 10): 1.34 vs 1.51 ms at T = 64,
+# 1.653 vs 1.654 ms at T = 80 (320 assignments), 1.95 vs 1.70 ms at T = 96. A token sharing an expert re-reads
+# its weights (the programs of one row tile run together and mostly hit L2); the tiles read each expert once.
 GEMV_MAX_ASSIGNMENTS = 320
 
 
@@ -111,7 +112,7 @@ class MoeGemvConfig:
             if c.block_k % 128:
                 raise ValueError(f"{role} block_k {c.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.gate_up.prepared and self.gate_up.block_n % 32:
-            # one program per whole group: fewer rows sharing a group's packing were slower (docs/PERF.md, stop 11)
+            # one program per whole group: fewer rows sharing a group's packing were slower (docs/PERF_LOG.md, stop 11)
             raise ValueError(f"the f16x2 gate_up writes whole groups of 32 intermediate values: block_n must be a "
                              f"multiple of 32, got {self.gate_up.block_n}")
 
@@ -135,9 +136,9 @@ class MoeGemvConfig:
         return f"gate_up {self.gate_up.name()} down {self.down.name()}"
 
 
-# H100, benchmarks/moe_pair_probe.py (docs/PERF.md, stop 11): one pair is best or within noise of the best
-# at every T from 1 to 64: gate_up 32 intermediate rows (64 weight rows) x 256 k on 8 warps, down 16 rows x
-# 512 k on 4 warps. Each GEMV is launched while the kernel before it runs (``pdl``).
+# H100, benchmarks/experiments/moe_pair_probe.py (docs/PERF_LOG.md, stop 11): one pair is best or within noise
+# of the best at every T from 1 to 64: gate_up 32 intermediate rows (64 weight rows) x 256 k on 8 warps, down
+# 16 rows x 512 k on 4 warps. Each GEMV is launched while the kernel before it runs (``pdl``).
 MOE_GEMV = MoeGemvConfig(GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(16, 512, 4, 1, "f16x2", pdl=1))
 
 

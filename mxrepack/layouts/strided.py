@@ -12,7 +12,7 @@ Plain packed bytes, nothing a TMA descriptor or a swizzled shared-memory atom wo
   stored as ``[E, rows, Kp/2]``. One K step of a decode program (R rows x 128-1024 codes) is then one
   contiguous block, and a program's whole slice one contiguous range: on H100 this took the MoE decode
   from 53% / 66% / 37% of the copy roofline to 59% / 83% / 46% at T = 1 / 8 / 64 over row-major rows
-  1472 bytes apart (docs/PERF.md, stop 12);
+  1472 bytes apart (docs/PERF_LOG.md, stop 12);
 * scales ``[E, rows, K/32]`` raw E8M0 bytes, row-major, rows in the same order as the weights';
 * biases float32 (the kernels add them to the fp32 accumulator), rows ``[gate(0:Ip) | up(Ip:2Ip)]`` and
   w2's rows in order (a kernel indexes them by output row).

@@ -4,7 +4,7 @@ The pipeline allocates read buffers and packed outputs of tens to hundreds of MB
 every block above its mmap threshold (at most 32 MB) with a fresh ``mmap`` and returns it with
 ``munmap`` when freed, so each chunk pays a page fault and a kernel zero-fill per 4 KB page before a
 single byte is copied. On the 2-core development VM that fault-in cost was the larger part of every
-layout's pack time (strided: 1.0 -> 2.0 GB/s with reuse; docs/PERF.md). Turning mmap allocation off
+layout's pack time (strided: 1.0 -> 2.0 GB/s with reuse; docs/PERF_LOG.md). Turning mmap allocation off
 and never trimming the heap makes freed chunks go back to malloc's free lists, and the peak resident
 size stays what the largest chunk set needs (chunks are bounded, so this stays bounded too).
 """

@@ -94,7 +94,7 @@ def map_range(fd: int, offset: int, nbytes: int) -> memoryview:
     """Bytes ``[offset, offset + nbytes)`` of the open file ``fd``, mapped read-only from the page cache.
 
     For bytes that are in the page cache (a file just written): a ``pread`` would copy each of them into
-    this process, and those kernel copies were a fifth of a repack's CPU on 2 cores (docs/PERF.md, stop 15).
+    this process, and those kernel copies were a fifth of a repack's CPU on 2 cores (docs/PERF_LOG.md, stop 15).
     The mapping is filled at once (``MADV_POPULATE_READ``) instead of faulting page by page. Not for a cold
     source: from disk, reads through the mapping came slower than ``pread`` with its readahead (stop 16).
     The caller keeps the range inside the file (touching a page past its end raises SIGBUS); the mapping
@@ -178,7 +178,7 @@ class _FollowingHash:
     Reading back (from the page cache, where the bytes just went) instead of hashing the writer's
     chunks means the writer never waits for the hash and holds no chunk for it: one core writes shard
     ``k + 1`` while another still hashes shard ``k``. On a 2-core machine sha256 (~1.1 GB/s a core)
-    is slower than writing, so hashing shards in parallel is what bounds the time (docs/PERF.md).
+    is slower than writing, so hashing shards in parallel is what bounds the time (docs/PERF_LOG.md).
     """
 
     WINDOW = 64 << 20  # bytes mapped and hashed at a time
