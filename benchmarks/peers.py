@@ -33,8 +33,8 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, bench_decode, copy_roofline, deq, moe_decode_inputs, moe_prefill_inputs,  # noqa: E402
-                       moe_reference, moe_row_major, moe_weights, rand_mx, rotating)
+from common import (DEV, bench_decode, copy_roofline, deq, moe_decode_inputs, moe_prefill_inputs,  # noqa: E402
+                    moe_reference, moe_row_major, moe_weights, rand_mx, rotating)
 
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402

@@ -1,6 +1,6 @@
 """Probe: MoE decode GEMV configs with 8 warps and longer K tiles against the shipped one, with rotating
 routing (as decode_pick.py), and lm_head's programmatic dependent launch timed in graphs of 8, 64 and
-400 unrolled calls. Usage: python benchmarks/moe_warps_probe.py [OUT.json]"""
+400 unrolled calls. Usage: python benchmarks/experiments/moe_warps_probe.py [OUT.json]"""
 
 import dataclasses
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert_bytes, moe_weights,  # noqa: E402
-                       replay_ms, rotating_moe_draws, without_pdl)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert_bytes, moe_weights,  # noqa: E402
+                   replay_ms, rotating_moe_draws, without_pdl)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402

@@ -13,7 +13,7 @@ and with down's weights asked of L2 during gate_up) ran at commit 5f58364; the `
 of stop 16 (two assignments of one expert per program) at commit d711308; the ``fused`` and ``fused64`` sets of
 stop 18 (down by intermediate slices inside the gate_up programs, atomics into the output) at commit 72bda58, and its
 ``maxnreg`` set (registers capped at launch; it printed each kernel's registers as compiled there) at commit e61bd69.
-Usage: python benchmarks/decode_pick.py [--set NAME] [OUT.json]"""
+Usage: python benchmarks/experiments/decode_pick.py [--set NAME] [OUT.json]"""
 
 import json
 import statistics
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_expert_bytes, moe_weights, rand_mx,  # noqa: E402
-                       rotating, rotating_moe_draws, without_pdl)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import (DEV, copy_roofline, interleaved_ms, moe_expert_bytes, moe_weights, rand_mx,  # noqa: E402
+                   rotating, rotating_moe_draws, without_pdl)
 
 from mxrepack.kernels.gemv_mxfp4 import NARROW, WIDE, GemvConfig, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, moe_mxfp4  # noqa: E402

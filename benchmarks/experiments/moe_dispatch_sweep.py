@@ -3,7 +3,7 @@ slot) and row tile) against the scheduled tiles (tokens sorted by expert, row bl
 shapes, 120b shapes (128 experts, top-4, H = I = 2880 padded to 2944), uniform random routing. Everything
 is timed in CUDA graphs (the schedule has no host sync). Bytes = the touched experts' packed weights and
 scales; error vs fp32 up to T = 256. ``moe_mxfp4.GEMV_MAX_ASSIGNMENTS`` and ``pick_moe_config`` are set from this.
-Usage: python benchmarks/moe_dispatch_sweep.py [OUT.json [T,T,...]]"""
+Usage: python benchmarks/experiments/moe_dispatch_sweep.py [OUT.json [T,T,...]]"""
 
 import json
 import sys
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, bench_decode, copy_roofline,  # noqa: E402
-                       moe_decode_inputs, moe_expert_bytes, moe_prefill_inputs, moe_reference, moe_weights)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import (DEV, bench_decode, copy_roofline,  # noqa: E402
+                   moe_decode_inputs, moe_expert_bytes, moe_prefill_inputs, moe_reference, moe_weights)
 
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, pick_moe_config, pick_moe_gemv_config  # noqa: E402
 

@@ -1,6 +1,6 @@
 """lm_head (201088 x 2880) decode at M = 1: the f16x2 GEMV around its best tile, with register caps
 (more warps in flight), against the fp32-math GEMV and cuBLAS BF16; CUDA-graph timed, weights rotating.
-Usage: python benchmarks/gemv_f16x2_sweep.py [OUT.json]"""
+Usage: python benchmarks/experiments/gemv_f16x2_sweep.py [OUT.json]"""
 
 import itertools
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import bench_decode, copy_roofline, lm_head_m1  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import bench_decode, copy_roofline, lm_head_m1  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, prepare_x  # noqa: E402
 

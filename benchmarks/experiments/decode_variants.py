@@ -1,11 +1,11 @@
 """Experiment (not shipped): other schedules for the M = 1..16 W4A16 dense GEMM, timed beside the shipped GEMV.
 
-    python benchmarks/decode_variants.py [--json out.json]
+    python benchmarks/experiments/decode_variants.py [--json out.json]
 
 * ``swap``: the weights as the MMA's left operand, ``y^T = W @ x^T`` with ``tl.dot_scaled(e2m1 W, bf16 x^T)``,
   so that the 16-row minimum of the tensor-core tile is spent on weight rows instead of on padding
   activation rows, and Triton upcasts W in registers as the A operand.
-Each variant is checked against an fp32 reference first. Results go to docs/PERF.md by hand.
+Each variant is checked against an fp32 reference first. Results went to the lab notebook by hand (now docs/PERF_LOG.md).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, copy_roofline, deq, rand_mx, rotating  # noqa: E402
+from common import DEV, copy_roofline, deq, rand_mx, rotating  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 
 

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, bench_decode, copy_roofline, rand_mx, rotating  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import DEV, bench_decode, copy_roofline, rand_mx, rotating  # noqa: E402
 
 
 @triton.jit

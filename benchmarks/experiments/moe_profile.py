@@ -4,7 +4,7 @@ Each kernel is also reported with its start after the end of the kernel before i
 that one ran, under programmatic dependent launch). Stop 15's ``--handoff`` mode (the MoE pair only, with the
 per-assignment handoff as a third variant) ran at commit 5f58364, stop 16's ``--group`` mode (one and two
 assignments of one expert per program) at commit d711308.
-Usage: python benchmarks/moe_profile.py [OUT.json] [T,T,...]"""
+Usage: python benchmarks/experiments/moe_profile.py [OUT.json] [T,T,...]"""
 
 import collections
 import dataclasses
@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert_bytes, moe_weights,  # noqa: E402
-                       replay_ms, rotating_moe_draws)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert_bytes, moe_weights,  # noqa: E402
+                   replay_ms, rotating_moe_draws)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402

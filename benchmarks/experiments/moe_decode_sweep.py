@@ -1,7 +1,7 @@
 """MoE decode (120b shapes: 128 experts, top-4, H = I = 2880 padded to 2944) at T = 1, 2, 4, 8 tokens: the
 GEMV path's tiles, fp32 math (``asm``) vs packed fp16 (``f16x2``, gate_up on prepared activations), timed
 in a CUDA graph; bytes = the touched experts' packed weights and scales; error of each T's best vs fp32.
-Usage: python benchmarks/moe_decode_sweep.py [OUT.json]"""
+Usage: python benchmarks/experiments/moe_decode_sweep.py [OUT.json]"""
 
 import itertools
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, bench_decode, copy_roofline,  # noqa: E402
-                       moe_reference, moe_decode_inputs, moe_expert_bytes, moe_weights)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import (DEV, bench_decode, copy_roofline,  # noqa: E402
+                   moe_reference, moe_decode_inputs, moe_expert_bytes, moe_weights)
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402

@@ -1,7 +1,7 @@
 """lm_head at M = 1 timed the ways the two GPU scripts time it, interleaved, in one run: ``gemv_mxfp4``
 without a bias (``decode_pick.py``), with a bias, and through ``linear_mxfp4`` with a bias (``gpu_check.py``),
 with cuBLAS BF16 beside; each REPEATS times in a shuffled order, median reported. Weights rotate through > 400 MB.
-Usage: python benchmarks/lm_head_timing.py [OUT.json]"""
+Usage: python benchmarks/experiments/lm_head_timing.py [OUT.json]"""
 
 import json
 import statistics
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import DEV, copy_roofline, interleaved_ms, lm_head_m1  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import DEV, copy_roofline, interleaved_ms, lm_head_m1  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402

@@ -7,7 +7,7 @@ honoured, names gate_up configs with the row count they were given, which was ig
 ``pairs``: the candidate pairs for the shipped configs, at T = 1..64.
 The ``--gate-rows`` mode (gate_up with 8 or 16 intermediate rows per program, sharing a group's packing)
 ran at commit 9597ffa; the kernel no longer takes fewer than 32 rows, so the mode is gone.
-Usage: python benchmarks/moe_pair_probe.py [--pairs] [OUT.json]"""
+Usage: python benchmarks/experiments/moe_pair_probe.py [--pairs] [OUT.json]"""
 
 import json
 import statistics
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import copy_roofline, moe_candidates, moe_expert_bytes, moe_weights  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import copy_roofline, moe_candidates, moe_expert_bytes, moe_weights  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MoeGemvConfig, pick_moe_gemv_config  # noqa: E402

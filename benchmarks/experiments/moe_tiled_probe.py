@@ -9,7 +9,7 @@ before the kernels lost their row-major MoE addressing, so that mode is gone); i
 own config. This script now sweeps configs on the shipped layout (w13 tiles of 32 + 32 rows, w2 tiles of 16
 rows); a config with other row counts reads parts of tiles or several.
 
-Usage: python benchmarks/moe_tiled_probe.py [OUT.json]      (CUDA; 120b shapes, rotating routing)
+Usage: python benchmarks/experiments/moe_tiled_probe.py [OUT.json]      (CUDA; 120b shapes, rotating routing)
 """
 
 import json
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import copy_roofline, moe_candidates, moe_expert_bytes, moe_weights  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import copy_roofline, moe_candidates, moe_expert_bytes, moe_weights  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV, MoeGemvConfig  # noqa: E402

@@ -2,7 +2,7 @@
 expert's weights read once) against the per-assignment decode GEMV (which reads an expert once per token
 that chose it), at T = 16..128 on the 120b shapes, both inside CUDA graphs with rotating routing; and the
 prefill at T = 4096 (``do_bench``). Bytes = the touched experts' weights and scales.
-Usage: python benchmarks/moe_tiles_sweep.py [OUT.json]"""
+Usage: python benchmarks/experiments/moe_tiles_sweep.py [OUT.json]"""
 
 import json
 import statistics
@@ -13,9 +13,9 @@ import torch
 import triton
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import (DEV, copy_roofline, interleaved_ms, moe_decode_inputs, moe_expert_bytes,  # noqa: E402
-                       moe_reference, moe_weights, rotating_moe_draws)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
+from common import (DEV, copy_roofline, interleaved_ms, moe_decode_inputs, moe_expert_bytes,  # noqa: E402
+                   moe_reference, moe_weights, rotating_moe_draws)
 
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, pick_moe_gemv_config  # noqa: E402
 
