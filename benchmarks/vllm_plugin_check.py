@@ -312,6 +312,9 @@ def main() -> None:
     ap.add_argument("--convert", action="store_true", help="also compare the plugin's tensors with vLLM's conversion")
     ap.add_argument("--ct-site", help="a folder holding compressed-tensors 0.19-0.21, for writing that target")
     ap.add_argument("--commit", help="the commit under test, for the record (the device's copy has no history)")
+    ap.add_argument("--prebuild", action="store_true",
+                    help="only write the fixture and every case's checkpoint (CPU work, no vLLM): lets the vllm-kit "
+                         "dance's first device calls, which only carry kit parts, do it")
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -323,6 +326,15 @@ def main() -> None:
         t = time.perf_counter()
         make_fixture(src, preset="20b", layers=args.layers, num_local_experts=args.experts)
         print(f"fixture: {time.perf_counter() - t:.1f} s", flush=True)
+    if args.prebuild:
+        names = [CASES[c][0] for c in args.cases.split(",")] + (["sm80", "sm90", "sm100", "sm121"] if args.convert else [])
+        for name in dict.fromkeys(names):
+            if name != "source":
+                try:
+                    _model(name, work, src, args.ct_site)
+                except Exception as e:  # noqa: BLE001 - the check run reports it again
+                    print(f"{name}: {e}", flush=True)
+        return
     results: dict = {"date": date.today().isoformat(), "commit": args.commit, "layers": args.layers,
                      "experts": args.experts, "cases": {}, "comparisons": {}}
     try:

@@ -58,6 +58,20 @@ def dequant_tile_bf16(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MANUAL_DEQUANT: tl.constexpr,
+                   INTERPRETER: tl.constexpr):
+    """``acc + a @ W.T`` for bf16 ``a [M, BLOCK_K]`` and the packed tile ``w [BLOCK_N, BLOCK_K/2]`` + scales ``ws``:
+    ``tl.dot_scaled`` (Triton upcasts W), or with ``MANUAL_DEQUANT`` W dequantized by :func:`dequant_tile_bf16` and
+    ``tl.dot`` (faster on Hopper where the tile sweeps say so). The dense and MoE kernels' shared inner step."""
+    if MANUAL_DEQUANT:
+        wd = tl.trans(dequant_tile_bf16(w, ws, BLOCK_N, BLOCK_K))
+        if INTERPRETER:  # Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
+            return tl.dot(a.to(tl.float32), wd.to(tl.float32), acc)
+        return tl.dot(a, wd, acc)
+    return tl.dot_scaled(a, None, "bf16", w.T, ws, "e2m1", acc)
+
+
+@triton.jit
 def _dequant_mxfp4_kernel(w_ptr, ws_ptr, out_ptr, N, K, stride_wn, stride_wsn, stride_on,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dequant_tile_bf16, linear_dequant_gemm
+from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dot_bf16_mxfp4, linear_dequant_gemm
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
 
@@ -113,14 +113,7 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
         ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :], mask=n_ok[:, None] & ks_ok[None, :], other=127)
         if A_FMT == "bf16":
             a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
-            if MANUAL_DEQUANT:
-                wd = tl.trans(dequant_tile_bf16(w, ws, BLOCK_N, BLOCK_K))
-                if INTERPRETER:  # Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
-                    acc = tl.dot(a.to(tl.float32), wd.to(tl.float32), acc)
-                else:
-                    acc = tl.dot(a, wd, acc)
-            else:
-                acc = tl.dot_scaled(a, None, "bf16", w.T, ws, "e2m1", acc)
+            acc = dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
         else:
             if A_FMT == "e2m1":
                 a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :], mask=m_ok[:, None] & kb_ok[None, :], other=0)

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import dequant_tile_bf16
+from mxrepack.kernels.dequant_mxfp4 import dot_bf16_mxfp4
 from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
                                          prepare_x)
 from mxrepack.kernels.mx_quant import quantize_activations
@@ -216,14 +216,7 @@ def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.conste
     ``MANUAL_DEQUANT`` (bf16 only): W dequantized with integer ops (as the dense decode kernel does) and multiplied
     with ``tl.dot``, instead of ``tl.dot_scaled``'s upcast."""
     if A_FMT == "bf16":
-        if MANUAL_DEQUANT:
-            wd = tl.trans(dequant_tile_bf16(w, ws, w.shape[0], BLOCK_K))
-            if INTERPRETER:  # Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
-                acc = tl.dot(a.to(tl.float32), wd.to(tl.float32), acc)
-            else:
-                acc = tl.dot(a, wd, acc)
-        else:
-            acc = tl.dot_scaled(a, None, "bf16", w.T, ws, "e2m1", acc)
+        acc = dot_bf16_mxfp4(a, w, ws, acc, w.shape[0], BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
     else:
         acc = tl.dot_scaled(a, _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K), A_FMT, w.T, ws, "e2m1",
                             acc)
