@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mxrepack.layouts import ExpertDims, dense_weights, get_layout
+from mxrepack.layouts import LAYOUTS, ExpertDims, dense_weights, get_layout
 from mxrepack.repack.gptoss import EXPERT_PARTS
 
 
@@ -14,6 +14,10 @@ def _inputs(g):
 
 
 def _pack(layout, parts, dims):
+    if layout.per_expert:  # one tensor per expert: pack each, stack them (what unpack takes)
+        E = next(iter(parts.values())).shape[0]
+        return {o.suffix: torch.stack([o.pack(**{k: parts[k][e:e + 1] for k in o.inputs}) for e in range(E)])
+                for o in layout.outputs(dims)}
     return {o.suffix: o.pack(**{k: parts[k] for k in o.inputs}) for o in layout.outputs(dims)}
 
 
@@ -73,6 +77,11 @@ def test_trtllm_matches_vllm_flashinfer(golden):
     # the 128x4 swizzle alone, against FlashInfer's swizzle_block_scale
     s = g["in.padded.w13_weight_scale"][:1]
     assert torch.equal(swizzle_128x4(s)[0].reshape(-1), g["fi.swizzle_block_scale.w13_scale_padded_e0"].reshape(-1))
+
+
+# Every registered layout at its defaults, and the option sets the recipes and goldens use besides.
+LAYOUT_VARIANTS = ["marlin-fp8", "triton-blackwell-scales", "triton-hopper-vllm"]
+ALL_LAYOUTS = sorted(LAYOUTS) + LAYOUT_VARIANTS
 
 
 def _layout(name):
@@ -203,8 +212,7 @@ def test_triton_hopper_bit_twiddle_lets_a_mask_read_bf16():
     assert torch.equal(untwiddle_bits(twiddle_bits(x)), x)
 
 
-@pytest.mark.parametrize("name", ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4", "flashinfer-cutlass", "strided",
-                                  "triton-hopper", "triton-blackwell-scales", "triton-hopper-vllm"])
+@pytest.mark.parametrize("name", ALL_LAYOUTS)
 @settings(max_examples=12, deadline=None)
 @given(E=st.integers(1, 3), h=st.integers(1, 10), i=st.integers(1, 10), seed=st.integers(0, 2**31))
 def test_roundtrip_is_byte_exact(name, E, h, i, seed):
@@ -213,7 +221,8 @@ def test_roundtrip_is_byte_exact(name, E, h, i, seed):
     parts = _random_parts(E, dims.hidden, dims.intermediate, seed)
     stored = _pack(layout, parts, dims)
     for o in layout.outputs(dims):
-        assert tuple(stored[o.suffix].shape) == o.shape and stored[o.suffix].dtype == o.dtype
+        shape = (E, *o.shape) if layout.per_expert else o.shape
+        assert tuple(stored[o.suffix].shape) == shape and stored[o.suffix].dtype == o.dtype
     back = layout.unpack(stored, dims)
     if layout.exact_bytes:
         assert all(torch.equal(back[k], parts[k]) for k in parts)
@@ -224,10 +233,6 @@ def test_roundtrip_is_byte_exact(name, E, h, i, seed):
     if E > 1:
         one = _pack(layout, {k: v[1:2] for k, v in parts.items()}, dims)
         assert all(torch.equal(one[k].view(torch.uint8), stored[k][1:2].view(torch.uint8)) for k in one)
-
-
-ALL_LAYOUTS = ["marlin", "marlin-fp8", "trtllm", "bf16", "mxfp4", "flashinfer-cutlass", "strided", "triton-hopper",
-               "triton-blackwell-scales", "triton-hopper-vllm"]
 
 
 @pytest.mark.parametrize("name", ALL_LAYOUTS)

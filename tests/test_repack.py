@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -13,17 +14,20 @@ import pytest
 import torch
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts import LAYOUTS, dense_weights
+from mxrepack.layouts import LAYOUTS, dense_weights, get_layout
+from mxrepack.recipes import builtin_names, load_recipe
 from mxrepack.repack.pipeline import repack
 from mxrepack.repack.safetensors_io import read_directory
 from mxrepack.repack.source import open_checkpoint
 from mxrepack.repack.verify import verify_dir
 
+TARGETS = builtin_names()  # every built-in target
 
 
-
-@pytest.mark.parametrize("target", ["bf16", "mxfp4", "sm121-marlin", "sm100", "sm90", "sm121"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
+    recipe = load_recipe(target)
+    mode, layout = recipe.quantization_config, get_layout(recipe.expert_layout).name
     out = tmp_path / "out"
     result = repack(str(tiny), target, out, shard_bytes=400_000)
     assert result.files > 3 and result.verify["ok"] and result.verify["source_checked"]
@@ -36,18 +40,22 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     assert manifest["target"]["name"] == target and manifest["tool"]["mxrepack"]
     assert set(manifest["source"]["files"]) >= {"config.json", "model-00000-of-00000.safetensors"}
     assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
-    suffix = {"bf16": "gate_up_proj", "mxfp4": "gate_up_proj_blocks"}.get(target, "w13_weight")
+    suffix = {"bf16": "gate_up_proj", "mxfp4": "gate_up_proj_blocks",
+              "compressed-tensors": "0.gate_proj.weight_packed"}.get(layout, "w13_weight")
     entry = manifest["tensors"]["model.layers.1.mlp.experts." + suffix]
     assert entry["layout"] == manifest["target"]["recipe"]["experts"]["layout"] and entry["file"] in shards
     config = json.loads((out / "config.json").read_text())
     quant = config.get("quantization_config")
-    if target == "bf16":
+    if mode == "remove":
         assert quant is None
-    elif target == "mxfp4":
+    elif mode == "native":
         assert quant["quant_method"] == "mxfp4"
+    elif mode == "compressed-tensors":  # the padded intermediate units are real (inert) units of the written model
+        assert quant["quant_method"] == "compressed-tensors" and config["intermediate_size"] == 256
+        assert entry["padding"] == {"intermediate": [160, 256]} and entry["stored_shape"] == [256, 144]
     else:  # kernel layouts must not be mistaken for the native format by a stock engine
-        layout = {"sm121-marlin": "marlin", "sm100": "trtllm", "sm90": "triton-hopper", "sm121": "flashinfer-cutlass"}[target]
-        dense = ["dense-mxfp4"] if target == "sm121" else []  # sm12x recipes quantize q/k/v/o/lm_head
+        assert mode == "mxrepack", mode
+        dense = [recipe.dense_layout.name] if recipe.dense_layout else []  # sm12x recipes quantize q/k/v/o/lm_head
         assert quant["quant_method"] == "mxrepack" and quant["target"] == target
         assert quant["layouts"] == sorted([layout, "passthrough", *dense])
         assert quant["groups"]["experts"]["layout"] == layout
@@ -99,7 +107,7 @@ def test_layout_roundtrips_on_tiny(tiny):
                                                     "down_proj_blocks", "down_proj_scales", "down_proj_bias")}
     dims = ExpertDims(4, 288, 160)
     for layout in LAYOUTS.values():
-        if getattr(layout, "per_expert", False):  # one tensor per expert: pack each, stack for unpack
+        if layout.per_expert:  # one tensor per expert: pack each, stack for unpack
             stored = {o.suffix: torch.stack([o.pack(**{k: parts[k][e:e + 1] for k in o.inputs}) for e in range(4)])
                       for o in layout.outputs(dims)}
             shapes = {o.suffix: (4, *o.shape) for o in layout.outputs(dims)}
@@ -247,7 +255,8 @@ def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
     assert repack(str(tiny), None, tmp_path / "o", recipe_file=str(good)).target == "mine"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: b\ndescription: d\nexperts: {layout: nope}\ndense: {format: bf16}\nconfig: {quantization_config: remove}\n")
-    with pytest.raises(MxRepackError, match=r"key 'experts.layout': unknown value 'nope' \(valid: bf16, compressed-tensors, flashinfer-cutlass, marlin, mxfp4, strided, triton-hopper, trtllm\)"):
+    valid = re.escape(", ".join(sorted(LAYOUTS)))
+    with pytest.raises(MxRepackError, match=rf"key 'experts.layout': unknown value 'nope' \(valid: {valid}\)"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     bad.write_text("name: b\ndescription: d\nexperts: {layout: bf16, colour: red}\n")
     with pytest.raises(MxRepackError, match="key 'experts.colour' is not known"):
@@ -352,7 +361,7 @@ def test_unknown_target_lists_valid_ones(tiny, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "sm999", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "error: unknown target 'sm999'; valid targets: bf16, compressed-tensors, mxfp4, sm100, sm120, sm121, sm121-marlin, sm80, sm89, sm90"
+    assert proc.stderr.strip() == f"error: unknown target 'sm999'; valid targets: {', '.join(sorted(TARGETS))}"
 
 
 def _poison(src: Path, name: str, row: int, col: int, bits: bytes) -> None:

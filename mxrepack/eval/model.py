@@ -88,7 +88,7 @@ def _load_output(path: Path) -> GptOssWeights:
         if ".mlp.experts." in name:
             layer = int(name.split(".")[2])
             rest = name.split(".mlp.experts.", 1)[1]
-            if getattr(layout, "per_expert", False):
+            if layout.per_expert:
                 e, part = rest.split(".", 1)
                 per_layer.setdefault(layer, {}).setdefault("{e}." + part, []).append((int(e), t))
             else:
@@ -107,7 +107,7 @@ def _load_output(path: Path) -> GptOssWeights:
     edims = ExpertDims(d.experts, d.hidden, d.intermediate)
     for layer, parts in per_layer.items():
         stacked = {k: torch.stack([t for _, t in sorted(v, key=lambda p: p[0])]) if len(v) > 1 or
-                   getattr(layout, "per_expert", False) else v[0][1] for k, v in parts.items()}
+                   layout.per_expert else v[0][1] for k, v in parts.items()}
         experts[layer] = layout.unpack(stacked, edims)
     missing = [n for n in ("model.embed_tokens.weight", "lm_head.weight") if n not in dense]
     if missing:

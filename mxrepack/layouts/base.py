@@ -47,9 +47,24 @@ class ExpertLayout:
     name: str = ""
     description: str = ""
     exact_bytes: bool = True  # unpack returns the source bytes (False: only the dequantized values)
+    # One stored tensor per (expert, part): output suffixes hold "{e}" and shapes have no expert dimension. The
+    # plan then makes each expert's tensor whole from that expert's slice; verify and the eval loader stack the
+    # experts' tensors of a part (over a contiguous expert range) before ``unpack``.
+    per_expert: bool = False
 
     def outputs(self, dims: ExpertDims) -> list[OutputSpec]:
         raise NotImplementedError
+
+    def padded_intermediate(self, dims: ExpertDims) -> int:
+        """The intermediate width the stored experts compute with (the logical one unless the layout pads it
+        with inert units that the written model declares, as ``compressed-tensors`` does)."""
+        return dims.intermediate
+
+    def config_overrides(self, dims: ExpertDims) -> dict:
+        """Keys this layout sets in the written ``config.json`` (applied where the recipe's
+        ``quantization_config`` mode is ``compressed-tensors``, the only mode that loads such padded units as
+        real ones). Default: none."""
+        return {}
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], dims: ExpertDims) -> dict[str, torch.Tensor]:
         """Stored tensors (by suffix) -> source parts at the layout's padded sizes, in checkpoint order

@@ -68,6 +68,10 @@ class CompressedTensorsLayout(ExpertLayout):
     def padded_intermediate(self, d: ExpertDims) -> int:
         return round_up(d.intermediate, self.pad_intermediate)
 
+    def config_overrides(self, d: ExpertDims) -> dict:
+        # Zero-padded intermediate units are real (inert) units of the written model.
+        return {"intermediate_size": self.padded_intermediate(d)}
+
     def outputs(self, d: ExpertDims) -> list[OutputSpec]:
         H, I = d.hidden, d.intermediate
         Ip = self.padded_intermediate(d)

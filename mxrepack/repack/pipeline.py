@@ -99,9 +99,7 @@ def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
         from mxrepack.quant import compressed_tensors as ct
 
         layout = make_layout(recipe.expert_layout, recipe.expert_options)
-        if hasattr(layout, "padded_intermediate"):
-            # Zero-padded intermediate units are real (inert) units of the written model.
-            config["intermediate_size"] = layout.padded_intermediate(expert_dims(ck))
+        config.update(layout.config_overrides(expert_dims(ck)))
         dense = recipe.dense_layout
         dense_modules = _quantized_dense_modules(recipe, plan)
         linear = [n.removesuffix(".weight") for n in ck.tensors if n.endswith(".weight") and

@@ -169,7 +169,7 @@ def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tens
         prefix = EXPERTS_PREFIX.format(layer=layer)
         parts = {p: ck.tensors[prefix + p] for p in EXPERT_PARTS}
         group = f"layers.{layer}.experts"
-        if getattr(layout, "per_expert", False):
+        if layout.per_expert:
             # One tensor per expert and part, each made whole from that expert's slice of the source.
             for e in range(ck.dims.experts):
                 for spec in specs:

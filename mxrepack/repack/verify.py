@@ -170,7 +170,7 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
             continue
         prefix = items[0].name[: items[0].name.index(".mlp.experts.") + len(".mlp.experts.")]
         dims: ExpertDims = expert_dims(ck)
-        per_expert = items[0].expert is not None
+        per_expert = layout.per_expert
         if per_expert:  # one tensor per (expert, part): stack a few experts' tensors per part
             rows = dims.experts
             step = max(1, chunk_bytes // max(sum(i.nbytes * 4 for i in items) // rows, 1))
