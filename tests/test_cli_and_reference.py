@@ -116,7 +116,7 @@ def test_manifest_digest_is_of_what_json_reads_back(tmp_path):
 
 
 def test_make_fixture_cli_and_real_presets(tmp_path):
-    from mxrepack.repack import gptoss
+    from mxrepack import gptoss
     from mxrepack.repack.fixture import fixture_bytes, fixture_config
 
     proc = run("make-fixture", tmp_path / "f", "--layers", "3", "--layout", "original")

@@ -225,7 +225,7 @@ def test_compressed_tensors_padding_is_inert_in_a_moe_forward(tiny, tmp_path):
 def test_calibration_without_llmcompressor_says_how_to_install():
     import importlib.util
 
-    from mxrepack.quant.calibrate import compare_gptq
+    from mxrepack.eval.calibrate import compare_gptq
 
     if importlib.util.find_spec("llmcompressor") is not None:
         pytest.skip("llm-compressor is installed here")

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mxrepack.layouts import LAYOUTS, ExpertDims, dense_weights, get_layout
-from mxrepack.repack.gptoss import EXPERT_PARTS
+from mxrepack.gptoss import EXPERT_PARTS
 
 
 def _inputs(g):

@@ -31,7 +31,7 @@ import torch
 
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import ExpertDims, dense_weights, make_layout
-from mxrepack.repack.gptoss import EXPERT_PARTS, Dims
+from mxrepack.gptoss import EXPERT_PARTS, Dims
 from mxrepack.repack.safetensors_io import read_directory
 
 SWIGLU_ALPHA = 1.702

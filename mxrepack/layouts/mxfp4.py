@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, passthrough
-from mxrepack.repack.gptoss import EXPERT_PARTS
+from mxrepack.gptoss import EXPERT_PARTS
 
 
 class NativeMxfp4Layout(ExpertLayout):

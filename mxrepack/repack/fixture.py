@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from mxrepack.errors import MxRepackError
-from mxrepack.repack import gptoss
+from mxrepack import gptoss
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards
 
 PRESETS: dict[str, dict] = {

@@ -6,7 +6,7 @@ import json
 from collections import defaultdict
 
 from mxrepack.errors import MxRepackError
-from mxrepack.repack import gptoss
+from mxrepack import gptoss
 from mxrepack.repack.safetensors_io import dtype_name, read_header
 from mxrepack.repack.source import resolve
 

@@ -28,7 +28,7 @@ from mxrepack.errors import MxRepackError
 from mxrepack.quant import check_e8m0
 from mxrepack.quant.dense import load_activations
 from mxrepack.recipes import Recipe, load_recipe
-from mxrepack.repack.gptoss import NATIVE_QUANTIZATION_CONFIG
+from mxrepack.gptoss import NATIVE_QUANTIZATION_CONFIG
 from mxrepack.layouts import make_layout
 from mxrepack.layouts.base import passthrough
 from mxrepack.repack.finite import FiniteGuard

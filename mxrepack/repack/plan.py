@@ -21,7 +21,7 @@ from mxrepack.layouts.dense import DenseMxLayout
 from mxrepack.quant.dense import ErrorStats, select_dense
 from mxrepack.quant.mx import NonFiniteError
 from mxrepack.recipes import Recipe
-from mxrepack.repack.gptoss import EXPERT_PARTS, expected_tensors
+from mxrepack.gptoss import EXPERT_PARTS, expected_tensors
 from mxrepack.repack.safetensors_io import dtype_size
 from mxrepack.repack.source import Checkpoint, SourceTensor, ZeroPaddedRows
 

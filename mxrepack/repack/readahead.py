@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mxrepack.repack.safetensors_header import raw_header
 
-# The plan's first tensors (mxrepack.repack.gptoss.expected_tensors puts them first), by their HF and
+# The plan's first tensors (mxrepack.gptoss.expected_tensors puts them first), by their HF and
 # original/ names.
 FIRST_TENSORS = ("model.embed_tokens.weight", "lm_head.weight", "embedding.weight", "unembedding.weight")
 _BUFFER_BYTES = 16 << 20

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from mxrepack.errors import MxRepackError
-from mxrepack.repack import gptoss
+from mxrepack import gptoss
 from mxrepack.repack.safetensors_io import TensorInfo, dtype_name, read_header, read_rows, sha256_file
 
 # mxrepack.json: so that an mxrepack output on the Hub is recognised as one (_refuse_mxrepack_output)

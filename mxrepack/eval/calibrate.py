@@ -7,7 +7,7 @@ small enough to load, and reports the output error on held-out activations again
 data-free quantization of the same weights (the compressed-tensors scale rule, so the two differ
 only by GPTQ's error feedback).
 
-    python -m mxrepack.quant.calibrate MODEL_DIR [--samples 128] [--json out.json]
+    python -m mxrepack.eval.calibrate MODEL_DIR [--samples 128] [--json out.json]
 
 MODEL_DIR is a checkpoint with tokenizer and task files (the bundled tiny model by default).
 """
