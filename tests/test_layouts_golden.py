@@ -5,8 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mxrepack.layouts import LAYOUTS, ExpertDims, dense_weights, get_layout
+from mxrepack.errors import MxRepackError
 from mxrepack.gptoss import EXPERT_PARTS
+from mxrepack.layouts import LAYOUTS, ExpertDims, dense_weights, get_layout
 
 
 def _inputs(g):
@@ -90,7 +91,7 @@ def _layout(name):
     if name == "marlin-fp8":
         return make_layout("marlin", {"fp8_activations": True})
     if name == "triton-blackwell-scales":
-        return make_layout("triton-hopper", {"value": "strided", "scale": "blackwell"})
+        return make_layout("triton-hopper", {"value": "plain", "scale": "blackwell"})
     if name == "triton-hopper-vllm":  # the sm90 target: scale groups padded to 4 as vLLM does on sm90
         return make_layout("triton-hopper", {"scale_groups_multiple": 4})
     return get_layout(name)
@@ -108,7 +109,7 @@ def _random_parts(E, H, I, seed, scales=(100, 140)):
     }
 
 
-_TRITON_GOLDEN = {"hopper": ("HopperMXValueLayout", "HopperMXScaleLayout"), "strided": ("StridedLayout", "StridedLayout"),
+_TRITON_GOLDEN = {"hopper": ("HopperMXValueLayout", "HopperMXScaleLayout"), "plain": ("StridedLayout", "StridedLayout"),
                   "blackwell": ("BlackwellMXValueLayout", "BlackwellMXScaleLayout")}
 
 
@@ -127,6 +128,23 @@ def test_triton_kernels_layouts_match_vllm_vendored_triton_kernels(golden, kind,
             assert out[mine].numel() == ref.numel(), (mine, out[mine].shape, ref.shape)
             assert torch.equal(out[mine].reshape(-1), ref.reshape(-1)), mine
         assert out[f"{w}_bias"].dtype == torch.float32
+
+
+def test_triton_hopper_accepts_the_former_strided_option_value():
+    """``value``/``scale`` ``strided`` was renamed ``plain``: recipes and manifests written before still load, to the
+    same bytes."""
+    from mxrepack.layouts import make_layout
+    from mxrepack.layouts.triton_hopper import TritonHopperLayout
+
+    old = make_layout("triton-hopper", {"value": "strided", "scale": "strided"})
+    assert (old.value, old.scale) == ("plain", "plain")
+    parts, dims = _random_parts(2, 64, 64, 0), ExpertDims(2, 64, 64)
+    new = TritonHopperLayout(value="plain", scale="plain")
+    a, b = _pack(old, parts, dims), _pack(new, parts, dims)
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    assert [o.upstream for o in old.outputs(dims)] == [o.upstream for o in new.outputs(dims)]
+    with pytest.raises(MxRepackError, match="expected one of hopper, plain, blackwell"):
+        TritonHopperLayout(value="swizzled")
 
 
 @settings(max_examples=10, deadline=None)

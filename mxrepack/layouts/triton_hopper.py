@@ -11,11 +11,12 @@ Value layouts (``value=``):
 * ``hopper`` -- ``HopperMXValueLayout(mx_axis=1)`` (mma v3): rows N padded to 16, packed K bytes to
   32; each thread's bytes of 4 mma tiles along K made contiguous (``[E, N/4, 4*K/2]``), then every
   32-bit word's eight nibbles bit-twiddled so a bf16 upcast is a mask and a shift;
-* ``strided`` -- the checkpoint bytes unchanged; ``blackwell`` -- K bytes zero-padded to 128.
+* ``plain`` -- the checkpoint bytes unchanged (triton_kernels' ``StridedLayout``); ``blackwell`` -- K bytes
+  zero-padded to 128.
 
 Scale layouts (``scale=``): ``hopper`` -- ``HopperMXScaleLayout(mx_axis=1, num_warps)``: N padded to
 ``32 * num_warps``, K/32 to 2, tiles of ``(2, warps, 2, 8) x (K/64, 2)`` reordered to
-``[E, N/32, 32*K/32]``; ``strided`` -- unchanged; ``blackwell`` -- the 128x4 swizzle with N padded to 128
+``[E, N/32, 32*K/32]``; ``plain`` -- unchanged (``StridedLayout``); ``blackwell`` -- the 128x4 swizzle with N padded to 128
 and K/32 to 8, ``[E, N/128, K/128, 2, 256]`` (the golden's ``[1, E*N/128, ...]`` is the same bytes).
 
 Not applied (the golden README says the same): vLLM's TRITON backend also zero-pads the intermediate
@@ -37,8 +38,11 @@ from mxrepack.quant.mx import map_row_blocks
 
 UPSTREAM = "triton_kernels as vendored in vllm 0.33.0 (vllm/third_party/triton_kernels), via vllm mxfp4_utils._swizzle_mxfp4"
 LAYOUT_NAMES = {"hopper": ("HopperMXValueLayout(mx_axis=1)", "HopperMXScaleLayout(mx_axis=1, num_warps={w})"),
-                "strided": ("StridedLayout", "StridedLayout"),
+                "plain": ("StridedLayout", "StridedLayout"),
                 "blackwell": ("BlackwellMXValueLayout", "BlackwellMXScaleLayout")}
+# Former option values. "strided" (triton_kernels' name for its unswizzled layout) was renamed "plain" because it
+# read as mxrepack's own ``strided`` expert layout; recipes and manifests written with it still load.
+OPTION_ALIASES = {"strided": "plain"}
 
 
 # --- the Hopper value bit-twiddle ---------------------------------------------------------------
@@ -225,6 +229,7 @@ class TritonHopperLayout(ExpertLayout):
                    "bit-twiddled values, HopperMXScaleLayout scales, fp32 biases, gate/up interleaved")
 
     def __init__(self, value: str = "hopper", scale: str = "hopper", num_warps: int = 8, scale_groups_multiple: int = 1):
+        value, scale = OPTION_ALIASES.get(value, value), OPTION_ALIASES.get(scale, scale)
         for what, v in (("value", value), ("scale", scale)):
             if v not in LAYOUT_NAMES:
                 raise MxRepackError(f"triton-hopper option {what}={v!r}: expected one of {', '.join(LAYOUT_NAMES)}")
@@ -238,7 +243,7 @@ class TritonHopperLayout(ExpertLayout):
         self.scale_groups_multiple = scale_groups_multiple
 
     def _value(self, w: torch.Tensor) -> torch.Tensor:
-        return {"hopper": hopper_value_swizzle, "blackwell": blackwell_value_pad, "strided": lambda t: t}[self.value](w)
+        return {"hopper": hopper_value_swizzle, "blackwell": blackwell_value_pad, "plain": lambda t: t}[self.value](w)
 
     def _value_shape(self, E: int, N: int, Kb: int) -> tuple[int, ...]:
         if self.value == "hopper":
