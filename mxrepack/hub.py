@@ -17,8 +17,9 @@ from pathlib import Path
 
 import mxrepack
 from mxrepack.errors import MxRepackError
+from mxrepack.repack.output import MANIFEST, check_manifest_digest, load_manifest
 from mxrepack.repack.source import load_json
-from mxrepack.repack.verify import MANIFEST, check_manifest_digest, load_manifest, verify_dir
+from mxrepack.repack.verify import verify_dir
 
 CARD = "README.md"
 # Licenses of known sources, for when the source's own card is not at hand.

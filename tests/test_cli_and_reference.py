@@ -108,7 +108,7 @@ def test_verify_checks_the_manifest_itself_and_unlisted_files(tiny, tmp_path, ca
 
 def test_manifest_digest_is_of_what_json_reads_back(tmp_path):
     """Tuples and non-string keys (a recipe's YAML may have them) are digested as the written file reads back."""
-    from mxrepack.repack.verify import MANIFEST, check_manifest_digest, seal_manifest
+    from mxrepack.repack.output import MANIFEST, check_manifest_digest, seal_manifest
 
     sealed = seal_manifest({"format": "mxrepack-manifest", "target": {"options": {2: (1, 2), 10: 0.1}}, "files": {}})
     (tmp_path / MANIFEST).write_text(json.dumps(sealed, indent=2))

@@ -16,6 +16,7 @@ import torch
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import LAYOUTS, dense_weights, get_layout
 from mxrepack.recipes import builtin_names, load_recipe
+from mxrepack.repack.output import read_manifest, read_weight_map
 from mxrepack.repack.pipeline import repack
 from mxrepack.repack.safetensors_io import read_directory
 from mxrepack.repack.source import open_checkpoint
@@ -40,6 +41,9 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     assert manifest["target"]["name"] == target and manifest["tool"]["mxrepack"]
     assert set(manifest["source"]["files"]) >= {"config.json", "model-00000-of-00000.safetensors"}
     assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
+    view = read_manifest(out)  # the typed view reads what the pipeline wrote
+    assert view.data == manifest and view.recipe.data == recipe.data and view.target_name == target
+    assert read_weight_map(out) == {name: entry["file"] for name, entry in view.tensors.items()}
     suffix = {"bf16": "gate_up_proj", "mxfp4": "gate_up_proj_blocks",
               "compressed-tensors": "0.gate_proj.weight_packed"}.get(layout, "w13_weight")
     entry = manifest["tensors"]["model.layers.1.mlp.experts." + suffix]

@@ -22,7 +22,6 @@ Triton interpreter. Compute dtype defaults to float32 (the CPU reference).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,9 @@ from pathlib import Path
 import torch
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts import ExpertDims, dense_weights, make_layout
 from mxrepack.gptoss import EXPERT_PARTS, Dims
+from mxrepack.layouts import ExpertDims, dense_weights, make_layout
+from mxrepack.repack.output import is_output, read_config, read_manifest
 from mxrepack.repack.safetensors_io import read_directory
 
 SWIGLU_ALPHA = 1.702
@@ -53,7 +53,7 @@ class GptOssWeights:
 def load_weights(path: str | Path) -> GptOssWeights:
     """Canonical weights of a checkpoint directory: an mxrepack output (has ``mxrepack.json``) or a source."""
     path = Path(path)
-    if (path / "mxrepack.json").is_file():
+    if is_output(path):
         return _load_output(path)
     from mxrepack.repack.source import open_checkpoint
 
@@ -69,12 +69,10 @@ def load_weights(path: str | Path) -> GptOssWeights:
 
 
 def _load_output(path: Path) -> GptOssWeights:
-    from mxrepack.recipes import Recipe
-
-    manifest = json.loads((path / "mxrepack.json").read_text())
-    recipe = Recipe(manifest["target"]["name"], manifest["target"]["recipe"], manifest["target"]["recipe_source"])
-    config = json.loads((path / "config.json").read_text())
-    dims = manifest["source"].get("dims")
+    manifest = read_manifest(path)
+    recipe = manifest.recipe
+    config = read_config(path)
+    dims = manifest.source_dims
     if dims:  # the logical sizes (a target may pad intermediate_size in its config)
         config["intermediate_size"] = dims["intermediate"]
     d = Dims.from_config(config)
@@ -83,7 +81,7 @@ def _load_output(path: Path) -> GptOssWeights:
     dense_layout = recipe.dense_layout
     dense, experts, mx = {}, {}, {}
     per_layer: dict[int, dict[str, list]] = {}
-    for name, entry in manifest["tensors"].items():
+    for name, entry in manifest.tensors.items():
         t = stored[name]
         if ".mlp.experts." in name:
             layer = int(name.split(".")[2])

@@ -114,7 +114,7 @@ def build_report(model_dir: str | Path | None = None, gpqa: list[str | Path] = (
                  gate: dict | None = None) -> dict:
     from mxrepack.repack.source import load_json
     from mxrepack.errors import MxRepackError
-    from mxrepack.repack.verify import check_manifest_digest, load_manifest
+    from mxrepack.repack.output import check_manifest_digest, load_manifest
 
     report: dict = {"model": None, "quantization_error": {}, "gpqa": [], "logits": None, "gate": gate}
     if model_dir:

@@ -23,7 +23,7 @@ from typing import Iterable
 
 from mxrepack.errors import MxRepackError
 
-from mxrepack.repack.verify import MANIFEST
+from mxrepack.repack.output import MANIFEST, MANIFEST_KIND
 
 
 def lock_path(out: Path) -> Path:
@@ -134,7 +134,7 @@ def _not_replaceable(out: Path) -> str | None:
         data = json.loads(manifest.read_text())
     except (OSError, ValueError):
         return f"it holds no readable {MANIFEST}"
-    if not isinstance(data, dict) or data.get("format") != "mxrepack-manifest":
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_KIND:
         return f"its {MANIFEST} is not an mxrepack manifest"
     listed = set(data.get("files") or {}) | {MANIFEST}
     for entry in sorted(out.iterdir()):

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from mxrepack.errors import MxRepackError
 from mxrepack import gptoss
+from mxrepack.repack.output import MANIFEST
 from mxrepack.repack.safetensors_io import dtype_name, read_header
 from mxrepack.repack.source import resolve
 
@@ -25,7 +26,7 @@ def inspect_checkpoint(source: str) -> dict:
     if original:
         config = gptoss.hf_config_from_original(config)
     d = gptoss.Dims.from_config(config) if "num_local_experts" in config else None
-    manifest_path = root / "mxrepack.json"
+    manifest_path = root / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
 
     components: dict[str, dict] = defaultdict(lambda: {"tensors": 0, "bytes": 0, "dtypes": set()})

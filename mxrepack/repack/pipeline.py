@@ -9,15 +9,12 @@ gone. The output path itself never holds a partial result.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import platform
 import shutil
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +34,9 @@ from mxrepack.repack.memory import keep_freed_memory
 from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, SourceTensor, open_checkpoint
-from mxrepack.repack.verify import INDEX, MANIFEST, MANIFEST_FORMAT, seal_manifest, verify_dir
+from mxrepack.repack.output import (build_manifest, quantization_report,  # noqa: F401 (quantization_report: was here)
+                                    write_config, write_index, write_manifest)
+from mxrepack.repack.verify import verify_dir
 from mxrepack.serve.spec import serve_hint
 DEFAULT_SHARD_BYTES = 5_000_000_000
 DEFAULT_CHUNK_BYTES = 256 << 20
@@ -262,47 +261,6 @@ def _stored_unchanged(item: PlanItem) -> SourceTensor | None:
     return src if (src.dtype, tuple(src.shape)) == (item.dtype, tuple(item.shape)) else None
 
 
-def _finite(report: dict) -> dict:
-    """JSON has no Infinity: an exact quantization (zero error) reports SQNR as null."""
-    return {k: {f: (None if isinstance(v, float) and v == float("inf") else v) for f, v in r.items()}
-            for k, r in report.items()}
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-def _versions() -> dict:
-    import safetensors
-
-    return {"mxrepack": mxrepack.__version__, "torch": torch.__version__, "safetensors": safetensors.__version__,
-            "python": platform.python_version()}
-
-
-def quantization_report(plan: list[PlanItem]) -> dict[str, dict]:
-    """Per quantized dense weight: its error statistics (mxrepack.quant.dense.ErrorStats)."""
-    return {i.group: i.observer.result() for i in plan if i.observer is not None}
-
-
-def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_map: dict[str, str],
-                   source_hashes: dict[str, str]) -> dict:
-    return {
-        "format": "mxrepack-manifest",
-        "format_version": MANIFEST_FORMAT,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "tool": _versions(),
-        "source": {**ck.origin, "layout": ck.layout, "dims": dataclasses.asdict(ck.dims),
-                   "files": {name: {"sha256": h, "size": (ck.root / name).stat().st_size} for name, h in source_hashes.items()}},
-        "target": {"name": recipe.name, "recipe_source": recipe.source, "recipe": recipe.data,
-                   "consumer": recipe.consumer, "engine": recipe.engine},
-        "tensors": {i.name: {**i.manifest_entry(), "file": weight_map[i.name]} for i in plan},
-        "quantization_error": _finite(quantization_report(plan)),
-        # NaN/Inf written unchanged under --allow-nonfinite (a conversion without it refuses them)
-        "nonfinite": next((i.finite.result() for i in plan if i.finite is not None), {}),
-        "files": {},
-    }
-
-
 def _convert(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], out: Path, shard_bytes: int, chunk_bytes: int,
              hash_source: bool, progress: Progress | None) -> tuple[dict, dict, dict]:
     """Write, verify and rename into place (the caller holds the output's lock and has checked the path);
@@ -324,8 +282,8 @@ def _convert(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], out: Path, sh
     try:
         weight_map, files = _write_weights(tmp, plan, shard_bytes, chunk_bytes, progress)
         total_size = sum(i.nbytes for i in plan)
-        _write_json(tmp / INDEX, {"metadata": {"total_size": total_size}, "weight_map": weight_map})
-        _write_json(tmp / "config.json", output_config(ck, recipe, plan))
+        write_index(tmp, weight_map, total_size)
+        write_config(tmp, output_config(ck, recipe, plan))
         for side in ck.side_files:
             shutil.copyfile(side, tmp / side.name)
         source_hashes = {name: f.result() for name, f in hash_futures.items()}
@@ -334,8 +292,7 @@ def _convert(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], out: Path, sh
             if path.name not in files:
                 files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
         manifest["files"] = dict(sorted(files.items()))
-        manifest = seal_manifest(manifest)  # its own sha256: an edit fails verify
-        _write_json(tmp / MANIFEST, manifest)
+        manifest = write_manifest(tmp, manifest)  # sealed with its own sha256: an edit fails verify
 
         # Checksums were computed from the bytes as written; the source comparison proves the layout.
         report = verify_dir(tmp, checksums=False, source=ck, quick=True)

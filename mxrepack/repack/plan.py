@@ -58,17 +58,6 @@ class PlanItem:
     def source_bytes(self) -> int:
         return sum(s.nbytes for s in self.inputs.values())
 
-    def manifest_entry(self) -> dict:
-        return {
-            "layout": self.layout,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "stored_shape": list(self.shape),
-            "logical_shape": list(self.logical_shape or self.shape),
-            "padding": self.padding,
-            "source": sorted({s.name for s in self.inputs.values()}),
-            "upstream": self.upstream,
-        }
-
 
 def expert_dims(ck: Checkpoint) -> ExpertDims:
     d = ck.dims

@@ -19,10 +19,11 @@ import torch
 
 from mxrepack.errors import MxRepackError
 from mxrepack import gptoss
+from mxrepack.repack import output
 from mxrepack.repack.safetensors_io import TensorInfo, dtype_name, read_header, read_rows, sha256_file
 
 # mxrepack.json: so that an mxrepack output on the Hub is recognised as one (_refuse_mxrepack_output)
-HUB_ALLOW = ["*.safetensors", "model.safetensors.index.json", "config.json", "mxrepack.json", *gptoss.SIDE_FILES]
+HUB_ALLOW = ["*.safetensors", output.INDEX, output.CONFIG, output.MANIFEST, *gptoss.SIDE_FILES]
 HUB_IGNORE = ["original/*", "metal/*"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -266,8 +267,8 @@ def _refuse_mxrepack_output(source: str, root: Path) -> None:
     checkpoint and is read as one."""
     target, native, original = None, False, None
     try:
-        manifest = json.loads((root / "mxrepack.json").read_text())
-        if manifest.get("format") == "mxrepack-manifest":
+        manifest = json.loads((root / output.MANIFEST).read_text())
+        if manifest.get("format") == output.MANIFEST_KIND:
             target = str(manifest["target"]["name"])
             recipe = manifest["target"]["recipe"]
             native = (recipe["experts"]["layout"], recipe["dense"]["format"],

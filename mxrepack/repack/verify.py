@@ -7,8 +7,6 @@ layout and compares with the source: bytes for exact layouts, dequantized values
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -17,23 +15,17 @@ from safetensors import safe_open
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import ExpertDims, dense_weights, make_layout
 from mxrepack.progress import Progress
-from mxrepack.recipes import Recipe
+from mxrepack.repack.output import (DIGEST_KEY, HUB_DIRS, HUB_FILES, INDEX, MANIFEST,  # noqa: F401 (re-exported, below)
+                                    MANIFEST_FORMAT, Manifest, check_manifest_digest, load_manifest, manifest_digest,
+                                    read_weight_map, seal_manifest, unlisted_files)
 from mxrepack.repack.plan import build_plan, expert_dims
 from mxrepack.repack.safetensors_io import read_header, read_rows, sha256_file
 from mxrepack.repack.source import Checkpoint, open_checkpoint
 
-MANIFEST = "mxrepack.json"
-INDEX = "model.safetensors.index.json"
-# The manifest lists every other file's sha256 but cannot hold its own: it carries the sha256 of its content
-# without this key instead (sorted keys, no whitespace: json.dumps(..., sort_keys=True, separators=(",", ":"))),
-# so that an edited target, recipe or error figure fails verify instead of reaching a model card. Format 2 has
-# it; a format 1 manifest (written before) verifies with a warning, and push refuses it.
-DIGEST_KEY = "manifest_sha256"
-MANIFEST_FORMAT = 2
-# Files the Hub puts in a model repo (the card, its attributes) and what `hf download --local-dir` keeps beside
-# them: verify accepts them in an output directory (a download of one has them), push never uploads them.
-HUB_FILES = ("README.md", ".gitattributes")
-HUB_DIRS = (".cache/huggingface/",)
+# The output folder's format (file names, manifest reading, digest) moved to mxrepack.repack.output; these names stay
+# importable from here for one release.
+__all__ = ["DIGEST_KEY", "HUB_DIRS", "HUB_FILES", "INDEX", "MANIFEST", "MANIFEST_FORMAT", "check_manifest_digest",
+           "compare_with_source", "load_manifest", "manifest_digest", "seal_manifest", "unlisted_files", "verify_dir"]
 
 
 class _Meter:
@@ -48,61 +40,6 @@ class _Meter:
         self.done += nbytes
         if self.progress:
             self.progress(self.done, self.total, self.phase)
-
-
-def load_manifest(directory: Path) -> dict:
-    path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise MxRepackError(f"{path}: no manifest; not an mxrepack output (or not finished)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise MxRepackError(f"{path}: manifest is not valid JSON ({e})") from None
-    if manifest.get("format") != "mxrepack-manifest":
-        raise MxRepackError(f"{path}: not an mxrepack manifest (format={manifest.get('format')!r})")
-    return manifest
-
-
-def manifest_digest(manifest: dict) -> str:
-    """The sha256 of a manifest's content without its own digest (see DIGEST_KEY)."""
-    body = {k: v for k, v in manifest.items() if k != DIGEST_KEY}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def seal_manifest(manifest: dict) -> dict:
-    """``manifest`` with its format version and digest set: the last step before it is written. The digest is of
-    the content as JSON reads it back (tuples become lists, keys strings), which is what verify sees."""
-    sealed = json.loads(json.dumps({**manifest, "format_version": MANIFEST_FORMAT}))
-    sealed.pop(DIGEST_KEY, None)
-    return {**sealed, DIGEST_KEY: manifest_digest(sealed)}
-
-
-def check_manifest_digest(directory: Path, manifest: dict) -> tuple[str | None, str | None]:
-    """(problem, warning) about the manifest's own content: edited since written, or too old to tell."""
-    path = Path(directory) / MANIFEST
-    recorded = manifest.get(DIGEST_KEY)
-    if recorded is None:
-        if manifest.get("format_version", 1) < MANIFEST_FORMAT:
-            return None, (f"{path}: format {manifest.get('format_version', 1)} has no {DIGEST_KEY}, so its own content "
-                          "(target, recipe, error figures) is not checked; re-run repack to write one that has")
-        return f"{path}: its {DIGEST_KEY} was removed; re-run repack rather than edit the manifest", None
-    if recorded != manifest_digest(manifest):
-        return (f"{path}: edited since mxrepack wrote it (its content no longer matches its {DIGEST_KEY}); re-run "
-                "repack rather than edit the manifest"), None
-    return None, None
-
-
-def unlisted_files(directory: Path, manifest: dict) -> list[Path]:
-    """Files in ``directory`` that its manifest does not list (besides the manifest and the Hub's own files)."""
-    directory = Path(directory)
-    listed = set(manifest.get("files") or {}) | {MANIFEST, *HUB_FILES}
-    extra = []
-    for path in sorted(directory.rglob("*")):
-        rel = path.relative_to(directory).as_posix()
-        if (path.is_dir() and not path.is_symlink()) or rel in listed or rel.startswith(HUB_DIRS):
-            continue
-        extra.append(path)
-    return extra
 
 
 def _sample_groups(plan) -> list[str]:
@@ -131,9 +68,9 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
     only the first experts/rows of each sampled group (the quick check at the end of a conversion).
     ``progress(done, total, phase)`` counts the stored bytes compared (full comparisons only: the quick
     check reads too little to show)."""
-    recipe = Recipe(manifest["target"]["name"], manifest["target"]["recipe"], manifest["target"]["recipe_source"])
+    recipe = Manifest(manifest).recipe
     plan = build_plan(ck, recipe)
-    index = json.loads((directory / INDEX).read_text())["weight_map"]
+    index = read_weight_map(directory)
     headers: dict[str, dict] = {}
     problems: list[str] = []
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
@@ -229,7 +166,7 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
     for path in unlisted_files(directory, manifest):
         problems.append(f"{path}: not listed in the manifest (mxrepack did not write it); move it out of the output")
     index_path = directory / INDEX
-    weight_map = json.loads(index_path.read_text())["weight_map"] if index_path.is_file() else {}
+    weight_map = read_weight_map(directory, missing_ok=True)
     if not weight_map:
         problems.append(f"{index_path}: missing or empty")
     for name, entry in manifest["tensors"].items():

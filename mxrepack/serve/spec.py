@@ -220,12 +220,13 @@ def load_config(model_dir: str | Path) -> dict:
 def check_checkpoint(model_dir: str | Path, spec: ServeSpec | None = None) -> ServeSpec:
     """Compare the safetensors headers of ``model_dir`` with its ``config.json``: every expert and quantized dense
     tensor present with the stored dtype and shape. Reads headers only (no tensor data, no torch)."""
+    from mxrepack.repack.output import INDEX
     from mxrepack.repack.safetensors_header import raw_header
 
     model_dir = Path(model_dir)
     config = load_config(model_dir)
     spec = spec or ServeSpec.from_config(config)
-    index = model_dir / "model.safetensors.index.json"
+    index = model_dir / INDEX
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
