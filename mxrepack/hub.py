@@ -88,6 +88,8 @@ Data-free quantization error of the dense layers (relative Frobenius norm, SQNR)
 
 @dataclass
 class PushPlan:
+    """What :func:`push` will upload (made by :func:`plan_push`, with no network); ``describe()`` is ``--dry-run``."""
+
     directory: Path
     repo_id: str
     private: bool
@@ -235,6 +237,13 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
 
 def plan_push(directory: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
               commit_message: str | None = None, eval_paths: list[Path] = ()) -> PushPlan:
+    """Everything about a push that needs no network, or a one-line refusal.
+
+    ``directory`` must be an mxrepack output whose manifest verifies: its own digest (a format 1 manifest, which has
+    none, is refused), every listed file's size and sha256, no unlisted files, the index and shard headers (the
+    source is not compared). The plan lists exactly the manifest's files, the manifest and the generated model card
+    (``README.md``, rendered offline from the manifest and the ``eval_paths`` results: ``repack eval gpqa``/``logits``
+    JSON). ``repo_id`` is ``ORG/NAME``; ``revision`` a branch (created by :func:`push` if missing)."""
     directory = Path(directory)
     if "/" not in repo_id or repo_id.count("/") != 1:
         raise MxRepackError(f"--repo-id {repo_id!r}: expected ORG/NAME")

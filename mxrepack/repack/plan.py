@@ -28,6 +28,15 @@ from mxrepack.repack.source import Checkpoint, SourceTensor, ZeroPaddedRows
 
 @dataclass
 class PlanItem:
+    """One output tensor and how to make it: what the pipeline streams, verify re-derives and the manifest records.
+
+    ``pack(**{key: rows})`` maps the same rows (experts or matrix rows) of every input in ``inputs`` to those rows
+    of the output ``[shape]`` (``dtype``), so the pipeline calls it chunk by chunk (:func:`rows_per_chunk`), or once
+    on the whole inputs where ``whole``. ``layout`` is the expert layout's name, the dense layout's, or
+    ``"passthrough"`` for a tensor stored unchanged; ``logical_shape``/``padding``/``upstream`` go to the manifest
+    (``output.tensor_entry``).
+    """
+
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -60,6 +69,7 @@ class PlanItem:
 
 
 def expert_dims(ck: Checkpoint) -> ExpertDims:
+    """The expert sizes of a checkpoint, as layouts take them."""
     d = ck.dims
     return ExpertDims(d.experts, d.hidden, d.intermediate)
 
@@ -133,8 +143,16 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
 
 def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tensor] | None = None,
                finite: object | None = None) -> list[PlanItem]:
-    """The output tensors in order. ``finite``: a FiniteGuard the pipeline runs on the float inputs of every item
-    that does not quantize them (quantized dense layers refuse NaN/Inf themselves)."""
+    """Every output tensor of converting ``ck`` with ``recipe``, in the canonical order (embeddings, norm, lm_head,
+    then layer by layer), reading no tensor data.
+
+    Per layer, the experts become the recipe's expert layout's outputs (``ExpertLayout.outputs``; one item per expert
+    and output for a ``per_expert`` layout); dense weights the recipe's ``dense.layers`` select become the dense MX
+    layout's values and scales (with an error observer); everything else is stored unchanged (``passthrough``).
+    ``activations``: recorded layer inputs (weight name -> ``[T, K]``) for the dense error report. ``finite``: a
+    FiniteGuard the pipeline runs on the float inputs of every item that does not quantize them (quantized dense
+    layers refuse NaN/Inf themselves). Verify calls this too, with the recipe the manifest recorded, to re-derive
+    a sample of the stored tensors."""
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
     specs = layout.outputs(expert_dims(ck))
     dense_layout = recipe.dense_layout

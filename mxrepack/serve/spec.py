@@ -118,10 +118,12 @@ class ServeSpec:
 
     @property
     def backend(self) -> ExpertBackend:
+        """The engine backend (and kernel) the stored expert layout was written for."""
         return EXPERT_BACKENDS[self.layout]
 
     @property
     def lm_head_quantized(self) -> bool:
+        """Whether lm_head is stored as MXFP4 (then the plugin builds it with a quantized linear method)."""
         return "lm_head" in self.dense_modules
 
     def quantized_vllm_prefixes(self) -> frozenset[str]:
@@ -210,6 +212,7 @@ def place_ct_expert(fused, expert: int, parity: int | None, tensor, name: str) -
 
 
 def load_config(model_dir: str | Path) -> dict:
+    """``model_dir``'s ``config.json``; a one-line :class:`MxRepackError` where it is missing or not JSON."""
     path = Path(model_dir) / "config.json"
     try:
         return json.loads(path.read_text())

@@ -16,12 +16,14 @@ from mxrepack.serve.spec import QUANT_METHOD, ServeSpec, check_checkpoint, check
 
 
 def vllm_version() -> str:
+    """The installed vLLM's version string."""
     from vllm.version import __version__
 
     return __version__
 
 
 def vllm_minor() -> tuple[int, int]:
+    """The installed vLLM's (major, minor)."""
     major, minor = vllm_version().split(".")[:2]
     return int(major), int(minor)
 
@@ -51,6 +53,8 @@ class MxRepackConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict) -> MxRepackConfig:
+        """vLLM's constructor from ``quantization_config`` alone: refuses a vLLM outside the tested range, and parses
+        the spec with placeholder dimensions (:meth:`maybe_update_config` brings the real ones)."""
         check_vllm_version(vllm_version())
         # vLLM hands over quantization_config alone; the dimensions the spec needs come with the model's hf_config
         # in maybe_update_config, so parse what needs no dimensions now and refine there.
@@ -67,6 +71,9 @@ class MxRepackConfig(QuantizationConfig):
             check_checkpoint(model_name, self.spec)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`), Marlin MXFP4
+        for the dense layers (and lm_head) the checkpoint stores as MXFP4, unquantized for every other linear; None
+        (vLLM's default) for anything else. A layer that would be sharded across GPUs is refused in one line."""
         if isinstance(layer, RoutedExperts):
             from mxrepack.serve.vllm.moe import make_moe_method
 
@@ -106,6 +113,8 @@ def check_single_shard(layer: torch.nn.Module, prefix: str) -> None:
 
 
 def register() -> None:
+    """Register the ``mxrepack`` quantization method, and (on a vLLM in the tested range) the gpt-oss model class
+    :class:`~mxrepack.serve.vllm.model.MxRepackGptOssForCausalLM` under vLLM's own architecture name."""
     register_quantization_config(QUANT_METHOD)(MxRepackConfig)
     try:
         check_vllm_version(vllm_version())

@@ -36,6 +36,10 @@ _EXPERT_PARAM = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(?:.+\.)?([^.]+
 
 
 class MxRepackGptOssForCausalLM(gpt_oss.GptOssForCausalLM):
+    """vLLM's gpt-oss model class, registered under its own name: an mxrepack checkpoint gets a quantized lm_head
+    where stored so and its expert tensors go to their parameters' loaders; a compressed-tensors gpt-oss checkpoint
+    gets vLLM's gpt-oss MXFP4 experts; any other checkpoint runs the parent's code unchanged."""
+
     def __init__(self, *, vllm_config, prefix: str = ""):
         config = vllm_config.quant_config if isinstance(vllm_config.quant_config, MxRepackConfig) else None
         hf_quant = getattr(vllm_config.model_config.hf_config, "quantization_config", None)
@@ -46,6 +50,8 @@ class MxRepackGptOssForCausalLM(gpt_oss.GptOssForCausalLM):
         self.ct_experts = ct is not None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """The stored expert tensors into their parameters' loaders (as stored, no transpose), every other tensor to
+        the parent's loader; returns the names loaded."""
         if self.ct_experts:
             return self._load_ct_weights(weights)
         if self.mxrepack_config is None:

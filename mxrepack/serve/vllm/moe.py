@@ -28,6 +28,9 @@ from mxrepack.serve.spec import ServeSpec
 
 
 def make_moe_method(spec: ServeSpec, moe) -> FusedMoEMethodBase:
+    """The experts' method for ``spec``'s stored layout: :class:`StridedMoEMethod` for ``strided``, else
+    :class:`PreconvertedMoEMethod` on the vLLM backend the layout was written for (refused in one line where this GPU
+    cannot run it)."""
     if spec.layout == "strided":
         return StridedMoEMethod(moe, spec)
     return PreconvertedMoEMethod(moe, spec)
@@ -99,6 +102,9 @@ class _StoredExperts:
 
 
 class PreconvertedMoEMethod(_StoredExperts, vllm_mxfp4.GptOssMxfp4MoEMethod):
+    """vLLM's gpt-oss MXFP4 MoE method on stored bytes: backend pinned to the layout's, parameters in the stored
+    shapes, no load-time conversion (see the module docstring)."""
+
     def __init__(self, moe, spec: ServeSpec):
         self.spec = spec
         with _backend_choice(_pinned_backend(spec, moe)):
