@@ -195,9 +195,10 @@ def moe(rows: list, quick: bool) -> None:
                                if "mxrepack_vs_best_peer" in rec else ""), flush=True)
 
 
-def moe_sweep(rows: list, Ts: tuple[int, ...]) -> None:
-    """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages and the integer-op
-    dequant (``MoeConfig.manual_dequant``); mxrepack only, no peers (for choosing ``MOE_TILES``)."""
+def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
+    """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages, the integer-op
+    dequant (``MoeConfig.manual_dequant``) and the swapped operands (``MoeConfig.swap_ab``); ``kind`` "swap" sweeps
+    only the latter beside the shipped choice. mxrepack only, no peers (for choosing ``MOE_TILES``)."""
     import itertools
 
     from mxrepack.kernels.moe_mxfp4 import MoeConfig
@@ -210,8 +211,9 @@ def moe_sweep(rows: list, Ts: tuple[int, ...]) -> None:
         rows_per_expert = T * K_TOP / E
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H)}
-        for bm, bn, (w, st), manual in itertools.product(ms_, (64, 128), ((4, 3), (4, 4), (8, 3)), (False, True)):
-            cfg = MoeConfig(bm, bn, 128, num_warps=w, num_stages=st, manual_dequant=manual)
+        variants = ("swap",) if kind == "swap" else ("plain", "manual", "swap")
+        for bm, bn, (w, st), v in itertools.product(ms_, (64, 128), ((4, 3), (4, 4), (8, 3)), variants):
+            cfg = MoeConfig(bm, bn, 128, num_warps=w, num_stages=st, manual_dequant=v == "manual", swap_ab=v == "swap")
             cands[cfg.name()] = cfg
         for name, cfg in cands.items():
             rec = {"kind": "moe_sweep", "T": T, "config": name if name != "shipped" else f"shipped {cfg.name()}"}
@@ -324,6 +326,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="T <= 64 and no prefill")
     ap.add_argument("--only", choices=("moe", "dense"))
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
+    ap.add_argument("--sweep-kind", choices=("all", "swap"), default="all",
+                    help="--sweep-moe: every variant, or only the swapped-operand tiles beside the shipped choice")
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--commit", help="the commit under test, for the record")
     ap.add_argument("--json")
@@ -342,7 +346,7 @@ def main() -> None:
     print(json.dumps(meta), flush=True)
     rows = Record(meta, args.json)
     if args.sweep_moe:
-        moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")))
+        moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:
         dense_sweep(rows, tuple(int(m) for m in args.sweep_dense.split(",")))
     if args.sweep_moe or args.sweep_dense:

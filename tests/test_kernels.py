@@ -199,6 +199,9 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         # integer-op dequant + tl.dot (bf16 only; other activations take dot_scaled whatever the flag says)
         manual = (MoeConfig(16, 64, 128, manual_dequant=True), MoeConfig(32, 32, 256, manual_dequant=True)) \
             if activations == "bf16" else ()
+        # W as the MMA's first operand, decoded in registers, activations in split order (the portable decode
+        # here; the PTX one is compiled for every arch in the kernels check); e4m3/e2m1 ignore the flag
+        manual += (MoeConfig(16, 64, 128, swap_ab=True), MoeConfig(32, 128, 128, num_warps=8, swap_ab=True))
         for cfg in (MoeConfig(16, 64, 128), MoeConfig(32, 128, 128), MoeConfig(16, 32, 256)) + manual + gemv:
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, strided, activations, cfg, out=out)
@@ -218,6 +221,8 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         MoeGemvConfig(GemvConfig(32, 64, 4, 1, "f16x2-ops"), f16x2)
     with pytest.raises(ValueError, match="multiple of 128"):
         MoeConfig(16, 64, 64)
+    with pytest.raises(ValueError, match="swap_ab reads one 128-code K tile"):
+        MoeConfig(16, 64, 256, swap_ab=True)
     assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops"), f16x2)
     # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
     assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 1024, 4096, 8192)] == [16, 32, 64, 128, 128]

@@ -61,7 +61,8 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
 
 def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
     common = {"A_FMT": act, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-              "MANUAL_DEQUANT": cfg.manual_dequant and act == "bf16", "INTERPRETER": False}
+              "MANUAL_DEQUANT": cfg.manual_dequant and act == "bf16", "INTERPRETER": False,
+              "SWAP_AB": cfg.swap_ab and act == "bf16", "MATH": "asm"}
     gate_up = {"x_ptr": _A_TYPE[act], "xs_ptr": "*u8", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
                "h_ptr": "*bf16", "order_ptr": "*i32", "blk_e_ptr": "*i32", "blk_s_ptr": "*i32", "blk_end_ptr": "*i32",
                "H": "i32", "Hp": "i32", "Ip": "i32", "TOPK": "i32", "stride_x": "i32", "stride_xs": "i32",

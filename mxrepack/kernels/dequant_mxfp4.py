@@ -71,6 +71,91 @@ def dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, 
     return tl.dot_scaled(a, None, "bf16", w.T, ws, "e2m1", acc)
 
 
+# Packed bytes -> the bf16 pairs of an MMA's A operand, two codes of a byte at a time (``dequant_pairs``):
+# prmt puts bytes i and i+1 at bits 15..8 and 31..24, so each half's top nibble is a high (odd-k) code; then
+# ``(y & 0x80008000) | ((y & 0x70007000) >> 6)`` is the bf16 pair ``value * 2^-126`` (E2M1's 0.5 is bf16's
+# subnormal 2^-127), as Marlin decodes FP4; ``y << 4`` brings the low (even-k) codes up. Two exact packed
+# multiplies (fma with -0) make it the value (x 2^126) times the scale (bf16 2^(E-127), also subnormal at E = 0).
+# About 2.5 instructions per code with the multiplies; the portable twin is ``_pairs_ops``.
+PAIRS_ASM = tl.constexpr("""
+{
+.reg .b32 y, u, t, c, z;
+mov.b32 c, 0x7e807e80;
+mov.b32 z, 0x80008000;
+prmt.b32 y, $2, 0, 0x1404;
+and.b32 t, y, 0x70007000;
+shr.b32 t, t, 6;
+lop3.b32 $1, y, t, 0x80008000, 0xEC;
+shl.b32 u, y, 4;
+and.b32 t, u, 0x70007000;
+shr.b32 t, t, 6;
+lop3.b32 $0, u, t, 0x80008000, 0xEC;
+fma.rn.bf16x2 $0, $0, c, z;
+fma.rn.bf16x2 $1, $1, c, z;
+fma.rn.bf16x2 $0, $0, $3, z;
+fma.rn.bf16x2 $1, $1, $3, z;
+}
+""")
+
+
+@triton.jit
+def e8m0_to_bf16(s):
+    """E8M0 scale bytes -> bf16 2^(s - 127) (byte 0: the subnormal 2^-127, bits 0x0040)."""
+    s = s.to(tl.int16)
+    return ((s << 7) | ((s == 0).to(tl.int16) << 6)).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _pairs_ops(w, s):
+    """Portable twin of ``PAIRS_ASM`` (runs under the interpreter): the same values through fp32."""
+    w = w.to(tl.int32)
+    lo, hi = w & 15, w >> 4
+    lo = (((lo & 8) << 28) | ((lo & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
+    hi = (((hi & 8) << 28) | ((hi & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
+    s = s.to(tl.float32)
+    return (lo * s).to(tl.bfloat16), (hi * s).to(tl.bfloat16)
+
+
+@triton.jit
+def dequant_pairs(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr):
+    """Packed E2M1 bytes ``[BLOCK_N, BLOCK_K/2]`` and E8M0 scales ``[BLOCK_N, BLOCK_K/32]`` -> two bf16 tiles
+    ``[BLOCK_N, BLOCK_K/2]``: the even-k codes (each byte's low nibble) and the odd-k codes (high nibble), exact.
+    Elementwise on the bytes, so Triton may decode them in whatever register layout the MMA operand has (no
+    shuffle): the activations come split to match (:func:`dot_w_mxfp4`). ``MATH``: "asm" (PTX) or "ops"."""
+    s = e8m0_to_bf16(ws)
+    s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
+    if MATH == "asm":
+        return tl.inline_asm_elementwise(PAIRS_ASM, "=r,=r,r,r", [w, s], dtype=(tl.bfloat16, tl.bfloat16),
+                                         is_pure=True, pack=2)
+    return _pairs_ops(w, s)
+
+
+@triton.jit
+def dot_w_mxfp4(w, ws, a_even, a_odd, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
+                INTERPRETER: tl.constexpr):
+    """``acc + W @ a.T`` as ``[BLOCK_N, M]``: the weights are the MMA's first operand, decoded in registers
+    (:func:`dequant_pairs`), the activations the second, given as their even-k and odd-k columns ``[M, BLOCK_K/2]``
+    each. With few rows per expert this puts the wide dimension (weight rows) where the MMA wants 64, the tokens
+    where 8-16 suffice, and on Hopper lets ``wgmma`` read W from registers, so decoded weights never go through
+    shared memory (the leaders' approach: Marlin decodes into MMA fragments)."""
+    even, odd = dequant_pairs(w, ws, BLOCK_N, BLOCK_K, MATH)
+    if INTERPRETER:  # Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
+        acc = tl.dot(even.to(tl.float32), tl.trans(a_even).to(tl.float32), acc)
+        return tl.dot(odd.to(tl.float32), tl.trans(a_odd).to(tl.float32), acc)
+    acc = tl.dot(even, tl.trans(a_even), acc)
+    return tl.dot(odd, tl.trans(a_odd), acc)
+
+
+def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Activations ``[T, K]`` -> ``[T, width]`` (zero-padded to ``width``, a multiple of 128) with each 128-column
+    K tile as its 64 even columns then its 64 odd ones: the order :func:`dot_w_mxfp4` reads."""
+    T, K = x.shape
+    if width % 128 or width < K:
+        raise ValueError(f"split width {width} must be a multiple of 128 and at least {K}")
+    x = torch.nn.functional.pad(x, (0, width - K)) if width != K else x
+    return x.reshape(T, width // 128, 64, 2).transpose(2, 3).reshape(T, width)
+
+
 @triton.jit
 def _dequant_mxfp4_kernel(w_ptr, ws_ptr, out_ptr, N, K, stride_wn, stride_wsn, stride_on,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

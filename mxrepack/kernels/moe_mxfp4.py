@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import dot_bf16_mxfp4
+from mxrepack.kernels.dequant_mxfp4 import dot_bf16_mxfp4, dot_w_mxfp4, split_pairs
 from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
                                          prepare_x)
 from mxrepack.kernels.mx_quant import quantize_activations
@@ -63,14 +63,20 @@ class MoeConfig:
     num_warps: int = 4
     num_stages: int = 3
     manual_dequant: bool = False  # BF16 activations: integer-op dequant + tl.dot instead of tl.dot_scaled
+    # BF16 activations: W is the MMA's first operand, decoded in registers by PTX (``dot_w_mxfp4``), tokens the
+    # second; the activations and the intermediate travel in split order (even then odd columns per K tile)
+    swap_ab: bool = False
 
     def __post_init__(self):
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
+        if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
+            raise ValueError(f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
+                             f"and manual_dequant off, got {self.block_k} and {self.manual_dequant}")
 
     def name(self) -> str:
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
-                + ("d" if self.manual_dequant else ""))
+                + ("d" if self.manual_dequant else "") + ("s" if self.swap_ab else ""))
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
@@ -210,6 +216,21 @@ def _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K: tl.constexpr
 
 
 @triton.jit
+def _load_a_split(a_ptr, rows, row_ok, k0, stride_a):
+    """The even and odd columns ``[BLOCK_M, 64]`` of one 128-column K tile of activations in split order
+    (:func:`~mxrepack.kernels.dequant_mxfp4.split_pairs`): two contiguous halves, so both load as whole rows."""
+    r = rows[:, None] * stride_a + k0 + tl.arange(0, 64)[None, :]
+    return (tl.load(a_ptr + r, mask=row_ok[:, None], other=0.0),
+            tl.load(a_ptr + r + 64, mask=row_ok[:, None], other=0.0))
+
+
+@triton.jit
+def _split_column(n):
+    """Column of intermediate value ``n`` in split order: per 128-column tile, the even columns then the odd."""
+    return (n // 128) * 128 + (n % 2) * 64 + (n % 128) // 2
+
+
+@triton.jit
 def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr,
          MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
     """``acc + a @ W`` for one K step; ``w`` is the packed ``[BLOCK_N, BLOCK_K/2]`` tile as loaded, ``ws`` its scales.
@@ -270,7 +291,8 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
                     H, Hp, Ip, TOPK, stride_x, stride_xs, stride_we, stride_wn, stride_wse, stride_wsn, stride_h,
                     alpha, limit, A_FMT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
+                    MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False,
+                    SWAP_AB: tl.constexpr = False, MATH: tl.constexpr = "asm"):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -282,27 +304,41 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, Hp, BLOCK_K):
-        a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
-        wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-        wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-        acc_g = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, acc_g, A_FMT, BLOCK_K, MANUAL_DEQUANT,
-                     INTERPRETER)
-        acc_u = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, acc_u, A_FMT, BLOCK_K, MANUAL_DEQUANT,
-                     INTERPRETER)
-    gate = acc_g + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
-    up = acc_u + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
+    if SWAP_AB:  # x split (even | odd columns per K tile) and padded to Hp; accumulators [BLOCK_N, BLOCK_M]
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(0, Hp, BLOCK_K):
+            a_even, a_odd = _load_a_split(x_ptr, tok, row_ok, k0, stride_x)
+            wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+            wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+            acc_g = dot_w_mxfp4(wg, sg, a_even, a_odd, acc_g, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+            acc_u = dot_w_mxfp4(wu, su, a_even, a_odd, acc_u, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+        gate, up = tl.trans(acc_g), tl.trans(acc_u)
+        col = _split_column(rn)  # the down kernel reads the intermediate in split order too
+    else:
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, Hp, BLOCK_K):
+            a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
+            wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+            wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+            gate = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, gate, A_FMT, BLOCK_K, MANUAL_DEQUANT,
+                        INTERPRETER)
+            up = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, up, A_FMT, BLOCK_K, MANUAL_DEQUANT,
+                      INTERPRETER)
+        col = rn
+    gate = gate + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
+    up = up + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
     h = _swiglu(gate, up, alpha, limit)
-    tl.store(h_ptr + pos[:, None] * stride_h + rn[None, :], h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(h_ptr + pos[:, None] * stride_h + col[None, :], h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
 def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
                  H, Hp, Ip, stride_h, stride_hs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
                  A_FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
+                 MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False,
+                 SWAP_AB: tl.constexpr = False, MATH: tl.constexpr = "asm"):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -313,11 +349,20 @@ def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr,
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, Ip, BLOCK_K):
-        a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
-        w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
-        acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
+    if SWAP_AB:  # the intermediate in split order (the gate_up kernel wrote it so)
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(0, Ip, BLOCK_K):
+            a_even, a_odd = _load_a_split(h_ptr, pos, row_ok, k0, stride_h)
+            w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
+            acc_t = dot_w_mxfp4(w, s, a_even, a_odd, acc_t, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+        acc = tl.trans(acc_t)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, Ip, BLOCK_K):
+            a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
+            w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
+            acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT,
+                       INTERPRETER)
     acc += tl.load(b_ptr + e * Hp + rn)[None, :]
     assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
     acc *= tl.load(wts_ptr + assignment, mask=row_ok, other=0.0)[:, None]
@@ -521,9 +566,13 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
     order, blk_e, blk_s, blk_end = moe_schedule(topk_ids, E, cfg.block_m)
     nb = blk_e.numel()
     manual = cfg.manual_dequant and activations == "bf16"
+    swap = cfg.swap_ab and activations == "bf16"
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    math = "ops" if interpreter or x.device.type != "cuda" else "asm"
     x = x.contiguous()
-    if activations == "bf16":
+    if swap:
+        a, a_s = split_pairs(x, Hp), None
+    elif activations == "bf16":
         a, a_s = x, None
     else:
         a, a_s = quantize_activations(x if H % 32 == 0 else torch.nn.functional.pad(x, (0, 32 - H % 32)), activations)
@@ -533,7 +582,7 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
         H, Hp, Ip, k, a.stride(0), a_s.stride(0) if a_s is not None else 0, w13.stride(0), w13.stride(1),
         s13.stride(0), s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, A_FMT=activations,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=manual, INTERPRETER=interpreter,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SWAP_AB=swap, MATH=math, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if activations == "bf16":
         ha, ha_s = h, None
     else:
@@ -544,5 +593,5 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
         blk_e, blk_s, blk_end, H, Hp, Ip, ha.stride(0), ha_s.stride(0) if ha_s is not None else 0, w2.stride(0),
         w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), A_FMT=activations,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=manual, INTERPRETER=interpreter,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SWAP_AB=swap, MATH=math, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
