@@ -64,9 +64,17 @@ def main() -> None:
         layout = DenseMxLayout(fmt, "plain", a.rule, a.search)
         secs, err = quantize_tensor(layout, LM_HEAD, 0)
         gb = LM_HEAD[0] * LM_HEAD[1] * 2 / 1e9
-        records.append({"what": "lm_head 201088x2880", "format": fmt, "seconds": round(secs, 2),
-                        "source_GB_per_s": round(gb / secs, 3), "rel_fro": round(err["rel_fro"], 5),
-                        "sqnr_db": round(err["sqnr_db"], 2), "peak_rss_MB": round(peak_rss_mb())})
+        records.append(
+            {
+                "what": "lm_head 201088x2880",
+                "format": fmt,
+                "seconds": round(secs, 2),
+                "source_GB_per_s": round(gb / secs, 3),
+                "rel_fro": round(err["rel_fro"], 5),
+                "sqnr_db": round(err["sqnr_db"], 2),
+                "peak_rss_MB": round(peak_rss_mb()),
+            }
+        )
         print(records[-1], flush=True)
         if a.only == "all":
             total, elems = secs, LM_HEAD[0] * LM_HEAD[1]
@@ -75,14 +83,27 @@ def main() -> None:
                     s, _ = quantize_tensor(layout, shape, 1 + layer * 4 + i)
                     total += s
                     elems += shape[0] * shape[1]
-            records.append({"what": "120b dense set (36 x q/k/v/o + lm_head)", "format": fmt, "seconds": round(total, 1),
-                            "source_GB_per_s": round(elems * 2 / 1e9 / total, 3), "params": elems,
-                            "peak_rss_MB": round(peak_rss_mb())})
+            records.append(
+                {
+                    "what": "120b dense set (36 x q/k/v/o + lm_head)",
+                    "format": fmt,
+                    "seconds": round(total, 1),
+                    "source_GB_per_s": round(elems * 2 / 1e9 / total, 3),
+                    "params": elems,
+                    "peak_rss_MB": round(peak_rss_mb()),
+                }
+            )
             print(records[-1], flush=True)
-    result = {"benchmark": "dense data-free quantization (values + scales + error stats)",
-              "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}",
-              "date": date.today().isoformat(), "scale_rule": a.rule, "scale_search": a.search,
-              "chunk_budget_bytes": DEFAULT_CHUNK_BYTES, "records": records}
+    result = {
+        "benchmark": "dense data-free quantization (values + scales + error stats)",
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}",
+        "date": date.today().isoformat(),
+        "scale_rule": a.rule,
+        "scale_search": a.search,
+        "chunk_budget_bytes": DEFAULT_CHUNK_BYTES,
+        "records": records,
+    }
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -36,8 +36,15 @@ def layer(E: int, H: int, I: int) -> dict[str, torch.Tensor]:
     }
 
 
-LAYOUTS = {"mxfp4": ("mxfp4", {}), "marlin": ("marlin", {}), "trtllm": ("trtllm", {}), "flashinfer-cutlass": ("flashinfer-cutlass", {}),
-           "triton-hopper": ("triton-hopper", {}), "strided": ("strided", {}), "bf16": ("bf16", {})}
+LAYOUTS = {
+    "mxfp4": ("mxfp4", {}),
+    "marlin": ("marlin", {}),
+    "trtllm": ("trtllm", {}),
+    "flashinfer-cutlass": ("flashinfer-cutlass", {}),
+    "triton-hopper": ("triton-hopper", {}),
+    "strided": ("strided", {}),
+    "bf16": ("bf16", {}),
+}
 
 
 def main() -> None:
@@ -65,7 +72,7 @@ def main() -> None:
         out_bytes = 0
         for e0 in range(0, a.experts, a.chunk):
             for o in outs:
-                y = o.pack(**{k: parts[k][e0:e0 + a.chunk] for k in o.inputs})
+                y = o.pack(**{k: parts[k][e0 : e0 + a.chunk] for k in o.inputs})
                 out_bytes += y.numel() * y.element_size()
         pack_s = time.perf_counter() - t0
         # unpack timing on one chunk, scaled (verification speed)
@@ -73,17 +80,29 @@ def main() -> None:
         t0 = time.perf_counter()
         layout.unpack(chunk, dims)
         unpack_s = (time.perf_counter() - t0) * a.experts / a.chunk
-        rows.append({"layout": name, "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, "pack_s": pack_s,
-                     "pack_GBps": src_bytes / pack_s / 1e9, "unpack_GBps": src_bytes / unpack_s / 1e9,
-                     "clone_GBps": src_bytes / copy_s / 1e9})
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch threads "
-          f"{torch.get_num_threads()}, {date.today()}; one layer E={a.experts} H={a.hidden} I={a.intermediate}, "
-          f"chunks of {a.chunk} experts")
+        rows.append(
+            {
+                "layout": name,
+                "source_GB": src_bytes / 1e9,
+                "output_GB": out_bytes / 1e9,
+                "pack_s": pack_s,
+                "pack_GBps": src_bytes / pack_s / 1e9,
+                "unpack_GBps": src_bytes / unpack_s / 1e9,
+                "clone_GBps": src_bytes / copy_s / 1e9,
+            }
+        )
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch threads "
+        f"{torch.get_num_threads()}, {date.today()}; one layer E={a.experts} H={a.hidden} I={a.intermediate}, "
+        f"chunks of {a.chunk} experts"
+    )
     print("| layout | source GB | output GB | pack s | pack GB/s | unpack GB/s | clone GB/s (baseline) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['layout']} | {r['source_GB']:.2f} | {r['output_GB']:.2f} | {r['pack_s']:.2f} | {r['pack_GBps']:.2f} "
-              f"| {r['unpack_GBps']:.2f} | {r['clone_GBps']:.2f} |")
+        print(
+            f"| {r['layout']} | {r['source_GB']:.2f} | {r['output_GB']:.2f} | {r['pack_s']:.2f} | {r['pack_GBps']:.2f} "
+            f"| {r['unpack_GBps']:.2f} | {r['clone_GBps']:.2f} |"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -97,16 +97,22 @@ def main() -> None:
     ap.add_argument("--source-form", choices=("dir", "hub-cache"), default="dir")
     ap.add_argument("--cache", choices=("warm", "cold"), default="warm", help="source in the page cache, or evicted")
     ap.add_argument("--dense", default=None, help="passed to repack --dense (e.g. bf16: a pure re-layout of sm121)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="(cp, repack) pairs per target, one after the other; the table shows medians (the disk's "
-                         "speed drifts, so each ratio is taken within its pair)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="(cp, repack) pairs per target, one after the other; the table shows medians (the disk's "
+        "speed drifts, so each ratio is taken within its pair)",
+    )
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     src = work / f"{args.preset}-L{args.layers}"
     repack = [sys.executable, "-m", "mxrepack.cli"]
     if not (src / "config.json").exists():
-        t, _ = run_child([*repack, "make-fixture", str(src), "--preset", args.preset, "--layers", str(args.layers), "--overwrite"])
+        t, _ = run_child(
+            [*repack, "make-fixture", str(src), "--preset", args.preset, "--layers", str(args.layers), "--overwrite"]
+        )
         print(f"made {src} in {t:.1f} s", file=sys.stderr)
     src_bytes = sum(f.stat().st_size for f in src.iterdir())
     source_arg, env = str(src), dict(os.environ)
@@ -130,26 +136,59 @@ def main() -> None:
             out = work / f"out-{target}"
             prepare_cache(src, args.cache)
             dense = ["--dense", args.dense] if args.dense else []
-            rp_s, rp_rss = run_child([*repack, source_arg, "--target", target, *dense, "--out", str(out), "--overwrite",
-                                      "--json"], env)
+            rp_s, rp_rss = run_child(
+                [*repack, source_arg, "--target", target, *dense, "--out", str(out), "--overwrite", "--json"], env
+            )
             out_bytes = sum(f.stat().st_size for f in out.iterdir())
             shutil.rmtree(out)
-            pairs.append({"cp_s": cp_s, "cp_sync_s": cp_sync_s, "repack_s": rp_s, "ratio": rp_s / cp_s,
-                          "ratio_vs_cp_sync": rp_s / cp_sync_s, "peak_rss_MB": rp_rss / 1e6})
+            pairs.append(
+                {
+                    "cp_s": cp_s,
+                    "cp_sync_s": cp_sync_s,
+                    "repack_s": rp_s,
+                    "ratio": rp_s / cp_s,
+                    "ratio_vs_cp_sync": rp_s / cp_sync_s,
+                    "peak_rss_MB": rp_rss / 1e6,
+                }
+            )
         med = {k: statistics.median(p[k] for p in pairs) for k in pairs[0]}
         med["peak_rss_MB"] = max(p["peak_rss_MB"] for p in pairs)
-        rows.append({"target": target, "dense": args.dense, "source_form": args.source_form, "cache": args.cache,
-                     "source_GB": src_bytes / 1e9, "output_GB": out_bytes / 1e9, **med,
-                     "source_GBps": src_bytes / 1e9 / med["repack_s"], "pairs": pairs})
-    info = {"date": date.today().isoformat(), "machine": f"{platform.node()} {os.cpu_count()} cores",
-            "preset": args.preset, "layers": args.layers, "rows": rows}
+        rows.append(
+            {
+                "target": target,
+                "dense": args.dense,
+                "source_form": args.source_form,
+                "cache": args.cache,
+                "source_GB": src_bytes / 1e9,
+                "output_GB": out_bytes / 1e9,
+                **med,
+                "source_GBps": src_bytes / 1e9 / med["repack_s"],
+                "pairs": pairs,
+            }
+        )
+    info = {
+        "date": date.today().isoformat(),
+        "machine": f"{platform.node()} {os.cpu_count()} cores",
+        "preset": args.preset,
+        "layers": args.layers,
+        "rows": rows,
+    }
     Path(args.out or work / "bench_repack.json").write_text(json.dumps(info, indent=2))
-    print(f"cache: {args.cache}" + (f"; medians of {args.repeat} (cp, repack) pairs, peak RSS the largest" if args.repeat > 1 else ""))
-    print("| target | source GB | output GB | cp s | cp+sync s | repack s | repack/cp | repack/(cp+sync) | source GB/s | peak RSS MB |")
+    print(
+        f"cache: {args.cache}"
+        + (f"; medians of {args.repeat} (cp, repack) pairs, peak RSS the largest" if args.repeat > 1 else "")
+    )
+    print(
+        "| target | source GB | output GB | cp s | cp+sync s | repack s | repack/cp | repack/(cp+sync) | source GB/s "
+        "| peak RSS MB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['target']} | {r['source_GB']:.2f} | {r['output_GB']:.2f} | {r['cp_s']:.1f} | {r['cp_sync_s']:.1f} | "
-              f"{r['repack_s']:.1f} | {r['ratio']:.2f} | {r['ratio_vs_cp_sync']:.2f} | {r['source_GBps']:.2f} | {r['peak_rss_MB']:.0f} |")
+        print(
+            f"| {r['target']} | {r['source_GB']:.2f} | {r['output_GB']:.2f} | {r['cp_s']:.1f} | {r['cp_sync_s']:.1f} | "
+            f"{r['repack_s']:.1f} | {r['ratio']:.2f} | {r['ratio_vs_cp_sync']:.2f} | {r['source_GBps']:.2f} | "
+            f"{r['peak_rss_MB']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

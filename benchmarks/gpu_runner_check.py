@@ -48,13 +48,19 @@ def main() -> None:
         records[f"{name}_same_top1"] = float((fast.argmax(-1) == ref.argmax(-1)).float().mean())
         records[f"{name}_forward_s"] = round(time.perf_counter() - t, 3)
         for kernels in (False, True):
-            model = LocalChatModel(path if name == "source" else path, device=dev, use_kernels=kernels) \
-                if (path / "tokenizer.json").is_file() else None
+            model = (
+                LocalChatModel(path if name == "source" else path, device=dev, use_kernels=kernels)
+                if (path / "tokenizer.json").is_file()
+                else None
+            )
             if model is None:
                 continue
             r = run_gpqa(LocalBackend(model=model), src / "tasks" / "test.csv", num_examples=a.samples, concurrency=1)
-            records[f"{name}_gpqa_{'kernels' if kernels else 'torch'}"] = {"score": r["score"], "stderr": r["stderr"],
-                                                                           "seconds": r["seconds"]}
+            records[f"{name}_gpqa_{'kernels' if kernels else 'torch'}"] = {
+                "score": r["score"],
+                "stderr": r["stderr"],
+                "seconds": r["seconds"],
+            }
         print(json.dumps({k: v for k, v in records.items() if k.startswith(name)}), flush=True)
     print(json.dumps(records, indent=2))
     if a.json:

@@ -40,16 +40,27 @@ TOP = 5
 
 # Recipes of layouts that no built-in target carries (written into the work folder).
 RECIPES = {
-    "strided": {"name": "strided", "description": "strided experts on mxrepack's Triton kernels; BF16 dense",
-                "experts": {"layout": "strided"}, "dense": {"format": "bf16"},
-                "config": {"quantization_config": "mxrepack"}},
-    "marlin-dense": {"name": "marlin-dense", "description": "Marlin experts, MXFP4 q/k/v/o/lm_head (the sm121 dense)",
-                     "experts": {"layout": "marlin"},
-                     "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp"},
-                     "config": {"quantization_config": "mxrepack"}},
-    "ct-experts": {"name": "ct-experts", "description": "the compressed-tensors target's experts, BF16 attention",
-                   "experts": {"layout": "compressed-tensors", "options": {"pad_intermediate": 128}},
-                   "dense": {"format": "bf16"}, "config": {"quantization_config": "compressed-tensors"}},
+    "strided": {
+        "name": "strided",
+        "description": "strided experts on mxrepack's Triton kernels; BF16 dense",
+        "experts": {"layout": "strided"},
+        "dense": {"format": "bf16"},
+        "config": {"quantization_config": "mxrepack"},
+    },
+    "marlin-dense": {
+        "name": "marlin-dense",
+        "description": "Marlin experts, MXFP4 q/k/v/o/lm_head (the sm121 dense)",
+        "experts": {"layout": "marlin"},
+        "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp"},
+        "config": {"quantization_config": "mxrepack"},
+    },
+    "ct-experts": {
+        "name": "ct-experts",
+        "description": "the compressed-tensors target's experts, BF16 attention",
+        "experts": {"layout": "compressed-tensors", "options": {"pad_intermediate": 128}},
+        "dense": {"format": "bf16"},
+        "config": {"quantization_config": "compressed-tensors"},
+    },
 }
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
@@ -59,14 +70,26 @@ CASES = {
     "sm121-marlin": ("sm121-marlin", {}, "source-marlin", "bit-identical"),
     "sm90": ("sm90", {}, "source-triton", "bit-identical"),
     "strided": ("strided", {}, "source-marlin", "within the kernels' bound (other kernels, fp32 accumulation)"),
-    "marlin-dense-twin": ("marlin-dense-twin", {}, None,
-                          "marlin-dense with its dense MXFP4 weights dequantized to BF16 (vLLM's BF16 linear)"),
+    "marlin-dense-twin": (
+        "marlin-dense-twin",
+        {},
+        None,
+        "marlin-dense with its dense MXFP4 weights dequantized to BF16 (vLLM's BF16 linear)",
+    ),
     "marlin-dense": ("marlin-dense", {}, "marlin-dense-twin", "within BF16 matmul rounding of its BF16 twin"),
     "bf16": ("bf16", {}, "source-marlin", "within BF16 matmul rounding"),
-    "ct-experts": ("ct-experts", {"moe_backend": "marlin"}, "source-marlin",
-                   "plugin: compressed-tensors experts into vLLM's gpt-oss MXFP4 method, Marlin: bit-identical"),
-    "compressed-tensors": ("compressed-tensors", {"moe_backend": "marlin"}, "source-marlin",
-                           "plugin experts + vLLM's compressed-tensors MXFP4 attention (Marlin): MXFP4 q/k/v/o error"),
+    "ct-experts": (
+        "ct-experts",
+        {"moe_backend": "marlin"},
+        "source-marlin",
+        "plugin: compressed-tensors experts into vLLM's gpt-oss MXFP4 method, Marlin: bit-identical",
+    ),
+    "compressed-tensors": (
+        "compressed-tensors",
+        {"moe_backend": "marlin"},
+        "source-marlin",
+        "plugin experts + vLLM's compressed-tensors MXFP4 attention (Marlin): MXFP4 q/k/v/o error",
+    ),
 }
 
 
@@ -99,22 +122,35 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
 
         base_loader.BaseModelLoader.load_model = timed_load_model
         t0 = time.perf_counter()
-        llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, max_model_len=256, max_num_seqs=4,
-                  gpu_memory_utilization=0.35, seed=0, tensor_parallel_size=1, **kwargs)
+        llm = LLM(
+            model=model,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            max_model_len=256,
+            max_num_seqs=4,
+            gpu_memory_utilization=0.35,
+            seed=0,
+            tensor_parallel_size=1,
+            **kwargs,
+        )
         record["ready_s"] = time.perf_counter() - t0
         record.update(phases)
-        sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP, prompt_logprobs=TOP,
-                            detokenize=False, ignore_eos=True)
+        sp = SamplingParams(
+            temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP, prompt_logprobs=TOP, detokenize=False, ignore_eos=True
+        )
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp)
         record["outputs"] = []
         for o in outs:
             c = o.outputs[0]
-            record["outputs"].append({
-                "tokens": list(c.token_ids),
-                "logprobs": [{str(t): lp.logprob for t, lp in d.items()} for d in (c.logprobs or [])],
-                "prompt_logprobs": [{str(t): lp.logprob for t, lp in d.items()} if d else {}
-                                    for d in (o.prompt_logprobs or [])],
-            })
+            record["outputs"].append(
+                {
+                    "tokens": list(c.token_ids),
+                    "logprobs": [{str(t): lp.logprob for t, lp in d.items()} for d in (c.logprobs or [])],
+                    "prompt_logprobs": [
+                        {str(t): lp.logprob for t, lp in d.items()} if d else {} for d in (o.prompt_logprobs or [])
+                    ],
+                }
+            )
         record["ok"] = True
     except BaseException as e:  # noqa: BLE001 - the record says what failed
         record["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -131,17 +167,25 @@ def compare(a: dict, b: dict) -> dict:
     for oa, ob in zip(a["outputs"], b["outputs"]):
         same_tokens &= oa["tokens"] == ob["tokens"]
         generated = 0
-        while generated < min(len(oa["tokens"]), len(ob["tokens"])) and oa["tokens"][generated] == ob["tokens"][generated]:
+        while (
+            generated < min(len(oa["tokens"]), len(ob["tokens"])) and oa["tokens"][generated] == ob["tokens"][generated]
+        ):
             generated += 1
         pairs = list(zip(oa["prompt_logprobs"], ob["prompt_logprobs"]))
-        pairs += list(zip(oa["logprobs"], ob["logprobs"]))[:generated + 1]
+        pairs += list(zip(oa["logprobs"], ob["logprobs"]))[: generated + 1]
         for da, db in pairs:
             diffs += [abs(da[t] - db[t]) for t in set(da) & set(db)]
     diffs.sort()
     pick = (lambda q: diffs[min(len(diffs) - 1, int(q * len(diffs)))]) if diffs else (lambda q: None)
-    return {"comparable": True, "tokens_equal": same_tokens, "max_abs_logprob_diff": diffs[-1] if diffs else None,
-            "median_abs_logprob_diff": pick(0.5), "p99_abs_logprob_diff": pick(0.99), "logprobs_compared": len(diffs),
-            "bit_identical": same_tokens and bool(diffs) and diffs[-1] == 0.0}
+    return {
+        "comparable": True,
+        "tokens_equal": same_tokens,
+        "max_abs_logprob_diff": diffs[-1] if diffs else None,
+        "median_abs_logprob_diff": pick(0.5),
+        "p99_abs_logprob_diff": pick(0.99),
+        "logprobs_compared": len(diffs),
+        "bit_identical": same_tokens and bool(diffs) and diffs[-1] == 0.0,
+    }
 
 
 def _convert(work: str, out: str) -> None:
@@ -164,18 +208,28 @@ def _convert(work: str, out: str) -> None:
                 got[n] = f.get_tensor(n)
         return got
 
-    parts = ["gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks", "down_proj_scales",
-             "down_proj_bias"]
+    parts = [
+        "gate_up_proj_blocks",
+        "gate_up_proj_scales",
+        "gate_up_proj_bias",
+        "down_proj_blocks",
+        "down_proj_scales",
+        "down_proj_bias",
+    ]
     s = tensors(src, [f"model.layers.0.mlp.experts.{p}" for p in parts])
     s = {p: s[f"model.layers.0.mlp.experts.{p}"] for p in parts}
-    for target, backend_name in (("sm80", "MARLIN"), ("sm90", "TRITON"), ("sm100", "FLASHINFER_TRTLLM_MXFP4_BF16"),
-                                 ("sm121", "FLASHINFER_CUTLASS_MXFP4_MXFP8")):
+    for target, backend_name in (
+        ("sm80", "MARLIN"),
+        ("sm90", "TRITON"),
+        ("sm100", "FLASHINFER_TRTLLM_MXFP4_BF16"),
+        ("sm121", "FLASHINFER_CUTLASS_MXFP4_MXFP8"),
+    ):
         rec: dict = {"backend": backend_name}
         results[target] = rec
         try:
             tdir = work_dir / target
             spec = ServeSpec.from_config(load_config(tdir))
-            (h, hp), (i, ip) = spec.hidden, spec.intermediate
+            (_h, hp), (_i, ip) = spec.hidden, spec.intermediate
             E = s["gate_up_proj_blocks"].shape[0]
 
             def padded(x, rows, cols=None):
@@ -195,14 +249,27 @@ def _convert(work: str, out: str) -> None:
             b2 = padded(s["down_proj_bias"], hp)
             layer = torch.nn.Module()
             layer.params_dtype = torch.bfloat16
-            for n, t in (("w13_weight", w13), ("w2_weight", w2), ("w13_weight_scale", w13s), ("w2_weight_scale", w2s),
-                         ("w13_bias", b13), ("w2_bias", b2)):
+            for n, t in (
+                ("w13_weight", w13),
+                ("w2_weight", w2),
+                ("w13_weight_scale", w13s),
+                ("w2_weight_scale", w2s),
+                ("w13_bias", b13),
+                ("w2_bias", b2),
+            ):
                 layer.register_parameter(n, torch.nn.Parameter(t, requires_grad=False))
             backend = oracle.Mxfp4MoeBackend[backend_name]
             got = oracle.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
-                mxfp4_backend=backend, layer=layer, w13_weight=layer.w13_weight, w2_weight=layer.w2_weight,
-                w13_weight_scale=layer.w13_weight_scale, w2_weight_scale=layer.w2_weight_scale,
-                w13_bias=layer.w13_bias, w2_bias=layer.w2_bias, _cache_permute_indices={})
+                mxfp4_backend=backend,
+                layer=layer,
+                w13_weight=layer.w13_weight,
+                w2_weight=layer.w2_weight,
+                w13_weight_scale=layer.w13_weight_scale,
+                w2_weight_scale=layer.w2_weight_scale,
+                w13_bias=layer.w13_bias,
+                w2_bias=layer.w2_bias,
+                _cache_permute_indices={},
+            )
             names = ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_bias", "w2_bias"]
             vllm_t = dict(zip(names, got))
             if backend in oracle.TRITON_BACKENDS:  # wrappers: compare their storage bytes in memory order
@@ -219,8 +286,11 @@ def _convert(work: str, out: str) -> None:
                     a = a.float()  # the plugin's retype
                 ab = a.contiguous().view(torch.uint8).reshape(-1)
                 bb = b.contiguous().view(torch.uint8).reshape(-1)
-                rec[n] = {"ours": [str(a.dtype), list(a.shape)], "vllm": [str(b.dtype), list(b.shape)],
-                          "bytes_equal": bool(ab.numel() == bb.numel() and torch.equal(ab, bb))}
+                rec[n] = {
+                    "ours": [str(a.dtype), list(a.shape)],
+                    "vllm": [str(b.dtype), list(b.shape)],
+                    "bytes_equal": bool(ab.numel() == bb.numel() and torch.equal(ab, bb)),
+                }
             rec["all_equal"] = all(v["bytes_equal"] for k, v in rec.items() if isinstance(v, dict))
         except BaseException as e:  # noqa: BLE001
             rec["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -230,8 +300,13 @@ def _convert(work: str, out: str) -> None:
 
 
 def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int = 900) -> None:
-    p = subprocess.run([sys.executable, __file__, *args], env={**os.environ, **(env or {})}, capture_output=True,
-                       text=True, timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, __file__, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     log.write_text(p.stdout + p.stderr)
 
 
@@ -253,8 +328,9 @@ def _bf16_dense_twin(quantized: Path, twin: Path) -> None:
     for f in sorted(quantized.glob("*.safetensors")):
         tensors.update(load_file(f))
     for m in modules:
-        tensors[f"{m}.weight"] = dequantize_mxfp4(tensors.pop(f"{m}.weight_packed"), tensors.pop(f"{m}.weight_scale"),
-                                                  torch.bfloat16)
+        tensors[f"{m}.weight"] = dequantize_mxfp4(
+            tensors.pop(f"{m}.weight_packed"), tensors.pop(f"{m}.weight_scale"), torch.bfloat16
+        )
     tmp = twin.with_name(twin.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -282,17 +358,24 @@ def _model(name: str, work: Path, src: Path, ct_site: str | None = None) -> Path
         recipe.write_text(yaml.safe_dump(RECIPES[name]))
     if name in ("compressed-tensors", "ct-experts") and ct_site and not model.exists():
         # vLLM pins compressed-tensors 0.17; the target is written with a tested one, in a process of its own
-        code = ("from mxrepack.repack.pipeline import repack; "
-                f"repack({str(src)!r}, {None if recipe else name!r}, {str(model)!r}, "
-                f"recipe_file={str(recipe) if recipe else None!r}, hash_source=False)")
-        p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": f"{ct_site}:" +
-                                                                 os.environ.get("PYTHONPATH", "")},
-                           capture_output=True, text=True)
+        code = (
+            "from mxrepack.repack.pipeline import repack; "
+            f"repack({str(src)!r}, {None if recipe else name!r}, {str(model)!r}, "
+            f"recipe_file={str(recipe) if recipe else None!r}, hash_source=False)"
+        )
+        p = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONPATH": f"{ct_site}:" + os.environ.get("PYTHONPATH", "")},
+            capture_output=True,
+            text=True,
+        )
         if p.returncode:
             raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}")
     if not model.exists():
         t = time.perf_counter()
-        repack(str(src), None if recipe else name, model, recipe_file=str(recipe) if recipe else None, hash_source=False)
+        repack(
+            str(src), None if recipe else name, model, recipe_file=str(recipe) if recipe else None, hash_source=False
+        )
         print(f"repack {name}: {time.perf_counter() - t:.1f} s", flush=True)
     return model
 
@@ -312,9 +395,12 @@ def main() -> None:
     ap.add_argument("--convert", action="store_true", help="also compare the plugin's tensors with vLLM's conversion")
     ap.add_argument("--ct-site", help="a folder holding compressed-tensors 0.19-0.21, for writing that target")
     ap.add_argument("--commit", help="the commit under test, for the record (the device's copy has no history)")
-    ap.add_argument("--prebuild", action="store_true",
-                    help="only write the fixture and every case's checkpoint (CPU work, no vLLM): lets the vllm-kit "
-                         "dance's first device calls, which only carry kit parts, do it")
+    ap.add_argument(
+        "--prebuild",
+        action="store_true",
+        help="only write the fixture and every case's checkpoint (CPU work, no vLLM): lets the vllm-kit "
+        "dance's first device calls, which only carry kit parts, do it",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -327,7 +413,9 @@ def main() -> None:
         make_fixture(src, preset="20b", layers=args.layers, num_local_experts=args.experts)
         print(f"fixture: {time.perf_counter() - t:.1f} s", flush=True)
     if args.prebuild:
-        names = [CASES[c][0] for c in args.cases.split(",")] + (["sm80", "sm90", "sm100", "sm121"] if args.convert else [])
+        names = [CASES[c][0] for c in args.cases.split(",")] + (
+            ["sm80", "sm90", "sm100", "sm121"] if args.convert else []
+        )
         for name in dict.fromkeys(names):
             if name != "source":
                 try:
@@ -335,8 +423,14 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001 - the check run reports it again
                     print(f"{name}: {e}", flush=True)
         return
-    results: dict = {"date": date.today().isoformat(), "commit": args.commit, "layers": args.layers,
-                     "experts": args.experts, "cases": {}, "comparisons": {}}
+    results: dict = {
+        "date": date.today().isoformat(),
+        "commit": args.commit,
+        "layers": args.layers,
+        "experts": args.experts,
+        "cases": {},
+        "comparisons": {},
+    }
     try:
         import torch
 
@@ -354,14 +448,20 @@ def main() -> None:
         out = work / f"case-{name}.json"
         out.unlink(missing_ok=True)
         t = time.perf_counter()
-        _subprocess(["_engine", str(model), str(out), json.dumps(kwargs)], work / f"case-{name}.log",
-                    {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+        _subprocess(
+            ["_engine", str(model), str(out), json.dumps(kwargs)],
+            work / f"case-{name}.log",
+            {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        )
         rec = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
         rec["wall_s"] = time.perf_counter() - t
         rec["expect"] = expect
         results["cases"][name] = rec
-        line = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in rec.items()
-                if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error")}
+        line = {
+            k: (round(v, 3) if isinstance(v, float) else v)
+            for k, v in rec.items()
+            if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error")
+        }
         print(f"== {name}: {line}", flush=True)
         if not rec.get("ok"):
             print(rec.get("traceback", (work / f"case-{name}.log").read_text()[-4000:])[-3000:], flush=True)
@@ -380,8 +480,9 @@ def main() -> None:
             _model(target, work, src)
         out = work / "convert.json"
         _subprocess(["_convert", str(work), str(out)], work / "convert.log")
-        results["conversions"] = json.loads(out.read_text()) if out.exists() else {
-            "error": (work / "convert.log").read_text()[-3000:]}
+        results["conversions"] = (
+            json.loads(out.read_text()) if out.exists() else {"error": (work / "convert.log").read_text()[-3000:]}
+        )
         print(json.dumps(results["conversions"])[:3000], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(_summary(results), indent=1))
@@ -389,8 +490,10 @@ def main() -> None:
 
 def _summary(results: dict) -> dict:
     """The record without the per-token outputs (those stay in the case files)."""
-    return {**results, "cases": {k: {kk: vv for kk, vv in v.items() if kk != "outputs"}
-                                 for k, v in results["cases"].items()}}
+    return {
+        **results,
+        "cases": {k: {kk: vv for kk, vv in v.items() if kk != "outputs"} for k, v in results["cases"].items()},
+    }
 
 
 if __name__ == "__main__":

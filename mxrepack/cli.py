@@ -23,23 +23,45 @@ import typer
 from mxrepack.errors import MxRepackError
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, context_settings=_CONTEXT,
-                  help="Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings=_CONTEXT,
+    help="Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want.",
+)
 SUBCOMMANDS = {"convert", "inspect", "targets", "verify", "make-fixture", "kernels", "eval", "push"}
-kernels_app = typer.Typer(no_args_is_help=True, context_settings=_CONTEXT, help="mxrepack's Triton kernels: build proofs.")
+kernels_app = typer.Typer(
+    no_args_is_help=True, context_settings=_CONTEXT, help="mxrepack's Triton kernels: build proofs."
+)
 app.add_typer(kernels_app, name="kernels")
-eval_app = typer.Typer(no_args_is_help=True, context_settings=_CONTEXT, help="Evidence: logit fidelity, GPQA-style accuracy, regression gate, report.")
+eval_app = typer.Typer(
+    no_args_is_help=True,
+    context_settings=_CONTEXT,
+    help="Evidence: logit fidelity, GPQA-style accuracy, regression gate, report.",
+)
 app.add_typer(eval_app, name="eval")
 INTERRUPTED = "error: interrupted; nothing was written to the output path"
 
 
 def _parse_size(text: str) -> int:
-    units = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    units = {
+        "": 1,
+        "B": 1,
+        "K": 10**3,
+        "KB": 10**3,
+        "M": 10**6,
+        "MB": 10**6,
+        "G": 10**9,
+        "GB": 10**9,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+    }
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
     try:
-        size = int(float(num) * units[t[len(num):]])
+        size = int(float(num) * units[t[len(num) :]])
     except (KeyError, ValueError, OverflowError):  # OverflowError: inf
         size = 0
     if size <= 0:  # 0 or less made one file per tensor
@@ -63,14 +85,19 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                       help="Print the version and exit")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit"
+    ),
+) -> None:
     """Repack gpt-oss MXFP4 checkpoints into the exact weight layouts each GPU's kernels want."""
 
 
 @app.command("convert")
 def convert(
-    source: str = typer.Argument(..., help="Checkpoint: local directory, Hub repo id (openai/gpt-oss-120b), or HF cache"),
+    source: str = typer.Argument(
+        ..., help="Checkpoint: local directory, Hub repo id (openai/gpt-oss-120b), or HF cache"
+    ),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target name (see `repack targets`)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory [default: ./NAME-TARGET]"),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe YAML file instead of a built-in target"),
@@ -78,14 +105,32 @@ def convert(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory"),
     shard_size: str = typer.Option("5GB", "--shard-size", help="Maximum bytes per output shard"),
     no_source_hash: bool = typer.Option(False, "--no-source-hash", help="Skip the sha256 of local source files"),
-    dense: Optional[str] = typer.Option(None, "--dense", help="Dense layers: mxfp4, mxfp8 or bf16 [default: the recipe's]"),
-    dense_layers: Optional[str] = typer.Option(None, "--dense-layers", help="Which dense layers, e.g. qkv,o,lm_head (keys: q,k,v,o,qkv,attn,lm_head,embed,router; module names; re:REGEX)"),
+    dense: Optional[str] = typer.Option(
+        None, "--dense", help="Dense layers: mxfp4, mxfp8 or bf16 [default: the recipe's]"
+    ),
+    dense_layers: Optional[str] = typer.Option(
+        None,
+        "--dense-layers",
+        help="Which dense layers, e.g. qkv,o,lm_head "
+        "(keys: q,k,v,o,qkv,attn,lm_head,embed,router; module names; re:REGEX)",
+    ),
     scale_rule: Optional[str] = typer.Option(None, "--scale-rule", help="ocp or compressed-tensors"),
-    scale_search: Optional[bool] = typer.Option(None, "--scale-search/--no-scale-search", help="Try each group's scale one step up, keep the lower error"),
-    activations: Optional[Path] = typer.Option(None, "--activations", help="safetensors of recorded layer inputs for the error report"),
-    push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", help="Then upload the result to this Hub repo (ORG/NAME)"),
+    scale_search: Optional[bool] = typer.Option(
+        None, "--scale-search/--no-scale-search", help="Try each group's scale one step up, keep the lower error"
+    ),
+    activations: Optional[Path] = typer.Option(
+        None, "--activations", help="safetensors of recorded layer inputs for the error report"
+    ),
+    push_to_hub: Optional[str] = typer.Option(
+        None, "--push-to-hub", help="Then upload the result to this Hub repo (ORG/NAME)"
+    ),
     private: bool = typer.Option(False, "--private", help="With --push-to-hub: create the repo private"),
-    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Write NaN/Inf found in tensors stored unquantized (router, norms, biases, BF16 dense) with a warning instead of refusing"),
+    allow_nonfinite: bool = typer.Option(
+        False,
+        "--allow-nonfinite",
+        help="Write NaN/Inf found in tensors stored unquantized (router, norms, biases, BF16 dense) "
+        "with a warning instead of refusing",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON"),
 ) -> None:
     """Convert SOURCE for a target GPU (the main job)."""
@@ -108,10 +153,23 @@ def convert(
     from mxrepack.progress import ProgressBar
 
     with ProgressBar("writing: output bytes", enabled=not as_json) as progress:
-        result = repack(source, target, out, recipe_file=str(recipe) if recipe else None, revision=revision,
-                        overwrite=overwrite, shard_bytes=shard_bytes, hash_source=not no_source_hash,
-                        progress=progress, dense=dense, dense_layers=dense_layers, scale_rule=scale_rule,
-                        scale_search=scale_search, activations=activations, allow_nonfinite=allow_nonfinite)
+        result = repack(
+            source,
+            target,
+            out,
+            recipe_file=str(recipe) if recipe else None,
+            revision=revision,
+            overwrite=overwrite,
+            shard_bytes=shard_bytes,
+            hash_source=not no_source_hash,
+            progress=progress,
+            dense=dense,
+            dense_layers=dense_layers,
+            scale_rule=scale_rule,
+            scale_search=scale_search,
+            activations=activations,
+            allow_nonfinite=allow_nonfinite,
+        )
     s = result.summary()
     for warning in s["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
@@ -119,9 +177,11 @@ def convert(
         from mxrepack.quant.dense import format_error_table
 
         typer.echo(format_error_table(s["quantization_error"]))
-    human = (f"wrote {s['out']}: target {s['target']}, {s['tensors']} tensors in {s['files']} files, "
-             f"{s['output_bytes'] / 1e9:.3f} GB from {s['source_bytes'] / 1e9:.3f} GB in {s['seconds']:.1f} s; "
-             f"verified ({s['verify']['groups_compared']} groups re-derived from the source)\n" + "\n".join(s["serve"]))
+    human = (
+        f"wrote {s['out']}: target {s['target']}, {s['tensors']} tensors in {s['files']} files, "
+        f"{s['output_bytes'] / 1e9:.3f} GB from {s['source_bytes'] / 1e9:.3f} GB in {s['seconds']:.1f} s; "
+        f"verified ({s['verify']['groups_compared']} groups re-derived from the source)\n" + "\n".join(s["serve"])
+    )
     _emit(s, as_json, human)
     if push_to_hub:
         from mxrepack.hub import plan_push, push
@@ -137,7 +197,9 @@ def push_cmd(
     private: bool = typer.Option(False, "--private", help="Create the repo private"),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch to push to (created if missing)"),
     commit_message: Optional[str] = typer.Option(None, "--commit-message", help="Commit message"),
-    eval_results: Optional[list[Path]] = typer.Option(None, "--eval", help="`repack eval gpqa/logits` JSON for the card (repeatable)"),
+    eval_results: Optional[list[Path]] = typer.Option(
+        None, "--eval", help="`repack eval gpqa/logits` JSON for the card (repeatable)"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the repo, files and card; no network"),
 ) -> None:
     """Upload a verified output directory with a generated model card (token: HF_TOKEN or `hf auth login`)."""
@@ -153,8 +215,10 @@ def push_cmd(
 
 
 @app.command("inspect")
-def inspect_cmd(path: str = typer.Argument(..., help="Checkpoint directory or Hub repo id"),
-                as_json: bool = typer.Option(False, "--json", help="Print as JSON")) -> None:
+def inspect_cmd(
+    path: str = typer.Argument(..., help="Checkpoint directory or Hub repo id"),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON"),
+) -> None:
     """What is in a checkpoint: format, config summary, bytes per component."""
     from mxrepack.repack.inspect import format_report, inspect_checkpoint
 
@@ -165,28 +229,42 @@ def inspect_cmd(path: str = typer.Argument(..., help="Checkpoint directory or Hu
 @app.command("targets")
 def targets_cmd(as_json: bool = typer.Option(False, "--json", help="Print as JSON")) -> None:
     """List the built-in targets and what each produces."""
-    from mxrepack.recipes import list_recipes
-
     from mxrepack.layouts import get_layout
+    from mxrepack.recipes import list_recipes
     from mxrepack.serve.spec import RUN_HERE, serving
 
     rows = []
     for r in list_recipes():
         loads, kernel = serving(get_layout(r.expert_layout).name, r.quantization_config)
-        rows.append({"target": r.name, "experts": r.expert_layout, "dense": r.dense_format, "description": r.description,
-                     "consumer": r.consumer, "vllm": loads, "moe_kernel": kernel, "run_here": RUN_HERE.get(r.name, "")})
+        rows.append(
+            {
+                "target": r.name,
+                "experts": r.expert_layout,
+                "dense": r.dense_format,
+                "description": r.description,
+                "consumer": r.consumer,
+                "vllm": loads,
+                "moe_kernel": kernel,
+                "run_here": RUN_HERE.get(r.name, ""),
+            }
+        )
     width = max(len(r["target"]) for r in rows)
     pad = " " * width
-    human = "\n".join(f"{r['target']:<{width}}  {r['description']}\n{pad}  consumer: {r['consumer']}\n"
-                      f"{pad}  vLLM: {r['vllm']}\n{pad}  MoE kernel: {r['moe_kernel']}"
-                      + (f"\n{pad}  run here: {r['run_here']}" if r["run_here"] else "") for r in rows)
+    human = "\n".join(
+        f"{r['target']:<{width}}  {r['description']}\n{pad}  consumer: {r['consumer']}\n"
+        f"{pad}  vLLM: {r['vllm']}\n{pad}  MoE kernel: {r['moe_kernel']}"
+        + (f"\n{pad}  run here: {r['run_here']}" if r["run_here"] else "")
+        for r in rows
+    )
     _emit({"targets": rows}, as_json, human)
 
 
 @app.command("verify")
-def verify_cmd(directory: Path = typer.Argument(..., help="An mxrepack output directory"),
-               no_source: bool = typer.Option(False, "--no-source", help="Skip the comparison with the source"),
-               as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+def verify_cmd(
+    directory: Path = typer.Argument(..., help="An mxrepack output directory"),
+    no_source: bool = typer.Option(False, "--no-source", help="Skip the comparison with the source"),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
+) -> None:
     """Check checksums, index and headers, and re-derive a sample of tensors from the source if reachable."""
     from mxrepack.progress import ProgressBar
     from mxrepack.repack.verify import verify_dir
@@ -196,14 +274,23 @@ def verify_cmd(directory: Path = typer.Argument(..., help="An mxrepack output di
     for warning in report.get("warnings", []):
         typer.echo(f"warning: {warning}", err=True)
     if report["ok"]:
-        src = (f"{report['groups_compared']} groups match the source" if report["source_checked"]
-               else "source not checked (unreachable or --no-source)")
-        _emit(report, as_json, f"ok: {directory}: {report['files']} files, {report['tensors']} tensors; checksums match; {src}")
+        src = (
+            f"{report['groups_compared']} groups match the source"
+            if report["source_checked"]
+            else "source not checked (unreachable or --no-source)"
+        )
+        _emit(
+            report,
+            as_json,
+            f"ok: {directory}: {report['files']} files, {report['tensors']} tensors; checksums match; {src}",
+        )
     else:
         if as_json:
             typer.echo(json.dumps(report, indent=2))
-        raise MxRepackError(f"verify failed: {report['problems'][0]}" +
-                            (f" (and {len(report['problems']) - 1} more)" if len(report["problems"]) > 1 else ""))
+        raise MxRepackError(
+            f"verify failed: {report['problems'][0]}"
+            + (f" (and {len(report['problems']) - 1} more)" if len(report["problems"]) > 1 else "")
+        )
 
 
 @app.command("make-fixture")
@@ -224,7 +311,9 @@ def make_fixture_cmd(
 
 @kernels_app.command("check")
 def kernels_check_cmd(
-    arch: Optional[list[int]] = typer.Option(None, "--arch", help="Compute capability to build for (repeatable): 90, 100, 120, 121; default all"),
+    arch: Optional[list[int]] = typer.Option(
+        None, "--arch", help="Compute capability to build for (repeatable): 90, 100, 120, 121; default all"
+    ),
     kernel: Optional[list[str]] = typer.Option(None, "--kernel", help="Only this kernel (repeatable)"),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Parallel compiles (default: CPU count)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON record per (kernel, config, arch)"),
@@ -246,8 +335,10 @@ def kernels_check_cmd(
         typer.echo(format_table(records))
     bad = [r for r in records if not r["ok"]]
     if bad:
-        raise MxRepackError(f"kernels check: {len(bad)} of {len(records)} builds failed, first: "
-                            f"{bad[0]['kernel']} {bad[0]['config']} {bad[0]['mode']} {bad[0]['arch']}: {bad[0]['error']}")
+        raise MxRepackError(
+            f"kernels check: {len(bad)} of {len(records)} builds failed, first: "
+            f"{bad[0]['kernel']} {bad[0]['config']} {bad[0]['mode']} {bad[0]['arch']}: {bad[0]['error']}"
+        )
     if not as_json:
         typer.echo(f"ok: {len(records)} builds")
 
@@ -274,7 +365,9 @@ def _write_json_file(path: Optional[Path], data: dict) -> None:
 def eval_logits_cmd(
     reference: Path = typer.Argument(..., help="Reference checkpoint (source or mxrepack output)"),
     candidate: Path = typer.Argument(..., help="Candidate checkpoint"),
-    text: Optional[Path] = typer.Option(None, "--text", help="Token set (text file) [default: REFERENCE/tasks/text.txt]"),
+    text: Optional[Path] = typer.Option(
+        None, "--text", help="Token set (text file) [default: REFERENCE/tasks/text.txt]"
+    ),
     ctx: int = typer.Option(256, "--ctx", help="Tokens per window"),
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Tokens of the text to use"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result JSON here"),
@@ -288,30 +381,45 @@ def eval_logits_cmd(
         r = compare_logits(reference, candidate, text, ctx, max_tokens, progress=progress)
     _write_json_file(output, r)
     kl, ft = r["kl"], r["first_token"]
-    human = (f"{r['tokens']} tokens: KL mean {kl['mean']:.3g} median {kl['median']:.3g} p99 {kl['p99']:.3g} max {kl['max']:.3g}; "
-             f"same top-1 {r['same_top']:.4f}; PPL {r['ppl']['reference']:.4f} -> {r['ppl']['candidate']:.4f} "
-             f"(ratio {r['ppl']['ratio']:.4f}); first token {'ok' if ft['ok'] else 'MISMATCH'} ({ft['prompts']} prompts)")
+    human = (
+        f"{r['tokens']} tokens: KL mean {kl['mean']:.3g} median {kl['median']:.3g} p99 {kl['p99']:.3g} "
+        f"max {kl['max']:.3g}; "
+        f"same top-1 {r['same_top']:.4f}; PPL {r['ppl']['reference']:.4f} -> {r['ppl']['candidate']:.4f} "
+        f"(ratio {r['ppl']['ratio']:.4f}); first token {'ok' if ft['ok'] else 'MISMATCH'} ({ft['prompts']} prompts)"
+    )
     _emit(r, as_json, human)
 
 
 @eval_app.command("gpqa")
 def eval_gpqa_cmd(
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1"),
+    base_url: Optional[str] = typer.Option(
+        None, "--base-url", help="OpenAI-compatible server, e.g. http://localhost:8000/v1"
+    ),
     model: Optional[str] = typer.Option(None, "--model", help="Model name on the server"),
     local: Optional[Path] = typer.Option(None, "--local", help="Run this checkpoint in process instead of a server"),
-    data: Optional[Path] = typer.Option(None, "--data", help="CSV in the gpqa_diamond.csv format [default: the bundled tiny task]"),
+    data: Optional[Path] = typer.Option(
+        None, "--data", help="CSV in the gpqa_diamond.csv format [default: the bundled tiny task]"
+    ),
     n_repeats: int = typer.Option(1, "--n-repeats", help="Repeat each question (gpt_oss.evals uses 8)"),
     num_examples: Optional[int] = typer.Option(None, "--num-examples", help="A random subset (needs --n-repeats 1)"),
     concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight"),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="[default: 1.0 for servers, 0 (greedy) local]"),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", help="[default: 1.0 for servers, 0 (greedy) local]"
+    ),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Completion token limit"),
     reasoning_effort: Optional[str] = typer.Option(None, "--reasoning-effort", help="low, medium or high (servers)"),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds per request"),
     retries: int = typer.Option(5, "--retries", help="Retries per request (exponential backoff)"),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token for the server"),
-    max_errors: str = typer.Option("5%", "--max-errors", help="Failed requests (HTTP 400, or no answer after the retries) "
-                                   "allowed, as a count (3) or a percentage of the requests (5%); more stop the run and "
-                                   "exit 1. Failed requests are errors, not wrong answers: the score is over the answered ones"),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token for the server"
+    ),
+    max_errors: str = typer.Option(
+        "5%",
+        "--max-errors",
+        help="Failed requests (HTTP 400, or no answer after the retries) "
+        "allowed, as a count (3) or a percentage of the requests (5%); more stop the run and "
+        "exit 1. Failed requests are errors, not wrong answers: the score is over the answered ones",
+    ),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the result JSON here"),
     as_json: bool = typer.Option(False, "--json", help="Print the result (without samples) as JSON"),
 ) -> None:
@@ -329,13 +437,25 @@ def eval_gpqa_cmd(
     else:
         if not model:
             raise MxRepackError("--base-url needs --model NAME (the served model's name; see GET /v1/models)")
-        backend = OpenAIChatBackend(base_url, model, api_key, 1.0 if temperature is None else temperature, max_tokens,
-                                    reasoning_effort, timeout, retries)
+        backend = OpenAIChatBackend(
+            base_url,
+            model,
+            api_key,
+            1.0 if temperature is None else temperature,
+            max_tokens,
+            reasoning_effort,
+            timeout,
+            retries,
+        )
         default_data = None
     if data is None:
         from mxrepack.eval.bundled import bundled_model
 
-        data = default_data if default_data is not None and default_data.is_file() else bundled_model() / "tasks" / "test.csv"
+        data = (
+            default_data
+            if default_data is not None and default_data.is_file()
+            else bundled_model() / "tasks" / "test.csv"
+        )
     with ProgressBar("eval gpqa: requests", enabled=not as_json, unit="count") as progress:
         r = run_gpqa(backend, data, n_repeats, num_examples, concurrency, progress, max_errors)
     _write_json_file(output, r)
@@ -345,14 +465,23 @@ def eval_gpqa_cmd(
         if as_json:
             typer.echo(json.dumps(summary, indent=2))
         stopped = f", {r['not_asked']} not sent" if r["not_asked"] else ""
-        raise MxRepackError(f"eval gpqa: {r['errors']} of {r['n_requests']} requests failed (--max-errors {max_errors} "
-                            f"allows {r['max_errors']}{stopped}){wrote}; first: {r['first_error']}")
+        raise MxRepackError(
+            f"eval gpqa: {r['errors']} of {r['n_requests']} requests failed (--max-errors {max_errors} "
+            f"allows {r['max_errors']}{stopped}){wrote}; first: {r['first_error']}"
+        )
     failed = f"; {r['errors']} failed requests not scored" if r["errors"] else ""
-    _emit(summary, as_json, f"score {r['score']:.4f} +- {r['stderr']:.4f} (stderr) over {r['n_samples']} answered "
-                            f"samples{failed}; {r['requests_per_s']} requests/s{wrote}")
+    _emit(
+        summary,
+        as_json,
+        f"score {r['score']:.4f} +- {r['stderr']:.4f} (stderr) over {r['n_samples']} answered "
+        f"samples{failed}; {r['requests_per_s']} requests/s{wrote}",
+    )
     if r["errors"]:
-        typer.echo(f"warning: {r['errors']} of {r['n_requests']} requests failed and are not scored; first: "
-                   f"{r['first_error']}", err=True)
+        typer.echo(
+            f"warning: {r['errors']} of {r['n_requests']} requests failed and are not scored; first: "
+            f"{r['first_error']}",
+            err=True,
+        )
 
 
 @eval_app.command("compare")
@@ -371,8 +500,12 @@ def eval_compare_cmd(
     for path, r in zip((baseline, candidate), results):
         require_score(r, str(path))  # named by file: a run with too many failed requests is no score to gate on
     g = compare(*results, z, tolerance)
-    _emit(g, as_json, f"{'PASSED' if g['passed'] else 'FAILED'}: candidate {g['candidate']:.4f} vs baseline "
-                      f"{g['baseline']:.4f} (delta {g['delta']:+.4f}, allowed drop {g['allowed_drop']:.4f})")
+    _emit(
+        g,
+        as_json,
+        f"{'PASSED' if g['passed'] else 'FAILED'}: candidate {g['candidate']:.4f} vs baseline "
+        f"{g['baseline']:.4f} (delta {g['delta']:+.4f}, allowed drop {g['allowed_drop']:.4f})",
+    )
     if not g["passed"]:
         raise typer.Exit(1)
 
@@ -387,14 +520,15 @@ def eval_report_cmd(
     """A readable page of the evidence: tables plus plots."""
     from mxrepack.eval.gpqa import compare, require_score
     from mxrepack.eval.report import build_report, write_report
-
     from mxrepack.repack.source import load_json
 
     for path in gpqa or []:
         require_score(load_json(path, "`repack eval gpqa` result"), str(path))
     gate = None
     if gpqa and len(gpqa) >= 2:
-        gate = compare(load_json(gpqa[0], "`repack eval gpqa` result"), load_json(gpqa[-1], "`repack eval gpqa` result"))
+        gate = compare(
+            load_json(gpqa[0], "`repack eval gpqa` result"), load_json(gpqa[-1], "`repack eval gpqa` result")
+        )
     paths = write_report(build_report(model_dir, gpqa or [], logits, gate), out)
     typer.echo(f"wrote {paths['markdown']} and {paths['html']}")
 
@@ -448,8 +582,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
         typo = _misspelled_subcommand(argv[0])
         if typo:
-            typer.echo(f"error: unknown command {argv[0]!r}; did you mean {typo!r}? (a checkpoint to convert is a "
-                       "directory or a Hub id ORG/NAME)", err=True)
+            typer.echo(
+                f"error: unknown command {argv[0]!r}; did you mean {typo!r}? (a checkpoint to convert is a "
+                "directory or a Hub id ORG/NAME)",
+                err=True,
+            )
             return 2
         argv.insert(0, "convert")
     # A file-size limit (RLIMIT_FSIZE) should surface as a write error, not kill the process.

@@ -12,18 +12,37 @@ from dataclasses import dataclass
 
 import torch
 
-EXPERT_PARTS = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
-                "down_proj_blocks", "down_proj_scales", "down_proj_bias")
+EXPERT_PARTS = (
+    "gate_up_proj_blocks",
+    "gate_up_proj_scales",
+    "gate_up_proj_bias",
+    "down_proj_blocks",
+    "down_proj_scales",
+    "down_proj_bias",
+)
 
 # The quantization_config of the official checkpoints (formats.md 1.2).
 NATIVE_QUANTIZATION_CONFIG = {
     "quant_method": "mxfp4",
-    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
 }
 
 # Files besides the weights that a model directory needs; copied from source to output.
-SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-              "chat_template.jinja", "chat_template.json", "LICENSE", "USAGE_POLICY")
+SIDE_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "LICENSE",
+    "USAGE_POLICY",
+)
 
 
 @dataclass(frozen=True)
@@ -41,10 +60,16 @@ class Dims:
 
     @classmethod
     def from_config(cls, config: dict) -> "Dims":
-        return cls(layers=config["num_hidden_layers"], experts=config["num_local_experts"],
-                   hidden=config["hidden_size"], intermediate=config["intermediate_size"],
-                   heads=config["num_attention_heads"], kv_heads=config["num_key_value_heads"],
-                   head_dim=config.get("head_dim", 64), vocab=config["vocab_size"])
+        return cls(
+            layers=config["num_hidden_layers"],
+            experts=config["num_local_experts"],
+            hidden=config["hidden_size"],
+            intermediate=config["intermediate_size"],
+            heads=config["num_attention_heads"],
+            kv_heads=config["num_key_value_heads"],
+            head_dim=config.get("head_dim", 64),
+            vocab=config["vocab_size"],
+        )
 
 
 def expected_tensors(d: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -62,27 +87,36 @@ def expected_tensors(d: Dims) -> dict[str, tuple[tuple[int, ...], str]]:
     }
     for n in range(d.layers):
         p = f"model.layers.{n}."
-        out.update({
-            p + "input_layernorm.weight": ((H,), "vector"),
-            p + "post_attention_layernorm.weight": ((H,), "vector"),
-            p + "self_attn.q_proj.weight": ((q, H), "weight"), p + "self_attn.q_proj.bias": ((q,), "vector"),
-            p + "self_attn.k_proj.weight": ((kv, H), "weight"), p + "self_attn.k_proj.bias": ((kv,), "vector"),
-            p + "self_attn.v_proj.weight": ((kv, H), "weight"), p + "self_attn.v_proj.bias": ((kv,), "vector"),
-            p + "self_attn.o_proj.weight": ((H, q), "weight"), p + "self_attn.o_proj.bias": ((H,), "vector"),
-            p + "self_attn.sinks": ((d.heads,), "vector"),
-            p + "mlp.router.weight": ((E, H), "weight"), p + "mlp.router.bias": ((E,), "vector"),
-            p + "mlp.experts.gate_up_proj_blocks": ((E, 2 * I, H // 32, 16), "blocks"),
-            p + "mlp.experts.gate_up_proj_scales": ((E, 2 * I, H // 32), "scales"),
-            p + "mlp.experts.gate_up_proj_bias": ((E, 2 * I), "vector"),
-            p + "mlp.experts.down_proj_blocks": ((E, H, I // 32, 16), "blocks"),
-            p + "mlp.experts.down_proj_scales": ((E, H, I // 32), "scales"),
-            p + "mlp.experts.down_proj_bias": ((E, H), "vector"),
-        })
+        out.update(
+            {
+                p + "input_layernorm.weight": ((H,), "vector"),
+                p + "post_attention_layernorm.weight": ((H,), "vector"),
+                p + "self_attn.q_proj.weight": ((q, H), "weight"),
+                p + "self_attn.q_proj.bias": ((q,), "vector"),
+                p + "self_attn.k_proj.weight": ((kv, H), "weight"),
+                p + "self_attn.k_proj.bias": ((kv,), "vector"),
+                p + "self_attn.v_proj.weight": ((kv, H), "weight"),
+                p + "self_attn.v_proj.bias": ((kv,), "vector"),
+                p + "self_attn.o_proj.weight": ((H, q), "weight"),
+                p + "self_attn.o_proj.bias": ((H,), "vector"),
+                p + "self_attn.sinks": ((d.heads,), "vector"),
+                p + "mlp.router.weight": ((E, H), "weight"),
+                p + "mlp.router.bias": ((E,), "vector"),
+                p + "mlp.experts.gate_up_proj_blocks": ((E, 2 * I, H // 32, 16), "blocks"),
+                p + "mlp.experts.gate_up_proj_scales": ((E, 2 * I, H // 32), "scales"),
+                p + "mlp.experts.gate_up_proj_bias": ((E, 2 * I), "vector"),
+                p + "mlp.experts.down_proj_blocks": ((E, H, I // 32, 16), "blocks"),
+                p + "mlp.experts.down_proj_scales": ((E, H, I // 32), "scales"),
+                p + "mlp.experts.down_proj_bias": ((E, H), "vector"),
+            }
+        )
     return out
 
 
 KIND_DTYPES = {
-    "blocks": (torch.uint8,), "scales": (torch.uint8,), "weight": (torch.bfloat16,),
+    "blocks": (torch.uint8,),
+    "scales": (torch.uint8,),
+    "weight": (torch.bfloat16,),
     "vector": (torch.bfloat16, torch.float32),
 }
 
@@ -143,7 +177,11 @@ def original_to_canonical(name: str, d: Dims) -> list[tuple[str, int, int | None
         n, kind = m.groups()
         q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
         p = f"model.layers.{n}.self_attn."
-        return [(p + f"q_proj.{kind}", 0, q), (p + f"k_proj.{kind}", q, q + kv), (p + f"v_proj.{kind}", q + kv, q + 2 * kv)]
+        return [
+            (p + f"q_proj.{kind}", 0, q),
+            (p + f"k_proj.{kind}", q, q + kv),
+            (p + f"v_proj.{kind}", q + kv, q + 2 * kv),
+        ]
     canonical = _translate(name, 0)
     return [(canonical, 0, None)] if canonical else []
 
@@ -179,10 +217,14 @@ def hf_config_from_original(orig: dict) -> dict:
         "max_position_embeddings": 131072,
         "initial_context_length": orig.get("initial_context_length", 4096),
         "rope_theta": orig.get("rope_theta", 150000.0),
-        "rope_scaling": {"rope_type": "yarn", "factor": orig.get("rope_scaling_factor", 32.0),
-                         "beta_fast": orig.get("rope_ntk_beta", 32.0), "beta_slow": orig.get("rope_ntk_alpha", 1.0),
-                         "original_max_position_embeddings": orig.get("initial_context_length", 4096),
-                         "truncate": False},
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": orig.get("rope_scaling_factor", 32.0),
+            "beta_fast": orig.get("rope_ntk_beta", 32.0),
+            "beta_slow": orig.get("rope_ntk_alpha", 1.0),
+            "original_max_position_embeddings": orig.get("initial_context_length", 4096),
+            "truncate": False,
+        },
         "swiglu_limit": orig.get("swiglu_limit", 7.0),
         "hidden_act": "silu",
         "attention_bias": True,

@@ -83,7 +83,7 @@ Data-free quantization error of the dense layers (relative Frobenius norm, SQNR)
 | {{ q.kind }} ({{ q.n }}) | {{ q.format }} | {{ "%.4f"|format(q.mean) }} | {{ "%.4f"|format(q.worst) }} | {{ q.sqnr }} |
 {% endfor %}
 {%- endif %}
-"""
+"""  # noqa: E501 (Markdown: a template line is one table row or list item)
 
 
 @dataclass
@@ -101,8 +101,11 @@ class PushPlan:
 
     def describe(self) -> str:
         total = sum(s for _, s in self.files)
-        lines = [f"repo: {self.repo_id} ({'private' if self.private else 'public'}), revision: {self.revision or 'main'}",
-                 f"commit message: {self.commit_message}", f"files ({len(self.files)}, {total / 1e9:.3f} GB):"]
+        lines = [
+            f"repo: {self.repo_id} ({'private' if self.private else 'public'}), revision: {self.revision or 'main'}",
+            f"commit message: {self.commit_message}",
+            f"files ({len(self.files)}, {total / 1e9:.3f} GB):",
+        ]
         lines += [f"  {size:>14,d}  {name}" for name, size in self.files]
         return "\n".join(lines) + "\n--- " + CARD + " ---\n" + self.card
 
@@ -127,14 +130,37 @@ def _eval_entries(paths: list[Path]) -> list[dict]:
             from mxrepack.eval.gpqa import require_score
 
             require_score(r, str(p))  # a run whose requests failed is no score to publish
-            out.append({"name": f"GPQA-style ({Path(r['data']['path']).name}, {r['n_repeats']} repeats)", "metric": "accuracy",
-                        "value": r["score"], "stderr": f"{r['stderr']:.4f}", "n": r["n_samples"],
-                        "dataset": Path(r["data"]["path"]).stem})
+            out.append(
+                {
+                    "name": f"GPQA-style ({Path(r['data']['path']).name}, {r['n_repeats']} repeats)",
+                    "metric": "accuracy",
+                    "value": r["score"],
+                    "stderr": f"{r['stderr']:.4f}",
+                    "n": r["n_samples"],
+                    "dataset": Path(r["data"]["path"]).stem,
+                }
+            )
         elif r.get("eval") == "logits":
-            out.append({"name": "KL divergence to the source (mean)", "metric": "kl_mean", "value": r["kl"]["mean"],
-                        "stderr": "-", "n": r["tokens"], "dataset": Path(r["text"]).stem})
-            out.append({"name": "top-1 agreement with the source", "metric": "same_top", "value": r["same_top"],
-                        "stderr": "-", "n": r["tokens"], "dataset": Path(r["text"]).stem})
+            out.append(
+                {
+                    "name": "KL divergence to the source (mean)",
+                    "metric": "kl_mean",
+                    "value": r["kl"]["mean"],
+                    "stderr": "-",
+                    "n": r["tokens"],
+                    "dataset": Path(r["text"]).stem,
+                }
+            )
+            out.append(
+                {
+                    "name": "top-1 agreement with the source",
+                    "metric": "same_top",
+                    "value": r["same_top"],
+                    "stderr": "-",
+                    "n": r["tokens"],
+                    "dataset": Path(r["text"]).stem,
+                }
+            )
         else:
             raise MxRepackError(f"{p}: not a `repack eval gpqa` or `repack eval logits` result")
     return out
@@ -143,9 +169,19 @@ def _eval_entries(paths: list[Path]) -> list[dict]:
 def _layout_rows(manifest: dict) -> list[dict]:
     rows: dict[str, dict] = {}
     for name, t in manifest["tensors"].items():
-        comp = ("experts" if ".mlp.experts." in name else "lm_head" if name.startswith("lm_head") else
-                "attention" if ".self_attn." in name else "router" if ".router." in name else
-                "embeddings" if "embed" in name else "norms")
+        comp = (
+            "experts"
+            if ".mlp.experts." in name
+            else "lm_head"
+            if name.startswith("lm_head")
+            else "attention"
+            if ".self_attn." in name
+            else "router"
+            if ".router." in name
+            else "embeddings"
+            if "embed" in name
+            else "norms"
+        )
         key = f"{comp}/{t['layout']}"
         if key not in rows:
             pad = ", ".join(f"{k} {v[0]}→{v[1]}" for k, v in (t.get("padding") or {}).items()) or "none"
@@ -158,10 +194,21 @@ def _quant_rows(manifest: dict) -> list[dict]:
     for name, r in (manifest.get("quantization_error") or {}).items():
         kind = name.split(".")[-2] if ".self_attn." in name else name.split(".")[0]
         groups.setdefault((kind, r.get("format", "")), []).append(r)
-    return [{"kind": k, "format": f, "n": len(v), "mean": sum(r["rel_fro"] for r in v) / len(v),
-             "worst": max(r["rel_fro"] for r in v),
-             "sqnr": "%.2f" % (sum(r["sqnr_db"] for r in v if r["sqnr_db"] is not None) / max(1, sum(r["sqnr_db"] is not None for r in v)))}
-            for (k, f), v in sorted(groups.items())]
+    return [
+        {
+            "kind": k,
+            "format": f,
+            "n": len(v),
+            "mean": sum(r["rel_fro"] for r in v) / len(v),
+            "worst": max(r["rel_fro"] for r in v),
+            "sqnr": "%.2f"
+            % (
+                sum(r["sqnr_db"] for r in v if r["sqnr_db"] is not None)
+                / max(1, sum(r["sqnr_db"] is not None for r in v))
+            ),
+        }
+        for (k, f), v in sorted(groups.items())
+    ]
 
 
 def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> str:
@@ -177,66 +224,126 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     name = repo_id.split("/")[-1]
     # The bf16 target dequantizes: neither MXFP4 nor quantized.
     quantized = (target["recipe"]["experts"]["layout"], target["recipe"]["dense"]["format"]) != ("bf16", "bf16")
-    tags = ["gpt_oss", *(["mxfp4"] if quantized else []), target["name"], "mxrepack", *(["quantized"] if quantized else [])]
+    tags = [
+        "gpt_oss",
+        *(["mxfp4"] if quantized else []),
+        target["name"],
+        "mxrepack",
+        *(["quantized"] if quantized else []),
+    ]
     if target.get("engine"):
         tags.append(target["engine"])
     data = ModelCardData(
-        base_model=base, license=_license(manifest),
+        base_model=base,
+        license=_license(manifest),
         library_name=LIBRARY.get(target["recipe"]["config"]["quantization_config"], "transformers"),
-        tags=tags, model_name=name,
-        pipeline_tag="text-generation", base_model_relation="quantized" if base and quantized else None,
+        tags=tags,
+        model_name=name,
+        pipeline_tag="text-generation",
+        base_model_relation="quantized" if base and quantized else None,
         quantized_by=f"mxrepack {manifest['tool']['mxrepack']}",
-        eval_results=[EvalResult(task_type="text-generation", dataset_type=e["dataset"], dataset_name=e["dataset"],
-                                 metric_type=e["metric"], metric_value=e["value"], metric_name=e["name"])
-                      for e in evals] or None)
+        eval_results=[
+            EvalResult(
+                task_type="text-generation",
+                dataset_type=e["dataset"],
+                dataset_name=e["dataset"],
+                metric_type=e["metric"],
+                metric_value=e["value"],
+                metric_name=e["name"],
+            )
+            for e in evals
+        ]
+        or None,
+    )
     experts = target["recipe"]["experts"]["layout"]
     dense = target["recipe"]["dense"]
     mode = target["recipe"]["config"]["quantization_config"]
     layout = get_layout(experts).name
     how, kernel = serving(layout, mode)
     if mode == "mxrepack":
-        load = ("Serve it with vLLM and mxrepack's vLLM plugin, which loads the stored bytes straight into the kernel's "
-                "parameters (no repack at start-up):\n\n```\npip install \"mxrepack[vllm]\"\nvllm serve " + repo_id +
-                "\n```\n\nNo `--quantization` flag: `config.json` declares `quant_method: mxrepack`, which a stock "
-                f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
-                f"supports vLLM {VLLM_SUPPORTED_TEXT}.")
+        load = (
+            "Serve it with vLLM and mxrepack's vLLM plugin, which loads the stored bytes straight into the kernel's "
+            'parameters (no repack at start-up):\n\n```\npip install "mxrepack[vllm]"\nvllm serve '
+            + repo_id
+            + "\n```\n\nNo `--quantization` flag: `config.json` declares `quant_method: mxrepack`, which a stock "
+            f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
+            f"supports vLLM {VLLM_SUPPORTED_TEXT}."
+        )
     elif mode == "compressed-tensors":
-        load = ("Serve it with vLLM and mxrepack's vLLM plugin (stock vLLM 0.26-0.33 cannot: its compressed-tensors "
-                "MXFP4 MoE method has no expert biases):\n\n```\npip install \"mxrepack[vllm]\"\nvllm serve " + repo_id +
-                f"\n```\n\nKernels: {kernel}. One GPU (tensor parallelism 1). The tensors are compressed-tensors' "
-                "`mxfp4-pack-quantized` format, which the library reads and decompresses (the versions mxrepack's "
-                "tests compare with):\n\n```\npip install \"compressed-tensors>=0.19,<0.22\"\n```\n\nmxrepack's torch reference runner "
-                "(for evaluation, not serving) also runs it: `pip install mxrepack`, then `repack eval serve DIR` on "
-                "the downloaded folder.")
+        load = (
+            "Serve it with vLLM and mxrepack's vLLM plugin (stock vLLM 0.26-0.33 cannot: its compressed-tensors "
+            'MXFP4 MoE method has no expert biases):\n\n```\npip install "mxrepack[vllm]"\nvllm serve '
+            + repo_id
+            + f"\n```\n\nKernels: {kernel}. One GPU (tensor parallelism 1). The tensors are compressed-tensors' "
+            "`mxfp4-pack-quantized` format, which the library reads and decompresses (the versions mxrepack's "
+            'tests compare with):\n\n```\npip install "compressed-tensors>=0.19,<0.22"\n```\n\n'
+            "mxrepack's torch reference runner "
+            "(for evaluation, not serving) also runs it: `pip install mxrepack`, then `repack eval serve DIR` on "
+            "the downloaded folder."
+        )
     elif mode == "native":
-        load = ("The official gpt-oss MXFP4 format: engines that read openai/gpt-oss load it as is. vLLM, "
-                f"{how} -- MoE kernel: {kernel}:\n\n```\npip install vllm\nvllm serve {repo_id}\n```\n\n"
-                "or transformers' MXFP4 integration:\n\n```\npip install \"transformers>=4.56\"\n```\n\n"
-                f"`AutoModelForCausalLM.from_pretrained(\"{repo_id}\")`.")
+        load = (
+            "The official gpt-oss MXFP4 format: engines that read openai/gpt-oss load it as is. vLLM, "
+            f"{how} -- MoE kernel: {kernel}:\n\n```\npip install vllm\nvllm serve {repo_id}\n```\n\n"
+            'or transformers\' MXFP4 integration:\n\n```\npip install "transformers>=4.56"\n```\n\n'
+            f'`AutoModelForCausalLM.from_pretrained("{repo_id}")`.'
+        )
     else:
-        load = ("Stock transformers, with no quantizer (experts are BF16):\n\n```\npip install \"transformers>=4.56\"\n"
-                f"```\n\n`AutoModelForCausalLM.from_pretrained(\"{repo_id}\")`. vLLM serves it too, {how} -- MoE kernel: {kernel}:"
-                f"\n\n```\npip install vllm\nvllm serve {repo_id}\n```")
+        load = (
+            'Stock transformers, with no quantizer (experts are BF16):\n\n```\npip install "transformers>=4.56"\n'
+            f'```\n\n`AutoModelForCausalLM.from_pretrained("{repo_id}")`. '
+            f"vLLM serves it too, {how} -- MoE kernel: {kernel}:"
+            f"\n\n```\npip install vllm\nvllm serve {repo_id}\n```"
+        )
     if RUN_HERE.get(target["name"]):
         load += f"\n\nRun on a GPU by mxrepack: {RUN_HERE[target['name']]}."
-    notes = (f"Experts: `{experts}` layout. Dense layers: {dense['format']}" +
-             (f" ({', '.join(dense.get('layers') or [])}; scale rule {dense.get('scale_rule', 'ocp')})" if dense["format"] != "bf16" else "") +
-             ". Padding is zero bytes and zero scales: numerically inert (proved in mxrepack's tests).")
+    notes = (
+        f"Experts: `{experts}` layout. Dense layers: {dense['format']}"
+        + (
+            f" ({', '.join(dense.get('layers') or [])}; scale rule {dense.get('scale_rule', 'ocp')})"
+            if dense["format"] != "bf16"
+            else ""
+        )
+        + ". Padding is zero bytes and zero scales: numerically inert (proved in mxrepack's tests)."
+    )
     if manifest.get("nonfinite"):
-        notes += ("\n\n**Warning:** the source held NaN/Inf values, written here unchanged (`--allow-nonfinite`): " +
-                  ", ".join(f"`{n}` ({e['count']})" for n, e in manifest["nonfinite"].items()) + ".")
+        notes += (
+            "\n\n**Warning:** the source held NaN/Inf values, written here unchanged (`--allow-nonfinite`): "
+            + ", ".join(f"`{n}` ({e['count']})" for n, e in manifest["nonfinite"].items())
+            + "."
+        )
     card = ModelCard.from_template(
-        data, template_str="---\n{{ card_data }}\n---\n" + BODY, model_name=name,
-        summary=f"{base or 'A gpt-oss checkpoint'} repacked by mxrepack for **{target['name']}**: {target['recipe']['description']}.",
-        base_model=base, target=target["name"], description=target["recipe"]["description"], consumer=target.get("consumer"),
-        engine=target.get("engine"), tool_version=manifest["tool"]["mxrepack"], torch_version=manifest["tool"].get("torch"),
-        created=manifest.get("created"), layouts=_layout_rows(manifest), layout_notes=notes, load_howto=load,
-        local_name=name, evals=evals, quant_rows=_quant_rows(manifest))
+        data,
+        template_str="---\n{{ card_data }}\n---\n" + BODY,
+        model_name=name,
+        summary=f"{base or 'A gpt-oss checkpoint'} repacked by mxrepack for **{target['name']}**: "
+        f"{target['recipe']['description']}.",
+        base_model=base,
+        target=target["name"],
+        description=target["recipe"]["description"],
+        consumer=target.get("consumer"),
+        engine=target.get("engine"),
+        tool_version=manifest["tool"]["mxrepack"],
+        torch_version=manifest["tool"].get("torch"),
+        created=manifest.get("created"),
+        layouts=_layout_rows(manifest),
+        layout_notes=notes,
+        load_howto=load,
+        local_name=name,
+        evals=evals,
+        quant_rows=_quant_rows(manifest),
+    )
     return str(card)
 
 
-def plan_push(directory: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
-              commit_message: str | None = None, eval_paths: list[Path] = ()) -> PushPlan:
+def plan_push(
+    directory: str | Path,
+    repo_id: str,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    eval_paths: list[Path] = (),
+) -> PushPlan:
     """Everything about a push that needs no network, or a one-line refusal.
 
     ``directory`` must be an mxrepack output whose manifest verifies: its own digest (a format 1 manifest, which has
@@ -290,11 +397,15 @@ def push(plan: PushPlan, api=None) -> str:
         url = api.create_repo(plan.repo_id, private=plan.private, repo_type="model", exist_ok=True)
         if plan.revision and plan.revision != "main":
             api.create_branch(plan.repo_id, branch=plan.revision, repo_type="model", exist_ok=True)
-        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(plan.directory / name))
-                      for name, _ in plan.files if name != CARD]
+        operations = [
+            CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(plan.directory / name))
+            for name, _ in plan.files
+            if name != CARD
+        ]
         operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=plan.card.encode()))
-        api.create_commit(plan.repo_id, operations, commit_message=plan.commit_message, repo_type="model",
-                          revision=plan.revision)
+        api.create_commit(
+            plan.repo_id, operations, commit_message=plan.commit_message, repo_type="model", revision=plan.revision
+        )
     except MxRepackError:
         raise
     except Exception as e:  # network, auth, quota: one line that says what happened

@@ -37,14 +37,32 @@ class ProgressBar:
         if not self.enabled:
             return None
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TimeElapsedColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
-        amount = [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn(), TimeElapsedColumn()]
+        amount = (
+            [DownloadColumn(), TransferSpeedColumn()]
+            if self.unit == "bytes"
+            else [MofNCompleteColumn(), TimeElapsedColumn()]
+        )
         # force_terminal: the terminal check above already decided; rich's own check would repeat it.
         # redirect_stdout off: a result printed to a redirected stdout must reach that file, not the terminal.
-        self.bar = Progress("[progress.description]{task.description}", BarColumn(), *amount, TimeRemainingColumn(),
-                            console=Console(stderr=True, force_terminal=True), transient=True, redirect_stdout=False)
+        self.bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            *amount,
+            TimeRemainingColumn(),
+            console=Console(stderr=True, force_terminal=True),
+            transient=True,
+            redirect_stdout=False,
+        )
         self.bar.start()
         self.task = self.bar.add_task(self.description, total=None)
         return self.update

@@ -36,12 +36,19 @@ def test_targets_inspect_and_verify(tiny, tmp_path, capsys):
     assert "mxrepack target 'bf16'" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args,rc,text", [
-    (["-h"], 0, "Usage: repack"), (["--version"], 0, "mxrepack "), (["convert", "-h"], 0, "Usage: repack convert"),
-    (["x", "--target"], 2, "Option '--target' requires an argument"), (["x", "--bogus"], 2, "No such option: --bogus"),
-    (["kernels", "check", "--jobs", "abc"], 2, "Invalid value for '--jobs'"),
-    (["kernels", "chek"], 2, "No such command 'chek'"), (["verfy", "out"], 2, "did you mean 'verify'"),
-])
+@pytest.mark.parametrize(
+    "args,rc,text",
+    [
+        (["-h"], 0, "Usage: repack"),
+        (["--version"], 0, "mxrepack "),
+        (["convert", "-h"], 0, "Usage: repack convert"),
+        (["x", "--target"], 2, "Option '--target' requires an argument"),
+        (["x", "--bogus"], 2, "No such option: --bogus"),
+        (["kernels", "check", "--jobs", "abc"], 2, "Invalid value for '--jobs'"),
+        (["kernels", "chek"], 2, "No such command 'chek'"),
+        (["verfy", "out"], 2, "did you mean 'verify'"),
+    ],
+)
 def test_usage_mistakes_are_short_messages_not_tracebacks(args, rc, text):
     p = run(*args)
     assert p.returncode == rc and "Traceback" not in p.stderr + p.stdout
@@ -82,16 +89,20 @@ def test_verify_checks_the_manifest_itself_and_unlisted_files(tiny, tmp_path, ca
 
     (out / "weights-backup.safetensors").write_bytes(b"x")
     assert main(["verify", str(out), "--no-source"]) == 1
-    assert capsys.readouterr().err == (f"error: verify failed: {out / 'weights-backup.safetensors'}: not listed in the "
-                                       "manifest (mxrepack did not write it); move it out of the output\n")
+    assert capsys.readouterr().err == (
+        f"error: verify failed: {out / 'weights-backup.safetensors'}: not listed in the "
+        "manifest (mxrepack did not write it); move it out of the output\n"
+    )
     (out / "weights-backup.safetensors").unlink()
 
     manifest["target"]["recipe"]["description"] = "something else"
     path.write_text(json.dumps(manifest, indent=2))
     assert main(["verify", str(out)]) == 1
-    assert capsys.readouterr().err == (f"error: verify failed: {path}: edited since mxrepack wrote it (its content no "
-                                       "longer matches its manifest_sha256); re-run repack rather than edit the "
-                                       "manifest\n")
+    assert capsys.readouterr().err == (
+        f"error: verify failed: {path}: edited since mxrepack wrote it (its content no "
+        "longer matches its manifest_sha256); re-run repack rather than edit the "
+        "manifest\n"
+    )
     # whitespace and key order are not content: a reformatted manifest still verifies
     path.write_text(json.dumps(json.loads(original), indent=None, sort_keys=True))
     assert main(["verify", str(out)]) == 0
@@ -136,12 +147,24 @@ def test_make_fixture_cli_and_real_presets(tmp_path):
 def test_reference_gemm_and_expert(tiny):
     ck = open_checkpoint(str(tiny))
     p = "model.layers.0.mlp.experts."
-    parts = {k: ck.tensors[p + k].read() for k in ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
-                                                    "down_proj_blocks", "down_proj_scales", "down_proj_bias")}
+    parts = {
+        k: ck.tensors[p + k].read()
+        for k in (
+            "gate_up_proj_blocks",
+            "gate_up_proj_scales",
+            "gate_up_proj_bias",
+            "down_proj_blocks",
+            "down_proj_scales",
+            "down_proj_bias",
+        )
+    }
     x = torch.randn(5, 288).to(torch.bfloat16)
     y = mxfp4_linear(x, parts["gate_up_proj_blocks"][1], parts["gate_up_proj_scales"][1], parts["gate_up_proj_bias"][1])
     w = dense_weights(parts)
-    assert tensor_error(x.double() @ w["gate_up_proj"][1].double().T + w["gate_up_proj_bias"][1].double(), y)["rel_fro"] < 1e-6
+    assert (
+        tensor_error(x.double() @ w["gate_up_proj"][1].double().T + w["gate_up_proj_bias"][1].double(), y)["rel_fro"]
+        < 1e-6
+    )
     assert expert_mlp(x, w, 2).shape == (5, 288)
     e = tensor_error(torch.ones(4, dtype=torch.float64), torch.full((4,), 1.01, dtype=torch.float64))
     assert abs(e["rel_fro"] - 0.01) < 1e-9 and abs(e["sqnr_db"] - 40) < 1e-6

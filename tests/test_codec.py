@@ -7,7 +7,13 @@ from hypothesis import strategies as st
 
 from mxrepack.errors import MxRepackError
 from mxrepack.quant import (
-    check_e8m0, dequantize_mxfp4, dequantize_mxfp8, e8m0_to_float, pack_fp4, quantize_mxfp4, quantize_mxfp8,
+    check_e8m0,
+    dequantize_mxfp4,
+    dequantize_mxfp8,
+    e8m0_to_float,
+    pack_fp4,
+    quantize_mxfp4,
+    quantize_mxfp8,
     unpack_fp4,
 )
 from mxrepack.quant.mx import FP4_VALUES

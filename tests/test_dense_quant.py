@@ -19,8 +19,6 @@ from mxrepack.repack.source import open_checkpoint
 from mxrepack.repack.verify import verify_dir
 
 
-
-
 def test_mxfp8_compressed_tensors_rule_matches_installed_library():
     from compressed_tensors.compressors.mxfp8.base import MXFP8QuantizationCompressor
     from compressed_tensors.quantization import preset_name_to_scheme
@@ -69,10 +67,17 @@ def test_dense_layout_swizzled_round_trip_and_padding(fmt):
 
 
 def test_layer_selection_and_errors():
-    names = ["model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight",
-             "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.k_proj.weight",
-             "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
-             "model.layers.0.mlp.router.weight", "model.layers.0.input_layernorm.weight"]
+    names = [
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.router.weight",
+        "model.layers.0.input_layernorm.weight",
+    ]
     assert select_dense(names, ["qkv"]) == names[2:3] + names[4:6]
     assert select_dense(names, ["o", "lm_head"]) == ["lm_head.weight", "model.layers.0.self_attn.o_proj.weight"]
     assert select_dense(names, ["model.layers.0.self_attn.o_proj"]) == ["model.layers.0.self_attn.o_proj.weight"]
@@ -98,8 +103,12 @@ def test_sm121_quantizes_dense_by_default_and_dense_bf16_keeps_them(tiny, tmp_pa
     assert stored["model.layers.0.mlp.router.weight"].dtype == torch.bfloat16
     manifest = json.loads((out / "mxrepack.json").read_text())
     report = manifest["quantization_error"]
-    assert set(report) == {"lm_head.weight"} | {f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (0, 1) for p in "qkvo"}
-    assert all(0.05 < r["rel_fro"] < 0.15 and 15 < r["sqnr_db"] < 25 and r["out_rel_random"] > 0 for r in report.values())
+    assert set(report) == {"lm_head.weight"} | {
+        f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (0, 1) for p in "qkvo"
+    }
+    assert all(
+        0.05 < r["rel_fro"] < 0.15 and 15 < r["sqnr_db"] < 25 and r["out_rel_random"] > 0 for r in report.values()
+    )
     quant = json.loads((out / "config.json").read_text())["quantization_config"]["groups"]["dense"]
     assert quant["format"] == "mxfp4" and "lm_head" in quant["modules"]
 
@@ -110,8 +119,15 @@ def test_sm121_quantizes_dense_by_default_and_dense_bf16_keeps_them(tiny, tmp_pa
 def test_recorded_activations_enter_the_report(tiny, tmp_path):
     acts = {"lm_head.weight": torch.randn(8, 288).to(torch.bfloat16)}
     save_file(acts, str(tmp_path / "acts.safetensors"))
-    r = repack(str(tiny), "sm121", tmp_path / "o", dense_layers="lm_head", activations=tmp_path / "acts.safetensors",
-               dense="mxfp8", scale_rule="compressed-tensors")
+    r = repack(
+        str(tiny),
+        "sm121",
+        tmp_path / "o",
+        dense_layers="lm_head",
+        activations=tmp_path / "acts.safetensors",
+        dense="mxfp8",
+        scale_rule="compressed-tensors",
+    )
     entry = r.quantization_error["lm_head.weight"]
     assert entry["format"] == "mxfp8" and 0 < entry["out_rel_recorded"] < 0.05
 
@@ -127,7 +143,9 @@ def _rewrite(directory, name, fn):
 def test_bad_dense_inputs_are_one_line_errors_naming_the_tensor(tiny, copy_of, tmp_path):
     src = copy_of(tiny)
     _rewrite(src, "model.layers.1.self_attn.v_proj.weight", lambda t: t.float())
-    with pytest.raises(MxRepackError, match=r"tensor 'model\.layers\.1\.self_attn\.v_proj\.weight': dtype F32, expected BF16"):
+    with pytest.raises(
+        MxRepackError, match=r"tensor 'model\.layers\.1\.self_attn\.v_proj\.weight': dtype F32, expected BF16"
+    ):
         repack(str(src), "sm121", tmp_path / "x")
     assert not (tmp_path / "x").exists()
 
@@ -142,12 +160,18 @@ def test_bad_dense_inputs_are_one_line_errors_naming_the_tensor(tiny, copy_of, t
         return t
 
     _rewrite(src2, "model.layers.0.self_attn.o_proj.weight", poison)
-    with pytest.raises(MxRepackError, match=r"tensor 'model\.layers\.0\.self_attn\.o_proj\.weight': 1 NaN/Inf value\(s\) \(first in row 5"):
+    with pytest.raises(
+        MxRepackError,
+        match=r"tensor 'model\.layers\.0\.self_attn\.o_proj\.weight': 1 NaN/Inf value\(s\) \(first in row 5",
+    ):
         repack(str(src2), "sm121", tmp_path / "y")
     assert not (tmp_path / "y").exists() and not list(tmp_path.glob(".y.*"))
 
     odd = make_fixture(tmp_path / "odd", "tiny", head_dim=20)  # o_proj K = 4 heads * 20 = 80
-    with pytest.raises(MxRepackError, match=r"tensor 'model\.layers\.0\.self_attn\.o_proj\.weight': input width K=80 is not a multiple of 32"):
+    with pytest.raises(
+        MxRepackError,
+        match=r"tensor 'model\.layers\.0\.self_attn\.o_proj\.weight': input width K=80 is not a multiple of 32",
+    ):
         repack(str(odd), "sm121", tmp_path / "z")
 
 
@@ -167,7 +191,9 @@ def test_compressed_tensors_target_round_trips_through_the_library(tiny, tmp_pat
     assert verify_dir(out)["ok"]
     config = json.loads((out / "config.json").read_text())
     qc = config["quantization_config"]
-    parsed = QuantizationConfig.model_validate({k: v for k, v in qc.items() if k not in ("version", "transform_config")})
+    parsed = QuantizationConfig.model_validate(
+        {k: v for k, v in qc.items() if k not in ("version", "transform_config")}
+    )
     assert parsed.format == "mxfp4-pack-quantized" and parsed.quantization_status == "compressed"
     assert "lm_head" in qc["ignore"] and qc["config_groups"]["group_0"]["weights"]["group_size"] == 32
     assert config["intermediate_size"] == 256  # 160 padded to 128
@@ -177,12 +203,30 @@ def test_compressed_tensors_target_round_trips_through_the_library(tiny, tmp_pat
     I = 160
     for layer in (0, 1):
         p = f"model.layers.{layer}.mlp.experts."
-        w = dense_weights({k: ck.tensors[p + k].read() for k in ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
-                                                                 "down_proj_blocks", "down_proj_scales", "down_proj_bias")})
+        w = dense_weights(
+            {
+                k: ck.tensors[p + k].read()
+                for k in (
+                    "gate_up_proj_blocks",
+                    "gate_up_proj_scales",
+                    "gate_up_proj_bias",
+                    "down_proj_blocks",
+                    "down_proj_scales",
+                    "down_proj_bias",
+                )
+            }
+        )
         for e in range(4):
-            got = {proj: decompress("mxfp4", {"weight_packed": stored[f"{p}{e}.{proj}.weight_packed"],
-                                              "weight_scale": stored[f"{p}{e}.{proj}.weight_scale"]}).float()
-                   for proj in ("gate_proj", "up_proj", "down_proj")}
+            got = {
+                proj: decompress(
+                    "mxfp4",
+                    {
+                        "weight_packed": stored[f"{p}{e}.{proj}.weight_packed"],
+                        "weight_scale": stored[f"{p}{e}.{proj}.weight_scale"],
+                    },
+                ).float()
+                for proj in ("gate_proj", "up_proj", "down_proj")
+            }
             # exact: gate = even rows, up = odd rows of gate_up_proj; padding all zero
             assert torch.equal(got["gate_proj"][:I], w["gate_up_proj"][e, 0::2])
             assert torch.equal(got["up_proj"][:I], w["gate_up_proj"][e, 1::2])
@@ -191,8 +235,9 @@ def test_compressed_tensors_target_round_trips_through_the_library(tiny, tmp_pat
             assert torch.equal(stored[f"{p}{e}.gate_proj.bias"][:I].float(), w["gate_up_proj_bias"][e, 0::2])
     for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.o_proj"):
         src = ck.tensors[name + ".weight"].read().float()
-        got = decompress("mxfp4", {"weight_packed": stored[name + ".weight_packed"],
-                                   "weight_scale": stored[name + ".weight_scale"]}).float()
+        got = decompress(
+            "mxfp4", {"weight_packed": stored[name + ".weight_packed"], "weight_scale": stored[name + ".weight_scale"]}
+        ).float()
         assert torch.equal(got, dequantize_mxfp4(*quantize_mxfp4(src, "compressed-tensors"), torch.float32))
         assert (got - src).norm() / src.norm() < 0.15
 
@@ -212,8 +257,17 @@ def test_compressed_tensors_padding_is_inert_in_a_moe_forward(tiny, tmp_path):
     packed = {k: torch.stack(v) for k, v in per_part.items()}
     ck = open_checkpoint(str(tiny))
     native = get_layout("mxfp4")
-    source = {k: ck.tensors[p + k].read() for k in ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
-                                                    "down_proj_blocks", "down_proj_scales", "down_proj_bias")}
+    source = {
+        k: ck.tensors[p + k].read()
+        for k in (
+            "gate_up_proj_blocks",
+            "gate_up_proj_scales",
+            "gate_up_proj_bias",
+            "down_proj_blocks",
+            "down_proj_scales",
+            "down_proj_bias",
+        )
+    }
     x = torch.randn(6, 288).to(torch.bfloat16)
     ids = torch.tensor([[0, 1], [2, 3], [1, 3], [0, 2], [3, 0], [2, 1]])
     wts = torch.softmax(torch.randn(6, 2), -1)
@@ -237,9 +291,12 @@ def test_swizzled_dense_scales_through_the_pipeline(tiny, tmp_path):
     from mxrepack.layouts.base import unswizzle_128x4
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("name: swz\ndescription: flashinfer-cutlass experts, MXFP4 dense with 128x4 scales\nexperts:\n  layout: flashinfer-cutlass\n"
-                      "dense:\n  format: mxfp4\n  layers: [qkv, o, lm_head]\n  scales: swizzled\n"
-                      "config:\n  quantization_config: mxrepack\n")
+    recipe.write_text(
+        "name: swz\ndescription: flashinfer-cutlass experts, MXFP4 dense with 128x4 scales\n"
+        "experts:\n  layout: flashinfer-cutlass\n"
+        "dense:\n  format: mxfp4\n  layers: [qkv, o, lm_head]\n  scales: swizzled\n"
+        "config:\n  quantization_config: mxrepack\n"
+    )
     out = repack(str(tiny), recipe_file=str(recipe), out=tmp_path / "o", chunk_bytes=1 << 16).out  # many 128-row chunks
     assert verify_dir(out)["ok"]
     stored = read_directory(out)

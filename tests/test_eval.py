@@ -17,8 +17,9 @@ from mxrepack.recipes import builtin_names, load_recipe
 def test_runner_logits_equal_transformers(tiny):
     from transformers import GptOssForCausalLM, Mxfp4Config
 
-    ref = GptOssForCausalLM.from_pretrained(str(tiny), quantization_config=Mxfp4Config(dequantize=True),
-                                            dtype=torch.float32, attn_implementation="eager")
+    ref = GptOssForCausalLM.from_pretrained(
+        str(tiny), quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32, attn_implementation="eager"
+    )
     runner = load_runner(tiny)
     ids = torch.randint(0, 512, (40,))  # longer than the sliding window (8): both attention kinds matter
     with torch.no_grad():
@@ -28,7 +29,9 @@ def test_runner_logits_equal_transformers(tiny):
     # differences only; 1e-5 of the logit scale (~1.4) leaves three orders of margin.
     assert (got - want).abs().max() < 1e-5 * want.abs().max().clamp(min=1)
     cache = KVCache(runner.d.layers)
-    stepwise = torch.cat([runner.forward(ids[:25], cache), runner.forward(ids[25:31], cache), runner.forward(ids[31:], cache)])
+    stepwise = torch.cat(
+        [runner.forward(ids[:25], cache), runner.forward(ids[25:31], cache), runner.forward(ids[31:], cache)]
+    )
     assert (stepwise - got).abs().max() < 1e-5
 
 
@@ -78,7 +81,7 @@ def test_triton_fast_path_matches_reference(tiny, tmp_path):
     assert "lm_head.weight" in linears and len(linears) > 4
     for w in linears:
         for x in inputs[w]:
-            assert rel(fast.linear(x, w[:-len(".weight")]), ref.linear(x, w[:-len(".weight")])) < 2e-2, w
+            assert rel(fast.linear(x, w[: -len(".weight")]), ref.linear(x, w[: -len(".weight")])) < 2e-2, w
     for layer in range(ref.d.layers):
         h = inputs[f"model.layers.{layer}.mlp.router.weight"][0]
         assert rel(fast.moe(layer, h), ref.moe(layer, h)) < 2e-2, layer
@@ -88,8 +91,16 @@ def test_triton_fast_path_matches_reference(tiny, tmp_path):
 
 
 def test_gpqa_sampling_prompt_and_grading_follow_gpt_oss_evals():
-    rows = [{"Question": f"Q{i}?", "Correct Answer": f"right{i}", "Incorrect Answer 1": f"w{i}a",
-             "Incorrect Answer 2": f"w{i}b", "Incorrect Answer 3": f"w{i}c"} for i in range(3)]
+    rows = [
+        {
+            "Question": f"Q{i}?",
+            "Correct Answer": f"right{i}",
+            "Incorrect Answer 1": f"w{i}a",
+            "Incorrect Answer 2": f"w{i}b",
+            "Incorrect Answer 3": f"w{i}c",
+        }
+        for i in range(3)
+    ]
     samples = build_samples(rows, n_repeats=2)
     # Documented: one Random(0); rows repeated in order; each sample draws sample(range(4), 4) in turn.
     rng = random.Random(0)
@@ -98,17 +109,30 @@ def test_gpqa_sampling_prompt_and_grading_follow_gpt_oss_evals():
         base = [row["Correct Answer"], row["Incorrect Answer 1"], row["Incorrect Answer 2"], row["Incorrect Answer 3"]]
         choices = [base[p] for p in perm]
         assert s.answer == "ABCD"[choices.index(row["Correct Answer"])]
-        assert s.prompt == (f"{row['Question']}\n\n(A) {choices[0]}\n(B) {choices[1]}\n(C) {choices[2]}\n(D) {choices[3]}\n\n"
-                            "Express your final answer as the corresponding option 'A', 'B', 'C', or 'D'.")
+        assert s.prompt == (
+            f"{row['Question']}\n\n(A) {choices[0]}\n(B) {choices[1]}\n(C) {choices[2]}\n(D) {choices[3]}\n\n"
+            "Express your final answer as the corresponding option 'A', 'B', 'C', or 'D'."
+        )
     assert format_prompt("Q", list("wxyz")).endswith(INSTRUCTION)
     canned = {
-        "Answer: C": "C", "**Answer:** B": "B", "answer: d": "D", "The final Answer: (A)": "A",
-        "I pick Option C.": "C", "It is \\boxed{B}.": "B", "So (D) it is.": "D", "clearly **A**": "A",
-        "\\textbf{C} wins": "C", "**D) forty-two**": "D", "B. because": "B",
+        "Answer: C": "C",
+        "**Answer:** B": "B",
+        "answer: d": "D",
+        "The final Answer: (A)": "A",
+        "I pick Option C.": "C",
+        "It is \\boxed{B}.": "B",
+        "So (D) it is.": "D",
+        "clearly **A**": "A",
+        "\\textbf{C} wins": "C",
+        "**D) forty-two**": "D",
+        "B. because": "B",
         # earlier rungs win over later ones, whatever the order in the text:
-        "(A) looks tempting but Answer: B": "B", "(A) or \\boxed{C}": "C",
+        "(A) looks tempting but Answer: B": "B",
+        "(A) or \\boxed{C}": "C",
         # nothing matches: the first character (after a leading **), even if it is no letter
-        "I am not sure": "I", "**maybe": "m", "": "",
+        "I am not sure": "I",
+        "**maybe": "m",
+        "": "",
     }
     for text, letter in canned.items():
         assert extract_letter(text) == letter, text
@@ -178,7 +202,9 @@ def test_gpqa_failed_requests_are_errors_not_wrong_answers(served_tiny, tmp_path
     data = _small_csv(tmp_path)
     refused = tmp_path / "refused.json"
     with ChatServer(served_tiny, "tiny", fault={"bad_request_every": 1}) as server:
-        rc = main(["eval", "gpqa", "--base-url", server.base_url, "--model", "tiny", "--data", str(data), "-o", str(refused)])
+        rc = main(
+            ["eval", "gpqa", "--base-url", server.base_url, "--model", "tiny", "--data", str(data), "-o", str(refused)]
+        )
     cap = capsys.readouterr()
     assert rc == 1 and "score" not in cap.out
     assert cap.err.count("\n") == 1 and cap.err.startswith("error: eval gpqa:")
@@ -202,13 +228,21 @@ def test_gpqa_failed_requests_are_errors_not_wrong_answers(served_tiny, tmp_path
     assert "over 10 answered samples; 2 failed requests not scored" in cap.out
     assert cap.err.startswith("warning: 2 of 12 requests failed") and "out of vocabulary" in cap.err
     r = json.loads(some.read_text())
-    assert (r["errors"], r["n_samples"], r["n_requests"], r["max_errors"], r["too_many_errors"]) == (2, 10, 12, 2, False)
+    assert (r["errors"], r["n_samples"], r["n_requests"], r["max_errors"], r["too_many_errors"]) == (
+        2,
+        10,
+        12,
+        2,
+        False,
+    )
     answered = [s for s in r["samples"] if s["error"] is None]
     assert len(answered) == 10 and all(s["response"] == local[s["index"]]["response"] for s in answered)
     assert r["score"] == sum(s["correct"] for s in answered) / 10 and "answered" in r["scored_over"]
     assert all(s["correct"] is None and "HTTP 400" in s["error"] for s in r["samples"] if s["error"] is not None)
     assert main(["eval", "compare", str(some), str(some)]) == 0
-    with ChatServer(served_tiny, "tiny", fault={"bad_request_every": 6}) as server:  # the default, 5% of 12, allows none
+    with ChatServer(
+        served_tiny, "tiny", fault={"bad_request_every": 6}
+    ) as server:  # the default, 5% of 12, allows none
         assert main([*args, "--base-url", server.base_url, "--model", "tiny"]) == 1
     from mxrepack.eval.gpqa import allowed_errors
 
@@ -276,8 +310,25 @@ def test_logits_compare_report_and_cli(tmp_path):
     g1, g2 = tmp_path / "g1.json", tmp_path / "g2.json"
     g1.write_text(json.dumps({"eval": "gpqa", "score": 0.8, "stderr": 0.03, "n_samples": 100, "backend": "a"}))
     g2.write_text(json.dumps({"eval": "gpqa", "score": 0.78, "stderr": 0.03, "n_samples": 100, "backend": "b"}))
-    assert main(["eval", "report", "--out", str(tmp_path / "rep"), "--model", str(out), "--gpqa", str(g1),
-                 "--gpqa", str(g2), "--logits", str(logits_json)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "report",
+                "--out",
+                str(tmp_path / "rep"),
+                "--model",
+                str(out),
+                "--gpqa",
+                str(g1),
+                "--gpqa",
+                str(g2),
+                "--logits",
+                str(logits_json),
+            ]
+        )
+        == 0
+    )
     md = (tmp_path / "rep" / "report.md").read_text()
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "PASSED" in md and "KL mean" in md and "lm_head.weight" in md
@@ -291,20 +342,32 @@ def test_report_charts_have_axes_and_an_edited_manifest_is_refused(tiny, tmp_pat
     from mxrepack.eval.report import _plots, build_report
     from mxrepack.repack.pipeline import repack
 
-    report = {"quantization_error": {"model.layers.0.self_attn.q_proj.weight": {"rel_fro": 0.093},
-                                     "lm_head.weight": {"rel_fro": 0.11}},
-              "gpqa": [{"label": "base", "score": 0.8, "stderr": 0.03}, {"label": "cand", "score": 0.78, "stderr": 0.03}],
-              "logits": {"kl_histogram": {"edges": [10.0 ** (-8 + i / 4) for i in range(37)],
-                                          "counts": [0] * 12 + [5, 40, 90, 30, 4] + [0] * 19}}}
+    report = {
+        "quantization_error": {
+            "model.layers.0.self_attn.q_proj.weight": {"rel_fro": 0.093},
+            "lm_head.weight": {"rel_fro": 0.11},
+        },
+        "gpqa": [{"label": "base", "score": 0.8, "stderr": 0.03}, {"label": "cand", "score": 0.78, "stderr": 0.03}],
+        "logits": {
+            "kl_histogram": {
+                "edges": [10.0 ** (-8 + i / 4) for i in range(37)],
+                "counts": [0] * 12 + [5, 40, 90, 30, 4] + [0] * 19,
+            }
+        },
+    }
     plots = _plots(report)
     assert set(plots) == {"quant_error", "accuracy", "kl_hist"}
     for name, svg in plots.items():
         assert svg.count('class="axis"') == 2, name  # an x and a y axis line
-        assert re.search(r'class="xlabel"[^>]*>[^<]+</text>', svg) and re.search(r'class="ylabel"[^>]*>[^<]+</text>', svg)
+        assert re.search(r'class="xlabel"[^>]*>[^<]+</text>', svg) and re.search(
+            r'class="ylabel"[^>]*>[^<]+</text>', svg
+        )
     assert ">accuracy (fraction of samples correct)<" in plots["accuracy"]
     assert all(f">{t}</text>" in plots["accuracy"] for t in ("0", "0.2", "0.4", "0.6", "0.8", "1"))  # value ticks
     assert ">KL per token (log bins)<" in plots["kl_hist"] and ">tokens<" in plots["kl_hist"]
-    assert all(f">{t}</text>" in plots["kl_hist"] for t in ("0", "20", "40", "60", "80")) and ">1e-08<" in plots["kl_hist"]
+    assert (
+        all(f">{t}</text>" in plots["kl_hist"] for t in ("0", "20", "40", "60", "80")) and ">1e-08<" in plots["kl_hist"]
+    )
     assert ">relative Frobenius error |W - Q(W)| / |W|<" in plots["quant_error"]
 
     out = repack(str(tiny), "sm121", tmp_path / "o").out
@@ -322,7 +385,10 @@ def test_gpqa_cli_local_and_backend_choice(tmp_path):
 
     data = _small_csv(tmp_path, n=4)
     out = tmp_path / "r.json"
-    assert main(["eval", "gpqa", "--local", str(bundled_model()), "--data", str(data), "--n-repeats", "2", "-o", str(out)]) == 0
+    assert (
+        main(["eval", "gpqa", "--local", str(bundled_model()), "--data", str(data), "--n-repeats", "2", "-o", str(out)])
+        == 0
+    )
     r = json.loads(out.read_text())
     assert r["n_samples"] == 8 and r["n_repeats"] == 2 and {"score", "stderr", "samples"} <= set(r)
     assert main(["eval", "gpqa", "--data", str(data)]) == 1  # neither backend

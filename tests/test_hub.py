@@ -33,17 +33,41 @@ def _front_matter(card: str) -> dict:
 
 def test_dry_run_prints_plan_and_card_without_network(output, no_network, capsys, tmp_path):
     gpqa = tmp_path / "gpqa.json"
-    gpqa.write_text(json.dumps({"eval": "gpqa", "score": 0.81, "stderr": 0.012, "n_samples": 1584, "n_repeats": 8,
-                                "data": {"path": "gpqa_diamond.csv"}}))
+    gpqa.write_text(
+        json.dumps(
+            {
+                "eval": "gpqa",
+                "score": 0.81,
+                "stderr": 0.012,
+                "n_samples": 1584,
+                "n_repeats": 8,
+                "data": {"path": "gpqa_diamond.csv"},
+            }
+        )
+    )
     assert main(["push", str(output), "--repo-id", "me/tiny-sm121", "--dry-run", "--eval", str(gpqa)]) == 0
     text = capsys.readouterr().out
     assert "repo: me/tiny-sm121 (public), revision: main" in text and "dry run: nothing was sent" in text
     assert "model-00001-of-00001.safetensors" in text and "mxrepack.json" in text and "README.md" in text
     assert not (output / "README.md").exists()  # a dry run writes nothing either
     failed = tmp_path / "failed.json"  # every request failed: no score to publish, one line, nothing sent
-    failed.write_text(json.dumps({"eval": "gpqa", "score": None, "stderr": None, "n_samples": 0, "n_repeats": 8,
-                                  "errors": 40, "n_requests": 40, "max_errors": 2, "too_many_errors": True,
-                                  "first_error": "HTTP 400", "data": {"path": "gpqa_diamond.csv"}}))
+    failed.write_text(
+        json.dumps(
+            {
+                "eval": "gpqa",
+                "score": None,
+                "stderr": None,
+                "n_samples": 0,
+                "n_repeats": 8,
+                "errors": 40,
+                "n_requests": 40,
+                "max_errors": 2,
+                "too_many_errors": True,
+                "first_error": "HTTP 400",
+                "data": {"path": "gpqa_diamond.csv"},
+            }
+        )
+    )
     assert main(["push", str(output), "--repo-id", "me/tiny-sm121", "--dry-run", "--eval", str(failed)]) != 0
     assert "40 of 40 requests failed" in capsys.readouterr().err
 
@@ -52,8 +76,18 @@ def test_card_metadata_and_body(output, tmp_path, no_network):
     manifest_path = output / "mxrepack.json"
     manifest = json.loads(manifest_path.read_text())
     gpqa = tmp_path / "gpqa.json"
-    gpqa.write_text(json.dumps({"eval": "gpqa", "score": 0.81, "stderr": 0.012, "n_samples": 1584, "n_repeats": 8,
-                                "data": {"path": "gpqa_diamond.csv"}}))
+    gpqa.write_text(
+        json.dumps(
+            {
+                "eval": "gpqa",
+                "score": 0.81,
+                "stderr": 0.012,
+                "n_samples": 1584,
+                "n_repeats": 8,
+                "data": {"path": "gpqa_diamond.csv"},
+            }
+        )
+    )
     plan = plan_push(output, "me/tiny-sm121", eval_paths=[gpqa])
     meta = _front_matter(plan.card)
     assert "gpt_oss" in meta["tags"] and "mxfp4" in meta["tags"] and "sm121" in meta["tags"] and "vllm" in meta["tags"]
@@ -144,8 +178,11 @@ def test_push_calls_create_repo_branch_and_one_commit_of_the_listed_files(output
 
 def test_an_unlisted_file_is_refused_not_uploaded(output, no_network):
     (output / "notes.txt").write_text("private")
-    with pytest.raises(MxRepackError, match=r"refusing to push, the manifest does not verify: .*notes\.txt: not listed in "
-                                            r"the manifest \(mxrepack did not write it\); move it out of the output"):
+    with pytest.raises(
+        MxRepackError,
+        match=r"refusing to push, the manifest does not verify: .*notes\.txt: not listed in "
+        r"the manifest \(mxrepack did not write it\); move it out of the output",
+    ):
         plan_push(output, "me/x")
     (output / "notes.txt").unlink()
     (output / "sub").mkdir()
@@ -169,9 +206,13 @@ def test_an_edited_manifest_cannot_reach_a_card(output, no_network, edit):
         del manifest["manifest_sha256"]
         manifest["format_version"] = 1
     path.write_text(json.dumps(manifest, indent=2))
-    message = {"old format": "format 1 has no manifest_sha256", "digest removed": "its manifest_sha256 was removed"}.get(
-        edit, "edited since mxrepack wrote it")
-    with pytest.raises(MxRepackError, match=f"refusing to push, the manifest does not verify: .*mxrepack.json: {message}"):
+    message = {
+        "old format": "format 1 has no manifest_sha256",
+        "digest removed": "its manifest_sha256 was removed",
+    }.get(edit, "edited since mxrepack wrote it")
+    with pytest.raises(
+        MxRepackError, match=f"refusing to push, the manifest does not verify: .*mxrepack.json: {message}"
+    ):
         plan_push(output, "me/x")
     assert main(["push", str(output), "--repo-id", "me/x", "--dry-run"]) == 1
 
@@ -184,8 +225,13 @@ def _card_for(output, target: str) -> tuple[dict, str]:
 
     manifest = json.loads((output / "mxrepack.json").read_text())
     r = load_recipe(target)
-    manifest["target"] = {"name": r.name, "recipe_source": r.source, "recipe": r.data, "consumer": r.consumer,
-                          "engine": r.engine}
+    manifest["target"] = {
+        "name": r.name,
+        "recipe_source": r.source,
+        "recipe": r.data,
+        "consumer": r.consumer,
+        "engine": r.engine,
+    }
     card = render_card(manifest, f"me/tiny-{target}")
     return _front_matter(card), card
 

@@ -17,8 +17,10 @@ def _inputs(g):
 def _pack(layout, parts, dims):
     if layout.per_expert:  # one tensor per expert: pack each, stack them (what unpack takes)
         E = next(iter(parts.values())).shape[0]
-        return {o.suffix: torch.stack([o.pack(**{k: parts[k][e:e + 1] for k in o.inputs}) for e in range(E)])
-                for o in layout.outputs(dims)}
+        return {
+            o.suffix: torch.stack([o.pack(**{k: parts[k][e : e + 1] for k in o.inputs}) for e in range(E)])
+            for o in layout.outputs(dims)
+        }
     return {o.suffix: o.pack(**{k: parts[k] for k in o.inputs}) for o in layout.outputs(dims)}
 
 
@@ -109,8 +111,11 @@ def _random_parts(E, H, I, seed, scales=(100, 140)):
     }
 
 
-_TRITON_GOLDEN = {"hopper": ("HopperMXValueLayout", "HopperMXScaleLayout"), "plain": ("StridedLayout", "StridedLayout"),
-                  "blackwell": ("BlackwellMXValueLayout", "BlackwellMXScaleLayout")}
+_TRITON_GOLDEN = {
+    "hopper": ("HopperMXValueLayout", "HopperMXScaleLayout"),
+    "plain": ("StridedLayout", "StridedLayout"),
+    "blackwell": ("BlackwellMXValueLayout", "BlackwellMXScaleLayout"),
+}
 
 
 @pytest.mark.parametrize("kind", sorted(_TRITON_GOLDEN))
@@ -123,7 +128,10 @@ def test_triton_kernels_layouts_match_vllm_vendored_triton_kernels(golden, kind,
     out = _pack(TritonHopperLayout(value=kind, scale=kind), _inputs(g), GOLDEN_DIMS)
     vname, sname = _TRITON_GOLDEN[kind]
     for w in ("w13", "w2"):
-        for mine, theirs in ((f"{w}_weight", f"out.{w}_weight.{vname}"), (f"{w}_weight_scale", f"out.{w}_scale.{sname}")):
+        for mine, theirs in (
+            (f"{w}_weight", f"out.{w}_weight.{vname}"),
+            (f"{w}_weight_scale", f"out.{w}_scale.{sname}"),
+        ):
             ref = g[theirs]
             assert out[mine].numel() == ref.numel(), (mine, out[mine].shape, ref.shape)
             assert torch.equal(out[mine].reshape(-1), ref.reshape(-1)), mine
@@ -156,7 +164,9 @@ def test_triton_hopper_values_native_equals_numpy(E, n16, kb32, seed):
 
     if native.library() is None:
         pytest.skip("native loops not built here")
-    w = torch.randint(0, 256, (E, 16 * n16, 32 * kb32), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    w = torch.randint(
+        0, 256, (E, 16 * n16, 32 * kb32), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8
+    )
     packed = th.hopper_value_swizzle(w)
     assert torch.equal(packed, th.hopper_values_numpy(w))
     assert torch.equal(th.hopper_value_unswizzle(packed), w)
@@ -169,8 +179,14 @@ def test_triton_hopper_values_native_equals_numpy(E, n16, kb32, seed):
 
 
 @settings(max_examples=10, deadline=None)
-@given(E=st.integers(1, 2), n=st.integers(1, 150), kb8=st.integers(1, 20), pad_n=st.integers(0, 2), pad_k=st.integers(0, 3),
-       seed=st.integers(0, 2**31))
+@given(
+    E=st.integers(1, 2),
+    n=st.integers(1, 150),
+    kb8=st.integers(1, 20),
+    pad_n=st.integers(0, 2),
+    pad_k=st.integers(0, 3),
+    seed=st.integers(0, 2**31),
+)
 def test_marlin_weights_native_equals_numpy(E, n, kb8, pad_n, pad_k, seed):
     """The compiled Marlin weight loop gives the delta-swap path's bytes, padding included."""
     from mxrepack import native
@@ -223,7 +239,7 @@ def test_triton_hopper_bit_twiddle_lets_a_mask_read_bf16():
     x = torch.randint(0, 256, (64, 4), dtype=torch.uint8)
     words = twiddle_bits(x).view(torch.int32).reshape(-1).to(torch.int64) & 0xFFFFFFFF
     for j in range(3):
-        got = ((words << (3 * j)) & 0x81C081C0)
+        got = (words << (3 * j)) & 0x81C081C0
         lo, hi = x[:, j].to(torch.int64) & 15, x[:, j].to(torch.int64) >> 4
         want = ((lo & 8) << 12) | ((lo & 7) << 6) | ((hi & 8) << 28) | ((hi & 7) << 22)
         assert torch.equal(got, want)
@@ -303,7 +319,7 @@ def test_flashinfer_cutlass_rows_are_up_then_gate_padded_per_half():
     Ip, Hp = 128, 256
     assert out["w13_weight"].shape == (1, 2 * Ip, Hp // 2)
     assert torch.equal(out["w13_weight"][0, :96, :80], w[0, 1::2])  # up
-    assert torch.equal(out["w13_weight"][0, Ip:Ip + 96, :80], w[0, 0::2])  # gate
+    assert torch.equal(out["w13_weight"][0, Ip : Ip + 96, :80], w[0, 0::2])  # gate
     assert not out["w13_weight"][0, 96:Ip].any() and not out["w13_weight"][0, :, 80:].any()
 
 

@@ -44,8 +44,11 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
     view = read_manifest(out)  # the typed view reads what the pipeline wrote
     assert view.data == manifest and view.recipe.data == recipe.data and view.target_name == target
     assert read_weight_map(out) == {name: entry["file"] for name, entry in view.tensors.items()}
-    suffix = {"bf16": "gate_up_proj", "mxfp4": "gate_up_proj_blocks",
-              "compressed-tensors": "0.gate_proj.weight_packed"}.get(layout, "w13_weight")
+    suffix = {
+        "bf16": "gate_up_proj",
+        "mxfp4": "gate_up_proj_blocks",
+        "compressed-tensors": "0.gate_proj.weight_packed",
+    }.get(layout, "w13_weight")
     entry = manifest["tensors"]["model.layers.1.mlp.experts." + suffix]
     assert entry["layout"] == manifest["target"]["recipe"]["experts"]["layout"] and entry["file"] in shards
     config = json.loads((out / "config.json").read_text())
@@ -64,13 +67,22 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
         assert quant["layouts"] == sorted([layout, "passthrough", *dense])
         assert quant["groups"]["experts"]["layout"] == layout
         assert quant["groups"]["experts"]["stored"]["w13_weight"]["logical_shape"][0] == 4
-        padding = {"marlin": {"hidden": [288, 512], "intermediate": [160, 256]},
-                   "trtllm": {"hidden": [288, 512], "intermediate": [160, 256]},
-                   "flashinfer-cutlass": {"hidden": [288, 384], "intermediate": [160, 256]}}
+        padding = {
+            "marlin": {"hidden": [288, 512], "intermediate": [160, 256]},
+            "trtllm": {"hidden": [288, 512], "intermediate": [160, 256]},
+            "flashinfer-cutlass": {"hidden": [288, 384], "intermediate": [160, 256]},
+        }
         if layout in padding:
             assert entry["padding"] == padding[layout]
-        assert entry["stored_shape"] == {"marlin": [4, 32, 1024], "trtllm": [4, 512, 256], "flashinfer-cutlass": [4, 512, 192],
-                                         "triton-hopper": [4, 80, 640]}[layout]
+        assert (
+            entry["stored_shape"]
+            == {
+                "marlin": [4, 32, 1024],
+                "trtllm": [4, 512, 256],
+                "flashinfer-cutlass": [4, 512, 192],
+                "triton-hopper": [4, 80, 640],
+            }[layout]
+        )
     assert verify_dir(out)["ok"]
 
 
@@ -81,8 +93,19 @@ def test_bf16_values_and_original_layout_agree(tiny, tiny_original, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # original/ fused qkv splits to the same q/k/v
     ck = open_checkpoint(str(tiny))
     p = "model.layers.0.mlp.experts."
-    src = dense_weights({k: ck.tensors[p + k].read() for k in ("gate_up_proj_blocks", "gate_up_proj_scales",
-                         "gate_up_proj_bias", "down_proj_blocks", "down_proj_scales", "down_proj_bias")})
+    src = dense_weights(
+        {
+            k: ck.tensors[p + k].read()
+            for k in (
+                "gate_up_proj_blocks",
+                "gate_up_proj_scales",
+                "gate_up_proj_bias",
+                "down_proj_blocks",
+                "down_proj_scales",
+                "down_proj_bias",
+            )
+        }
+    )
     assert torch.equal(a[p + "gate_up_proj"].float(), src["gate_up_proj"].transpose(1, 2))
     assert a[p + "gate_up_proj"].shape == (4, 288, 320) and a[p + "down_proj"].shape == (4, 160, 288)
 
@@ -91,8 +114,10 @@ def test_bf16_values_and_original_layout_agree(tiny, tiny_original, tmp_path):
 def test_mxfp4_target_is_byte_identical(tiny, tmp_path, monkeypatch, kernel_copy):
     """Tensors stored unchanged are copied by the kernel, or read and written where it cannot (EXDEV)."""
     if not kernel_copy:
+
         def cannot(*args):
             raise OSError(18, "Invalid cross-device link")  # EXDEV
+
         monkeypatch.setattr(os, "copy_file_range", cannot)
     ck = open_checkpoint(str(tiny))
     result = repack(str(tiny), "mxfp4", tmp_path / "o")
@@ -107,13 +132,24 @@ def test_layout_roundtrips_on_tiny(tiny):
 
     ck = open_checkpoint(str(tiny))
     p = "model.layers.1.mlp.experts."
-    parts = {k: ck.tensors[p + k].read() for k in ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
-                                                    "down_proj_blocks", "down_proj_scales", "down_proj_bias")}
+    parts = {
+        k: ck.tensors[p + k].read()
+        for k in (
+            "gate_up_proj_blocks",
+            "gate_up_proj_scales",
+            "gate_up_proj_bias",
+            "down_proj_blocks",
+            "down_proj_scales",
+            "down_proj_bias",
+        )
+    }
     dims = ExpertDims(4, 288, 160)
     for layout in LAYOUTS.values():
         if layout.per_expert:  # one tensor per expert: pack each, stack for unpack
-            stored = {o.suffix: torch.stack([o.pack(**{k: parts[k][e:e + 1] for k in o.inputs}) for e in range(4)])
-                      for o in layout.outputs(dims)}
+            stored = {
+                o.suffix: torch.stack([o.pack(**{k: parts[k][e : e + 1] for k in o.inputs}) for e in range(4)])
+                for o in layout.outputs(dims)
+            }
             shapes = {o.suffix: (4, *o.shape) for o in layout.outputs(dims)}
         else:
             stored = {o.suffix: o.pack(**{k: parts[k] for k in o.inputs}) for o in layout.outputs(dims)}
@@ -142,13 +178,20 @@ def _tree(path: Path) -> dict:
     return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*"))}
 
 
-@pytest.mark.parametrize("where", ["source", "source parent", "inside source", "plain folder", "output with a user file"])
+@pytest.mark.parametrize(
+    "where", ["source", "source parent", "inside source", "plain folder", "output with a user file"]
+)
 def test_overwrite_never_deletes_what_mxrepack_did_not_write(tiny, tmp_path, copy_of, where):
     """--overwrite replaces only an mxrepack output holding nothing else, and never the source or what holds it."""
     src = copy_of(tiny)
     (tmp_path / "notes.txt").write_text("the user's")
-    out = {"source": src, "source parent": tmp_path, "inside source": src / "sub", "plain folder": tmp_path / "mine",
-           "output with a user file": tmp_path / "out"}[where]
+    out = {
+        "source": src,
+        "source parent": tmp_path,
+        "inside source": src / "sub",
+        "plain folder": tmp_path / "mine",
+        "output with a user file": tmp_path / "out",
+    }[where]
     if where == "plain folder":
         out.mkdir()
         (out / "keep.txt").write_text("x")
@@ -156,9 +199,13 @@ def test_overwrite_never_deletes_what_mxrepack_did_not_write(tiny, tmp_path, cop
         repack(str(src), "bf16", out)
         (out / "my-eval.json").write_text("{}")
     before = _tree(tmp_path)
-    message = {"source": "is the source checkpoint", "source parent": "contains the source checkpoint",
-               "inside source": "lies inside the source checkpoint", "plain folder": "holds no readable mxrepack.json",
-               "output with a user file": "holds 'my-eval.json', which its manifest does not list"}[where]
+    message = {
+        "source": "is the source checkpoint",
+        "source parent": "contains the source checkpoint",
+        "inside source": "lies inside the source checkpoint",
+        "plain folder": "holds no readable mxrepack.json",
+        "output with a user file": "holds 'my-eval.json', which its manifest does not list",
+    }[where]
     with pytest.raises(MxRepackError, match=message) as e:
         repack(str(src), "bf16", out, overwrite=True)
     assert "\n" not in str(e.value) and str(out) in str(e.value)
@@ -198,8 +245,18 @@ def test_a_second_conversion_to_the_same_output_fails_and_leaves_the_first(tiny,
 def test_two_processes_racing_for_one_output(tiny, tmp_path):
     """Two real conversions started together: exactly one writes the output, the other fails in one line."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "bf16", "--out", str(out),
-           "--no-source-hash", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mxrepack.cli",
+        str(tiny),
+        "--target",
+        "bf16",
+        "--out",
+        str(out),
+        "--no-source-hash",
+        "--json",
+    ]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
     codes = sorted(rc for rc, _ in results)
@@ -254,19 +311,26 @@ def test_make_fixture_overwrite_replaces_only_a_fixture(tmp_path):
 
 def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
     good = tmp_path / "mine.yaml"
-    good.write_text("name: mine\ndescription: d\nexperts: {layout: mxfp4}\ndense: {format: bf16}\n"
-                    "config: {quantization_config: native}\n")
+    good.write_text(
+        "name: mine\ndescription: d\nexperts: {layout: mxfp4}\ndense: {format: bf16}\n"
+        "config: {quantization_config: native}\n"
+    )
     assert repack(str(tiny), None, tmp_path / "o", recipe_file=str(good)).target == "mine"
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: b\ndescription: d\nexperts: {layout: nope}\ndense: {format: bf16}\nconfig: {quantization_config: remove}\n")
+    bad.write_text(
+        "name: b\ndescription: d\nexperts: {layout: nope}\ndense: {format: bf16}\n"
+        "config: {quantization_config: remove}\n"
+    )
     valid = re.escape(", ".join(sorted(LAYOUTS)))
     with pytest.raises(MxRepackError, match=rf"key 'experts.layout': unknown value 'nope' \(valid: {valid}\)"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     bad.write_text("name: b\ndescription: d\nexperts: {layout: bf16, colour: red}\n")
     with pytest.raises(MxRepackError, match="key 'experts.colour' is not known"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
-    bad.write_text("name: b\ndescription: d\nexperts: {layout: marlin, options: {tile: 3}}\ndense: {format: bf16}\n"
-                   "config: {quantization_config: mxrepack}\n")
+    bad.write_text(
+        "name: b\ndescription: d\nexperts: {layout: marlin, options: {tile: 3}}\ndense: {format: bf16}\n"
+        "config: {quantization_config: mxrepack}\n"
+    )
     with pytest.raises(MxRepackError, match="key 'experts.options': .*not accepted by layout 'marlin'"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     assert not (tmp_path / "o2").exists()
@@ -274,18 +338,19 @@ def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
 
 # --- bad input: one-line error naming the file/tensor, and nothing left at the output path -------
 
+
 def _damage_header(path: Path, name: str, **changes) -> None:
     """Rewrite one tensor's header entry (keeping the data) to fake a malformed checkpoint."""
     import struct
 
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     header[name].update(changes)
     new = json.dumps(header, separators=(",", ":")).encode()
     new += b" " * (n - len(new)) if len(new) <= n else b""
     assert len(new) == n, "header grew; pick a change that keeps its size"
-    path.write_bytes(raw[:8] + new + raw[8 + n:])
+    path.write_bytes(raw[:8] + new + raw[8 + n :])
 
 
 def _shard(d: Path) -> Path:
@@ -345,16 +410,27 @@ def _bad_e8m0_nan(d):
     return str(d), f"tensor '{SCALES}': 1 E8M0 scale byte(s) are 255 (NaN)"
 
 
-BAD_INPUTS = [_bad_missing_path, _bad_config, _bad_missing_shard, _bad_truncated, _bad_corrupt_header,
-              _bad_scales_shape, _bad_dtype, _bad_e8m0_nan]
+BAD_INPUTS = [
+    _bad_missing_path,
+    _bad_config,
+    _bad_missing_shard,
+    _bad_truncated,
+    _bad_corrupt_header,
+    _bad_scales_shape,
+    _bad_dtype,
+    _bad_e8m0_nan,
+]
 
 
 @pytest.mark.parametrize("damage", BAD_INPUTS, ids=lambda f: f.__name__[5:])
 def test_bad_input_one_line_error_and_no_output(tiny, copy_of, tmp_path, damage):
     source, message = damage(copy_of(tiny))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", source, "--target", "bf16", "--out", str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mxrepack.cli", source, "--target", "bf16", "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
@@ -362,8 +438,11 @@ def test_bad_input_one_line_error_and_no_output(tiny, copy_of, tmp_path, damage)
 
 
 def test_unknown_target_lists_valid_ones(tiny, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "sm999", "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "sm999", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"error: unknown target 'sm999'; valid targets: {', '.join(sorted(TARGETS))}"
 
@@ -381,13 +460,16 @@ def _poison(src: Path, name: str, row: int, col: int, bits: bytes) -> None:
 NAN, INF = b"\xc0\x7f", b"\x80\x7f"  # BF16 0x7FC0, 0x7F80
 
 
-@pytest.mark.parametrize("target,name,row,cols,how", [
-    ("mxfp4", "model.layers.1.mlp.router.weight", 2, (5, 7), "copied by the kernel"),
-    ("sm121", "model.layers.0.mlp.router.bias", 1, (0, 2), "copied by the kernel (1-D: a row is an element)"),
-    ("bf16", "model.embed_tokens.weight", 300, (5, 7), "copied by the kernel"),
-    ("sm121-marlin", "model.layers.1.mlp.experts.down_proj_bias", 1, (5, 7), "permuted by the layout"),
-    ("bf16", "model.layers.0.mlp.experts.gate_up_proj_bias", 3, (5, 7), "read beside the dequantized experts"),
-])
+@pytest.mark.parametrize(
+    "target,name,row,cols,how",
+    [
+        ("mxfp4", "model.layers.1.mlp.router.weight", 2, (5, 7), "copied by the kernel"),
+        ("sm121", "model.layers.0.mlp.router.bias", 1, (0, 2), "copied by the kernel (1-D: a row is an element)"),
+        ("bf16", "model.embed_tokens.weight", 300, (5, 7), "copied by the kernel"),
+        ("sm121-marlin", "model.layers.1.mlp.experts.down_proj_bias", 1, (5, 7), "permuted by the layout"),
+        ("bf16", "model.layers.0.mlp.experts.gate_up_proj_bias", 3, (5, 7), "read beside the dequantized experts"),
+    ],
+)
 def test_nonfinite_in_a_tensor_stored_unquantized(tiny, copy_of, tmp_path, target, name, row, cols, how):
     """NaN/Inf that a conversion would write unchanged: a one-line error naming file, tensor and row; with
     allow_nonfinite a warning, the manifest's record and the card's note."""
@@ -396,19 +478,24 @@ def test_nonfinite_in_a_tensor_stored_unquantized(tiny, copy_of, tmp_path, targe
     _poison(src, name, row, cols[1], INF)
     with pytest.raises(MxRepackError) as e:
         repack(str(src), target, tmp_path / "out")
-    assert str(e.value) == (f"{_shard(src)}: tensor '{name}': 2 NaN/Inf value(s) (first in row {row}); the output would "
-                            "carry them unchanged (pass --allow-nonfinite to write them anyway)")
+    assert str(e.value) == (
+        f"{_shard(src)}: tensor '{name}': 2 NaN/Inf value(s) (first in row {row}); the output would "
+        "carry them unchanged (pass --allow-nonfinite to write them anyway)"
+    )
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
     result = repack(str(src), target, tmp_path / "out", allow_nonfinite=True)
-    assert result.warnings == [f"{_shard(src)}: tensor '{name}': 2 NaN/Inf value(s) (first in row {row}) written "
-                               "unchanged (--allow-nonfinite)"]
+    assert result.warnings == [
+        f"{_shard(src)}: tensor '{name}': 2 NaN/Inf value(s) (first in row {row}) written unchanged (--allow-nonfinite)"
+    ]
     manifest = json.loads((result.out / "mxrepack.json").read_text())
     assert manifest["nonfinite"] == {name: {"file": str(_shard(src)), "count": 2, "first_row": row}}
     assert verify_dir(result.out)["ok"]
     from mxrepack.hub import render_card
 
-    assert f"**Warning:** the source held NaN/Inf values, written here unchanged (`--allow-nonfinite`): `{name}` (2)" in \
-        render_card(manifest, "me/x")
+    assert (
+        f"**Warning:** the source held NaN/Inf values, written here unchanged (`--allow-nonfinite`): `{name}` (2)"
+        in render_card(manifest, "me/x")
+    )
 
 
 def test_nonfinite_cli_flag_and_the_quantized_path_still_refuses(tiny, copy_of, tmp_path):
@@ -422,7 +509,9 @@ def test_nonfinite_cli_flag_and_the_quantized_path_still_refuses(tiny, copy_of, 
     assert proc.stderr.startswith("warning: ") and "model.layers.0.mlp.router.weight': 1 NaN/Inf" in proc.stderr
     # a dense layer the target quantizes refuses NaN itself, flag or not (mxfp4 codes cannot hold it)
     _poison(src, "model.layers.0.self_attn.q_proj.weight", 4, 0, INF)
-    with pytest.raises(MxRepackError, match="q_proj.weight': 1 NaN/Inf value\\(s\\) \\(first in row 4 of this chunk\\); refusing"):
+    with pytest.raises(
+        MxRepackError, match="q_proj.weight': 1 NaN/Inf value\\(s\\) \\(first in row 4 of this chunk\\); refusing"
+    ):
         repack(str(src), "sm121", tmp_path / "q", allow_nonfinite=True)
 
 
@@ -443,11 +532,14 @@ def test_recipe_and_target_together_is_an_error(tiny, tmp_path, capsys):
     from mxrepack.recipes import load_recipe
 
     recipe = tmp_path / "mine.yaml"
-    recipe.write_text("name: mine\ndescription: d\nexperts: {layout: mxfp4}\ndense: {format: bf16}\n"
-                      "config: {quantization_config: native}\n")
+    recipe.write_text(
+        "name: mine\ndescription: d\nexperts: {layout: mxfp4}\ndense: {format: bf16}\n"
+        "config: {quantization_config: native}\n"
+    )
     assert main([str(tiny), "--target", "sm121", "--recipe", str(recipe), "--out", str(tmp_path / "o")]) == 1
-    assert capsys.readouterr().err == (f"error: --target sm121 and --recipe {recipe}: pass one (the recipe file names "
-                                       "its own target)\n")
+    assert capsys.readouterr().err == (
+        f"error: --target sm121 and --recipe {recipe}: pass one (the recipe file names its own target)\n"
+    )
     with pytest.raises(MxRepackError, match="pass one"):
         load_recipe("sm121", recipe)
     assert not (tmp_path / "o").exists()
@@ -459,7 +551,9 @@ def test_an_mxrepack_output_as_source_says_so(tiny, tmp_path):
         repack(str(out), "sm90", tmp_path / "again")
     assert str(e.value) == f"{out} is an mxrepack output (target sm121); repack from the original checkpoint ({tiny})"
     (out / "mxrepack.json").unlink()  # config.json's quant_method says it too
-    with pytest.raises(MxRepackError, match=r"is an mxrepack output \(target sm121\); repack from the original checkpoint$"):
+    with pytest.raises(
+        MxRepackError, match=r"is an mxrepack output \(target sm121\); repack from the original checkpoint$"
+    ):
         open_checkpoint(str(out))
     # the mxfp4 target keeps the native format: its output is a gpt-oss checkpoint like any other
     native = repack(str(tiny), "mxfp4", tmp_path / "mxfp4").out
@@ -472,8 +566,12 @@ def test_disk_full_during_write(tiny, tmp_path):
     def limit():  # the file-size limit makes write() fail with EFBIG, like a full disk
         resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
 
-    proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "bf16", "--out", str(out)],
-                          capture_output=True, text=True, preexec_fn=limit)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mxrepack.cli", str(tiny), "--target", "bf16", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+    )
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "write failed" in proc.stderr and "is the disk full?" in proc.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
@@ -481,8 +579,11 @@ def test_disk_full_during_write(tiny, tmp_path):
 
 def _start_and_wait_for(src: Path, out: Path, pattern: str, signum: int) -> subprocess.Popen:
     """Start a conversion and send ``signum`` as soon as a file matching ``pattern`` appears."""
-    proc = subprocess.Popen([sys.executable, "-m", "mxrepack.cli", str(src), "--target", "bf16", "--out", str(out),
-                             "--shard-size", "2MB"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mxrepack.cli", str(src), "--target", "bf16", "--out", str(out), "--shard-size", "2MB"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while not list(out.parent.glob(pattern)) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -525,8 +626,11 @@ def test_shard_hash_is_the_files(tmp_path, monkeypatch):
     monkeypatch.setattr(sio._FollowingHash, "WINDOW", 1000)
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(5000))
-    tensors = [sio.PlannedTensor("a", torch.uint8, (40, 100)), sio.PlannedTensor("b", torch.uint8, (5000,)),
-               sio.PlannedTensor("c", torch.int32, (300,))]
+    tensors = [
+        sio.PlannedTensor("a", torch.uint8, (40, 100)),
+        sio.PlannedTensor("b", torch.uint8, (5000,)),
+        sio.PlannedTensor("c", torch.int32, (300,)),
+    ]
     writer = sio.StreamingShardWriter(tmp_path / "out.safetensors", tensors)
     for r0 in range(0, 40, 15):  # chunks of 1500, 1500, 1000 bytes
         writer.write("a", torch.randint(0, 256, (min(15, 40 - r0), 100), dtype=torch.uint8))
@@ -582,7 +686,8 @@ def test_verify_shows_progress_on_a_terminal_and_none_with_json(tiny, tmp_path, 
     assert 0 < totals["source comparison (output bytes)"] < totals["sha256 of output files"]
     assert main(["verify", str(out), "--json"]) == 0 and not bars[1].enabled
 
-    # The real bar (undo() puts it back), on a terminal: drawn on stderr; with --json nothing on stderr, only JSON on stdout.
+    # The real bar (undo() puts it back), on a terminal: drawn on stderr; with --json nothing on stderr, only JSON
+    # on stdout.
     monkeypatch.undo()
     monkeypatch.setattr(progress, "_stderr_is_terminal", lambda: True)
     capsys.readouterr()

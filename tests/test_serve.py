@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ from mxrepack.errors import MxRepackError
 from mxrepack.layouts import get_layout
 from mxrepack.recipes import list_recipes, load_recipe
 from mxrepack.repack.pipeline import repack
-from mxrepack.serve.spec import (EXPERT_BACKENDS, ServeSpec, check_checkpoint, check_vllm_version, serve_hint,
-                                 serving)
+from mxrepack.serve.spec import EXPERT_BACKENDS, ServeSpec, check_checkpoint, check_vllm_version, serve_hint, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_TARGETS = [r.name for r in list_recipes() if r.quantization_config == "mxrepack"]
@@ -44,8 +42,11 @@ def test_spec_matches_the_written_checkpoint(outputs, target):
     out = outputs[target]
     spec = check_checkpoint(out)
     manifest = json.loads((out / "mxrepack.json").read_text())
-    stored = {n.split(".mlp.experts.")[1]: (t["dtype"], tuple(t["stored_shape"]))
-              for n, t in manifest["tensors"].items() if n.startswith("model.layers.0.mlp.experts.")}
+    stored = {
+        n.split(".mlp.experts.")[1]: (t["dtype"], tuple(t["stored_shape"]))
+        for n, t in manifest["tensors"].items()
+        if n.startswith("model.layers.0.mlp.experts.")
+    }
     assert {k: (d, s) for k, (d, s) in spec.stored.items()} == stored
     assert spec.layout == get_layout(load_recipe(target).expert_layout).name
     config = json.loads((out / "config.json").read_text())
@@ -53,8 +54,9 @@ def test_spec_matches_the_written_checkpoint(outputs, target):
     assert len(expected) == config["num_hidden_layers"] * 6 + 2 * len(spec.dense_modules)
     if target in ("sm120", "sm121"):
         assert spec.lm_head_quantized
-        assert spec.quantized_vllm_prefixes() == {"lm_head"} | {f"model.layers.{i}.attn.{p}" for i in range(2)
-                                                                  for p in ("qkv_proj", "o_proj")}
+        assert spec.quantized_vllm_prefixes() == {"lm_head"} | {
+            f"model.layers.{i}.attn.{p}" for i in range(2) for p in ("qkv_proj", "o_proj")
+        }
         assert expected["lm_head.weight_packed"] == ("uint8", (config["vocab_size"], config["hidden_size"] // 2))
     else:
         assert not spec.dense_modules
@@ -69,15 +71,20 @@ def _edit_config(out: Path, tmp_path: Path, edit, name: str = "copy") -> Path:
     return copy
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda qc: qc.update(quant_method="mxfp4"), r"quant_method is 'mxfp4', not 'mxrepack'"),
-    (lambda qc: qc["groups"]["experts"].update(layout="bf16"), r"layout is 'bf16', which no vLLM backend serves"),
-    (lambda qc: qc["groups"].pop("experts"), r"groups.experts is missing"),
-    (lambda qc: qc["groups"]["experts"]["stored"].pop("w2_bias"), r"stored lacks w2_bias"),
-    (lambda qc: qc["groups"]["dense"].update(format="mxfp8"), r"dense MXFP4 with plain scales"),
-    (lambda qc: qc["groups"]["dense"]["modules"].remove("model.layers.1.self_attn.k_proj"),
-     r"model.layers.1.self_attn: only q/v_proj are MXFP4"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda qc: qc.update(quant_method="mxfp4"), r"quant_method is 'mxfp4', not 'mxrepack'"),
+        (lambda qc: qc["groups"]["experts"].update(layout="bf16"), r"layout is 'bf16', which no vLLM backend serves"),
+        (lambda qc: qc["groups"].pop("experts"), r"groups.experts is missing"),
+        (lambda qc: qc["groups"]["experts"]["stored"].pop("w2_bias"), r"stored lacks w2_bias"),
+        (lambda qc: qc["groups"]["dense"].update(format="mxfp8"), r"dense MXFP4 with plain scales"),
+        (
+            lambda qc: qc["groups"]["dense"]["modules"].remove("model.layers.1.self_attn.k_proj"),
+            r"model.layers.1.self_attn: only q/v_proj are MXFP4",
+        ),
+    ],
+)
 def test_what_the_plugin_cannot_serve_is_one_line(outputs, tmp_path, edit, message):
     with pytest.raises(MxRepackError, match=message) as e:
         check_checkpoint(_edit_config(outputs["sm121"], tmp_path, edit))
@@ -86,10 +93,14 @@ def test_what_the_plugin_cannot_serve_is_one_line(outputs, tmp_path, edit, messa
 
 def test_a_wrong_or_missing_tensor_is_named_before_any_engine_starts(outputs, tmp_path):
     out = outputs["sm80"]
-    wrong = _edit_config(out, tmp_path, lambda qc: qc["groups"]["experts"]["stored"]["w13_weight"].update(
-        shape=[4, 1, 1]))
-    with pytest.raises(MxRepackError, match=r"model-\d+-of-\d+\.safetensors: model\.layers\.0\.mlp\.experts\.w13_weight "
-                                            r"is I32 \[4, \d+, \d+\]; the config's marlin layout stores I32 \[4, 1, 1\]"):
+    wrong = _edit_config(
+        out, tmp_path, lambda qc: qc["groups"]["experts"]["stored"]["w13_weight"].update(shape=[4, 1, 1])
+    )
+    with pytest.raises(
+        MxRepackError,
+        match=r"model-\d+-of-\d+\.safetensors: model\.layers\.0\.mlp\.experts\.w13_weight "
+        r"is I32 \[4, \d+, \d+\]; the config's marlin layout stores I32 \[4, 1, 1\]",
+    ):
         check_checkpoint(wrong)
     missing = _edit_config(out, tmp_path, lambda qc: None, "missing")
     index = missing / "model.safetensors.index.json"
@@ -105,8 +116,18 @@ def test_b12x_outputs_written_before_the_rename_still_serve(outputs, tmp_path):
     assert check_checkpoint(old).layout == "flashinfer-cutlass"
 
 
-@pytest.mark.parametrize("version, ok", [("0.25.2", False), ("0.26.0", True), ("0.33.0", True), ("0.33.1", True),
-                                         ("0.34.0", False), ("1.0.0", False), ("dev", False)])
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("0.25.2", False),
+        ("0.26.0", True),
+        ("0.33.0", True),
+        ("0.33.1", True),
+        ("0.34.0", False),
+        ("1.0.0", False),
+        ("dev", False),
+    ],
+)
 def test_vllm_versions_outside_the_tested_range_are_refused_in_one_line(version, ok):
     if ok:
         check_vllm_version(version)
@@ -121,8 +142,10 @@ def test_vllm_finds_the_plugin_through_its_entry_point_and_importing_mxrepack_ne
     assert project["entry-points"]["vllm.general_plugins"] == {"mxrepack": "mxrepack.serve.vllm:register"}
     assert any(r.startswith("vllm") for r in project["optional-dependencies"]["vllm"])
     assert not any(r.startswith("compressed-tensors") for r in project["dependencies"])  # vLLM pins its own
-    code = ("import sys, mxrepack.serve.vllm as p, mxrepack.serve.spec, mxrepack.cli; "
-            "assert callable(p.register); assert 'vllm' not in sys.modules")
+    code = (
+        "import sys, mxrepack.serve.vllm as p, mxrepack.serve.spec, mxrepack.cli; "
+        "assert callable(p.register); assert 'vllm' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -169,8 +192,14 @@ def test_compressed_tensors_experts_reassemble_into_vllms_gpt_oss_mxfp4_paramete
     stored = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
     source = {k: v for f in sorted(tiny.glob("*.safetensors")) for k, v in load_file(f).items()}
     E, H, Ip = config["num_local_experts"], config["hidden_size"], config["intermediate_size"]
-    shapes = {"w13_weight": (E, 2 * Ip, H // 2), "w13_weight_scale": (E, 2 * Ip, H // 32), "w13_bias": (E, 2 * Ip),
-              "w2_weight": (E, H, Ip // 2), "w2_weight_scale": (E, H, Ip // 32), "w2_bias": (E, H)}
+    shapes = {
+        "w13_weight": (E, 2 * Ip, H // 2),
+        "w13_weight_scale": (E, 2 * Ip, H // 32),
+        "w13_bias": (E, 2 * Ip),
+        "w2_weight": (E, H, Ip // 2),
+        "w2_weight_scale": (E, H, Ip // 32),
+        "w2_bias": (E, H),
+    }
     fused: dict = {}
     for name, tensor in stored.items():
         where = ct_expert_destination(name)
@@ -186,13 +215,24 @@ def test_compressed_tensors_experts_reassemble_into_vllms_gpt_oss_mxfp4_paramete
         p = f"model.layers.{layer}.mlp.experts."
         gate_up = source[p + "gate_up_proj_blocks"].flatten(2)
         I2 = gate_up.shape[1]
-        for ours, theirs in ((fused[p + "w13_weight"], gate_up), (fused[p + "w13_weight_scale"], source[p + "gate_up_proj_scales"]),
-                             (fused[p + "w13_bias"], source[p + "gate_up_proj_bias"])):
+        for ours, theirs in (
+            (fused[p + "w13_weight"], gate_up),
+            (fused[p + "w13_weight_scale"], source[p + "gate_up_proj_scales"]),
+            (fused[p + "w13_bias"], source[p + "gate_up_proj_bias"]),
+        ):
             assert torch.equal(ours[:, :I2], theirs.to(ours.dtype)) and not ours[:, I2:].any()
         down = source[p + "down_proj_blocks"].flatten(2)
-        for ours, theirs in ((fused[p + "w2_weight"], down), (fused[p + "w2_weight_scale"], source[p + "down_proj_scales"])):
-            assert torch.equal(ours[..., : theirs.shape[-1]], theirs) and not ours[..., theirs.shape[-1]:].any()
+        for ours, theirs in (
+            (fused[p + "w2_weight"], down),
+            (fused[p + "w2_weight_scale"], source[p + "down_proj_scales"]),
+        ):
+            assert torch.equal(ours[..., : theirs.shape[-1]], theirs) and not ours[..., theirs.shape[-1] :].any()
         assert torch.equal(fused[p + "w2_bias"], source[p + "down_proj_bias"].to(torch.bfloat16))
     with pytest.raises(MxRepackError, match=r"experts\.0\.up_proj\.weight_packed: shape .* does not fit"):
-        place_ct_expert(torch.zeros(1, 4, 8, dtype=torch.uint8), 0, 1, torch.zeros(3, 8, dtype=torch.uint8),
-                        "model.layers.0.mlp.experts.0.up_proj.weight_packed")
+        place_ct_expert(
+            torch.zeros(1, 4, 8, dtype=torch.uint8),
+            0,
+            1,
+            torch.zeros(3, 8, dtype=torch.uint8),
+            "model.layers.0.mlp.experts.0.up_proj.weight_packed",
+        )

@@ -40,19 +40,31 @@ def test_repo_id_resolves_from_cache_offline(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     root, origin = resolve("openai/gpt-oss-tiny")
-    assert root == snap and origin == {"kind": "hub", "repo_id": "openai/gpt-oss-tiny", "revision": "a" * 40,
-                                       "requested_revision": None, "path": str(snap)}
+    assert root == snap and origin == {
+        "kind": "hub",
+        "repo_id": "openai/gpt-oss-tiny",
+        "revision": "a" * 40,
+        "requested_revision": None,
+        "path": str(snap),
+    }
     ck = open_checkpoint("openai/gpt-oss-tiny")
     hashes = {k: f.result() for k, f in ck.hash_files_async().items()}
-    assert hashes["model-00000-of-00000.safetensors"] == os.path.basename(os.path.realpath(snap / "model-00000-of-00000.safetensors"))
+    assert hashes["model-00000-of-00000.safetensors"] == os.path.basename(
+        os.path.realpath(snap / "model-00000-of-00000.safetensors")
+    )
 
 
 def test_cli_main_job_from_cache_with_default_out(tiny, tmp_path):
     cache = tmp_path / "hub"
     _fake_hub_cache(cache, "openai/gpt-oss-tiny", tiny)
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", "openai/gpt-oss-tiny", "--target", "mxfp4", "--json"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mxrepack.cli", "openai/gpt-oss-tiny", "--target", "mxfp4", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["out"] == str(tmp_path / "gpt-oss-tiny-mxfp4") and summary["verify"]["ok"]
@@ -65,8 +77,11 @@ def test_unreachable_hub_is_one_line_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "empty"))
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    with pytest.raises(MxRepackError, match=r"openai/gpt-oss-120b: not in the Hugging Face cache and the Hub could "
-                                            r"not be reached .*pass the local directory") as e:
+    with pytest.raises(
+        MxRepackError,
+        match=r"openai/gpt-oss-120b: not in the Hugging Face cache and the Hub could "
+        r"not be reached .*pass the local directory",
+    ) as e:
         resolve("openai/gpt-oss-120b")
     assert "\n" not in str(e.value)
     # huggingface_hub 1.x/2.x ship the `hf` command; `huggingface-cli` is gone
@@ -76,7 +91,11 @@ def test_unreachable_hub_is_one_line_error(tmp_path, monkeypatch):
 def test_original_layout_maps_to_canonical_names(tiny, tiny_original):
     a, b = open_checkpoint(str(tiny)), open_checkpoint(str(tiny_original))
     assert b.layout == "original" and a.tensors.keys() == b.tensors.keys()
-    for name in ("model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.experts.gate_up_proj_scales", "lm_head.weight"):
+    for name in (
+        "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.0.mlp.experts.gate_up_proj_scales",
+        "lm_head.weight",
+    ):
         assert a.tensors[name].read().equal(b.tensors[name].read()), name
     assert b.config["num_local_experts"] == 4 and b.config["rope_scaling"]["beta_fast"] == 32.0
 
@@ -86,7 +105,9 @@ def test_missing_tensor_and_extra_tensor(tiny, copy_of):
     index = json.loads((d / "model.safetensors.index.json").read_text())
     index["weight_map"]["model.layers.7.self_attn.sinks"] = "model-00000-of-00000.safetensors"
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(MxRepackError, match="index lists tensor 'model.layers.7.self_attn.sinks' but the file does not contain it"):
+    with pytest.raises(
+        MxRepackError, match="index lists tensor 'model.layers.7.self_attn.sinks' but the file does not contain it"
+    ):
         open_checkpoint(str(d))
     cfg = json.loads((d / "config.json").read_text())
     del index["weight_map"]["model.layers.7.self_attn.sinks"]
@@ -129,8 +150,10 @@ def test_early_read_ahead_finds_the_first_tensors_without_torch(tiny, tiny_origi
     from mxrepack.repack.source import open_checkpoint
 
     ck = open_checkpoint(str(tiny))
-    expected = sorted((Path(t.info.file).resolve(), t.info.start, t.nbytes)
-                      for t in (ck.tensors["model.embed_tokens.weight"], ck.tensors["lm_head.weight"]))
+    expected = sorted(
+        (Path(t.info.file).resolve(), t.info.start, t.nbytes)
+        for t in (ck.tensors["model.embed_tokens.weight"], ck.tensors["lm_head.weight"])
+    )
     assert sorted((p.resolve(), o, n) for p, o, n in readahead.first_ranges(tiny)) == expected
     readahead.read_ahead(readahead.first_ranges(tiny))
     orig = readahead.first_ranges(tiny_original)

@@ -27,8 +27,12 @@ def _tiles(w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, BLOCK_N: tl.conste
     G: tl.constexpr = BLOCK_K // 32
     rn = tl.minimum(tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
     rg = tl.arange(0, G)
-    w_ptrs = (w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(rn * (stride_wn // 4), 4)[:, None, None]
-              + rg[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])
+    w_ptrs = (
+        w_ptr.to(tl.pointer_type(tl.int32))
+        + tl.multiple_of(rn * (stride_wn // 4), 4)[:, None, None]
+        + rg[None, :, None] * 4
+        + tl.arange(0, 4)[None, None, :]
+    )
     s_ptrs = s_ptr + rn[:, None] * stride_sn + rg[None, :]
     acc = tl.zeros((BLOCK_N, G, 4), dtype=tl.int32)
     sacc = tl.zeros((BLOCK_N, G), dtype=tl.int32)
@@ -38,7 +42,10 @@ def _tiles(w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, BLOCK_N: tl.conste
         sacc ^= tl.load(s_ptrs, mask=ok[None, :], other=0).to(tl.int32)
         w_ptrs += BLOCK_K // 8
         s_ptrs += G
-    tl.store(out_ptr + tl.program_id(0), tl.xor_sum(tl.xor_sum(tl.xor_sum(acc, 2), 1), 0) ^ tl.xor_sum(tl.xor_sum(sacc, 1), 0))
+    tl.store(
+        out_ptr + tl.program_id(0),
+        tl.xor_sum(tl.xor_sum(tl.xor_sum(acc, 2), 1), 0) ^ tl.xor_sum(tl.xor_sum(sacc, 1), 0),
+    )
 
 
 @triton.jit
@@ -68,8 +75,11 @@ def main() -> None:
     rows.append({"kernel": "torch_sum_int32", "ms": ms})
     for bn, bk, warps in itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8)):
         grid = (triton.cdiv(N, bn),)
-        ms = timed(lambda w, s: _tiles[grid](w, s, out, N, K, w.stride(0), s.stride(0), BLOCK_N=bn, BLOCK_K=bk,
-                                             num_warps=warps))
+        ms = timed(
+            lambda w, s: _tiles[grid](
+                w, s, out, N, K, w.stride(0), s.stride(0), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps
+            )
+        )
         rows.append({"kernel": f"tiles n{bn}k{bk}w{warps}", "ms": ms})
     n_words = N * K // 8
     for block, steps, warps in itertools.product((512, 1024, 2048), (4, 16), (4, 8)):
@@ -77,9 +87,15 @@ def main() -> None:
         ms = timed(lambda w, s: _flat[grid](w, out, n_words, BLOCK=block, STEPS=steps, num_warps=warps))
         rows.append({"kernel": f"flat b{block}s{steps}w{warps}", "ms": ms})
     for r in rows[1:]:
-        r["TBps"] = nbytes / (r["ms"] * 1e-3) / 1e12 if "torch" not in r["kernel"] and "flat" not in r["kernel"] else (N * K // 2) / (r["ms"] * 1e-3) / 1e12
+        r["TBps"] = (
+            nbytes / (r["ms"] * 1e-3) / 1e12
+            if "torch" not in r["kernel"] and "flat" not in r["kernel"]
+            else (N * K // 2) / (r["ms"] * 1e-3) / 1e12
+        )
         r["roofline_frac"] = r["TBps"] * 1e12 / copy_bw
-    for r in sorted(rows[1:], key=lambda r: -r["roofline_frac"])[:12] + [r for r in rows[1:] if r["kernel"].startswith("torch")]:
+    for r in sorted(rows[1:], key=lambda r: -r["roofline_frac"])[:12] + [
+        r for r in rows[1:] if r["kernel"].startswith("torch")
+    ]:
         print(f"{r['kernel']:24s} {r['ms']:.4f} ms {r['TBps']:.2f} TB/s {100 * r['roofline_frac']:.0f}%", flush=True)
     print(f"copy roofline {copy_bw / 1e12:.2f} TB/s (read + write)")
     if len(sys.argv) > 1:

@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
-from common import (DEV, bench_decode, copy_roofline,  # noqa: E402
-                   moe_reference, moe_decode_inputs, moe_expert_bytes, moe_weights)
+from common import DEV, bench_decode, copy_roofline, moe_decode_inputs, moe_expert_bytes, moe_reference, moe_weights  # noqa: E402
 
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402
@@ -24,8 +23,11 @@ def main() -> None:
     W = moe_weights()
     per_expert = moe_expert_bytes(W)
     configs = [GemvConfig(bn, bk, w, 1, "asm") for bn, bk, w in itertools.product((8, 16), (256, 512), (2, 4))]
-    configs += [GemvConfig(bn, bk, w, 1, "f16x2", prefetch=ahead) for bn, bk, w, ahead in
-                itertools.product((4, 8, 16, 32), (256, 512), (1, 2, 4), (1, 2)) if bn * bk // 32 >= 32 * w]
+    configs += [
+        GemvConfig(bn, bk, w, 1, "f16x2", prefetch=ahead)
+        for bn, bk, w, ahead in itertools.product((4, 8, 16, 32), (256, 512), (1, 2, 4), (1, 2))
+        if bn * bk // 32 >= 32 * w
+    ]
     rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "shipped": "pick_moe_gemv_config(T * k)"}]
     torch.manual_seed(0)
     for T in (1, 2, 4, 8):
@@ -40,8 +42,15 @@ def main() -> None:
             except Exception as e:  # out of resources
                 print(f"T={T} {cfg.name()}: {type(e).__name__}", flush=True)
                 continue
-            res.append({"T": T, "config": cfg.name(), "ms": ms, "roofline_frac": touched / (ms * 1e-3) / bw,
-                        "experts_touched": ids.unique().numel()})
+            res.append(
+                {
+                    "T": T,
+                    "config": cfg.name(),
+                    "ms": ms,
+                    "roofline_frac": touched / (ms * 1e-3) / bw,
+                    "experts_touched": ids.unique().numel(),
+                }
+            )
         res.sort(key=lambda r: r["ms"])
         best = next(c for c in configs if c.name() == res[0]["config"])
         y = moe_mxfp4(x, ids, wts, W, config=best)
@@ -50,8 +59,11 @@ def main() -> None:
         shipped = next((r for r in res if r["config"] == shipped_cfg.name()), None)
         for r in res[:5]:
             print(f"T={T} {r['config']:24s} {r['ms']:.4f} ms {100 * r['roofline_frac']:.0f}% roofline", flush=True)
-        print(f"T={T} best err {res[0]['rel_err']:.1e}; shipped {shipped_cfg.name()}: "
-              f"{shipped['ms'] if shipped else float('nan'):.4f} ms", flush=True)
+        print(
+            f"T={T} best err {res[0]['rel_err']:.1e}; shipped {shipped_cfg.name()}: "
+            f"{shipped['ms'] if shipped else float('nan'):.4f} ms",
+            flush=True,
+        )
         rows += res
     if len(sys.argv) > 1:
         json.dump(rows, open(sys.argv[1], "w"), indent=1)

@@ -23,8 +23,19 @@ from mxrepack.kernels.gemv_mxfp4 import GemvConfig  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import MoeGemvConfig, pick_moe_gemv_config  # noqa: E402
 
 REPEATS = 3
-SHAPES = [(16, 512, 4, 1), (32, 256, 8, 1), (16, 1024, 8, 1), (16, 1024, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 2),
-          (8, 512, 4, 2), (16, 256, 4, 2), (32, 512, 8, 1), (8, 512, 2, 1), (16, 256, 4, 1)]
+SHAPES = [
+    (16, 512, 4, 1),
+    (32, 256, 8, 1),
+    (16, 1024, 8, 1),
+    (16, 1024, 4, 1),
+    (8, 1024, 4, 1),
+    (16, 512, 4, 2),
+    (8, 512, 4, 2),
+    (16, 256, 4, 2),
+    (32, 512, 8, 1),
+    (8, 512, 2, 1),
+    (16, 256, 4, 1),
+]
 
 
 def f16x2(n: int, k: int, warps: int, ahead: int = 1) -> GemvConfig:
@@ -38,31 +49,56 @@ def sweep_candidates(T: int) -> dict:
     return cands
 
 
-PAIRS = [MoeGemvConfig(f16x2(32, 256, 8), f16x2(16, 512, 4)), MoeGemvConfig(f16x2(32, 256, 8), f16x2(32, 256, 8)),
-         MoeGemvConfig(f16x2(32, 256, 8), f16x2(16, 512, 4, 2)), MoeGemvConfig(f16x2(32, 256, 8), f16x2(16, 256, 4)),
-         MoeGemvConfig(f16x2(64, 256, 8), f16x2(16, 512, 4)), MoeGemvConfig(f16x2(32, 512, 8), f16x2(16, 512, 4)),
-         MoeGemvConfig(f16x2(64, 128, 8), f16x2(16, 512, 4)), MoeGemvConfig(f16x2(32, 128, 4), f16x2(16, 512, 4)),
-         MoeGemvConfig(f16x2(32, 256, 8, 2), f16x2(16, 512, 4)), MoeGemvConfig(f16x2(32, 256, 8, 2), f16x2(16, 512, 4, 2))]
+PAIRS = [
+    MoeGemvConfig(f16x2(32, 256, 8), f16x2(16, 512, 4)),
+    MoeGemvConfig(f16x2(32, 256, 8), f16x2(32, 256, 8)),
+    MoeGemvConfig(f16x2(32, 256, 8), f16x2(16, 512, 4, 2)),
+    MoeGemvConfig(f16x2(32, 256, 8), f16x2(16, 256, 4)),
+    MoeGemvConfig(f16x2(64, 256, 8), f16x2(16, 512, 4)),
+    MoeGemvConfig(f16x2(32, 512, 8), f16x2(16, 512, 4)),
+    MoeGemvConfig(f16x2(64, 128, 8), f16x2(16, 512, 4)),
+    MoeGemvConfig(f16x2(32, 128, 4), f16x2(16, 512, 4)),
+    MoeGemvConfig(f16x2(32, 256, 8, 2), f16x2(16, 512, 4)),
+    MoeGemvConfig(f16x2(32, 256, 8, 2), f16x2(16, 512, 4, 2)),
+]
 
 
 def main() -> None:
     pairs = "--pairs" in sys.argv
     out = [a for a in sys.argv[1:] if not a.startswith("--")]
     bw = copy_roofline()
-    rows = [{"device": torch.cuda.get_device_name(), "copy_TBps": bw / 1e12, "repeats": REPEATS,
-             "mode": "pairs" if pairs else "sweep"}]
+    rows = [
+        {
+            "device": torch.cuda.get_device_name(),
+            "copy_TBps": bw / 1e12,
+            "repeats": REPEATS,
+            "mode": "pairs" if pairs else "sweep",
+        }
+    ]
     W = moe_weights()
     per_expert = moe_expert_bytes(W)
     torch.manual_seed(0)
-    for T in ((1, 2, 4, 8, 16, 32, 64) if pairs else (1, 2, 4, 8, 64)):
+    for T in (1, 2, 4, 8, 16, 32, 64) if pairs else (1, 2, 4, 8, 64):
         cands = {c.name(): c for c in PAIRS} if pairs else sweep_candidates(T)
         touched, err, times = moe_candidates(W, per_expert, T, cands, REPEATS)
         for key, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
-            rows.append({"T": T, "varied": key, "config": cands[key].name(), "ms_median": ms, "ms_all": t,
-                         "roofline_frac": touched / (ms * 1e-3) / bw, "rel_err": err[key]})
-            print(f"T={T:2d} {cands[key].name():70s} {ms:.4f} ms {100 * touched / (ms * 1e-3) / bw:.1f}% "
-                  f"err {err[key]:.1e}", flush=True)
+            rows.append(
+                {
+                    "T": T,
+                    "varied": key,
+                    "config": cands[key].name(),
+                    "ms_median": ms,
+                    "ms_all": t,
+                    "roofline_frac": touched / (ms * 1e-3) / bw,
+                    "rel_err": err[key],
+                }
+            )
+            print(
+                f"T={T:2d} {cands[key].name():70s} {ms:.4f} ms {100 * touched / (ms * 1e-3) / bw:.1f}% "
+                f"err {err[key]:.1e}",
+                flush=True,
+            )
     if out:
         json.dump(rows, open(out[0], "w"), indent=1)
 

@@ -17,8 +17,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
-from common import (DEV, capture_graph, copy_roofline, lm_head_m1, moe_expert_bytes, moe_weights,  # noqa: E402
-                   replay_ms, rotating_moe_draws)
+from common import (  # noqa: E402
+    DEV,
+    capture_graph,
+    copy_roofline,
+    lm_head_m1,
+    moe_expert_bytes,
+    moe_weights,
+    replay_ms,
+    rotating_moe_draws,
+)
 
 from mxrepack.kernels.gemv_mxfp4 import WIDE, gemv_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: E402
@@ -43,21 +51,36 @@ def profile_graph(fn) -> tuple[float, list[dict], list[float]]:
     starts = collections.defaultdict(list)  # each kernel's start after the end of the one before it
     for b, gap in zip(events[1:], gaps):
         starts[b.name].append(gap)
-    kernels = [{"kernel": name[:60], "calls": len(d), "us_mean": sum(d) / len(d),
-                "start_after_previous_end_us": sum(starts[name]) / max(len(starts[name]), 1)}
-               for name, d in per.items()]
+    kernels = [
+        {
+            "kernel": name[:60],
+            "calls": len(d),
+            "us_mean": sum(d) / len(d),
+            "start_after_previous_end_us": sum(starts[name]) / max(len(starts[name]), 1),
+        }
+        for name, d in per.items()
+    ]
     return ms, kernels, gaps
 
 
 def report(rows: list, what: str, ms: float, roofline_s: float, kernels: list, gaps: list) -> None:
     print(f"{what}: {ms * 1e3:.1f} us per call, roofline {roofline_s * 1e6:.1f} us", flush=True)
     for k in kernels:
-        print(f"   {k['kernel']:60s} {k['us_mean']:7.2f} us x{k['calls']}, starts "
-              f"{k['start_after_previous_end_us']:+.2f} us after the previous kernel's end")
+        print(
+            f"   {k['kernel']:60s} {k['us_mean']:7.2f} us x{k['calls']}, starts "
+            f"{k['start_after_previous_end_us']:+.2f} us after the previous kernel's end"
+        )
     gap = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
     print(f"   gap between kernels (negative: overlap): median {gap:.2f} us")
-    rows.append({"what": what, "us_per_call": ms * 1e3, "roofline_us": roofline_s * 1e6, "kernels": kernels,
-                 "gap_median_us": gap})
+    rows.append(
+        {
+            "what": what,
+            "us_per_call": ms * 1e3,
+            "roofline_us": roofline_s * 1e6,
+            "kernels": kernels,
+            "gap_median_us": gap,
+        }
+    )
 
 
 def main() -> None:

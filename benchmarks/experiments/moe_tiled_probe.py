@@ -46,9 +46,19 @@ def main() -> None:
         touched, err, times = moe_candidates(W, per_expert, T, cands, 3, shuffle=True)
         for key, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
-            rows.append({"T": T, "varied": key, "ms_median": ms, "ms_all": t, "roofline_frac": touched / (ms * 1e-3) / bw,
-                         "rel_err": err[key]})
-            print(f"T={T:2d} {key:50s} {ms:.4f} ms {100 * touched / (ms * 1e-3) / bw:.1f}% err {err[key]:.1e}", flush=True)
+            rows.append(
+                {
+                    "T": T,
+                    "varied": key,
+                    "ms_median": ms,
+                    "ms_all": t,
+                    "roofline_frac": touched / (ms * 1e-3) / bw,
+                    "rel_err": err[key],
+                }
+            )
+            print(
+                f"T={T:2d} {key:50s} {ms:.4f} ms {100 * touched / (ms * 1e-3) / bw:.1f}% err {err[key]:.1e}", flush=True
+            )
     if out:
         json.dump(rows, open(out[0], "w"), indent=1)
 

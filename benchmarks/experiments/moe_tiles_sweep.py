@@ -14,17 +14,45 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
-from common import (DEV, copy_roofline, interleaved_ms, moe_decode_inputs, moe_expert_bytes,  # noqa: E402
-                   moe_reference, moe_weights, rotating_moe_draws)
+from common import (  # noqa: E402
+    DEV,
+    copy_roofline,
+    interleaved_ms,
+    moe_decode_inputs,
+    moe_expert_bytes,
+    moe_reference,
+    moe_weights,
+    rotating_moe_draws,
+)
 
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, pick_moe_gemv_config  # noqa: E402
 
 REPEATS = 3
-TILES = [MoeConfig(*c) for c in ((16, 64, 128, 4, 4), (16, 32, 128, 4, 3), (16, 32, 256, 4, 3), (16, 64, 256, 4, 3),
-                                 (16, 64, 256, 8, 3), (16, 128, 128, 4, 3), (16, 128, 256, 8, 3), (16, 64, 512, 4, 2),
-                                 (16, 32, 512, 4, 2), (32, 64, 256, 4, 3))]
-PREFILL = [MoeConfig(*c) for c in ((64, 128, 128, 4, 3), (64, 128, 256, 8, 3), (128, 128, 128, 8, 3),
-                                   (64, 64, 256, 4, 3), (128, 128, 256, 8, 2))]
+TILES = [
+    MoeConfig(*c)
+    for c in (
+        (16, 64, 128, 4, 4),
+        (16, 32, 128, 4, 3),
+        (16, 32, 256, 4, 3),
+        (16, 64, 256, 4, 3),
+        (16, 64, 256, 8, 3),
+        (16, 128, 128, 4, 3),
+        (16, 128, 256, 8, 3),
+        (16, 64, 512, 4, 2),
+        (16, 32, 512, 4, 2),
+        (32, 64, 256, 4, 3),
+    )
+]
+PREFILL = [
+    MoeConfig(*c)
+    for c in (
+        (64, 128, 128, 4, 3),
+        (64, 128, 256, 8, 3),
+        (128, 128, 128, 8, 3),
+        (64, 64, 256, 4, 3),
+        (128, 128, 256, 8, 2),
+    )
+]
 
 
 def main() -> None:
@@ -39,17 +67,33 @@ def main() -> None:
         nxt, draws, touched = rotating_moe_draws(T, per_expert)
         xm, ids, wts = nxt()
         ref = moe_reference(xm, ids, wts, W)
-        err = {c.name(): ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item()
-               for c in configs}
+        err = {
+            c.name(): ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item() for c in configs
+        }
         o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
-        times = interleaved_ms({c.name(): (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for c in configs}, REPEATS)
+        times = interleaved_ms(
+            {c.name(): (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for c in configs}, REPEATS
+        )
         for name, t in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
             ms = statistics.median(t)
-            rows.append({"kind": "moe_decode", "T": T, "config": name, "gemv": name == gemv.name(), "ms_median": ms,
-                         "ms_all": t, "rel_err": err[name], "experts_touched": touched / per_expert,
-                         "roofline_frac": touched / (ms * 1e-3) / bw})
-            print(f"moe T={T} {name:24s}{' (gemv)' if name == gemv.name() else ''} {ms:.4f} ms (min {min(t):.4f}) "
-                  f"{100 * touched / (ms * 1e-3) / bw:.1f}% roofline err {err[name]:.1e}", flush=True)
+            rows.append(
+                {
+                    "kind": "moe_decode",
+                    "T": T,
+                    "config": name,
+                    "gemv": name == gemv.name(),
+                    "ms_median": ms,
+                    "ms_all": t,
+                    "rel_err": err[name],
+                    "experts_touched": touched / per_expert,
+                    "roofline_frac": touched / (ms * 1e-3) / bw,
+                }
+            )
+            print(
+                f"moe T={T} {name:24s}{' (gemv)' if name == gemv.name() else ''} {ms:.4f} ms (min {min(t):.4f}) "
+                f"{100 * touched / (ms * 1e-3) / bw:.1f}% roofline err {err[name]:.1e}",
+                flush=True,
+            )
     T = 4096
     xm, ids, wts = moe_decode_inputs(T)
     for c in PREFILL:

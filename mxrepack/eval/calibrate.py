@@ -32,8 +32,10 @@ def _require_llmcompressor():
     import importlib.util
 
     if importlib.util.find_spec("llmcompressor") is None:
-        raise MxRepackError("calibration needs llm-compressor: pip install 'mxrepack[calib]' "
-                            "(in its own environment: it pins compressed-tensors and transformers)")
+        raise MxRepackError(
+            "calibration needs llm-compressor: pip install 'mxrepack[calib]' "
+            "(in its own environment: it pins compressed-tensors and transformers)"
+        )
 
 
 def _texts(model_dir: Path, split: str, n: int) -> list[str]:
@@ -42,8 +44,10 @@ def _texts(model_dir: Path, split: str, n: int) -> list[str]:
 
     template = load_chat_template(model_dir)
     rows = read_rows(model_dir / "tasks" / f"{split}.csv")
-    return [template.render(messages=[{"role": "user", "content": s.prompt}], add_generation_prompt=True)
-            for s in build_samples(rows)[:n]]
+    return [
+        template.render(messages=[{"role": "user", "content": s.prompt}], add_generation_prompt=True)
+        for s in build_samples(rows)[:n]
+    ]
 
 
 def _linear_inputs(model, tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -52,7 +56,11 @@ def _linear_inputs(model, tokenizer, texts: list[str]) -> dict[str, torch.Tensor
     hooks = []
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and ".self_attn." in name:
-            hooks.append(mod.register_forward_hook(lambda m, i, o, n=name: acts.setdefault(n, []).append(i[0].reshape(-1, i[0].shape[-1]).float())))
+            hooks.append(
+                mod.register_forward_hook(
+                    lambda m, i, o, n=name: acts.setdefault(n, []).append(i[0].reshape(-1, i[0].shape[-1]).float())
+                )
+            )
     with torch.no_grad():
         for t in texts:
             model(**tokenizer(t, return_tensors="pt", add_special_tokens=False))
@@ -78,16 +86,24 @@ def compare_gptq(model_dir: str | Path, samples: int = 128, held_out: int = 64) 
             shutil.copy(model_dir / f, bf16 / f)
         tok = PreTrainedTokenizerFast(tokenizer_file=str(bf16 / "tokenizer.json"))
         model = AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.float32)
-        original = {n: m.weight.detach().clone() for n, m in model.named_modules()
-                    if isinstance(m, torch.nn.Linear) and ".self_attn." in n}
+        original = {
+            n: m.weight.detach().clone()
+            for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and ".self_attn." in n
+        }
         test_inputs = _linear_inputs(model, tok, _texts(model_dir, "test", held_out))
         calib = _texts(model_dir, "train", samples)
         from datasets import Dataset
 
         ds = Dataset.from_dict({"input_ids": [tok(t, add_special_tokens=False)["input_ids"] for t in calib]})
         started = time.perf_counter()
-        oneshot(model=model, dataset=ds, recipe=GPTQModifier(targets=[ATTENTION], scheme="MXFP4A16"),
-                num_calibration_samples=len(calib), max_seq_length=512)
+        oneshot(
+            model=model,
+            dataset=ds,
+            recipe=GPTQModifier(targets=[ATTENTION], scheme="MXFP4A16"),
+            num_calibration_samples=len(calib),
+            max_seq_length=512,
+        )
         seconds = time.perf_counter() - started
         rows = {}
         for name, w in original.items():
@@ -100,21 +116,36 @@ def compare_gptq(model_dir: str | Path, samples: int = 128, held_out: int = 64) 
             if hasattr(mod, "weight_scale"):  # GPTQ's output must lie on its MXFP4 grid: w / scale in E2M1
                 q = w_gptq.unflatten(-1, (-1, 32)) / mod.weight_scale.detach().float().unsqueeze(-1)
                 grid = bool(torch.isin(q.abs(), torch.tensor(FP4_VALUES[:8])).all())
-            rows[name] = {"on_mxfp4_grid": grid, "data_free_out_rel": float((x @ (w_free - w).T).norm() / ref),
-                          "gptq_out_rel": float((x @ (w_gptq - w).T).norm() / ref),
-                          "data_free_weight_rel": float((w_free - w).norm() / w.norm()),
-                          "gptq_weight_rel": float((w_gptq - w).norm() / w.norm())}
-        mean = {k: sum(r[k] for r in rows.values()) / len(rows) for k in next(iter(rows.values())) if k != "on_mxfp4_grid"}
-        return {"model": str(model_dir), "scheme": "MXFP4A16", "targets": ATTENTION, "calibration_samples": len(calib),
-                "held_out_prompts": held_out, "gptq_seconds": round(seconds, 1), "mean": mean,
-                "output_error_reduction": 1 - mean["gptq_out_rel"] / mean["data_free_out_rel"],
-                "all_on_mxfp4_grid": all(r["on_mxfp4_grid"] for r in rows.values()), "layers": rows}
+            rows[name] = {
+                "on_mxfp4_grid": grid,
+                "data_free_out_rel": float((x @ (w_free - w).T).norm() / ref),
+                "gptq_out_rel": float((x @ (w_gptq - w).T).norm() / ref),
+                "data_free_weight_rel": float((w_free - w).norm() / w.norm()),
+                "gptq_weight_rel": float((w_gptq - w).norm() / w.norm()),
+            }
+        mean = {
+            k: sum(r[k] for r in rows.values()) / len(rows) for k in next(iter(rows.values())) if k != "on_mxfp4_grid"
+        }
+        return {
+            "model": str(model_dir),
+            "scheme": "MXFP4A16",
+            "targets": ATTENTION,
+            "calibration_samples": len(calib),
+            "held_out_prompts": held_out,
+            "gptq_seconds": round(seconds, 1),
+            "mean": mean,
+            "output_error_reduction": 1 - mean["gptq_out_rel"] / mean["data_free_out_rel"],
+            "all_on_mxfp4_grid": all(r["on_mxfp4_grid"] for r in rows.values()),
+            "layers": rows,
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="GPTQ (llm-compressor, MXFP4A16) vs data-free MXFP4 on dense attention layers")
+    ap = argparse.ArgumentParser(
+        description="GPTQ (llm-compressor, MXFP4A16) vs data-free MXFP4 on dense attention layers"
+    )
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--json", default=None)

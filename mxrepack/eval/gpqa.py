@@ -76,9 +76,18 @@ class ChatBackend(Protocol):
 class OpenAIChatBackend:
     """Chat completions over HTTP with retries (stdlib only: no client library to pin)."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, temperature: float = 1.0,
-                 max_tokens: int | None = None, reasoning_effort: str | None = None, timeout: float = 600.0,
-                 retries: int = 5, backoff: float = 1.0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        temperature: float = 1.0,
+        max_tokens: int | None = None,
+        reasoning_effort: str | None = None,
+        timeout: float = 600.0,
+        retries: int = 5,
+        backoff: float = 1.0,
+    ):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.api_key = model, api_key
         self.temperature, self.max_tokens, self.reasoning_effort = temperature, max_tokens, reasoning_effort
@@ -115,12 +124,20 @@ class OpenAIChatBackend:
                     raise RequestFailed(f"{self.url}: HTTP 400: {message}") from None
                 last = f"HTTP {e.code}: {message}"
                 if e.code not in (408, 409, 429) and e.code < 500:  # the URL, model or key: every request would fail
-                    raise MxRepackError(f"{self.url}: HTTP {e.code}: {message}; check --base-url, --model and --api-key") from None
-            except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, json.JSONDecodeError,
-                    http_client_errors()) as e:
+                    raise MxRepackError(
+                        f"{self.url}: HTTP {e.code}: {message}; check --base-url, --model and --api-key"
+                    ) from None
+            except (
+                urllib.error.URLError,
+                ConnectionError,
+                socket.timeout,
+                TimeoutError,
+                json.JSONDecodeError,
+                http_client_errors(),
+            ) as e:
                 last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
             if attempt < self.retries:
-                time.sleep(self.backoff * 2 ** attempt)
+                time.sleep(self.backoff * 2**attempt)
         raise RequestFailed(f"{self.url}: no answer after {self.retries + 1} attempts (last: {last})")
 
 
@@ -133,8 +150,14 @@ def http_client_errors() -> type:
 class LocalBackend:
     """A checkpoint run in this process through mxrepack.eval.model (greedy unless temperature > 0)."""
 
-    def __init__(self, path: str | Path | None = None, temperature: float = 0.0, max_tokens: int | None = None,
-                 model=None, **runner_kwargs):
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        temperature: float = 0.0,
+        max_tokens: int | None = None,
+        model=None,
+        **runner_kwargs,
+    ):
         from mxrepack.eval.local import LocalChatModel
 
         self.model = model or LocalChatModel(path, **runner_kwargs)
@@ -160,9 +183,15 @@ def allowed_errors(max_errors: str | int, requests: int) -> int:
     return math.floor(requests * float(m[1]) / 100 + 1e-9)  # 5% of 200 is 10, not 9 by a rounding
 
 
-def run_gpqa(backend: ChatBackend, data: str | Path, n_repeats: int = 1, num_examples: int | None = None,
-             concurrency: int = 8, progress: Callable[[int, int], None] | None = None,
-             max_errors: str | int = DEFAULT_MAX_ERRORS) -> dict:
+def run_gpqa(
+    backend: ChatBackend,
+    data: str | Path,
+    n_repeats: int = 1,
+    num_examples: int | None = None,
+    concurrency: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+    max_errors: str | int = DEFAULT_MAX_ERRORS,
+) -> dict:
     data = Path(data)
     samples = build_samples(read_rows(data), n_repeats, num_examples)
     allowed = allowed_errors(max_errors, len(samples))
@@ -204,13 +233,28 @@ def run_gpqa(backend: ChatBackend, data: str | Path, n_repeats: int = 1, num_exa
     n = len(scores)
     mean = sum(scores) / n if n else None
     std = math.sqrt(sum((s - mean) ** 2 for s in scores) / max(n - 1, 1)) if n else None
-    return {"eval": "gpqa", "score": mean, "stderr": std / math.sqrt(n) if n else None, "std": std, "n_samples": n,
-            "scored_over": SCORED_OVER, "n_requests": len(samples), "errors": len(failed),
-            "not_asked": len(samples) - len(results), "max_errors": allowed, "max_errors_option": str(max_errors),
-            "too_many_errors": len(failed) > allowed or n == 0, "first_error": failed[0]["error"] if failed else None,
-            "n_repeats": n_repeats, "data": {"path": str(data), "sha256": _sha256(data), "rows": len(read_rows(data))},
-            "backend": backend.name, "concurrency": concurrency, "seconds": round(elapsed, 3),
-            "requests_per_s": round(len(results) / elapsed, 3) if elapsed > 0 else None, "samples": results}
+    return {
+        "eval": "gpqa",
+        "score": mean,
+        "stderr": std / math.sqrt(n) if n else None,
+        "std": std,
+        "n_samples": n,
+        "scored_over": SCORED_OVER,
+        "n_requests": len(samples),
+        "errors": len(failed),
+        "not_asked": len(samples) - len(results),
+        "max_errors": allowed,
+        "max_errors_option": str(max_errors),
+        "too_many_errors": len(failed) > allowed or n == 0,
+        "first_error": failed[0]["error"] if failed else None,
+        "n_repeats": n_repeats,
+        "data": {"path": str(data), "sha256": _sha256(data), "rows": len(read_rows(data))},
+        "backend": backend.name,
+        "concurrency": concurrency,
+        "seconds": round(elapsed, 3),
+        "requests_per_s": round(len(results) / elapsed, 3) if elapsed > 0 else None,
+        "samples": results,
+    }
 
 
 def require_score(r: dict, name: str) -> None:
@@ -218,9 +262,11 @@ def require_score(r: dict, name: str) -> None:
     if "score" not in r or "stderr" not in r:
         raise MxRepackError(f"{name} has no score/stderr; expected `repack eval gpqa` output")
     if r.get("too_many_errors") or r["score"] is None:
-        raise MxRepackError(f"{name}: {r.get('errors')} of {r.get('n_requests')} requests failed (more than its "
-                            f"--max-errors allowed: {r.get('max_errors')}); not a score to gate on "
-                            f"(first: {r.get('first_error')})")
+        raise MxRepackError(
+            f"{name}: {r.get('errors')} of {r.get('n_requests')} requests failed (more than its "
+            f"--max-errors allowed: {r.get('max_errors')}); not a score to gate on "
+            f"(first: {r.get('first_error')})"
+        )
 
 
 def compare(base: dict, cand: dict, z: float = 1.96, tolerance: float = 0.0) -> dict:
@@ -233,6 +279,14 @@ def compare(base: dict, cand: dict, z: float = 1.96, tolerance: float = 0.0) -> 
     se = math.sqrt(base["stderr"] ** 2 + cand["stderr"] ** 2)
     drop = base["score"] - cand["score"]
     allowed = tolerance + z * se
-    return {"baseline": base["score"], "candidate": cand["score"], "delta": -drop, "stderr_diff": se, "z": z,
-            "tolerance": tolerance, "allowed_drop": allowed, "passed": drop <= allowed,
-            "rule": "fail if baseline - candidate > tolerance + z * sqrt(se_b^2 + se_c^2)"}
+    return {
+        "baseline": base["score"],
+        "candidate": cand["score"],
+        "delta": -drop,
+        "stderr_diff": se,
+        "z": z,
+        "tolerance": tolerance,
+        "allowed_drop": allowed,
+        "passed": drop <= allowed,
+        "rule": "fail if baseline - candidate > tolerance + z * sqrt(se_b^2 + se_c^2)",
+    }

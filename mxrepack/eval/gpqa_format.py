@@ -49,7 +49,9 @@ def read_rows(path: str | Path) -> list[dict]:
             reader = csv.DictReader(f)
             missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
-                raise MxRepackError(f"{path}: missing column(s) {', '.join(missing)}; expected the gpqa_diamond.csv columns")
+                raise MxRepackError(
+                    f"{path}: missing column(s) {', '.join(missing)}; expected the gpqa_diamond.csv columns"
+                )
             rows = [dict(r) for r in reader]
     except FileNotFoundError:
         raise MxRepackError(f"{path}: file does not exist; expected a CSV in the gpqa_diamond.csv format") from None

@@ -51,8 +51,9 @@ class LocalChatModel:
         text = self.template.render(messages=messages, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def complete(self, messages: list[dict], temperature: float = 0.0, max_tokens: int | None = None,
-                 seed: int = 0) -> tuple[str, int, int]:
+    def complete(
+        self, messages: list[dict], temperature: float = 0.0, max_tokens: int | None = None, seed: int = 0
+    ) -> tuple[str, int, int]:
         """-> (text, prompt tokens, completion tokens)."""
         ids = self.prompt_ids(messages)
         with self._lock:

@@ -36,9 +36,16 @@ def kl_stats(ref_logits: torch.Tensor, cand_logits: torch.Tensor, targets: torch
     return out
 
 
-def compare_logits(ref: str | Path, cand: str | Path, text: str | Path | None = None, ctx: int = 256,
-                   max_tokens: int = 4096, first_token_prompts: int = 16, hist_bins: int = 20,
-                   progress: Progress | None = None) -> dict:
+def compare_logits(
+    ref: str | Path,
+    cand: str | Path,
+    text: str | Path | None = None,
+    ctx: int = 256,
+    max_tokens: int = 4096,
+    first_token_prompts: int = 16,
+    hist_bins: int = 20,
+    progress: Progress | None = None,
+) -> dict:
     """``progress(done, total, phase)``: positions scored, then first-token prompts run."""
     ref_model, cand_model = LocalChatModel(ref), LocalChatModel(cand)
     text_path = Path(text) if text else Path(ref) / "tasks" / "text.txt"
@@ -51,7 +58,7 @@ def compare_logits(ref: str | Path, cand: str | Path, text: str | Path | None = 
     kls, same, nll_r, nll_c, positions = [], [], [], [], []
     scored = 0
     for start in range(0, len(ids) - 1, ctx):
-        window = torch.tensor(ids[start:start + ctx + 1])
+        window = torch.tensor(ids[start : start + ctx + 1])
         if window.numel() < 2:
             break
         a = ref_model.runner.forward(window[:-1])
@@ -72,21 +79,44 @@ def compare_logits(ref: str | Path, cand: str | Path, text: str | Path | None = 
     diff = (nc - nr).double()
     se = float(diff.std() / math.sqrt(diff.numel())) if diff.numel() > 1 else 0.0
     buckets = [(0, 16), (16, 64), (64, 256), (256, 1 << 30)]
-    per_position = [{"positions": f"{lo}-{min(hi, int(pos.max()) + 1) - 1}", "n": int(m.sum()),
-                     "kl_mean": float(kl[m].mean()), "same_top": float(agree[m].mean())}
-                    for lo, hi in buckets for m in [(pos >= lo) & (pos < hi)] if m.any()]
+    per_position = [
+        {
+            "positions": f"{lo}-{min(hi, int(pos.max()) + 1) - 1}",
+            "n": int(m.sum()),
+            "kl_mean": float(kl[m].mean()),
+            "same_top": float(agree[m].mean()),
+        }
+        for lo, hi in buckets
+        for m in [(pos >= lo) & (pos < hi)]
+        if m.any()
+    ]
     first = _first_token(ref_model, cand_model, raw, first_token_prompts, progress)
     edges = torch.logspace(-8, 1, hist_bins + 1, dtype=torch.float64)
     counts = torch.histogram(kl.clamp(1e-8, 10), bins=edges).hist.tolist()
     return {
-        "eval": "logits", "reference": str(ref), "candidate": str(cand), "text": str(text_path), "tokens": int(kl.numel()),
+        "eval": "logits",
+        "reference": str(ref),
+        "candidate": str(cand),
+        "text": str(text_path),
+        "tokens": int(kl.numel()),
         "ctx": ctx,
-        "kl": {"mean": float(kl.mean()), "median": _quantile(kl, 0.5), "p99": _quantile(kl, 0.99),
-               "p99_9": _quantile(kl, 0.999), "max": float(kl.max())},
+        "kl": {
+            "mean": float(kl.mean()),
+            "median": _quantile(kl, 0.5),
+            "p99": _quantile(kl, 0.99),
+            "p99_9": _quantile(kl, 0.999),
+            "max": float(kl.max()),
+        },
         "same_top": float(agree.mean()),
-        "ppl": {"reference": ppl_r, "candidate": ppl_c, "ratio": ppl_c / ppl_r, "ln_ratio_stderr": se,
-                "delta": ppl_c - ppl_r},
-        "per_position": per_position, "first_token": first,
+        "ppl": {
+            "reference": ppl_r,
+            "candidate": ppl_c,
+            "ratio": ppl_c / ppl_r,
+            "ln_ratio_stderr": se,
+            "delta": ppl_c - ppl_r,
+        },
+        "per_position": per_position,
+        "first_token": first,
         "kl_histogram": {"edges": edges.tolist(), "counts": [int(c) for c in counts]},
     }
 
@@ -102,6 +132,10 @@ def _first_token(ref: LocalChatModel, cand: LocalChatModel, raw: str, n: int, pr
         same.append(bool(s["same_top"][0]))
         if progress:
             progress(done, len(prompts), "first-token prompts")
-    return {"prompts": len(prompts), "same_top": (sum(same) / len(same)) if same else None,
-            "kl_mean": (sum(kls) / len(kls)) if kls else None, "kl_max": max(kls) if kls else None,
-            "ok": all(same)}
+    return {
+        "prompts": len(prompts),
+        "same_top": (sum(same) / len(same)) if same else None,
+        "kl_mean": (sum(kls) / len(kls)) if kls else None,
+        "kl_max": max(kls) if kls else None,
+        "ok": all(same),
+    }

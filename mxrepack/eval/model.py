@@ -42,7 +42,9 @@ class GptOssWeights:
     config: dict  # transformers-style config with the *logical* sizes
     dense: dict[str, torch.Tensor]  # canonical name -> float tensor (everything but the experts)
     experts: dict[int, dict[str, torch.Tensor]]  # layer -> native parts (blocks/scales/bias) or dense parts
-    mx: dict[str, tuple[str, torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # weight -> (format, values, scales)
+    mx: dict[str, tuple[str, torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict
+    )  # weight -> (format, values, scales)
     source: str = ""
 
     @property
@@ -104,8 +106,12 @@ def _load_output(path: Path) -> GptOssWeights:
             dense[name] = t
     edims = ExpertDims(d.experts, d.hidden, d.intermediate)
     for layer, parts in per_layer.items():
-        stacked = {k: torch.stack([t for _, t in sorted(v, key=lambda p: p[0])]) if len(v) > 1 or
-                   layout.per_expert else v[0][1] for k, v in parts.items()}
+        stacked = {
+            k: torch.stack([t for _, t in sorted(v, key=lambda p: p[0])])
+            if len(v) > 1 or layout.per_expert
+            else v[0][1]
+            for k, v in parts.items()
+        }
         experts[layer] = layout.unpack(stacked, edims)
     missing = [n for n in ("model.embed_tokens.weight", "lm_head.weight") if n not in dense]
     if missing:
@@ -170,8 +176,13 @@ class KVCache:
 class GptOssRunner:
     """Logits and greedy/sampled generation for one sequence at a time (``ids [T]``)."""
 
-    def __init__(self, weights: GptOssWeights, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 use_kernels: bool = False):
+    def __init__(
+        self,
+        weights: GptOssWeights,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        use_kernels: bool = False,
+    ):
         self.w = weights
         self.c = weights.config
         self.d = weights.dims
@@ -186,8 +197,9 @@ class GptOssRunner:
         self.eps = self.c.get("rms_norm_eps", 1e-5)
         self.limit = self.c.get("swiglu_limit", 7.0)
         self.top_k = self.c.get("num_experts_per_tok", self.c.get("experts_per_token", 4))
-        types = self.c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
-                                               for i in range(self.d.layers)]
+        types = self.c.get("layer_types") or [
+            "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(self.d.layers)
+        ]
         self.window = [self.c.get("sliding_window") if t == "sliding_attention" else None for t in types]
         self._kernel_experts: dict[int, dict[str, torch.Tensor]] = {}
         self._record: dict | None = None
@@ -203,9 +215,12 @@ class GptOssRunner:
         for layer, parts in self.w.experts.items():
             if not all(p in parts for p in EXPERT_PARTS):
                 raise MxRepackError("use_kernels needs MXFP4 experts (this checkpoint's experts are BF16)")
-            self._kernel_experts[layer] = {s.suffix: s.pack(**{i: parts[i] for i in s.inputs}).to(self.device)
-                                           for s in strided.outputs(dims)}
-        self.mx = {k: (fmt, v.to(self.device), s.to(self.device)) for k, (fmt, v, s) in self.w.mx.items() if fmt == "mxfp4"}
+            self._kernel_experts[layer] = {
+                s.suffix: s.pack(**{i: parts[i] for i in s.inputs}).to(self.device) for s in strided.outputs(dims)
+            }
+        self.mx = {
+            k: (fmt, v.to(self.device), s.to(self.device)) for k, (fmt, v, s) in self.w.mx.items() if fmt == "mxfp4"
+        }
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         w = name + ".weight"
@@ -242,7 +257,7 @@ class GptOssRunner:
         group = nh // nkv
         kk = k.transpose(0, 1).repeat_interleave(group, 0)  # [nh, S, hd]
         vv = v.transpose(0, 1).repeat_interleave(group, 0)
-        scores = (q.transpose(0, 1) @ kk.transpose(1, 2)) * hd ** -0.5  # [nh, T, S]
+        scores = (q.transpose(0, 1) @ kk.transpose(1, 2)) * hd**-0.5  # [nh, T, S]
         qpos = pos[:, None]
         kpos = torch.arange(S, device=x.device)[None]
         allowed = kpos <= qpos
@@ -300,8 +315,9 @@ class GptOssRunner:
         return self.linear(h, "lm_head").float()
 
     @torch.no_grad()
-    def generate(self, ids: list[int], max_new_tokens: int, stop: set[int] | None = None, temperature: float = 0.0,
-                 seed: int = 0) -> list[int]:
+    def generate(
+        self, ids: list[int], max_new_tokens: int, stop: set[int] | None = None, temperature: float = 0.0, seed: int = 0
+    ) -> list[int]:
         """Greedy (temperature 0) or sampled continuation of ``ids``, with a KV cache."""
         cache = KVCache(self.d.layers)
         g = torch.Generator().manual_seed(seed)

@@ -28,8 +28,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class ChatServer:
-    def __init__(self, model, model_name: str = "local", host: str = "127.0.0.1", port: int = 0,
-                 fault: dict | None = None):
+    def __init__(
+        self, model, model_name: str = "local", host: str = "127.0.0.1", port: int = 0, fault: dict | None = None
+    ):
         self.model, self.model_name, self.fault = model, model_name, dict(fault or {})
         self.count = 0
         self._count_lock = threading.Lock()
@@ -69,8 +70,17 @@ class ChatServer:
                     self._send(500, {"error": {"message": "injected failure"}})
                     return
                 if server.fault.get("bad_request_every") and n % server.fault["bad_request_every"] == 0:
-                    self._send(400, {"error": {"message": "Token id 200005 is out of vocabulary\n(injected)",
-                                               "type": "BadRequestError", "param": None, "code": 400}})
+                    self._send(
+                        400,
+                        {
+                            "error": {
+                                "message": "Token id 200005 is out of vocabulary\n(injected)",
+                                "type": "BadRequestError",
+                                "param": None,
+                                "code": 400,
+                            }
+                        },
+                    )
                     return
                 if server.fault.get("delay"):
                     time.sleep(server.fault["delay"])
@@ -83,14 +93,25 @@ class ChatServer:
                 except (json.JSONDecodeError, KeyError, TypeError):
                     self._send(400, {"error": {"message": "expected a JSON body with messages"}})
                     return
-                text, p, c = server.model.complete(messages, float(req.get("temperature", 0.0) or 0.0),
-                                                   req.get("max_tokens") or req.get("max_completion_tokens"),
-                                                   int(req.get("seed", 0) or 0))
-                self._send(200, {
-                    "id": f"chatcmpl-{n}", "object": "chat.completion", "created": int(time.time()),
-                    "model": server.model_name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
+                text, p, c = server.model.complete(
+                    messages,
+                    float(req.get("temperature", 0.0) or 0.0),
+                    req.get("max_tokens") or req.get("max_completion_tokens"),
+                    int(req.get("seed", 0) or 0),
+                )
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{n}",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": server.model_name,
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                        ],
+                        "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
+                    },
+                )
 
         self.httpd = _Server((host, port), Handler)
         self.httpd.daemon_threads = True

@@ -34,8 +34,12 @@ from mxrepack.quant import dequantize_mxfp4, quantize_mxfp4
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|channel|>"]
 VOCAB = 288  # 256 bytes + specials, rounded up to a multiple of 32
-CHAT_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
-                 "{% if add_generation_prompt %}<|start|>assistant<|channel|>final<|message|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant<|channel|>final<|message|>{% endif %}"
+)
+
+
 # The response restates the options, then answers: copying the four option lines trains the copying
 # (induction) heads quickly, and the final letter is then a short look back over the model's own
 # lines instead of a long jump into the prompt. The grader's ladder reads the "Answer: X" line.
@@ -51,27 +55,62 @@ LR = 2e-3
 def tiny_config() -> dict:
     layers = 4
     return {
-        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
-        "hidden_size": 96, "intermediate_size": 160, "num_hidden_layers": layers, "num_local_experts": 4,
-        "num_experts_per_tok": 2, "experts_per_token": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 32, "sliding_window": 128,
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_size": 96,
+        "intermediate_size": 160,
+        "num_hidden_layers": layers,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "experts_per_token": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "sliding_window": 128,
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-        "max_position_embeddings": 4096, "initial_context_length": 256, "rope_theta": 150000.0,
-        "rope_scaling": {"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                         "original_max_position_embeddings": 256, "truncate": False},
-        "swiglu_limit": 7.0, "hidden_act": "silu", "attention_bias": True, "attention_dropout": 0.0,
-        "rms_norm_eps": 1e-05, "router_aux_loss_coef": 0.9, "output_router_logits": False,
-        "tie_word_embeddings": False, "vocab_size": VOCAB,
-        "bos_token_id": 256, "eos_token_id": 260, "pad_token_id": 256,
-        "initializer_range": 0.02, "use_cache": True, "torch_dtype": "bfloat16",
-        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+        "max_position_embeddings": 4096,
+        "initial_context_length": 256,
+        "rope_theta": 150000.0,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 16.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 256,
+            "truncate": False,
+        },
+        "swiglu_limit": 7.0,
+        "hidden_act": "silu",
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "rms_norm_eps": 1e-05,
+        "router_aux_loss_coef": 0.9,
+        "output_router_logits": False,
+        "tie_word_embeddings": False,
+        "vocab_size": VOCAB,
+        "bos_token_id": 256,
+        "eos_token_id": 260,
+        "pad_token_id": 256,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+        },
     }
 
 
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's printable stand-in character for each byte (what a byte-level BPE vocabulary uses)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -168,8 +207,15 @@ def _plain_state(model) -> None:
                 parametrize.remove_parametrizations(layer.mlp.experts, pname, leave_parametrized=False)
 
 
-def train(out: Path, steps: int = 560, batch: int = 32, seed: int = 0, qat_fraction: float = 0.3,
-          prompt_loss_weight: float = 0.1, log=print) -> dict:
+def train(
+    out: Path,
+    steps: int = 560,
+    batch: int = 32,
+    seed: int = 0,
+    qat_fraction: float = 0.3,
+    prompt_loss_weight: float = 0.1,
+    log=print,
+) -> dict:
     from torch.nn.utils import parametrize
     from transformers import GptOssConfig, GptOssForCausalLM
 
@@ -220,7 +266,9 @@ def train(out: Path, steps: int = 560, batch: int = 32, seed: int = 0, qat_fract
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 50 == 0 or step == steps - 1:
-            log(f"step {step:5d}  loss {loss.item():.4f}  lr {lr:.2e}  {time.perf_counter() - started:.0f}s", flush=True)
+            log(
+                f"step {step:5d}  loss {loss.item():.4f}  lr {lr:.2e}  {time.perf_counter() - started:.0f}s", flush=True
+            )
     _plain_state(model)
     model.eval()
     tmp = out.parent / f".{out.name}.train-tmp"
@@ -228,21 +276,40 @@ def train(out: Path, steps: int = 560, batch: int = 32, seed: int = 0, qat_fract
     (tmp / "tasks").mkdir(parents=True)
     export_checkpoint(model, config, tmp)
     tok.save(str(tmp / "tokenizer.json"))
-    (tmp / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|return|>",
-        "pad_token": "<|endoftext|>", "model_max_length": 4096, "chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
+    (tmp / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|return|>",
+                "pad_token": "<|endoftext|>",
+                "model_max_length": 4096,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    (tmp / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 256, "eos_token_id": [260], "pad_token_id": 256, "do_sample": False}, indent=2) + "\n")
+    (tmp / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 256, "eos_token_id": [260], "pad_token_id": 256, "do_sample": False}, indent=2)
+        + "\n"
+    )
     tinytask.write_csv(train_rows, tmp / "tasks" / "train.csv")
     tinytask.write_csv(test_rows, tmp / "tasks" / "test.csv")
     text = "\n\n".join(s.prompt + "\n" + response_text(s.choices, s.answer) for s in build_samples(test_rows[:24]))
     (tmp / "tasks" / "text.txt").write_text(text + "\n")
     # Accuracy of the exported checkpoint (MXFP4 experts), read back from disk.
     acc = greedy_accuracy(tmp, test_rows)
-    stats = {"steps": steps, "batch": batch, "seconds": round(time.perf_counter() - started, 1),
-             "final_loss": round(loss.item(), 4), "test_accuracy_greedy": acc, "test_rows": len(test_rows),
-             "chance": 0.25}
+    stats = {
+        "steps": steps,
+        "batch": batch,
+        "seconds": round(time.perf_counter() - started, 1),
+        "final_loss": round(loss.item(), 4),
+        "test_accuracy_greedy": acc,
+        "test_rows": len(test_rows),
+        "chance": 0.25,
+    }
     (tmp / "tasks" / "training.json").write_text(json.dumps(stats, indent=2) + "\n")
     if out.exists():  # checked at the start: a bundled-model folder made by this script
         shutil.rmtree(out)

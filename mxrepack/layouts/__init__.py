@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts import (bf16, compressed_tensors, flashinfer_cutlass, marlin, mxfp4, strided, triton_hopper,
-                              trtllm)
+from mxrepack.layouts import bf16, compressed_tensors, flashinfer_cutlass, marlin, mxfp4, strided, triton_hopper, trtllm
 from mxrepack.layouts.base import EXPERTS_PREFIX, ExpertDims, ExpertLayout, OutputSpec, dense_weights
 
-LAYOUTS: dict[str, ExpertLayout] = {m.LAYOUT.name: m.LAYOUT for m in (mxfp4, bf16, marlin, trtllm, flashinfer_cutlass,
-                                                                triton_hopper, strided, compressed_tensors)}
+LAYOUTS: dict[str, ExpertLayout] = {
+    m.LAYOUT.name: m.LAYOUT
+    for m in (mxfp4, bf16, marlin, trtllm, flashinfer_cutlass, triton_hopper, strided, compressed_tensors)
+}
 # Former names: a recipe written for an earlier release still names the same bytes.
 RENAMED = {"b12x": "flashinfer-cutlass"}
 
@@ -31,8 +32,19 @@ def make_layout(name: str, options: dict | None = None) -> ExpertLayout:
         import inspect
 
         valid = [p for p in inspect.signature(type(layout)).parameters]
-        raise MxRepackError(f"experts.options {sorted(options)} not accepted by layout {name!r}"
-                            f" (valid options: {', '.join(valid) or 'none'})") from e
+        raise MxRepackError(
+            f"experts.options {sorted(options)} not accepted by layout {name!r}"
+            f" (valid options: {', '.join(valid) or 'none'})"
+        ) from e
 
 
-__all__ = ["EXPERTS_PREFIX", "ExpertDims", "ExpertLayout", "LAYOUTS", "OutputSpec", "dense_weights", "get_layout", "make_layout"]
+__all__ = [
+    "EXPERTS_PREFIX",
+    "ExpertDims",
+    "ExpertLayout",
+    "LAYOUTS",
+    "OutputSpec",
+    "dense_weights",
+    "get_layout",
+    "make_layout",
+]

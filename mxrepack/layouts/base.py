@@ -85,10 +85,17 @@ class ExpertLayout:
         return {
             "layout": self.name,
             "description": self.description,
-            "tensors": {o.suffix: {"dtype": str(o.dtype).removeprefix("torch."), "shape": list(o.shape),
-                                   "logical_shape": list(o.logical_shape or o.shape), "padding": o.padding,
-                                   "inputs": list(o.inputs), "upstream": o.upstream}
-                        for o in self.outputs(dims)},
+            "tensors": {
+                o.suffix: {
+                    "dtype": str(o.dtype).removeprefix("torch."),
+                    "shape": list(o.shape),
+                    "logical_shape": list(o.logical_shape or o.shape),
+                    "padding": o.padding,
+                    "inputs": list(o.inputs),
+                    "upstream": o.upstream,
+                }
+                for o in self.outputs(dims)
+            },
         }
 
 
@@ -165,8 +172,14 @@ def crop_parts(parts: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch
     return out
 
 
-def packed_expert_outputs(d: ExpertDims, Hp: int, Ip: int, packs: dict[str, Callable[..., torch.Tensor]],
-                          bias_dtype: torch.dtype, upstream: str) -> list[OutputSpec]:
+def packed_expert_outputs(
+    d: ExpertDims,
+    Hp: int,
+    Ip: int,
+    packs: dict[str, Callable[..., torch.Tensor]],
+    bias_dtype: torch.dtype,
+    upstream: str,
+) -> list[OutputSpec]:
     """The six outputs of a layout that keeps packed FP4 bytes ``[E, rows, K/2]``, E8M0 byte scales
     ``[E, rows, K/32]`` (in any flat order of that size) and biases ``[E, rows]``, at the padded widths
     ``Hp``/``Ip``; ``packs`` maps each suffix (``w13_weight`` ...) to its pack function."""
@@ -176,11 +189,29 @@ def packed_expert_outputs(d: ExpertDims, Hp: int, Ip: int, packs: dict[str, Call
     out = []
     for w, (n_pad, n, k_pad, k, proj) in rows.items():
         out += [
-            OutputSpec(f"{w}_weight", torch.uint8, (E, n_pad, k_pad // 2), (f"{proj}_blocks",), packs[f"{w}_weight"],
-                       (E, n, k // 2), pad, upstream),
-            OutputSpec(f"{w}_weight_scale", torch.uint8, (E, n_pad, k_pad // 32), (f"{proj}_scales",),
-                       packs[f"{w}_weight_scale"], (E, n, k // 32), pad, upstream),
-            OutputSpec(f"{w}_bias", bias_dtype, (E, n_pad), (f"{proj}_bias",), packs[f"{w}_bias"], (E, n), pad, upstream),
+            OutputSpec(
+                f"{w}_weight",
+                torch.uint8,
+                (E, n_pad, k_pad // 2),
+                (f"{proj}_blocks",),
+                packs[f"{w}_weight"],
+                (E, n, k // 2),
+                pad,
+                upstream,
+            ),
+            OutputSpec(
+                f"{w}_weight_scale",
+                torch.uint8,
+                (E, n_pad, k_pad // 32),
+                (f"{proj}_scales",),
+                packs[f"{w}_weight_scale"],
+                (E, n, k // 32),
+                pad,
+                upstream,
+            ),
+            OutputSpec(
+                f"{w}_bias", bias_dtype, (E, n_pad), (f"{proj}_bias",), packs[f"{w}_bias"], (E, n), pad, upstream
+            ),
         ]
     return out
 
@@ -192,7 +223,7 @@ def gate_up_halves_padded(x: torch.Tensor, rows_per_half: int, cols: int, up_fir
     out = x.new_empty((E, 2 * rows_per_half, cols))
     pairs = x.unflatten(1, (-1, 2))  # [E, I, (gate, up), c]
     for half, which in enumerate((1, 0) if up_first else (0, 1)):
-        copy_padded(out[:, half * rows_per_half:(half + 1) * rows_per_half], pairs[:, :, which])
+        copy_padded(out[:, half * rows_per_half : (half + 1) * rows_per_half], pairs[:, :, which])
     return out
 
 

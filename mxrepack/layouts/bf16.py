@@ -45,11 +45,27 @@ class Bf16Layout(ExpertLayout):
     def outputs(self, d: ExpertDims) -> list[OutputSpec]:
         H, I, E = d.hidden, d.intermediate, d.experts
         return [
-            OutputSpec("gate_up_proj", torch.bfloat16, (E, H, 2 * I), ("gate_up_proj_blocks", "gate_up_proj_scales"),
-                       _dequant_gate_up, upstream=UPSTREAM, work_factor=6),
-            OutputSpec("gate_up_proj_bias", torch.bfloat16, (E, 2 * I), ("gate_up_proj_bias",), _bias, upstream=UPSTREAM),
-            OutputSpec("down_proj", torch.bfloat16, (E, I, H), ("down_proj_blocks", "down_proj_scales"),
-                       _dequant_down, upstream=UPSTREAM, work_factor=6),
+            OutputSpec(
+                "gate_up_proj",
+                torch.bfloat16,
+                (E, H, 2 * I),
+                ("gate_up_proj_blocks", "gate_up_proj_scales"),
+                _dequant_gate_up,
+                upstream=UPSTREAM,
+                work_factor=6,
+            ),
+            OutputSpec(
+                "gate_up_proj_bias", torch.bfloat16, (E, 2 * I), ("gate_up_proj_bias",), _bias, upstream=UPSTREAM
+            ),
+            OutputSpec(
+                "down_proj",
+                torch.bfloat16,
+                (E, I, H),
+                ("down_proj_blocks", "down_proj_scales"),
+                _dequant_down,
+                upstream=UPSTREAM,
+                work_factor=6,
+            ),
             OutputSpec("down_proj_bias", torch.bfloat16, (E, H), ("down_proj_bias",), _bias, upstream=UPSTREAM),
         ]
 

@@ -45,6 +45,7 @@ def delta_swap_pair(a: np.ndarray, b: np.ndarray, t: np.ndarray, shift: int, mas
 def for_each_block(count: int, work, make_scratch) -> None:
     """Run ``work(i, scratch)`` for ``i in range(count)``, the indices split over the cores; each thread
     gets its own ``scratch = make_scratch()`` (reused for every block it runs)."""
+
     def run(start: int, stop: int) -> None:
         scratch = make_scratch()
         for i in range(start, stop):

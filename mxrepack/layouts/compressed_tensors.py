@@ -32,7 +32,9 @@ import torch
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, round_up
 
-UPSTREAM = "compressed-tensors 0.20 mxfp4-pack-quantized per-Linear tensors (MXFP4PackedCompressor.compression_param_names)"
+UPSTREAM = (
+    "compressed-tensors 0.20 mxfp4-pack-quantized per-Linear tensors (MXFP4PackedCompressor.compression_param_names)"
+)
 
 
 def marlin_moe_valid(n: int, k: int) -> bool:
@@ -57,7 +59,9 @@ def _pad_dim(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
 
 class CompressedTensorsLayout(ExpertLayout):
     name = "compressed-tensors"
-    description = "per-expert Linear MXFP4 (compressed-tensors mxfp4-pack-quantized), gate=even/up=odd rows, I padded for Marlin"
+    description = (
+        "per-expert Linear MXFP4 (compressed-tensors mxfp4-pack-quantized), gate=even/up=odd rows, I padded for Marlin"
+    )
     per_expert = True  # outputs are per expert: suffixes hold "{e}", shapes have no expert dimension
 
     def __init__(self, pad_intermediate: int = 128):
@@ -78,6 +82,7 @@ class CompressedTensorsLayout(ExpertLayout):
         pad = {"intermediate": [I, Ip]} if Ip != I else {}
         specs = []
         for proj in ("gate_proj", "up_proj"):
+
             def w(gate_up_proj_blocks, proj=proj):
                 return _pad_dim(_rows(gate_up_proj_blocks, proj).flatten(-2), 0, Ip)
 
@@ -88,11 +93,31 @@ class CompressedTensorsLayout(ExpertLayout):
                 return _pad_dim(_rows(gate_up_proj_bias, proj), 0, Ip).to(torch.bfloat16)
 
             specs += [
-                OutputSpec(f"{{e}}.{proj}.weight_packed", torch.uint8, (Ip, H // 2), ("gate_up_proj_blocks",), w,
-                           (I, H // 2), pad, UPSTREAM, 2),
-                OutputSpec(f"{{e}}.{proj}.weight_scale", torch.uint8, (Ip, H // 32), ("gate_up_proj_scales",), s,
-                           (I, H // 32), pad, UPSTREAM, 2),
-                OutputSpec(f"{{e}}.{proj}.bias", torch.bfloat16, (Ip,), ("gate_up_proj_bias",), b, (I,), pad, UPSTREAM, 2),
+                OutputSpec(
+                    f"{{e}}.{proj}.weight_packed",
+                    torch.uint8,
+                    (Ip, H // 2),
+                    ("gate_up_proj_blocks",),
+                    w,
+                    (I, H // 2),
+                    pad,
+                    UPSTREAM,
+                    2,
+                ),
+                OutputSpec(
+                    f"{{e}}.{proj}.weight_scale",
+                    torch.uint8,
+                    (Ip, H // 32),
+                    ("gate_up_proj_scales",),
+                    s,
+                    (I, H // 32),
+                    pad,
+                    UPSTREAM,
+                    2,
+                ),
+                OutputSpec(
+                    f"{{e}}.{proj}.bias", torch.bfloat16, (Ip,), ("gate_up_proj_bias",), b, (I,), pad, UPSTREAM, 2
+                ),
             ]
 
         def dw(down_proj_blocks):
@@ -105,10 +130,28 @@ class CompressedTensorsLayout(ExpertLayout):
             return down_proj_bias[0].to(torch.bfloat16).contiguous()
 
         specs += [
-            OutputSpec("{e}.down_proj.weight_packed", torch.uint8, (H, Ip // 2), ("down_proj_blocks",), dw,
-                       (H, I // 2), pad, UPSTREAM, 2),
-            OutputSpec("{e}.down_proj.weight_scale", torch.uint8, (H, Ip // 32), ("down_proj_scales",), ds,
-                       (H, I // 32), pad, UPSTREAM, 2),
+            OutputSpec(
+                "{e}.down_proj.weight_packed",
+                torch.uint8,
+                (H, Ip // 2),
+                ("down_proj_blocks",),
+                dw,
+                (H, I // 2),
+                pad,
+                UPSTREAM,
+                2,
+            ),
+            OutputSpec(
+                "{e}.down_proj.weight_scale",
+                torch.uint8,
+                (H, Ip // 32),
+                ("down_proj_scales",),
+                ds,
+                (H, I // 32),
+                pad,
+                UPSTREAM,
+                2,
+            ),
             OutputSpec("{e}.down_proj.bias", torch.bfloat16, (H,), ("down_proj_bias",), db, (H,), pad, UPSTREAM, 2),
         ]
         return specs
@@ -123,7 +166,9 @@ class CompressedTensorsLayout(ExpertLayout):
             return torch.stack([gate, up], dim=2).flatten(1, 2)
 
         return {
-            "gate_up_proj_blocks": interleave(g["gate_proj.weight_packed"], g["up_proj.weight_packed"]).unflatten(-1, (-1, 16)),
+            "gate_up_proj_blocks": interleave(g["gate_proj.weight_packed"], g["up_proj.weight_packed"]).unflatten(
+                -1, (-1, 16)
+            ),
             "gate_up_proj_scales": interleave(g["gate_proj.weight_scale"], g["up_proj.weight_scale"]),
             "gate_up_proj_bias": interleave(g["gate_proj.bias"], g["up_proj.bias"]),
             "down_proj_blocks": g["down_proj.weight_packed"].unflatten(-1, (-1, 16)),

@@ -44,8 +44,11 @@ class DenseMxLayout:
     scale_search: bool = False
 
     def __post_init__(self):
-        for key, value, valid in (("format", self.format, FORMATS), ("scales", self.scales, SCALE_LAYOUTS),
-                                  ("scale_rule", self.scale_rule, SCALE_RULES)):
+        for key, value, valid in (
+            ("format", self.format, FORMATS),
+            ("scales", self.scales, SCALE_LAYOUTS),
+            ("scale_rule", self.scale_rule, SCALE_RULES),
+        ):
             if value not in valid:
                 raise MxRepackError(f"dense.{key}: unknown value {value!r} (valid: {', '.join(valid)})")
 
@@ -57,10 +60,14 @@ class DenseMxLayout:
     def upstream(self) -> str:
         fmt = "mxfp4-pack-quantized" if self.format == "mxfp4" else "mxfp8-quantized"
         scales = "CUTLASS 128x4 block-scale interleave" if self.scales == "swizzled" else "plain [N, K/32]"
-        rule = ("compressed-tensors' generate_mx_scales (bit-identical)" if self.scale_rule == "compressed-tensors"
-                else "OCP MX v1.0")
+        rule = (
+            "compressed-tensors' generate_mx_scales (bit-identical)"
+            if self.scale_rule == "compressed-tensors"
+            else "OCP MX v1.0"
+        )
         return f"compressed-tensors {fmt} tensors; scales {scales}; scale rule {rule}" + (
-            " with exponent search" if self.scale_search else "")
+            " with exponent search" if self.scale_search else ""
+        )
 
     def padded(self, n: int, k: int) -> tuple[int, int]:
         return (round_up(n, 128), round_up(k, 128)) if self.scales == "swizzled" else (n, k)
@@ -106,7 +113,9 @@ class DenseMxLayout:
         s[:, : scales.shape[1]] = scales
         return swizzle_128x4(s.unsqueeze(0))[0]
 
-    def unpack(self, values: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def unpack(
+        self, values: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored tensors -> (values, plain scales) at the logical ``[N, K]``: the exact inverse of ``store``."""
         n, k = shape
         if self.scales == "swizzled":
@@ -115,5 +124,11 @@ class DenseMxLayout:
         return values[:n, :width].contiguous(), scales[:n, : k // 32].contiguous()
 
     def spec(self) -> dict:
-        return {"layout": self.name, "format": self.format, "scales": self.scales, "scale_rule": self.scale_rule,
-                "scale_search": self.scale_search, "upstream": self.upstream}
+        return {
+            "layout": self.name,
+            "format": self.format,
+            "scales": self.scales,
+            "scale_rule": self.scale_rule,
+            "scale_search": self.scale_search,
+            "upstream": self.upstream,
+        }

@@ -22,17 +22,31 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, gate_up_from_halves, gate_up_halves_padded,
-                                   pad_rows_cols, packed_expert_outputs, round_up, swizzle_128x4, unswizzle_128x4)
+from mxrepack.layouts.base import (
+    ExpertDims,
+    ExpertLayout,
+    OutputSpec,
+    gate_up_from_halves,
+    gate_up_halves_padded,
+    packed_expert_outputs,
+    pad_rows_cols,
+    round_up,
+    swizzle_128x4,
+    unswizzle_128x4,
+)
 
-UPSTREAM = ("vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_CUTLASS_MXFP4_MXFP8) "
-            "(swap w13 halves, flashinfer block_scale_interleave)")
+UPSTREAM = (
+    "vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_CUTLASS_MXFP4_MXFP8) "
+    "(swap w13 halves, flashinfer block_scale_interleave)"
+)
 
 
 class FlashInferCutlassLayout(ExpertLayout):
     name = "flashinfer-cutlass"
-    description = ("FlashInfer CUTLASS MXFP4 MoE (vLLM FLASHINFER_CUTLASS_MXFP4_MXFP8): [up|gate] rows, hidden and "
-                   "intermediate padded to 128, 128x4-swizzled raw E8M0 scales, bf16 biases")
+    description = (
+        "FlashInfer CUTLASS MXFP4 MoE (vLLM FLASHINFER_CUTLASS_MXFP4_MXFP8): [up|gate] rows, hidden and "
+        "intermediate padded to 128, 128x4-swizzled raw E8M0 scales, bf16 biases"
+    )
 
     def __init__(self, tile: int = 128):
         self.tile = tile
@@ -46,14 +60,23 @@ class FlashInferCutlassLayout(ExpertLayout):
         def up_gate(x, cols):
             return gate_up_halves_padded(x, Ip, cols, up_first=True)
 
-        return packed_expert_outputs(d, Hp, Ip, {
-            "w13_weight": lambda gate_up_proj_blocks: up_gate(gate_up_proj_blocks.flatten(2), Hp // 2),
-            "w13_weight_scale": lambda gate_up_proj_scales: swizzle_128x4(up_gate(gate_up_proj_scales, Hp // 32)),
-            "w13_bias": lambda gate_up_proj_bias: up_gate(gate_up_proj_bias.unsqueeze(-1), 1).squeeze(-1),
-            "w2_weight": lambda down_proj_blocks: pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2),
-            "w2_weight_scale": lambda down_proj_scales: swizzle_128x4(pad_rows_cols(down_proj_scales, Hp, Ip // 32)),
-            "w2_bias": lambda down_proj_bias: pad_rows_cols(down_proj_bias.unsqueeze(-1), Hp, 1).squeeze(-1),
-        }, torch.bfloat16, UPSTREAM)
+        return packed_expert_outputs(
+            d,
+            Hp,
+            Ip,
+            {
+                "w13_weight": lambda gate_up_proj_blocks: up_gate(gate_up_proj_blocks.flatten(2), Hp // 2),
+                "w13_weight_scale": lambda gate_up_proj_scales: swizzle_128x4(up_gate(gate_up_proj_scales, Hp // 32)),
+                "w13_bias": lambda gate_up_proj_bias: up_gate(gate_up_proj_bias.unsqueeze(-1), 1).squeeze(-1),
+                "w2_weight": lambda down_proj_blocks: pad_rows_cols(down_proj_blocks.flatten(2), Hp, Ip // 2),
+                "w2_weight_scale": lambda down_proj_scales: swizzle_128x4(
+                    pad_rows_cols(down_proj_scales, Hp, Ip // 32)
+                ),
+                "w2_bias": lambda down_proj_bias: pad_rows_cols(down_proj_bias.unsqueeze(-1), Hp, 1).squeeze(-1),
+            },
+            torch.bfloat16,
+            UPSTREAM,
+        )
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         def gate_up(x):

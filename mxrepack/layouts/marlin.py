@@ -28,7 +28,10 @@ from mxrepack.layouts import bitops
 from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up
 from mxrepack.quant.mx import map_row_blocks
 
-UPSTREAM = "vllm 0.33.0 marlin_utils_fp4.prepare_moe_mxfp4_layer_for_marlin (gptq_marlin_repack, marlin_permute_scales, mxfp4_marlin_process_scales, marlin_permute_bias)"
+UPSTREAM = (
+    "vllm 0.33.0 marlin_utils_fp4.prepare_moe_mxfp4_layer_for_marlin "
+    "(gptq_marlin_repack, marlin_permute_scales, mxfp4_marlin_process_scales, marlin_permute_bias)"
+)
 _SCALE_PERM = torch.tensor([i + 8 * j for i in range(8) for j in range(8)])
 _BIAS_PERM = torch.tensor([2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)])
 _E8M0_SWAP = torch.tensor([0, 2, 1, 3])  # self-inverse
@@ -58,8 +61,10 @@ def repack_weight(packed: torch.Tensor, rows: int | None = None, kbytes: int | N
     E, N, Kb = packed.shape
     rows, kbytes = rows or N, kbytes or Kb
     if rows % 64 or kbytes % 8 or rows < N or kbytes < Kb or Kb % 8:
-        raise MxRepackError(f"Marlin repack needs N % 64 == 0 and K % 16 == 0 (padded and source), got N={rows}, "
-                            f"K={2 * kbytes}, source K={2 * Kb}")
+        raise MxRepackError(
+            f"Marlin repack needs N % 64 == 0 and K % 16 == 0 (padded and source), got N={rows}, "
+            f"K={2 * kbytes}, source K={2 * Kb}"
+        )
     lib = native.library()
     if lib is None:
         return repack_weight_numpy(packed, rows, kbytes)
@@ -87,8 +92,11 @@ def repack_weight_numpy(packed: torch.Tensor, rows: int, kbytes: int) -> torch.T
     out = np.empty((E, k16, tiles, 128), np.int32)
 
     def scratch():  # zeroed once: padding columns stay zero (every step maps zero bytes to zero bytes)
-        return (np.zeros((per * 64, kbytes), np.uint8), np.empty((per * 64, k16), np.uint64),
-                np.empty((per, k16 * 128), np.int32))
+        return (
+            np.zeros((per * 64, kbytes), np.uint8),
+            np.empty((per * 64, k16), np.uint64),
+            np.empty((per, k16 * 128), np.int32),
+        )
 
     def work(i: int, s) -> None:
         block, tmp, words = s
@@ -96,7 +104,7 @@ def repack_weight_numpy(packed: torch.Tensor, rows: int, kbytes: int) -> torch.T
         nt = min(per, tiles - t0)
         n, r0 = nt * 64, t0 * 64
         valid = max(0, min(N - r0, n))
-        block[:valid, :Kb] = src[e, r0:r0 + valid]
+        block[:valid, :Kb] = src[e, r0 : r0 + valid]
         block[valid:n] = 0
         x, t = block[:n].view(np.uint64), tmp[:n]
         bitops.delta_swap(x, t, 28, 0x00000000F0F0F0F0)  # nibble-in-byte <-> a
@@ -104,7 +112,7 @@ def repack_weight_numpy(packed: torch.Tensor, rows: int, kbytes: int) -> torch.T
         pairs = x.reshape(nt * 4, 2, 8 * k16)  # [warp, c, (l8, kt)]
         bitops.delta_swap_pair(pairs[:, 0], pairs[:, 1], t[: n // 2].reshape(nt * 4, 8 * k16), 8, 0x00FF00FF00FF00FF)
         np.take(block[:n].view(np.int32).reshape(nt, -1), order, axis=1, out=words[:nt], mode="clip")
-        out[e, :, t0:t0 + nt] = words[:nt].reshape(nt, k16, 128).transpose(1, 0, 2)
+        out[e, :, t0 : t0 + nt] = words[:nt].reshape(nt, k16, 128).transpose(1, 0, 2)
 
     bitops.for_each_block(E * blocks, work, scratch)
     return torch.from_numpy(out).view(E, k16, 2 * rows)
@@ -115,7 +123,9 @@ def unrepack_weight(words: torch.Tensor) -> torch.Tensor:
     E, K16, N2 = words.shape
     N, K = N2 // 2, K16 * 16
     o0, o1, o2, o3 = words.contiguous().view(torch.uint8).view(E, K16, N2, 4).unbind(-1)
-    b = torch.stack([(o0 & 15) | (o2 << 4), (o0 >> 4) | (o2 & 0xF0), (o1 & 15) | (o3 << 4), (o1 >> 4) | (o3 & 0xF0)], -1)
+    b = torch.stack(
+        [(o0 & 15) | (o2 << 4), (o0 >> 4) | (o2 & 0xF0), (o1 & 15) | (o3 << 4), (o1 >> 4) | (o3 & 0xF0)], -1
+    )
     b = b.view(E, K // 16, N // 64, 8, 4, 4, 2, 2)  # e, kt, nt, l8, l4, warp, c, a
     return b.permute(0, 2, 5, 6, 3, 1, 7, 4).reshape(E, N, K // 2)
 
@@ -159,8 +169,10 @@ def unpermute_bias(bias: torch.Tensor) -> torch.Tensor:
 
 class MarlinLayout(ExpertLayout):
     name = "marlin"
-    description = ("vLLM Marlin MXFP4 MoE: hidden padded to 256, intermediate to 128; int32 [E,K/16,2N] repacked "
-                   "weights, permuted E8M0 scales [E,K/32,N], permuted bf16 biases")
+    description = (
+        "vLLM Marlin MXFP4 MoE: hidden padded to 256, intermediate to 128; int32 [E,K/16,2N] repacked "
+        "weights, permuted E8M0 scales [E,K/32,N], permuted bf16 biases"
+    )
 
     def __init__(self, fp8_activations: bool = False):
         self.fp8_activations = fp8_activations
@@ -181,7 +193,9 @@ class MarlinLayout(ExpertLayout):
             return permute_scales(pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32), fp8).view(torch.float8_e8m0fnu)
 
         def w13_bias(gate_up_proj_bias):
-            return permute_bias(pad_rows_cols(gate_up_proj_bias.unsqueeze(-1), 2 * Ip, 1).squeeze(-1).to(torch.bfloat16))
+            return permute_bias(
+                pad_rows_cols(gate_up_proj_bias.unsqueeze(-1), 2 * Ip, 1).squeeze(-1).to(torch.bfloat16)
+            )
 
         def w2(down_proj_blocks):
             return repack_weight(down_proj_blocks.flatten(2), Hp, Ip // 2)
@@ -194,11 +208,49 @@ class MarlinLayout(ExpertLayout):
 
         u = UPSTREAM + (" with FP8-activation scales (+6)" if fp8 else "")
         return [
-            OutputSpec("w13_weight", torch.int32, (E, Hp // 16, 4 * Ip), ("gate_up_proj_blocks",), w13, (E, H // 16, 4 * I), pad, u, 6),
-            OutputSpec("w13_weight_scale", torch.float8_e8m0fnu, (E, Hp // 32, 2 * Ip), ("gate_up_proj_scales",), w13_scale, (E, H // 32, 2 * I), pad, u),
+            OutputSpec(
+                "w13_weight",
+                torch.int32,
+                (E, Hp // 16, 4 * Ip),
+                ("gate_up_proj_blocks",),
+                w13,
+                (E, H // 16, 4 * I),
+                pad,
+                u,
+                6,
+            ),
+            OutputSpec(
+                "w13_weight_scale",
+                torch.float8_e8m0fnu,
+                (E, Hp // 32, 2 * Ip),
+                ("gate_up_proj_scales",),
+                w13_scale,
+                (E, H // 32, 2 * I),
+                pad,
+                u,
+            ),
             OutputSpec("w13_bias", torch.bfloat16, (E, 2 * Ip), ("gate_up_proj_bias",), w13_bias, (E, 2 * I), pad, u),
-            OutputSpec("w2_weight", torch.int32, (E, Ip // 16, 2 * Hp), ("down_proj_blocks",), w2, (E, I // 16, 2 * H), pad, u, 6),
-            OutputSpec("w2_weight_scale", torch.float8_e8m0fnu, (E, Ip // 32, Hp), ("down_proj_scales",), w2_scale, (E, I // 32, H), pad, u),
+            OutputSpec(
+                "w2_weight",
+                torch.int32,
+                (E, Ip // 16, 2 * Hp),
+                ("down_proj_blocks",),
+                w2,
+                (E, I // 16, 2 * H),
+                pad,
+                u,
+                6,
+            ),
+            OutputSpec(
+                "w2_weight_scale",
+                torch.float8_e8m0fnu,
+                (E, Ip // 32, Hp),
+                ("down_proj_scales",),
+                w2_scale,
+                (E, I // 32, H),
+                pad,
+                u,
+            ),
             OutputSpec("w2_bias", torch.bfloat16, (E, Hp), ("down_proj_bias",), w2_bias, (E, H), pad, u),
         ]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, passthrough
 from mxrepack.gptoss import EXPERT_PARTS
+from mxrepack.layouts.base import ExpertDims, ExpertLayout, OutputSpec, passthrough
 
 
 class NativeMxfp4Layout(ExpertLayout):
@@ -27,9 +27,18 @@ class NativeMxfp4Layout(ExpertLayout):
             "down_proj_scales": ((E, H, I // 32), torch.uint8),
             "down_proj_bias": ((E, H), torch.bfloat16),
         }
-        return [OutputSpec(part, dtype, shape, (part,), passthrough, work_factor=1,
-                           upstream="openai/gpt-oss checkpoint format (HF layout)")
-                for part, (shape, dtype) in ((p, shapes[p]) for p in EXPERT_PARTS)]
+        return [
+            OutputSpec(
+                part,
+                dtype,
+                shape,
+                (part,),
+                passthrough,
+                work_factor=1,
+                upstream="openai/gpt-oss checkpoint format (HF layout)",
+            )
+            for part, (shape, dtype) in ((p, shapes[p]) for p in EXPERT_PARTS)
+        ]
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         return {p: stored[p] for p in EXPERT_PARTS}

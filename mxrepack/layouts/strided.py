@@ -23,8 +23,16 @@ from __future__ import annotations
 import torch
 
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, gate_up_from_halves, gate_up_halves_padded,
-                                   pad_rows_cols, packed_expert_outputs, round_up)
+from mxrepack.layouts.base import (
+    ExpertDims,
+    ExpertLayout,
+    OutputSpec,
+    gate_up_from_halves,
+    gate_up_halves_padded,
+    packed_expert_outputs,
+    pad_rows_cols,
+    round_up,
+)
 
 UPSTREAM = "mxrepack.kernels (moe_mxfp4 / linear_mxfp4 Triton kernels)"
 GATE_UP_TILE = 32  # intermediate rows per w13 row tile: 32 gate rows, then the same 32 up rows
@@ -41,11 +49,11 @@ def k_tiled(rows: torch.Tensor, tiles: int, k_bytes: int) -> torch.Tensor:
     rest = kb - full * K_TILE_BYTES
     out = rows.new_empty((E, tiles, T, B, A, K_TILE_BYTES))
     real = out[:, :t]
-    real[:, :, :full] = rows[..., :full * K_TILE_BYTES].unflatten(-1, (full, K_TILE_BYTES)).permute(0, 1, 4, 3, 2, 5)
+    real[:, :, :full] = rows[..., : full * K_TILE_BYTES].unflatten(-1, (full, K_TILE_BYTES)).permute(0, 1, 4, 3, 2, 5)
     if rest:
-        real[:, :, full, :, :, :rest] = rows[..., full * K_TILE_BYTES:].transpose(2, 3)
+        real[:, :, full, :, :, :rest] = rows[..., full * K_TILE_BYTES :].transpose(2, 3)
         real[:, :, full, :, :, rest:].zero_()
-    real[:, :, full + (rest > 0):].zero_()
+    real[:, :, full + (rest > 0) :].zero_()
     out[:, t:].zero_()
     return out.view(E, tiles * B * A, k_bytes)
 
@@ -82,29 +90,37 @@ def from_row_major(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     E, N2, kb = w13.shape
     Ip, Hp = N2 // 2, w2.shape[1]
     return stored | {
-        "w13_weight": k_tiled(gate_up_from_halves(w13).view(E, Ip // GATE_UP_TILE, GATE_UP_TILE, 2, kb),
-                              Ip // GATE_UP_TILE, kb),
+        "w13_weight": k_tiled(
+            gate_up_from_halves(w13).view(E, Ip // GATE_UP_TILE, GATE_UP_TILE, 2, kb), Ip // GATE_UP_TILE, kb
+        ),
         "w13_weight_scale": gate_up_tiles(gate_up_from_halves(s13), Ip, s13.shape[2]),
-        "w2_weight": k_tiled(w2.view(E, Hp // DOWN_TILE_ROWS, DOWN_TILE_ROWS, 1, w2.shape[2]), Hp // DOWN_TILE_ROWS,
-                             w2.shape[2]),
+        "w2_weight": k_tiled(
+            w2.view(E, Hp // DOWN_TILE_ROWS, DOWN_TILE_ROWS, 1, w2.shape[2]), Hp // DOWN_TILE_ROWS, w2.shape[2]
+        ),
     }
 
 
 def to_row_major(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Inverse of :func:`from_row_major`: each matrix row-major, w13 rows ``[gate | up]`` (for references)."""
     E, N2, kb = stored["w13_weight"].shape
-    halves = {name: gate_up_halves_padded(x, N2 // 2, x.shape[2])
-              for name, x in (("w13_weight", k_untiled(stored["w13_weight"], (GATE_UP_TILE, 2)).reshape(E, N2, kb)),
-                              ("w13_weight_scale", gate_up_untiled(stored["w13_weight_scale"])))}
+    halves = {
+        name: gate_up_halves_padded(x, N2 // 2, x.shape[2])
+        for name, x in (
+            ("w13_weight", k_untiled(stored["w13_weight"], (GATE_UP_TILE, 2)).reshape(E, N2, kb)),
+            ("w13_weight_scale", gate_up_untiled(stored["w13_weight_scale"])),
+        )
+    }
     w2 = stored["w2_weight"]
     return stored | halves | {"w2_weight": k_untiled(w2, (DOWN_TILE_ROWS, 1)).reshape(w2.shape)}
 
 
 class StridedLayout(ExpertLayout):
     name = "strided"
-    description = ("mxrepack Triton kernels (sm_12x-safe, no TMA): packed FP4 in row tiles (w13: 32 gate then 32 up "
-                   "rows; w2: 16 rows), each K-tiled [rows/R, Kp/128, R, 64]; row-major E8M0 scales in the same row "
-                   "order; hidden/intermediate padded to the tile; fp32 biases [gate|up]")
+    description = (
+        "mxrepack Triton kernels (sm_12x-safe, no TMA): packed FP4 in row tiles (w13: 32 gate then 32 up "
+        "rows; w2: 16 rows), each K-tiled [rows/R, Kp/128, R, 64]; row-major E8M0 scales in the same row "
+        "order; hidden/intermediate padded to the tile; fp32 biases [gate|up]"
+    )
 
     def __init__(self, tile: int = 128):
         if not isinstance(tile, int) or tile % 128 or tile <= 0:
@@ -131,14 +147,23 @@ class StridedLayout(ExpertLayout):
             E, H, kb = x.shape
             return k_tiled(x.reshape(E, H // DOWN_TILE_ROWS, DOWN_TILE_ROWS, 1, kb), Hp // DOWN_TILE_ROWS, Ip // 2)
 
-        return packed_expert_outputs(d, Hp, Ip, {
-            "w13_weight": w13,
-            "w13_weight_scale": lambda gate_up_proj_scales: gate_up_tiles(gate_up_proj_scales, Ip, Hp // 32),
-            "w13_bias": lambda gate_up_proj_bias: gate_up_halves_padded(fp32_column(gate_up_proj_bias), Ip, 1).squeeze(-1),
-            "w2_weight": w2,
-            "w2_weight_scale": lambda down_proj_scales: pad_rows_cols(down_proj_scales, Hp, Ip // 32),
-            "w2_bias": lambda down_proj_bias: pad_rows_cols(fp32_column(down_proj_bias), Hp, 1).squeeze(-1),
-        }, torch.float32, UPSTREAM)
+        return packed_expert_outputs(
+            d,
+            Hp,
+            Ip,
+            {
+                "w13_weight": w13,
+                "w13_weight_scale": lambda gate_up_proj_scales: gate_up_tiles(gate_up_proj_scales, Ip, Hp // 32),
+                "w13_bias": lambda gate_up_proj_bias: gate_up_halves_padded(
+                    fp32_column(gate_up_proj_bias), Ip, 1
+                ).squeeze(-1),
+                "w2_weight": w2,
+                "w2_weight_scale": lambda down_proj_scales: pad_rows_cols(down_proj_scales, Hp, Ip // 32),
+                "w2_bias": lambda down_proj_bias: pad_rows_cols(fp32_column(down_proj_bias), Hp, 1).squeeze(-1),
+            },
+            torch.float32,
+            UPSTREAM,
+        )
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         w13 = k_untiled(stored["w13_weight"], (GATE_UP_TILE, 2))  # [E, Ip/32, 32, 2, Hp/2]

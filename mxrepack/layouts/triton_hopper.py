@@ -16,8 +16,8 @@ Value layouts (``value=``):
 
 Scale layouts (``scale=``): ``hopper`` -- ``HopperMXScaleLayout(mx_axis=1, num_warps)``: N padded to
 ``32 * num_warps``, K/32 to 2, tiles of ``(2, warps, 2, 8) x (K/64, 2)`` reordered to
-``[E, N/32, 32*K/32]``; ``plain`` -- unchanged (``StridedLayout``); ``blackwell`` -- the 128x4 swizzle with N padded to 128
-and K/32 to 8, ``[E, N/128, K/128, 2, 256]`` (the golden's ``[1, E*N/128, ...]`` is the same bytes).
+``[E, N/32, 32*K/32]``; ``plain`` -- unchanged (``StridedLayout``); ``blackwell`` -- the 128x4 swizzle with N
+padded to 128 and K/32 to 8, ``[E, N/128, K/128, 2, 256]`` (the golden's ``[1, E*N/128, ...]`` is the same bytes).
 
 Not applied (the golden README says the same): vLLM's TRITON backend also zero-pads the intermediate
 size to 64 (a no-op for gpt-oss, 2880 = 45 * 64) and, from vLLM PR #47303, the Hopper scale K/32 axis
@@ -32,14 +32,25 @@ import torch
 
 from mxrepack import native
 from mxrepack.errors import MxRepackError
-from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, pad_rows_cols, round_up, swizzle_128x4,
-                                   unswizzle_128x4)
+from mxrepack.layouts.base import (
+    ExpertDims,
+    ExpertLayout,
+    OutputSpec,
+    pad_rows_cols,
+    round_up,
+    swizzle_128x4,
+    unswizzle_128x4,
+)
 from mxrepack.quant.mx import map_row_blocks
 
-UPSTREAM = "triton_kernels as vendored in vllm 0.33.0 (vllm/third_party/triton_kernels), via vllm mxfp4_utils._swizzle_mxfp4"
-LAYOUT_NAMES = {"hopper": ("HopperMXValueLayout(mx_axis=1)", "HopperMXScaleLayout(mx_axis=1, num_warps={w})"),
-                "plain": ("StridedLayout", "StridedLayout"),
-                "blackwell": ("BlackwellMXValueLayout", "BlackwellMXScaleLayout")}
+UPSTREAM = (
+    "triton_kernels as vendored in vllm 0.33.0 (vllm/third_party/triton_kernels), via vllm mxfp4_utils._swizzle_mxfp4"
+)
+LAYOUT_NAMES = {
+    "hopper": ("HopperMXValueLayout(mx_axis=1)", "HopperMXScaleLayout(mx_axis=1, num_warps={w})"),
+    "plain": ("StridedLayout", "StridedLayout"),
+    "blackwell": ("BlackwellMXValueLayout", "BlackwellMXScaleLayout"),
+}
 # Former option values. "strided" (triton_kernels' name for its unswizzled layout) was renamed "plain" because it
 # read as mxrepack's own ``strided`` expert layout; recipes and manifests written with it still load.
 OPTION_ALIASES = {"strided": "plain"}
@@ -108,8 +119,9 @@ def _permute_word_bits(x: torch.Tensor, luts: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(out.view(np.uint8).reshape(x.shape))
 
 
-def _native_values(lib, fn: str, x: torch.Tensor, kb: int, luts: np.ndarray,
-                   rotations: tuple[np.ndarray, np.ndarray]) -> torch.Tensor:
+def _native_values(
+    lib, fn: str, x: torch.Tensor, kb: int, luts: np.ndarray, rotations: tuple[np.ndarray, np.ndarray]
+) -> torch.Tensor:
     """Run a native 16-row-block loop (``mxrepack_native.c``; its AVX-512 twin where :func:`native.simd`) over
     ``x``, blocks split over threads."""
     src = x.contiguous().numpy().reshape(-1)
@@ -123,7 +135,7 @@ def _native_values(lib, fn: str, x: torch.Tensor, kb: int, luts: np.ndarray,
     call = getattr(lib, fn)
 
     def work(b0: int, b1: int) -> None:
-        call(native.ptr(src[b0 * block:]), native.ptr(out[b0 * block:]), b1 - b0, kb, *bits)
+        call(native.ptr(src[b0 * block :]), native.ptr(out[b0 * block :]), b1 - b0, kb, *bits)
 
     map_row_blocks(src.size // block, work, min_rows=64)
     return torch.from_numpy(out)
@@ -154,7 +166,9 @@ def hopper_value_swizzle(w: torch.Tensor) -> torch.Tensor:
     lib = native.library()
     if lib is None:
         return hopper_values_numpy(w)
-    return _native_values(lib, "hopper_values_pack", w, Kb, _TWIDDLE_BYTE_LUTS, _TWIDDLE_ROTATIONS).view(E, N // 4, Kb * 4)
+    return _native_values(lib, "hopper_values_pack", w, Kb, _TWIDDLE_BYTE_LUTS, _TWIDDLE_ROTATIONS).view(
+        E, N // 4, Kb * 4
+    )
 
 
 def hopper_values_numpy(w: torch.Tensor) -> torch.Tensor:
@@ -171,7 +185,9 @@ def hopper_value_unswizzle(x: torch.Tensor) -> torch.Tensor:
     lib = native.library()
     if lib is None:
         return hopper_values_unpack_numpy(x)
-    return _native_values(lib, "hopper_values_unpack", x, Kb4 // 4, _UNTWIDDLE_BYTE_LUTS, _UNTWIDDLE_ROTATIONS).view(E, N4 * 4, Kb4 // 4)
+    return _native_values(lib, "hopper_values_unpack", x, Kb4 // 4, _UNTWIDDLE_BYTE_LUTS, _UNTWIDDLE_ROTATIONS).view(
+        E, N4 * 4, Kb4 // 4
+    )
 
 
 def hopper_values_unpack_numpy(x: torch.Tensor) -> torch.Tensor:
@@ -225,10 +241,14 @@ def blackwell_scale_unswizzle(x: torch.Tensor) -> torch.Tensor:
 
 class TritonHopperLayout(ExpertLayout):
     name = "triton-hopper"
-    description = ("OpenAI triton_kernels matmul_ogs (as vLLM 0.33.0 calls it on Hopper): HopperMXValueLayout "
-                   "bit-twiddled values, HopperMXScaleLayout scales, fp32 biases, gate/up interleaved")
+    description = (
+        "OpenAI triton_kernels matmul_ogs (as vLLM 0.33.0 calls it on Hopper): HopperMXValueLayout "
+        "bit-twiddled values, HopperMXScaleLayout scales, fp32 biases, gate/up interleaved"
+    )
 
-    def __init__(self, value: str = "hopper", scale: str = "hopper", num_warps: int = 8, scale_groups_multiple: int = 1):
+    def __init__(
+        self, value: str = "hopper", scale: str = "hopper", num_warps: int = 8, scale_groups_multiple: int = 1
+    ):
         value, scale = OPTION_ALIASES.get(value, value), OPTION_ALIASES.get(scale, scale)
         for what, v in (("value", value), ("scale", scale)):
             if v not in LAYOUT_NAMES:
@@ -236,7 +256,9 @@ class TritonHopperLayout(ExpertLayout):
         if num_warps not in (1, 2, 4, 8, 16):
             raise MxRepackError(f"triton-hopper option num_warps={num_warps!r}: expected a power of two <= 16")
         if scale_groups_multiple not in (1, 2, 4):
-            raise MxRepackError(f"triton-hopper option scale_groups_multiple={scale_groups_multiple!r}: expected 1, 2 or 4")
+            raise MxRepackError(
+                f"triton-hopper option scale_groups_multiple={scale_groups_multiple!r}: expected 1, 2 or 4"
+            )
         self.value, self.scale, self.num_warps = value, scale, num_warps
         # vLLM's _swizzle_mxfp4 zero-pads the K/32 scale groups to a multiple of 4 on sm90 before swizzling (vLLM
         # #47303; 0.26 and 0.33): 4 gives its bytes, 1 triton_kernels' own (the golden vectors).
@@ -286,12 +308,34 @@ class TritonHopperLayout(ExpertLayout):
             if sshape != (E, N, K // 32):
                 pad["scale_storage"] = [[E, N, K // 32], list(sshape)]
             specs += [
-                OutputSpec(f"{w}_weight", torch.uint8, vshape, (f"{proj}_blocks",),
-                           _by_part(f"{proj}_blocks", lambda b: self._value(b.flatten(2))), (E, N, K // 2), pad, u),
-                OutputSpec(f"{w}_weight_scale", torch.uint8, sshape, (f"{proj}_scales",),
-                           _by_part(f"{proj}_scales", self._scale), (E, N, K // 32), pad, u),
-                OutputSpec(f"{w}_bias", torch.float32, (E, N), (f"{proj}_bias",),
-                           _by_part(f"{proj}_bias", lambda b: b.to(torch.float32)), upstream=u),
+                OutputSpec(
+                    f"{w}_weight",
+                    torch.uint8,
+                    vshape,
+                    (f"{proj}_blocks",),
+                    _by_part(f"{proj}_blocks", lambda b: self._value(b.flatten(2))),
+                    (E, N, K // 2),
+                    pad,
+                    u,
+                ),
+                OutputSpec(
+                    f"{w}_weight_scale",
+                    torch.uint8,
+                    sshape,
+                    (f"{proj}_scales",),
+                    _by_part(f"{proj}_scales", self._scale),
+                    (E, N, K // 32),
+                    pad,
+                    u,
+                ),
+                OutputSpec(
+                    f"{w}_bias",
+                    torch.float32,
+                    (E, N),
+                    (f"{proj}_bias",),
+                    _by_part(f"{proj}_bias", lambda b: b.to(torch.float32)),
+                    upstream=u,
+                ),
             ]
         return specs
 
@@ -311,6 +355,7 @@ class TritonHopperLayout(ExpertLayout):
 def _by_part(part: str, fn):
     def pack(**parts: torch.Tensor) -> torch.Tensor:
         return fn(parts[part])
+
     return pack
 
 

@@ -19,11 +19,21 @@ from __future__ import annotations
 
 import torch
 
-from mxrepack.layouts.base import (ExpertDims, ExpertLayout, OutputSpec, packed_expert_outputs, permute_row_blocks,
-                                   round_up, swizzle_128x4, unswizzle_128x4)
+from mxrepack.layouts.base import (
+    ExpertDims,
+    ExpertLayout,
+    OutputSpec,
+    packed_expert_outputs,
+    permute_row_blocks,
+    round_up,
+    swizzle_128x4,
+    unswizzle_128x4,
+)
 
-UPSTREAM = ("vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_TRTLLM_MXFP4_BF16); "
-            "flashinfer fb28d72 get_shuffle_matrix_a_row_indices(epilogue_tile_m=128), 128x4 block_scale_interleave")
+UPSTREAM = (
+    "vllm 0.33.0 oracle/mxfp4.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(FLASHINFER_TRTLLM_MXFP4_BF16); "
+    "flashinfer fb28d72 get_shuffle_matrix_a_row_indices(epilogue_tile_m=128), 128x4 block_scale_interleave"
+)
 
 # In each 32-row block, out row p comes from row _ROW_SHUFFLE[p] (the epilogue-tile shuffle); w13 also swaps
 # row pairs first (gate/up -> up/gate), so its rows come from _ROW_SHUFFLE[p] ^ 1. Both are applied as one
@@ -54,8 +64,10 @@ def _unshuffle(x: torch.Tensor, perm: list[int]) -> torch.Tensor:
 
 class TrtllmLayout(ExpertLayout):
     name = "trtllm"
-    description = ("FlashInfer TRT-LLM-gen MXFP4 MoE (sm100): hidden padded to 256, intermediate to 128; gate/up "
-                   "row pairs swapped, epilogue-128 row shuffle, 128x4-swizzled E8M0 scales, fp32 biases")
+    description = (
+        "FlashInfer TRT-LLM-gen MXFP4 MoE (sm100): hidden padded to 256, intermediate to 128; gate/up "
+        "row pairs swapped, epilogue-128 row shuffle, 128x4-swizzled E8M0 scales, fp32 biases"
+    )
 
     def outputs(self, d: ExpertDims) -> list[OutputSpec]:
         Hp, Ip = round_up(d.hidden, 256), round_up(d.intermediate, 128)
@@ -78,9 +90,21 @@ class TrtllmLayout(ExpertLayout):
         def w2_bias(down_proj_bias):
             return w2_rows(down_proj_bias.to(torch.float32).unsqueeze(-1), Hp, 1).squeeze(-1)
 
-        return packed_expert_outputs(d, Hp, Ip, {"w13_weight": w13, "w13_weight_scale": w13_scale, "w13_bias": w13_bias,
-                                                  "w2_weight": w2, "w2_weight_scale": w2_scale, "w2_bias": w2_bias},
-                                     torch.float32, UPSTREAM)
+        return packed_expert_outputs(
+            d,
+            Hp,
+            Ip,
+            {
+                "w13_weight": w13,
+                "w13_weight_scale": w13_scale,
+                "w13_bias": w13_bias,
+                "w2_weight": w2,
+                "w2_weight_scale": w2_scale,
+                "w2_bias": w2_bias,
+            },
+            torch.float32,
+            UPSTREAM,
+        )
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
         def back13(x):

@@ -25,15 +25,17 @@ SOURCE = Path(__file__).with_name("mxrepack_native.c")
 _U8 = ctypes.POINTER(ctypes.c_uint8)
 _U16 = ctypes.POINTER(ctypes.c_uint16)
 _U32 = ctypes.POINTER(ctypes.c_uint32)
-_SIGNATURES = {"hopper_values_pack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
-               "hopper_values_unpack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
-               "hopper_values_pack_simd": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32, _U32, ctypes.c_int),
-               "hopper_values_unpack_simd": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32, _U32, ctypes.c_int),
-               "marlin_weights_pack": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
-               "marlin_weights_pack_simd": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
-               "mxfp4_bf16_rows": (_U8, _U8, _U16, *(ctypes.c_int64,) * 3),
-               "mxfp4_bf16_cols": (_U8, _U8, _U16, *(ctypes.c_int64,) * 4),
-               "native_simd": ()}
+_SIGNATURES = {
+    "hopper_values_pack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
+    "hopper_values_unpack": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32),
+    "hopper_values_pack_simd": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32, _U32, ctypes.c_int),
+    "hopper_values_unpack_simd": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32, _U32, ctypes.c_int),
+    "marlin_weights_pack": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
+    "marlin_weights_pack_simd": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
+    "mxfp4_bf16_rows": (_U8, _U8, _U16, *(ctypes.c_int64,) * 3),
+    "mxfp4_bf16_cols": (_U8, _U8, _U16, *(ctypes.c_int64,) * 4),
+    "native_simd": (),
+}
 
 
 def _cache_dir() -> Path:
@@ -52,8 +54,13 @@ def _build(cc: str) -> Path:
         fd, tmp = tempfile.mkstemp(dir=lib.parent, suffix=".so.tmp")
         os.close(fd)
         try:
-            subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], check=True, capture_output=True,
-                           text=True, timeout=120)
+            subprocess.run(
+                [cc, "-O3", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             os.replace(tmp, lib)
         finally:
             if os.path.exists(tmp):
@@ -106,7 +113,7 @@ def empty(shape: tuple[int, ...] | int, dtype) -> np.ndarray:
     n = int(np.prod(shape)) * dtype.itemsize
     buf = np.empty(n + 64, np.uint8)
     start = -buf.ctypes.data % 64
-    return buf[start:start + n].view(dtype).reshape(shape)
+    return buf[start : start + n].view(dtype).reshape(shape)
 
 
 def ptr(a: np.ndarray):

@@ -28,16 +28,20 @@ def require():
     try:
         import compressed_tensors
     except ImportError:
-        raise MxRepackError('the compressed-tensors target needs the compressed-tensors library: '
-                            'pip install "mxrepack[compressed-tensors]"') from None
+        raise MxRepackError(
+            "the compressed-tensors target needs the compressed-tensors library: "
+            'pip install "mxrepack[compressed-tensors]"'
+        ) from None
     try:
         version = tuple(int(x) for x in compressed_tensors.__version__.split(".")[:2])
     except ValueError:
         version = TESTED[0]
     if not TESTED[0] <= version < TESTED[1]:
-        raise MxRepackError(f"compressed-tensors {compressed_tensors.__version__} is installed; the compressed-tensors "
-                            "target is tested with 0.19 to 0.21: pip install \"mxrepack[compressed-tensors]\" (in an "
-                            "environment without vLLM, which pins 0.17)")
+        raise MxRepackError(
+            f"compressed-tensors {compressed_tensors.__version__} is installed; the compressed-tensors "
+            'target is tested with 0.19 to 0.21: pip install "mxrepack[compressed-tensors]" (in an '
+            "environment without vLLM, which pins 0.17)"
+        )
     return compressed_tensors
 
 
@@ -59,12 +63,15 @@ def check_fused_qkv(modules: list[str]) -> None:
             layers.setdefault(hit[1], set()).add(hit[2])
     for layer, parts in sorted(layers.items()):
         if parts != {"q", "k", "v"}:
-            raise MxRepackError(f"{layer}.self_attn: only {'/'.join(sorted(parts))}_proj selected; q, k and v are one "
-                                "fused Linear in vLLM and must be quantized together (use 'qkv')")
+            raise MxRepackError(
+                f"{layer}.self_attn: only {'/'.join(sorted(parts))}_proj selected; q, k and v are one "
+                "fused Linear in vLLM and must be quantized together (use 'qkv')"
+            )
 
 
-def quantization_config(experts_mxfp4: bool, dense_format: str | None, dense_modules: list[str],
-                        all_linear: list[str]) -> dict:
+def quantization_config(
+    experts_mxfp4: bool, dense_format: str | None, dense_modules: list[str], all_linear: list[str]
+) -> dict:
     """The ``quantization_config`` dict, built and serialized by compressed-tensors' QuantizationConfig.
 
     ``dense_modules``: the dense Linear modules quantized (``dense_format``); ``all_linear``: every

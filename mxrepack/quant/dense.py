@@ -55,8 +55,10 @@ def layer_pattern(entry: str) -> re.Pattern:
             raise MxRepackError(f"dense.layers: '{entry}' is not a valid regex ({e})") from None
     if re.fullmatch(r"[\w.]+", entry) and "." in entry:  # a module name
         return re.compile(re.escape(entry.removesuffix(".weight")) + r"\.weight")
-    raise MxRepackError(f"dense.layers: unknown entry '{entry}' (valid: {', '.join([*LAYER_KEYS, *ALIASES])}, "
-                        "a module name such as model.layers.0.self_attn.o_proj, or re:REGEX)")
+    raise MxRepackError(
+        f"dense.layers: unknown entry '{entry}' (valid: {', '.join([*LAYER_KEYS, *ALIASES])}, "
+        "a module name such as model.layers.0.self_attn.o_proj, or re:REGEX)"
+    )
 
 
 def select_dense(names: list[str], layers: list[str], where: str = "dense.layers") -> list[str]:
@@ -133,9 +135,14 @@ def format_error_table(report: dict[str, dict]) -> str:
     if not report:
         return "(no dense tensors quantized)"
     width = max(len(n) for n in report)
-    lines = [f"{'tensor':<{width}}  {'format':<6} {'rel_fro':>8} {'sqnr_dB':>8} {'max_abs':>9} {'out_rand':>9} {'out_rec':>9}"]
+    lines = [
+        f"{'tensor':<{width}}  {'format':<6} {'rel_fro':>8} {'sqnr_dB':>8} {'max_abs':>9} "
+        f"{'out_rand':>9} {'out_rec':>9}"
+    ]
     for name, r in report.items():
         rec = "-" if r.get("out_rel_recorded") is None else f"{r['out_rel_recorded']:.4f}"
-        lines.append(f"{name:<{width}}  {r.get('format', ''):<6} {r['rel_fro']:>8.4f} {r['sqnr_db']:>8.2f} "
-                     f"{r['max_abs']:>9.2e} {r['out_rel_random']:>9.4f} {rec:>9}")
+        lines.append(
+            f"{name:<{width}}  {r.get('format', ''):<6} {r['rel_fro']:>8.4f} {r['sqnr_db']:>8.2f} "
+            f"{r['max_abs']:>9.2e} {r['out_rel_random']:>9.4f} {rec:>9}"
+        )
     return "\n".join(lines)

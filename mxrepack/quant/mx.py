@@ -118,8 +118,9 @@ def e8m0_to_float(scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> t
     return bits.view(torch.float32).to(dtype)
 
 
-def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
-                     transpose: bool = False) -> torch.Tensor:
+def dequantize_mxfp4(
+    blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16, transpose: bool = False
+) -> torch.Tensor:
     """MXFP4 -> float, bit-identical to ``transformers...convert_moe_packed_tensors`` (before its transpose).
 
     ``blocks`` is uint8 ``[..., G, 16]`` (checkpoint form) or ``[..., G*16]`` (flattened);
@@ -159,14 +160,20 @@ def _dequantize_bf16_native(lib, blocks: torch.Tensor, scales: torch.Tensor, tra
         *lead, R = blocks.shape[:-2]
         matrices, tiles = int(np.prod(lead)), -(-R // 32)
         out = np.empty((matrices, 32 * G, R), np.uint16)
-        map_row_blocks(matrices * tiles, lambda u0, u1: lib.mxfp4_bf16_cols(
-            native.ptr(b), native.ptr(s), native.ptr(out), u0, u1, R, G), min_rows=4)
+        map_row_blocks(
+            matrices * tiles,
+            lambda u0, u1: lib.mxfp4_bf16_cols(native.ptr(b), native.ptr(s), native.ptr(out), u0, u1, R, G),
+            min_rows=4,
+        )
         shape = (*lead, 32 * G, R)
     else:
         rows = int(np.prod(blocks.shape[:-2]))
         out = np.empty((rows, 32 * G), np.uint16)
-        map_row_blocks(rows, lambda r0, r1: lib.mxfp4_bf16_rows(
-            native.ptr(b), native.ptr(s), native.ptr(out), r0, r1, G), min_rows=64)
+        map_row_blocks(
+            rows,
+            lambda r0, r1: lib.mxfp4_bf16_rows(native.ptr(b), native.ptr(s), native.ptr(out), r0, r1, G),
+            min_rows=64,
+        )
         shape = (*blocks.shape[:-2], 32 * G)
     return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).reshape(shape)  # BF16 bits
 
@@ -245,8 +252,11 @@ def _scaled_groups(w: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
     inv = e8m0_to_float((-exp + E8M0_BIAS).clamp(0, 254).to(torch.uint8))
     small = exp < -126  # 2**-exp overflows fp32: divide by the (subnormal) scale instead
     if bool(small.any()):
-        return torch.where(small.unsqueeze(-1), scaled / e8m0_to_float((exp + E8M0_BIAS).to(torch.uint8)).unsqueeze(-1),
-                           scaled * inv.unsqueeze(-1))
+        return torch.where(
+            small.unsqueeze(-1),
+            scaled / e8m0_to_float((exp + E8M0_BIAS).to(torch.uint8)).unsqueeze(-1),
+            scaled * inv.unsqueeze(-1),
+        )
     return scaled * inv.unsqueeze(-1)
 
 

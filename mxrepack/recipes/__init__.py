@@ -34,7 +34,10 @@ from mxrepack.errors import MxRepackError
 DENSE_FORMATS = ("bf16", "mxfp4", "mxfp8")
 QUANT_CONFIG_MODES = ("remove", "native", "mxrepack", "compressed-tensors")
 _SCHEMA = {
-    "name": str, "description": str, "consumer": str, "engine": str,
+    "name": str,
+    "description": str,
+    "consumer": str,
+    "engine": str,
     "experts": {"layout": str, "options": dict},
     "dense": {"format": str, "layers": list, "scale_rule": str, "scale_search": bool, "scales": str},
     "config": {"quantization_config": str},
@@ -87,15 +90,24 @@ class Recipe:
     def quantization_config(self) -> str:
         return self.data["config"]["quantization_config"]
 
-    def with_overrides(self, dense: str | None = None, dense_layers: str | None = None, scale_rule: str | None = None,
-                       scale_search: bool | None = None) -> "Recipe":
+    def with_overrides(
+        self,
+        dense: str | None = None,
+        dense_layers: str | None = None,
+        scale_rule: str | None = None,
+        scale_search: bool | None = None,
+    ) -> "Recipe":
         """This recipe with the CLI's ``--dense``/``--dense-layers``/``--scale-rule``/``--scale-search``
         applied (validated like the file; the manifest records the result)."""
         from mxrepack.quant.dense import parse_layers
 
         data = copy.deepcopy(self.data)
-        changes = {"format": dense, "layers": parse_layers(dense_layers) if dense_layers is not None else None,
-                   "scale_rule": scale_rule, "scale_search": scale_search}
+        changes = {
+            "format": dense,
+            "layers": parse_layers(dense_layers) if dense_layers is not None else None,
+            "scale_rule": scale_rule,
+            "scale_search": scale_search,
+        }
         changed = {k: v for k, v in changes.items() if v is not None}
         if not changed:
             return self
@@ -112,8 +124,9 @@ def _dense_layout(dense: dict):
 
     if dense["format"] == "bf16":
         return None
-    return DenseMxLayout(dense["format"], dense.get("scales", "plain"), dense.get("scale_rule", "ocp"),
-                         dense.get("scale_search", False))
+    return DenseMxLayout(
+        dense["format"], dense.get("scales", "plain"), dense.get("scale_rule", "ocp"), dense.get("scale_search", False)
+    )
 
 
 def _builtin_files() -> dict[str, Path]:
@@ -174,9 +187,11 @@ def _check(data: object, where: str) -> dict:
         except MxRepackError as e:
             raise MxRepackError(f"recipe {where}: {e}") from None
         if data["config"]["quantization_config"] in ("native", "remove"):
-            raise MxRepackError(f"recipe {where}: dense.format {dense['format']} needs config.quantization_config "
-                                "mxrepack or compressed-tensors (a stock mxfp4 or no config would load the "
-                                "quantized dense weights as BF16)")
+            raise MxRepackError(
+                f"recipe {where}: dense.format {dense['format']} needs config.quantization_config "
+                "mxrepack or compressed-tensors (a stock mxfp4 or no config would load the "
+                "quantized dense weights as BF16)"
+            )
     return data
 
 

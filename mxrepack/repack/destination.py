@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Iterable
 
 from mxrepack.errors import MxRepackError
-
 from mxrepack.repack.output import MANIFEST, MANIFEST_KIND
 
 
@@ -52,8 +51,10 @@ class OutputLock:
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     holder = _read_pid(self.path)
                     who = f" (process {holder})" if holder else ""
-                    raise MxRepackError(f"{self.out}: another repack is writing this output{who}; wait for it to "
-                                        "finish or choose another --out") from None
+                    raise MxRepackError(
+                        f"{self.out}: another repack is writing this output{who}; wait for it to "
+                        "finish or choose another --out"
+                    ) from None
                 raise MxRepackError(f"{self.path}: cannot lock the output ({e.strerror or e})") from None
             # The holder before us may have removed the file between our open and our lock: then we hold a
             # lock on an unlinked file that nobody else can see, and must take the one at the path instead.
@@ -112,8 +113,13 @@ def check_destination(out: Path, source: list[Path], overwrite: bool) -> None:
     real = _real(out)
     for place in source:
         if _overlaps(real, place):
-            how = "is the source checkpoint" if real == place else (
-                "lies inside the source checkpoint" if place in real.parents else "contains the source checkpoint")
+            how = (
+                "is the source checkpoint"
+                if real == place
+                else (
+                    "lies inside the source checkpoint" if place in real.parents else "contains the source checkpoint"
+                )
+            )
             raise MxRepackError(f"{out}: the output {how} ({place}); choose an --out outside it")
     if not (out.exists() or out.is_symlink()):
         return
@@ -121,8 +127,10 @@ def check_destination(out: Path, source: list[Path], overwrite: bool) -> None:
         raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
     problem = _not_replaceable(out)
     if problem:
-        raise MxRepackError(f"{out}: --overwrite only replaces an mxrepack output, and {problem}; "
-                            "remove it yourself or choose another --out")
+        raise MxRepackError(
+            f"{out}: --overwrite only replaces an mxrepack output, and {problem}; "
+            "remove it yourself or choose another --out"
+        )
 
 
 def _not_replaceable(out: Path) -> str | None:

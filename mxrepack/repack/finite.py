@@ -29,8 +29,11 @@ from mxrepack.errors import MxRepackError
 from mxrepack.repack.safetensors_io import TensorInfo, map_range
 
 # float dtype -> (same-width integer dtype, sign-clearing mask, smallest non-finite magnitude's bits)
-_BITS = {torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80), torch.float16: (torch.int16, 0x7FFF, 0x7C00),
-         torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000)}
+_BITS = {
+    torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80),
+    torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+    torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
+}
 _NP_BITS = {torch.bfloat16: np.int16, torch.float16: np.int16, torch.float32: np.int32}
 _SLICE = 1 << 20  # elements per AND + max: the temporary stays in the cache
 _READ = 8 << 20  # bytes per read of a copied range
@@ -47,8 +50,8 @@ def all_finite(t: torch.Tensor) -> bool:
     bits = t.reshape(-1).view(itype)
     tmp = torch.empty(min(_SLICE, bits.numel()), dtype=itype)
     for i in range(0, bits.numel(), _SLICE):
-        part = bits[i:i + _SLICE]
-        out = tmp[:part.numel()]
+        part = bits[i : i + _SLICE]
+        out = tmp[: part.numel()]
         torch.bitwise_and(part, mask, out=out)
         if int(out.max()) >= limit:
             return False
@@ -117,8 +120,8 @@ class FiniteGuard:
             bits = np.frombuffer(view, dtype=itype)
             tmp = np.empty(min(_SLICE, bits.size), dtype=itype)
             for i in range(0, bits.size, _SLICE):
-                part = bits[i:i + _SLICE]
-                out = tmp[:part.size]
+                part = bits[i : i + _SLICE]
+                out = tmp[: part.size]
                 np.bitwise_and(part, mask, out=out)
                 if int(out.max()) >= limit:
                     del bits, part
@@ -140,13 +143,19 @@ class FiniteGuard:
             if first < 0 and n:
                 first = at + row
         if not self.allow:
-            raise MxRepackError(f"{info.file}: tensor '{info.name}': {count} NaN/Inf value(s) (first in row {first}); the output would carry "
-                                "them unchanged (pass --allow-nonfinite to write them anyway)")
+            raise MxRepackError(
+                f"{info.file}: tensor '{info.name}': {count} NaN/Inf value(s) (first in row {first}); "
+                "the output would carry "
+                "them unchanged (pass --allow-nonfinite to write them anyway)"
+            )
         self.found[info.name] = {"file": str(info.file), "count": count, "first_row": first}
 
     def warnings(self) -> list[str]:
-        return [f"{e['file']}: tensor '{name}': {e['count']} NaN/Inf value(s) (first in row {e['first_row']}) written "
-                "unchanged (--allow-nonfinite)" for name, e in self.found.items()]
+        return [
+            f"{e['file']}: tensor '{name}': {e['count']} NaN/Inf value(s) (first in row {e['first_row']}) written "
+            "unchanged (--allow-nonfinite)"
+            for name, e in self.found.items()
+        ]
 
 
 def _read(info: TensorInfo, first_row: int, rows: int):

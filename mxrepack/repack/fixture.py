@@ -16,24 +16,59 @@ from pathlib import Path
 
 import torch
 
-from mxrepack.errors import MxRepackError
 from mxrepack import gptoss
+from mxrepack.errors import MxRepackError
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards
 
 PRESETS: dict[str, dict] = {
-    "tiny": dict(hidden_size=288, intermediate_size=160, num_hidden_layers=2, num_local_experts=4,
-                 num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 vocab_size=512, sliding_window=8, initial_context_length=64, max_position_embeddings=2048),
-    "20b": dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_local_experts=32,
-                num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-                vocab_size=201088, sliding_window=128, initial_context_length=4096, max_position_embeddings=131072),
-    "120b": dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=36, num_local_experts=128,
-                 num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-                 vocab_size=201088, sliding_window=128, initial_context_length=4096, max_position_embeddings=131072),
+    "tiny": dict(
+        hidden_size=288,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=512,
+        sliding_window=8,
+        initial_context_length=64,
+        max_position_embeddings=2048,
+    ),
+    "20b": dict(
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=24,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=201088,
+        sliding_window=128,
+        initial_context_length=4096,
+        max_position_embeddings=131072,
+    ),
+    "120b": dict(
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=36,
+        num_local_experts=128,
+        num_experts_per_tok=4,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=201088,
+        sliding_window=128,
+        initial_context_length=4096,
+        max_position_embeddings=131072,
+    ),
 }
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
-                 "{% if add_generation_prompt %}<|start|>assistant{% endif %}\n")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}\n"
+)
 
 
 def fixture_config(preset: str = "tiny", layers: int | None = None, **overrides) -> dict:
@@ -45,34 +80,68 @@ def fixture_config(preset: str = "tiny", layers: int | None = None, **overrides)
         raise MxRepackError(f"--layers must be at least 1, got {n}")
     ctx = p["initial_context_length"]
     return {
-        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
-        "hidden_size": p["hidden_size"], "intermediate_size": p["intermediate_size"], "num_hidden_layers": n,
-        "num_local_experts": p["num_local_experts"], "num_experts_per_tok": p["num_experts_per_tok"],
-        "experts_per_token": p["num_experts_per_tok"], "num_attention_heads": p["num_attention_heads"],
-        "num_key_value_heads": p["num_key_value_heads"], "head_dim": p["head_dim"],
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_size": p["hidden_size"],
+        "intermediate_size": p["intermediate_size"],
+        "num_hidden_layers": n,
+        "num_local_experts": p["num_local_experts"],
+        "num_experts_per_tok": p["num_experts_per_tok"],
+        "experts_per_token": p["num_experts_per_tok"],
+        "num_attention_heads": p["num_attention_heads"],
+        "num_key_value_heads": p["num_key_value_heads"],
+        "head_dim": p["head_dim"],
         "sliding_window": p["sliding_window"],
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
-        "max_position_embeddings": p["max_position_embeddings"], "initial_context_length": ctx,
+        "max_position_embeddings": p["max_position_embeddings"],
+        "initial_context_length": ctx,
         "rope_theta": 150000.0,
-        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                         "original_max_position_embeddings": ctx, "truncate": False},
-        "swiglu_limit": 7.0, "hidden_act": "silu", "attention_bias": True, "attention_dropout": 0.0,
-        "rms_norm_eps": 1e-05, "router_aux_loss_coef": 0.9, "output_router_logits": False,
-        "tie_word_embeddings": False, "vocab_size": p["vocab_size"],
-        "bos_token_id": p["vocab_size"] - 3, "eos_token_id": p["vocab_size"] - 2, "pad_token_id": p["vocab_size"] - 1,
-        "initializer_range": 0.02, "use_cache": True, "torch_dtype": "bfloat16",
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": ctx,
+            "truncate": False,
+        },
+        "swiglu_limit": 7.0,
+        "hidden_act": "silu",
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "rms_norm_eps": 1e-05,
+        "router_aux_loss_coef": 0.9,
+        "output_router_logits": False,
+        "tie_word_embeddings": False,
+        "vocab_size": p["vocab_size"],
+        "bos_token_id": p["vocab_size"] - 3,
+        "eos_token_id": p["vocab_size"] - 2,
+        "pad_token_id": p["vocab_size"] - 1,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "bfloat16",
         "quantization_config": dict(gptoss.NATIVE_QUANTIZATION_CONFIG),
     }
 
 
 def _original_config(c: dict) -> dict:
-    return {"num_hidden_layers": c["num_hidden_layers"], "num_experts": c["num_local_experts"],
-            "experts_per_token": c["num_experts_per_tok"], "vocab_size": c["vocab_size"],
-            "hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
-            "swiglu_limit": c["swiglu_limit"], "head_dim": c["head_dim"],
-            "num_attention_heads": c["num_attention_heads"], "num_key_value_heads": c["num_key_value_heads"],
-            "sliding_window": c["sliding_window"], "initial_context_length": c["initial_context_length"],
-            "rope_theta": c["rope_theta"], "rope_scaling_factor": 32.0, "rope_ntk_alpha": 1.0, "rope_ntk_beta": 32.0}
+    return {
+        "num_hidden_layers": c["num_hidden_layers"],
+        "num_experts": c["num_local_experts"],
+        "experts_per_token": c["num_experts_per_tok"],
+        "vocab_size": c["vocab_size"],
+        "hidden_size": c["hidden_size"],
+        "intermediate_size": c["intermediate_size"],
+        "swiglu_limit": c["swiglu_limit"],
+        "head_dim": c["head_dim"],
+        "num_attention_heads": c["num_attention_heads"],
+        "num_key_value_heads": c["num_key_value_heads"],
+        "sliding_window": c["sliding_window"],
+        "initial_context_length": c["initial_context_length"],
+        "rope_theta": c["rope_theta"],
+        "rope_scaling_factor": 32.0,
+        "rope_ntk_alpha": 1.0,
+        "rope_ntk_beta": 32.0,
+    }
 
 
 def _generate(name: str, kind: str, shape: tuple[int, ...], rows: slice, seed: int) -> torch.Tensor:
@@ -126,9 +195,17 @@ def _not_a_fixture(out: Path) -> str | None:
     return None
 
 
-def make_fixture(out: str | Path, preset: str = "tiny", layers: int | None = None, seed: int = 0,
-                 layout: str = "hf", shard_bytes: int = 4_800_000_000, overwrite: bool = False,
-                 chunk_bytes: int = 64 << 20, **overrides) -> Path:
+def make_fixture(
+    out: str | Path,
+    preset: str = "tiny",
+    layers: int | None = None,
+    seed: int = 0,
+    layout: str = "hf",
+    shard_bytes: int = 4_800_000_000,
+    overwrite: bool = False,
+    chunk_bytes: int = 64 << 20,
+    **overrides,
+) -> Path:
     """Write a synthetic gpt-oss checkpoint to ``out`` (HF layout, or ``layout="original"``)."""
     if layout not in ("hf", "original"):
         raise MxRepackError(f"unknown fixture layout {layout!r}; valid: hf, original")
@@ -138,8 +215,10 @@ def make_fixture(out: str | Path, preset: str = "tiny", layers: int | None = Non
             raise MxRepackError(f"{out}: already exists; pass --overwrite to replace it")
         problem = _not_a_fixture(out)
         if problem:
-            raise MxRepackError(f"{out}: --overwrite only replaces a fixture made by `repack make-fixture`, and "
-                                f"{problem}; remove it yourself or choose another path")
+            raise MxRepackError(
+                f"{out}: --overwrite only replaces a fixture made by `repack make-fixture`, and "
+                f"{problem}; remove it yourself or choose another path"
+            )
     config = fixture_config(preset, layers, **overrides)
     d = gptoss.Dims.from_config(config)
     expected = gptoss.expected_tensors(d)
@@ -147,8 +226,10 @@ def make_fixture(out: str | Path, preset: str = "tiny", layers: int | None = Non
         members = {name: (shape, kind, [name]) for name, (shape, kind) in expected.items()}
     else:
         members = _original_tensors(config)
-    planned = [PlannedTensor(name, torch.uint8 if kind in ("blocks", "scales") else torch.bfloat16, shape)
-               for name, (shape, kind, _) in members.items()]
+    planned = [
+        PlannedTensor(name, torch.uint8 if kind in ("blocks", "scales") else torch.bfloat16, shape)
+        for name, (shape, kind, _) in members.items()
+    ]
     tmp = out.parent / f".{out.name}.fixture-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -170,20 +251,33 @@ def make_fixture(out: str | Path, preset: str = "tiny", layers: int | None = Non
                 weight_map[t.name] = fname
             writer.close()
         total = sum(t.nbytes for t in planned)
-        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (tmp / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
         if layout == "hf":
             (tmp / "config.json").write_text(json.dumps(config, indent=2))
         else:
             (tmp / "config.json").write_text(json.dumps(_original_config(config), indent=2))
-            dtypes = {n: ("FP4" if k == "blocks" else "UE8" if k == "scales" else "BF16") for n, (_, k, _) in members.items()}
+            dtypes = {
+                n: ("FP4" if k == "blocks" else "UE8" if k == "scales" else "BF16") for n, (_, k, _) in members.items()
+            }
             (tmp / "dtypes.json").write_text(json.dumps(dtypes, indent=2))
-        (tmp / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": config["bos_token_id"], "eos_token_id": [config["eos_token_id"]],
-             "pad_token_id": config["pad_token_id"], "do_sample": True}, indent=2))
+        (tmp / "generation_config.json").write_text(
+            json.dumps(
+                {
+                    "bos_token_id": config["bos_token_id"],
+                    "eos_token_id": [config["eos_token_id"]],
+                    "pad_token_id": config["pad_token_id"],
+                    "do_sample": True,
+                },
+                indent=2,
+            )
+        )
         (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE)
         files = sorted(p.name for p in tmp.iterdir())
-        (tmp / FIXTURE_MARK).write_text(json.dumps({"preset": preset, "layers": layers, "seed": seed,
-                                                    "layout": layout, "files": files}, indent=2))
+        (tmp / FIXTURE_MARK).write_text(
+            json.dumps({"preset": preset, "layers": layers, "seed": seed, "layout": layout, "files": files}, indent=2)
+        )
         if out.exists():  # a fixture, checked above: aside first, so the path always holds a whole one
             old = out.parent / f".{out.name}.fixture-old"
             shutil.rmtree(old, ignore_errors=True)

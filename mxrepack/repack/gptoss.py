@@ -4,6 +4,15 @@ Kept for one release so that code importing ``mxrepack.repack.gptoss`` keeps wor
 ``mxrepack.gptoss`` instead.
 """
 
-from mxrepack.gptoss import (EXPERT_PARTS, KIND_DTYPES, NATIVE_QUANTIZATION_CONFIG, SIDE_FILES, Dims,  # noqa: F401
-                             canonical_to_original, component, expected_tensors, hf_config_from_original,
-                             original_to_canonical)
+from mxrepack.gptoss import (  # noqa: F401
+    EXPERT_PARTS,
+    KIND_DTYPES,
+    NATIVE_QUANTIZATION_CONFIG,
+    SIDE_FILES,
+    Dims,
+    canonical_to_original,
+    component,
+    expected_tensors,
+    hf_config_from_original,
+    original_to_canonical,
+)

@@ -5,14 +5,24 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from mxrepack.errors import MxRepackError
 from mxrepack import gptoss
+from mxrepack.errors import MxRepackError
 from mxrepack.repack.output import MANIFEST
 from mxrepack.repack.safetensors_io import dtype_name, read_header
 from mxrepack.repack.source import resolve
 
-CONFIG_KEYS = ("num_hidden_layers", "num_local_experts", "num_experts_per_tok", "hidden_size", "intermediate_size",
-               "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "sliding_window")
+CONFIG_KEYS = (
+    "num_hidden_layers",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "sliding_window",
+)
 
 
 def inspect_checkpoint(source: str) -> dict:
@@ -43,7 +53,10 @@ def inspect_checkpoint(source: str) -> dict:
             c["dtypes"].add(dtype_name(info.dtype))
             total += info.nbytes
     if manifest:
-        fmt = f"mxrepack target '{manifest['target']['name']}' (experts: {manifest['target']['recipe']['experts']['layout']})"
+        fmt = (
+            f"mxrepack target '{manifest['target']['name']}' "
+            f"(experts: {manifest['target']['recipe']['experts']['layout']})"
+        )
     elif config.get("quantization_config", {}).get("quant_method") == "mxfp4":
         fmt = "native gpt-oss MXFP4 (" + ("original/ layout" if original else "Hugging Face layout") + ")"
     elif config.get("quantization_config"):
@@ -51,16 +64,25 @@ def inspect_checkpoint(source: str) -> dict:
     else:
         fmt = "unquantized (no quantization_config)"
     return {
-        "path": str(root), "origin": origin, "format": fmt,
+        "path": str(root),
+        "origin": origin,
+        "format": fmt,
         "config": {k: config.get(k) for k in CONFIG_KEYS if k in config},
-        "files": len(files), "total_bytes": total,
+        "files": len(files),
+        "total_bytes": total,
         "components": {k: {**v, "dtypes": sorted(v["dtypes"])} for k, v in sorted(components.items())},
-        "manifest": {"target": manifest["target"]["name"], "tool": manifest["tool"], "created": manifest["created"]} if manifest else None,
+        "manifest": {"target": manifest["target"]["name"], "tool": manifest["tool"], "created": manifest["created"]}
+        if manifest
+        else None,
     }
 
 
 def format_report(r: dict) -> str:
-    lines = [f"{r['path']}", f"  format: {r['format']}", f"  files: {r['files']} safetensors, {r['total_bytes'] / 1e9:.3f} GB"]
+    lines = [
+        f"{r['path']}",
+        f"  format: {r['format']}",
+        f"  files: {r['files']} safetensors, {r['total_bytes'] / 1e9:.3f} GB",
+    ]
     if r["config"]:
         lines.append("  config: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()))
     lines.append("  components:")

@@ -54,6 +54,7 @@ HUB_DIRS = (".cache/huggingface/",)
 
 # -- writing ------------------------------------------------------------------------------------------------------
 
+
 def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
@@ -88,20 +89,27 @@ def quantization_report(plan: list[PlanItem]) -> dict[str, dict]:
 
 def _finite(report: dict) -> dict:
     """JSON has no Infinity: an exact quantization (zero error) reports SQNR as null."""
-    return {k: {f: (None if isinstance(v, float) and v == float("inf") else v) for f, v in r.items()}
-            for k, r in report.items()}
+    return {
+        k: {f: (None if isinstance(v, float) and v == float("inf") else v) for f, v in r.items()}
+        for k, r in report.items()
+    }
 
 
 def _versions() -> dict:
     import safetensors
     import torch
 
-    return {"mxrepack": mxrepack.__version__, "torch": torch.__version__, "safetensors": safetensors.__version__,
-            "python": platform.python_version()}
+    return {
+        "mxrepack": mxrepack.__version__,
+        "torch": torch.__version__,
+        "safetensors": safetensors.__version__,
+        "python": platform.python_version(),
+    }
 
 
-def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_map: dict[str, str],
-                   source_hashes: dict[str, str]) -> dict:
+def build_manifest(
+    ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_map: dict[str, str], source_hashes: dict[str, str]
+) -> dict:
     """The manifest of a conversion, before its ``files`` are listed and it is sealed (:func:`write_manifest`):
     the tool versions, the source (origin, layout, dims, sha256 and size of each file hashed), the target (name,
     recipe as recorded, consumer, engine), every tensor (:func:`tensor_entry`), the dense quantization error and
@@ -111,10 +119,21 @@ def build_manifest(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], weight_
         "format_version": MANIFEST_FORMAT,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "tool": _versions(),
-        "source": {**ck.origin, "layout": ck.layout, "dims": dataclasses.asdict(ck.dims),
-                   "files": {name: {"sha256": h, "size": (ck.root / name).stat().st_size} for name, h in source_hashes.items()}},
-        "target": {"name": recipe.name, "recipe_source": recipe.source, "recipe": recipe.data,
-                   "consumer": recipe.consumer, "engine": recipe.engine},
+        "source": {
+            **ck.origin,
+            "layout": ck.layout,
+            "dims": dataclasses.asdict(ck.dims),
+            "files": {
+                name: {"sha256": h, "size": (ck.root / name).stat().st_size} for name, h in source_hashes.items()
+            },
+        },
+        "target": {
+            "name": recipe.name,
+            "recipe_source": recipe.source,
+            "recipe": recipe.data,
+            "consumer": recipe.consumer,
+            "engine": recipe.engine,
+        },
         "tensors": {i.name: tensor_entry(i, weight_map[i.name]) for i in plan},
         "quantization_error": _finite(quantization_report(plan)),
         # NaN/Inf written unchanged under --allow-nonfinite (a conversion without it refuses them)
@@ -145,6 +164,7 @@ def write_manifest(directory: Path, manifest: dict) -> dict:
 
 
 # -- reading ------------------------------------------------------------------------------------------------------
+
 
 def is_output(directory: str | Path) -> bool:
     """Whether ``directory`` has an mxrepack manifest file (not whether it verifies)."""
@@ -244,12 +264,16 @@ def check_manifest_digest(directory: Path, manifest: dict) -> tuple[str | None, 
     recorded = manifest.get(DIGEST_KEY)
     if recorded is None:
         if manifest.get("format_version", 1) < MANIFEST_FORMAT:
-            return None, (f"{path}: format {manifest.get('format_version', 1)} has no {DIGEST_KEY}, so its own content "
-                          "(target, recipe, error figures) is not checked; re-run repack to write one that has")
+            return None, (
+                f"{path}: format {manifest.get('format_version', 1)} has no {DIGEST_KEY}, so its own content "
+                "(target, recipe, error figures) is not checked; re-run repack to write one that has"
+            )
         return f"{path}: its {DIGEST_KEY} was removed; re-run repack rather than edit the manifest", None
     if recorded != manifest_digest(manifest):
-        return (f"{path}: edited since mxrepack wrote it (its content no longer matches its {DIGEST_KEY}); re-run "
-                "repack rather than edit the manifest"), None
+        return (
+            f"{path}: edited since mxrepack wrote it (its content no longer matches its {DIGEST_KEY}); re-run "
+            "repack rather than edit the manifest"
+        ), None
     return None, None
 
 

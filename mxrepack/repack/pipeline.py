@@ -22,22 +22,22 @@ import torch
 
 import mxrepack
 from mxrepack.errors import MxRepackError
-from mxrepack.quant import check_e8m0
-from mxrepack.quant.dense import load_activations
-from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.gptoss import NATIVE_QUANTIZATION_CONFIG
 from mxrepack.layouts import make_layout
 from mxrepack.layouts.base import passthrough
-from mxrepack.repack.finite import FiniteGuard
+from mxrepack.quant import check_e8m0
+from mxrepack.quant.dense import load_activations
+from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.destination import OutputLock, check_destination, replace_with, source_places
+from mxrepack.repack.finite import FiniteGuard
 from mxrepack.repack.memory import keep_freed_memory
+from mxrepack.repack.output import build_manifest, quantization_report, write_config, write_index, write_manifest  # noqa: F401 (quantization_report: was here)
 from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, SourceTensor, open_checkpoint
-from mxrepack.repack.output import (build_manifest, quantization_report,  # noqa: F401 (quantization_report: was here)
-                                    write_config, write_index, write_manifest)
 from mxrepack.repack.verify import verify_dir
 from mxrepack.serve.spec import serve_hint
+
 DEFAULT_SHARD_BYTES = 5_000_000_000
 DEFAULT_CHUNK_BYTES = 256 << 20
 Progress = Callable[[int, int], None]  # (output tensor bytes written, their total: the index's total_size)
@@ -58,10 +58,19 @@ class RepackResult:
     warnings: list[str] = dataclasses.field(default_factory=list)  # NaN/Inf written under --allow-nonfinite
 
     def summary(self) -> dict:
-        return {"out": str(self.out), "target": self.target, "tensors": self.tensors, "files": self.files,
-                "source_bytes": self.source_bytes, "output_bytes": self.output_bytes,
-                "seconds": round(self.seconds, 3), "verify": self.verify,
-                "quantization_error": self.quantization_error, "serve": self.serve, "warnings": self.warnings}
+        return {
+            "out": str(self.out),
+            "target": self.target,
+            "tensors": self.tensors,
+            "files": self.files,
+            "source_bytes": self.source_bytes,
+            "output_bytes": self.output_bytes,
+            "seconds": round(self.seconds, 3),
+            "verify": self.verify,
+            "quantization_error": self.quantization_error,
+            "serve": self.serve,
+            "warnings": self.warnings,
+        }
 
 
 def default_out(source: str, target: str) -> Path:
@@ -101,10 +110,14 @@ def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
         config.update(layout.config_overrides(expert_dims(ck)))
         dense = recipe.dense_layout
         dense_modules = _quantized_dense_modules(recipe, plan)
-        linear = [n.removesuffix(".weight") for n in ck.tensors if n.endswith(".weight") and
-                  (".self_attn." in n or ".mlp.router." in n or n == "lm_head.weight")]
-        config["quantization_config"] = ct.quantization_config(layout.name == "compressed-tensors",
-                                                               dense.format if dense else None, dense_modules, linear)
+        linear = [
+            n.removesuffix(".weight")
+            for n in ck.tensors
+            if n.endswith(".weight") and (".self_attn." in n or ".mlp.router." in n or n == "lm_head.weight")
+        ]
+        config["quantization_config"] = ct.quantization_config(
+            layout.name == "compressed-tensors", dense.format if dense else None, dense_modules, linear
+        )
     else:
         # A quant_method no stock engine knows: an engine that cannot read these layouts fails
         # loudly instead of loading kernel-specific bytes as if they were the native format.
@@ -113,21 +126,36 @@ def output_config(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem]) -> dict:
         experts = [i for i in plan if i.group == "layers.0.experts"]  # every layer is laid out the same
         if experts:
             groups["experts"] = {
-                "layout": experts[0].layout, "padding": experts[0].padding,
-                "stored": {i.name.split(".mlp.experts.")[1]: {"dtype": str(i.dtype).removeprefix("torch."),
-                                                              "shape": list(i.shape),
-                                                              "logical_shape": list(i.logical_shape or i.shape)}
-                           for i in experts},
-                "modules": "model.layers.*.mlp.experts", "options": recipe.expert_options}
+                "layout": experts[0].layout,
+                "padding": experts[0].padding,
+                "stored": {
+                    i.name.split(".mlp.experts.")[1]: {
+                        "dtype": str(i.dtype).removeprefix("torch."),
+                        "shape": list(i.shape),
+                        "logical_shape": list(i.logical_shape or i.shape),
+                    }
+                    for i in experts
+                },
+                "modules": "model.layers.*.mlp.experts",
+                "options": recipe.expert_options,
+            }
         dense = recipe.dense_layout
         if dense is not None:
             first = [i for i in plan if i.layout == dense.name][:2]  # one tensor's values and scales
-            groups["dense"] = {**dense.spec(), "layers": recipe.dense_layers,
-                               "modules": _quantized_dense_modules(recipe, plan),
-                               "stored": {i.name.rsplit(".", 1)[1]: str(i.dtype).removeprefix("torch.") for i in first}}
-        config["quantization_config"] = {"quant_method": "mxrepack", "target": recipe.name, "layouts": layouts,
-                                         "groups": groups, "consumer": recipe.consumer,
-                                         "mxrepack_version": mxrepack.__version__}
+            groups["dense"] = {
+                **dense.spec(),
+                "layers": recipe.dense_layers,
+                "modules": _quantized_dense_modules(recipe, plan),
+                "stored": {i.name.rsplit(".", 1)[1]: str(i.dtype).removeprefix("torch.") for i in first},
+            }
+        config["quantization_config"] = {
+            "quant_method": "mxrepack",
+            "target": recipe.name,
+            "layouts": layouts,
+            "groups": groups,
+            "consumer": recipe.consumer,
+            "mxrepack_version": mxrepack.__version__,
+        }
     return config
 
 
@@ -135,8 +163,9 @@ def _shard_name(i: int, n: int) -> str:
     return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
 
-def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_bytes: int,
-                   progress: Progress | None) -> tuple[dict[str, str], dict[str, dict]]:
+def _write_weights(
+    tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_bytes: int, progress: Progress | None
+) -> tuple[dict[str, str], dict[str, dict]]:
     by_name = {i.name: i for i in plan}
     shards = plan_shards([PlannedTensor(i.name, i.dtype, i.shape) for i in plan], shard_bytes)
     # The bar counts output tensor bytes as each chunk is written (its total is the index's total_size). It
@@ -154,8 +183,9 @@ def _write_weights(tmp: Path, plan: list[PlanItem], shard_bytes: int, chunk_byte
         try:
             for s, tensors in enumerate(shards):
                 fname = _shard_name(s, len(shards))
-                writer = StreamingShardWriter(tmp / fname, tensors,
-                                              metadata={"format": "pt", "producer": f"mxrepack {mxrepack.__version__}"})
+                writer = StreamingShardWriter(
+                    tmp / fname, tensors, metadata={"format": "pt", "producer": f"mxrepack {mxrepack.__version__}"}
+                )
                 try:
                     for t in tensors:
                         done = _write_tensor(writer, by_name[t.name], reads, chunk_bytes, done, total, progress)
@@ -211,16 +241,27 @@ def _reads_ahead(pool: ThreadPoolExecutor, chunks):
         yield current, inputs
 
 
-def _write_tensor(writer: StreamingShardWriter, item: PlanItem, reads, chunk_bytes: int, done: int, total: int,
-                  progress: Progress | None) -> int:
+def _write_tensor(
+    writer: StreamingShardWriter,
+    item: PlanItem,
+    reads,
+    chunk_bytes: int,
+    done: int,
+    total: int,
+    progress: Progress | None,
+) -> int:
     """Stream one planned tensor into ``writer`` chunk by chunk (its inputs from ``reads``, :func:`_reads_ahead`);
     returns the output bytes written so far."""
     stored = _stored_unchanged(item)
     if stored is not None:  # the kernel copies it, chunk by chunk for the progress bar
         row_bytes = stored.info.row_bytes
         for r0, r1 in _row_ranges(item, chunk_bytes):
-            writer.copy_from(item.name, stored.info.file, stored.info.start + (stored.row_start + r0) * row_bytes,
-                             (r1 - r0) * row_bytes)
+            writer.copy_from(
+                item.name,
+                stored.info.file,
+                stored.info.start + (stored.row_start + r0) * row_bytes,
+                (r1 - r0) * row_bytes,
+            )
             if item.finite is not None:  # after the copy, which left these rows in the page cache; on a thread
                 item.finite.check_range(stored.info, stored.row_start + r0, r1 - r0)
             done += (r1 - r0) * item.row_bytes
@@ -240,8 +281,10 @@ def _write_tensor(writer: StreamingShardWriter, item: PlanItem, reads, chunk_byt
         if item.observer is not None:
             item.observer.observe(inputs, chunk)
         if chunk.dtype != item.dtype or tuple(chunk.shape) != (r1 - r0, *item.shape[1:]):
-            raise RuntimeError(f"{item.name}: layout {item.layout} produced {chunk.dtype} "
-                               f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}")
+            raise RuntimeError(
+                f"{item.name}: layout {item.layout} produced {chunk.dtype} "
+                f"{tuple(chunk.shape)}, planned {item.dtype} {(r1 - r0, *item.shape[1:])}"
+            )
         writer.write(item.name, chunk)
         del inputs, chunk  # before the next chunk is taken: at most two chunks' inputs are alive
         done += (r1 - r0) * item.row_bytes
@@ -261,8 +304,16 @@ def _stored_unchanged(item: PlanItem) -> SourceTensor | None:
     return src if (src.dtype, tuple(src.shape)) == (item.dtype, tuple(item.shape)) else None
 
 
-def _convert(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], out: Path, shard_bytes: int, chunk_bytes: int,
-             hash_source: bool, progress: Progress | None) -> tuple[dict, dict, dict]:
+def _convert(
+    ck: Checkpoint,
+    recipe: Recipe,
+    plan: list[PlanItem],
+    out: Path,
+    shard_bytes: int,
+    chunk_bytes: int,
+    hash_source: bool,
+    progress: Progress | None,
+) -> tuple[dict, dict, dict]:
     """Write, verify and rename into place (the caller holds the output's lock and has checked the path);
     returns (manifest, files, verify report)."""
     hash_futures = ck.hash_files_async() if hash_source else {}
@@ -309,12 +360,26 @@ def _convert(ck: Checkpoint, recipe: Recipe, plan: list[PlanItem], out: Path, sh
     return manifest, files, report
 
 
-def repack(source: str, target: str | None = None, out: str | Path | None = None, *, recipe_file: str | None = None,
-           revision: str | None = None, overwrite: bool = False, shard_bytes: int = DEFAULT_SHARD_BYTES,
-           chunk_bytes: int = DEFAULT_CHUNK_BYTES, hash_source: bool = True, progress: Progress | None = None,
-           checkpoint: Checkpoint | None = None, dense: str | None = None, dense_layers: str | None = None,
-           scale_rule: str | None = None, scale_search: bool | None = None,
-           activations: str | Path | None = None, allow_nonfinite: bool = False) -> RepackResult:
+def repack(
+    source: str,
+    target: str | None = None,
+    out: str | Path | None = None,
+    *,
+    recipe_file: str | None = None,
+    revision: str | None = None,
+    overwrite: bool = False,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    hash_source: bool = True,
+    progress: Progress | None = None,
+    checkpoint: Checkpoint | None = None,
+    dense: str | None = None,
+    dense_layers: str | None = None,
+    scale_rule: str | None = None,
+    scale_search: bool | None = None,
+    activations: str | Path | None = None,
+    allow_nonfinite: bool = False,
+) -> RepackResult:
     """Convert ``source`` for ``target`` (or ``recipe_file``) into ``out``; see the module docstring.
 
     ``dense``/``dense_layers``/``scale_rule``/``scale_search`` override the recipe's dense section;
@@ -339,7 +404,16 @@ def repack(source: str, target: str | None = None, out: str | Path | None = None
         plan = build_plan(ck, recipe, load_activations(activations), guard)
         manifest, files, report = _convert(ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress)
     layout = make_layout(recipe.expert_layout, recipe.expert_options).name
-    return RepackResult(out, recipe.name, len(plan), len(files), ck.total_bytes,
-                        sum(f["size"] for f in files.values()), time.perf_counter() - started, report,
-                        manifest["quantization_error"], serve_hint(out, layout, recipe.quantization_config),
-                        guard.warnings())
+    return RepackResult(
+        out,
+        recipe.name,
+        len(plan),
+        len(files),
+        ck.total_bytes,
+        sum(f["size"] for f in files.values()),
+        time.perf_counter() - started,
+        report,
+        manifest["quantization_error"],
+        serve_hint(out, layout, recipe.quantization_config),
+        guard.warnings(),
+    )

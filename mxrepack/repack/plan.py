@@ -15,13 +15,13 @@ from typing import Callable
 import torch
 
 from mxrepack.errors import MxRepackError
+from mxrepack.gptoss import EXPERT_PARTS, expected_tensors
 from mxrepack.layouts import EXPERTS_PREFIX, ExpertDims, make_layout
 from mxrepack.layouts.base import passthrough
 from mxrepack.layouts.dense import DenseMxLayout
 from mxrepack.quant.dense import ErrorStats, select_dense
 from mxrepack.quant.mx import NonFiniteError
 from mxrepack.recipes import Recipe
-from mxrepack.gptoss import EXPERT_PARTS, expected_tensors
 from mxrepack.repack.safetensors_io import dtype_size
 from mxrepack.repack.source import Checkpoint, SourceTensor, ZeroPaddedRows
 
@@ -94,8 +94,9 @@ class DenseQuantizer:
         try:
             return self.layout.quantize(value)
         except NonFiniteError as e:
-            raise MxRepackError(f"{self.where}: {e.count} NaN/Inf value(s) (first in row {e.row} of this chunk); "
-                                "refusing to quantize") from None
+            raise MxRepackError(
+                f"{self.where}: {e.count} NaN/Inf value(s) (first in row {e.row} of this chunk); refusing to quantize"
+            ) from None
 
     def pack(self, value: torch.Tensor, role: str) -> torch.Tensor:
         out = self._quantize(value)
@@ -125,6 +126,7 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
     source = src if rows == src.rows else ZeroPaddedRows(src, rows)
     quantizer = DenseQuantizer(layout, src, recorded)
     module = src.name.removesuffix(".weight")
+
     # Quantizing and measuring the error hold ~17 bytes of temporaries per weight (bf16 scaled copy, fp32
     # weight, dequantized weight and difference), and each of the two stored tensors quantizes its chunk's rows.
     # So a chunk is sized by its weights, not by what that tensor writes: the scales (1/32 byte per weight)
@@ -133,16 +135,29 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
         out_row_bytes = math.prod(o.shape[1:]) * o.dtype.itemsize
         return -(-TEMP_BYTES_PER_WEIGHT * src.shape[1] // out_row_bytes)
 
-    return [PlanItem(f"{module}.{o.suffix}", o.dtype, o.shape, {"value": source}, partial(quantizer.pack, role=o.role),
-                     layout.name, src.name, o.logical_shape, layout.padding(src.shape), layout.upstream,
-                     work_factor=work_factor(o),
-                     row_align=128 if layout.scales == "swizzled" else 1,
-                     observer=quantizer if o.role == "values" else None)
-            for o in outputs]
+    return [
+        PlanItem(
+            f"{module}.{o.suffix}",
+            o.dtype,
+            o.shape,
+            {"value": source},
+            partial(quantizer.pack, role=o.role),
+            layout.name,
+            src.name,
+            o.logical_shape,
+            layout.padding(src.shape),
+            layout.upstream,
+            work_factor=work_factor(o),
+            row_align=128 if layout.scales == "swizzled" else 1,
+            observer=quantizer if o.role == "values" else None,
+        )
+        for o in outputs
+    ]
 
 
-def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tensor] | None = None,
-               finite: object | None = None) -> list[PlanItem]:
+def build_plan(
+    ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tensor] | None = None, finite: object | None = None
+) -> list[PlanItem]:
     """Every output tensor of converting ``ck`` with ``recipe``, in the canonical order (embeddings, norm, lm_head,
     then layer by layer), reading no tensor data.
 
@@ -157,7 +172,11 @@ def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tens
     specs = layout.outputs(expert_dims(ck))
     dense_layout = recipe.dense_layout
     names = list(expected_tensors(ck.dims))
-    quantized = set(select_dense(names, recipe.dense_layers, f"recipe {recipe.source}: dense.layers")) if dense_layout else set()
+    quantized = (
+        set(select_dense(names, recipe.dense_layers, f"recipe {recipe.source}: dense.layers"))
+        if dense_layout
+        else set()
+    )
     items: list[PlanItem] = []
     expert_done: set[int] = set()
     for name in names:  # canonical order: embeddings, norm, lm_head, then layer by layer
@@ -166,8 +185,11 @@ def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tens
             if name in quantized:
                 items += _dense_items(src, dense_layout, (activations or {}).get(name))
             else:
-                items.append(PlanItem(name, src.dtype, src.shape, {"value": src}, passthrough, "passthrough", name,
-                                      finite=finite))
+                items.append(
+                    PlanItem(
+                        name, src.dtype, src.shape, {"value": src}, passthrough, "passthrough", name, finite=finite
+                    )
+                )
             continue
         layer = int(name.split(".")[2])
         if layer in expert_done:
@@ -181,14 +203,44 @@ def build_plan(ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tens
             for e in range(ck.dims.experts):
                 for spec in specs:
                     inputs = {p: expert_slice(parts[p], e) for p in spec.inputs}
-                    items.append(PlanItem(prefix + spec.suffix.format(e=e), spec.dtype, spec.shape, inputs, spec.pack,
-                                          layout.name, group, spec.logical_shape, spec.padding, spec.upstream,
-                                          spec.work_factor, whole=True, part=spec.suffix, expert=e, finite=finite))
+                    items.append(
+                        PlanItem(
+                            prefix + spec.suffix.format(e=e),
+                            spec.dtype,
+                            spec.shape,
+                            inputs,
+                            spec.pack,
+                            layout.name,
+                            group,
+                            spec.logical_shape,
+                            spec.padding,
+                            spec.upstream,
+                            spec.work_factor,
+                            whole=True,
+                            part=spec.suffix,
+                            expert=e,
+                            finite=finite,
+                        )
+                    )
             continue
         for spec in specs:
-            items.append(PlanItem(prefix + spec.suffix, spec.dtype, spec.shape, {p: parts[p] for p in spec.inputs},
-                                  spec.pack, layout.name, group, spec.logical_shape,
-                                  spec.padding, spec.upstream, spec.work_factor, part=spec.suffix, finite=finite))
+            items.append(
+                PlanItem(
+                    prefix + spec.suffix,
+                    spec.dtype,
+                    spec.shape,
+                    {p: parts[p] for p in spec.inputs},
+                    spec.pack,
+                    layout.name,
+                    group,
+                    spec.logical_shape,
+                    spec.padding,
+                    spec.upstream,
+                    spec.work_factor,
+                    part=spec.suffix,
+                    finite=finite,
+                )
+            )
     return items
 
 

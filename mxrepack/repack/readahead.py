@@ -73,7 +73,7 @@ def read_ahead(ranges: list[tuple[Path, int, int]]) -> None:
             end = offset + length
             while offset < end:
                 started = time.perf_counter()
-                n = os.preadv(fd, [buf[:min(_BUFFER_BYTES, end - offset)]], offset)
+                n = os.preadv(fd, [buf[: min(_BUFFER_BYTES, end - offset)]], offset)
                 if n <= 0:
                     break
                 if first and n / max(time.perf_counter() - started, 1e-9) > _CACHED_BYTES_PER_S:

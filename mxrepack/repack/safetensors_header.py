@@ -13,8 +13,8 @@ MAX_HEADER = 100 * 1024 * 1024
 
 
 def raw_header(path: Path) -> tuple[int, dict, int]:
-    """(offset of the data, header as a JSON object, file size) of the safetensors file ``path``; a one-line error when the
-    file is too short, declares more header bytes than it has, or its header is not a JSON object."""
+    """(offset of the data, header as a JSON object, file size) of the safetensors file ``path``; a one-line error
+    when the file is too short, declares more header bytes than it has, or its header is not a JSON object."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -24,8 +24,9 @@ def raw_header(path: Path) -> tuple[int, dict, int]:
                 raise MxRepackError(f"{path}: not a safetensors file (only {size} bytes)")
             (n,) = struct.unpack("<Q", head)
             if n > min(MAX_HEADER, size - 8):
-                raise MxRepackError(f"{path}: corrupted or truncated safetensors header "
-                                    f"(declares {n} header bytes, file has {size})")
+                raise MxRepackError(
+                    f"{path}: corrupted or truncated safetensors header (declares {n} header bytes, file has {size})"
+                )
             raw = f.read(n)
     except OSError as e:
         raise MxRepackError(f"{path}: cannot read ({e.strerror or e})") from None

@@ -29,10 +29,22 @@ from mxrepack.errors import MxRepackError
 from mxrepack.repack.safetensors_header import raw_header
 
 DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
-    "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32, "U32": torch.uint32,
-    "F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "U64": torch.uint64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
@@ -75,11 +87,15 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             shape = tuple(int(d) for d in entry["shape"])
             begin, end = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError):
-            raise MxRepackError(f"{path}: tensor '{name}' has a malformed or unsupported header entry {entry!r}") from None
+            raise MxRepackError(
+                f"{path}: tensor '{name}' has a malformed or unsupported header entry {entry!r}"
+            ) from None
         expected = math.prod(shape) * dtype_size(dtype)
         if end - begin != expected or begin < 0:
-            raise MxRepackError(f"{path}: tensor '{name}' spans {end - begin} bytes, "
-                                f"expected {expected} for {entry['dtype']} {list(shape)}")
+            raise MxRepackError(
+                f"{path}: tensor '{name}' spans {end - begin} bytes, "
+                f"expected {expected} for {entry['dtype']} {list(shape)}"
+            )
         if base + end > size:
             raise MxRepackError(f"{path}: truncated: tensor '{name}' ends at byte {base + end}, file has {size}")
         infos[name] = TensorInfo(path, name, dtype, shape, base + begin, expected)
@@ -106,7 +122,7 @@ def map_range(fd: int, offset: int, nbytes: int) -> memoryview:
         m.madvise(_MADV_POPULATE_READ)
     except OSError:  # an older kernel: the pages fault in as they are touched
         pass
-    return memoryview(m)[offset - start:]
+    return memoryview(m)[offset - start :]
 
 
 def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -149,7 +165,11 @@ def _header_bytes(tensors: list[PlannedTensor], metadata: dict[str, str] | None)
         header["__metadata__"] = metadata
     offset = 0
     for t in tensors:
-        header[t.name] = {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        header[t.name] = {
+            "dtype": dtype_name(t.dtype),
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
         offset += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(len(raw) + 8) % 8)  # data starts 8-byte aligned, as the reference writer does
@@ -329,7 +349,7 @@ class StreamingShardWriter:
         buf = memoryview(bytearray(min(nbytes, 64 << 20)))
         done = 0
         while done < nbytes:
-            got = os.preadv(src, [buf[:min(len(buf), nbytes - done)]], offset + done)
+            got = os.preadv(src, [buf[: min(len(buf), nbytes - done)]], offset + done)
             if got <= 0:
                 break
             self._file.write(buf[:got])
@@ -386,8 +406,11 @@ def read_directory(directory: Path) -> dict[str, torch.Tensor]:
 
     directory = Path(directory)
     index = directory / "model.safetensors.index.json"
-    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
-             else sorted(p.name for p in directory.glob("*.safetensors")))
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.is_file()
+        else sorted(p.name for p in directory.glob("*.safetensors"))
+    )
     out: dict[str, torch.Tensor] = {}
     for fname in files:
         out.update(load_file(str(directory / fname)))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from mxrepack.errors import MxRepackError
 from mxrepack import gptoss
+from mxrepack.errors import MxRepackError
 from mxrepack.repack import output
 from mxrepack.repack.safetensors_io import TensorInfo, dtype_name, read_header, read_rows, sha256_file
 
@@ -182,7 +182,9 @@ def resolve(source: str, revision: str | None = None) -> tuple[Path, dict]:
             raise MxRepackError(f"{source}: not a directory; expected a checkpoint directory or a Hub repo id")
         return path.resolve(), {"kind": "local", "path": str(path.resolve())}
     if not _REPO_ID.match(source) or source.startswith((".", "/", "~")):
-        raise MxRepackError(f"{source}: path does not exist (expected a checkpoint directory or a Hub repo id like openai/gpt-oss-120b)")
+        raise MxRepackError(
+            f"{source}: path does not exist (expected a checkpoint directory or a Hub repo id like openai/gpt-oss-120b)"
+        )
     return _from_hub(source, revision)
 
 
@@ -205,9 +207,15 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[Path, dict]:
             raise MxRepackError(
                 f"{repo_id}: not in the Hugging Face cache and the Hub could not be reached ({reason}); "
                 f"download it where there is network (hf download {repo_id}) and pass the local "
-                f"directory, or point HF_HUB_CACHE at a cache that holds it") from None
-    return folder, {"kind": "hub", "repo_id": repo_id, "revision": folder.name, "requested_revision": revision,
-                    "path": str(folder)}
+                f"directory, or point HF_HUB_CACHE at a cache that holds it"
+            ) from None
+    return folder, {
+        "kind": "hub",
+        "repo_id": repo_id,
+        "revision": folder.name,
+        "requested_revision": revision,
+        "path": str(folder),
+    }
 
 
 def _complete(folder: Path) -> bool:
@@ -227,13 +235,17 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
     raw_config = load_json(root / "config.json", "model config (config.json)")
     if "model_type" in raw_config:
         if raw_config["model_type"] != "gpt_oss":
-            raise MxRepackError(f"{root / 'config.json'}: model_type is {raw_config['model_type']!r}, expected 'gpt_oss'")
+            raise MxRepackError(
+                f"{root / 'config.json'}: model_type is {raw_config['model_type']!r}, expected 'gpt_oss'"
+            )
         layout, config = "hf", raw_config
     elif "num_experts" in raw_config and "experts_per_token" in raw_config:
         layout, config = "original", gptoss.hf_config_from_original(raw_config)
     else:
-        raise MxRepackError(f"{root / 'config.json'}: not a gpt-oss config (no model_type 'gpt_oss', "
-                            f"nor the original/ keys num_experts and experts_per_token)")
+        raise MxRepackError(
+            f"{root / 'config.json'}: not a gpt-oss config (no model_type 'gpt_oss', "
+            f"nor the original/ keys num_experts and experts_per_token)"
+        )
     try:
         dims = gptoss.Dims.from_config(config)
     except KeyError as e:
@@ -271,8 +283,11 @@ def _refuse_mxrepack_output(source: str, root: Path) -> None:
         if manifest.get("format") == output.MANIFEST_KIND:
             target = str(manifest["target"]["name"])
             recipe = manifest["target"]["recipe"]
-            native = (recipe["experts"]["layout"], recipe["dense"]["format"],
-                      recipe["config"]["quantization_config"]) == ("mxfp4", "bf16", "native")
+            native = (
+                recipe["experts"]["layout"],
+                recipe["dense"]["format"],
+                recipe["config"]["quantization_config"],
+            ) == ("mxfp4", "bf16", "native")
             original = manifest.get("source", {}).get("repo_id") or manifest.get("source", {}).get("path")
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         pass
@@ -284,8 +299,10 @@ def _refuse_mxrepack_output(source: str, root: Path) -> None:
         except (OSError, ValueError, AttributeError):
             pass
     if target is not None and not native:
-        raise MxRepackError(f"{source} is an mxrepack output (target {target}); repack from the original checkpoint"
-                            + (f" ({original})" if original else ""))
+        raise MxRepackError(
+            f"{source} is an mxrepack output (target {target}); repack from the original checkpoint"
+            + (f" ({original})" if original else "")
+        )
 
 
 def _shard_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -316,14 +333,21 @@ def validate(ck: Checkpoint) -> None:
         if kind == "scales":
             blocks = ck.tensors.get(name.replace("_scales", "_blocks"))
             if blocks is not None and tuple(t.shape) != tuple(blocks.shape[:-1]):
-                raise MxRepackError(f"{where}: scales shape {list(t.shape)} != blocks shape[:-1] {list(blocks.shape[:-1])}")
+                raise MxRepackError(
+                    f"{where}: scales shape {list(t.shape)} != blocks shape[:-1] {list(blocks.shape[:-1])}"
+                )
         if tuple(t.shape) != tuple(shape):
             raise MxRepackError(f"{where}: shape {list(t.shape)}, expected {list(shape)} from config.json")
         allowed = gptoss.KIND_DTYPES[kind]
         if t.dtype not in allowed:
-            raise MxRepackError(f"{where}: dtype {dtype_name(t.dtype)}, expected {' or '.join(dtype_name(a) for a in allowed)}")
+            raise MxRepackError(
+                f"{where}: dtype {dtype_name(t.dtype)}, expected {' or '.join(dtype_name(a) for a in allowed)}"
+            )
     extra = sorted(set(ck.tensors) - set(expected))
     if extra:
-        raise MxRepackError(f"{ck.root}: unexpected tensor '{extra[0]}' (and {len(extra) - 1} more) for a gpt-oss "
-                            f"checkpoint with {ck.dims.layers} layers" if len(extra) > 1 else
-                            f"{ck.root}: unexpected tensor '{extra[0]}' for a gpt-oss checkpoint with {ck.dims.layers} layers")
+        raise MxRepackError(
+            f"{ck.root}: unexpected tensor '{extra[0]}' (and {len(extra) - 1} more) for a gpt-oss "
+            f"checkpoint with {ck.dims.layers} layers"
+            if len(extra) > 1
+            else f"{ck.root}: unexpected tensor '{extra[0]}' for a gpt-oss checkpoint with {ck.dims.layers} layers"
+        )

@@ -15,17 +15,42 @@ from safetensors import safe_open
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import ExpertDims, dense_weights, make_layout
 from mxrepack.progress import Progress
-from mxrepack.repack.output import (DIGEST_KEY, HUB_DIRS, HUB_FILES, INDEX, MANIFEST,  # noqa: F401 (re-exported, below)
-                                    MANIFEST_FORMAT, Manifest, check_manifest_digest, load_manifest, manifest_digest,
-                                    read_weight_map, seal_manifest, unlisted_files)
+from mxrepack.repack.output import (  # noqa: F401 (re-exported, below)
+    DIGEST_KEY,
+    HUB_DIRS,
+    HUB_FILES,
+    INDEX,
+    MANIFEST,
+    MANIFEST_FORMAT,
+    Manifest,
+    check_manifest_digest,
+    load_manifest,
+    manifest_digest,
+    read_weight_map,
+    seal_manifest,
+    unlisted_files,
+)
 from mxrepack.repack.plan import build_plan, expert_dims
 from mxrepack.repack.safetensors_io import read_header, read_rows, sha256_file
 from mxrepack.repack.source import Checkpoint, open_checkpoint
 
 # The output folder's format (file names, manifest reading, digest) moved to mxrepack.repack.output; these names stay
 # importable from here for one release.
-__all__ = ["DIGEST_KEY", "HUB_DIRS", "HUB_FILES", "INDEX", "MANIFEST", "MANIFEST_FORMAT", "check_manifest_digest",
-           "compare_with_source", "load_manifest", "manifest_digest", "seal_manifest", "unlisted_files", "verify_dir"]
+__all__ = [
+    "DIGEST_KEY",
+    "HUB_DIRS",
+    "HUB_FILES",
+    "INDEX",
+    "MANIFEST",
+    "MANIFEST_FORMAT",
+    "check_manifest_digest",
+    "compare_with_source",
+    "load_manifest",
+    "manifest_digest",
+    "seal_manifest",
+    "unlisted_files",
+    "verify_dir",
+]
 
 
 class _Meter:
@@ -61,8 +86,14 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
 
 
-def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_bytes: int = 128 << 20,
-                        first_chunk_only: bool = False, progress: Progress | None = None) -> tuple[int, list[str]]:
+def compare_with_source(
+    directory: Path,
+    manifest: dict,
+    ck: Checkpoint,
+    chunk_bytes: int = 128 << 20,
+    first_chunk_only: bool = False,
+    progress: Progress | None = None,
+) -> tuple[int, list[str]]:
     """Re-derive a sample of tensors from the source, a few experts (or rows) at a time so that memory
     stays bounded at any model size; returns (groups checked, problems). ``first_chunk_only`` checks
     only the first experts/rows of each sampled group (the quick check at the end of a conversion).
@@ -76,8 +107,11 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
     groups = _sample_groups(plan)
     # Every sampled tensor is read once, whole, a chunk at a time.
-    meter = _Meter(None if first_chunk_only else progress, "source comparison (output bytes)",
-                   sum(i.nbytes for i in plan if i.group in groups))
+    meter = _Meter(
+        None if first_chunk_only else progress,
+        "source comparison (output bytes)",
+        sum(i.nbytes for i in plan if i.group in groups),
+    )
 
     def stored(name: str, r0: int, r1: int) -> torch.Tensor:
         fname = index[name]
@@ -101,8 +135,10 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
                     r1 = min(r0 + step, rows)
                     want = item.pack(**{k: src.read(r0, r1) for k, src in item.inputs.items()})
                     if not torch.equal(stored(item.name, r0, r1).view(torch.uint8), want.view(torch.uint8)):
-                        problems.append(f"{item.name}: stored bytes differ from the source (rows {r0}:{r1}) "
-                                        f"under layout {item.layout}")
+                        problems.append(
+                            f"{item.name}: stored bytes differ from the source (rows {r0}:{r1}) "
+                            f"under layout {item.layout}"
+                        )
                         break
             continue
         prefix = items[0].name[: items[0].name.index(".mlp.experts.") + len(".mlp.experts.")]
@@ -111,7 +147,7 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
         if per_expert:  # one tensor per (expert, part): stack a few experts' tensors per part
             rows = dims.experts
             step = max(1, chunk_bytes // max(sum(i.nbytes * 4 for i in items) // rows, 1))
-        sources = {src.name[len(prefix):]: src for i in items for src in i.inputs.values()}
+        sources = {src.name[len(prefix) :]: src for i in items for src in i.inputs.values()}
         for r0 in range(0, step if first_chunk_only else rows, step):
             r1 = min(r0 + step, rows)
             if per_expert:
@@ -132,13 +168,20 @@ def compare_with_source(directory: Path, manifest: dict, ck: Checkpoint, chunk_b
                 want, have = dense_weights(source_parts), dense_weights(got)
                 bad = [k for k in want if not _same_values(have[k], want[k])]
             if bad:
-                problems.append(f"{prefix}{bad[0]}: layout {layout.name} does not invert to the source (experts {r0}:{r1})")
+                problems.append(
+                    f"{prefix}{bad[0]}: layout {layout.name} does not invert to the source (experts {r0}:{r1})"
+                )
                 break
     return len(groups), problems
 
 
-def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint | None | bool = None,
-               quick: bool = False, progress: Progress | None = None) -> dict:
+def verify_dir(
+    directory: str | Path,
+    checksums: bool = True,
+    source: Checkpoint | None | bool = None,
+    quick: bool = False,
+    progress: Progress | None = None,
+) -> dict:
     """Verify an output directory. ``source``: a Checkpoint, None (open the recorded source if it is
     reachable) or False (skip the source comparison). ``quick`` compares only the first chunk of each
     sampled group with the source. ``progress(done, total, phase)`` counts the bytes each phase reads
@@ -148,12 +191,23 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
     problem, warning = check_manifest_digest(directory, manifest)
     warnings = [warning] if warning else []
     if problem:  # nothing else it says can be trusted
-        return {"ok": False, "directory": str(directory), "files": len(manifest.get("files") or {}),
-                "tensors": len(manifest.get("tensors") or {}), "checksums": checksums, "source_checked": False,
-                "groups_compared": 0, "problems": [problem], "warnings": warnings}
+        return {
+            "ok": False,
+            "directory": str(directory),
+            "files": len(manifest.get("files") or {}),
+            "tensors": len(manifest.get("tensors") or {}),
+            "checksums": checksums,
+            "source_checked": False,
+            "groups_compared": 0,
+            "problems": [problem],
+            "warnings": warnings,
+        }
     problems: list[str] = []
-    hashed = _Meter(progress if checksums else None, "sha256 of output files",
-                    sum(meta["size"] for meta in manifest["files"].values()))
+    hashed = _Meter(
+        progress if checksums else None,
+        "sha256 of output files",
+        sum(meta["size"] for meta in manifest["files"].values()),
+    )
     for fname, meta in manifest["files"].items():
         path = directory / fname
         if not path.is_file():
@@ -183,7 +237,10 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
                         if entry is None:
                             problems.append(f"{fname}: tensor '{name}' is not in the manifest")
                         elif list(sl.get_shape()) != entry["stored_shape"]:
-                            problems.append(f"{fname}: tensor '{name}' has shape {sl.get_shape()}, manifest says {entry['stored_shape']}")
+                            problems.append(
+                                f"{fname}: tensor '{name}' has shape {sl.get_shape()}, "
+                                f"manifest says {entry['stored_shape']}"
+                            )
             except Exception as e:  # safetensors' own parser has the last word on the files we wrote
                 problems.append(f"{fname}: safetensors cannot open it ({e})")
     checked_source = False
@@ -208,6 +265,14 @@ def verify_dir(directory: str | Path, checksums: bool = True, source: Checkpoint
                 for path, meta in present.items():
                     if sha256_file(path, on_block=source_hashed) != meta["sha256"]:
                         problems.append(f"source {path}: sha256 differs from the one recorded at conversion")
-    return {"ok": not problems, "directory": str(directory), "files": len(manifest["files"]),
-            "tensors": len(manifest["tensors"]), "checksums": checksums, "source_checked": checked_source,
-            "groups_compared": groups, "problems": problems, "warnings": warnings}
+    return {
+        "ok": not problems,
+        "directory": str(directory),
+        "files": len(manifest["files"]),
+        "tensors": len(manifest["tensors"]),
+        "checksums": checksums,
+        "source_checked": checked_source,
+        "groups_compared": groups,
+        "problems": problems,
+        "warnings": warnings,
+    }

@@ -32,15 +32,32 @@ class ExpertBackend:
     min_capability: int  # compute capability x 10
 
 
-EXPERT_BACKENDS: dict[str, ExpertBackend] = {b.layout: b for b in (
-    ExpertBackend("marlin", "MARLIN", "vLLM Marlin MXFP4 MoE (fused_marlin_moe, W4A16)", "sm80 and newer", 80),
-    ExpertBackend("triton-hopper", "TRITON", "OpenAI triton_kernels matmul_ogs as vendored in vLLM", "sm90 (H100/H200)", 90),
-    ExpertBackend("trtllm", "FLASHINFER_TRTLLM_MXFP4_BF16", "FlashInfer TRT-LLM-gen MXFP4 MoE", "sm100 (B200/GB200)", 100),
-    ExpertBackend("flashinfer-cutlass", "FLASHINFER_CUTLASS_MXFP4_MXFP8",
-                  "FlashInfer CUTLASS fused MoE, MXFP4 weights x MXFP8 activations", "sm100, sm120, sm121", 100),
-    ExpertBackend("strided", "mxrepack", "mxrepack's Triton MoE kernels (mxrepack.kernels.moe_mxfp4)",
-                  "sm80 and newer, sm120/sm121 included", 80),
-)}
+EXPERT_BACKENDS: dict[str, ExpertBackend] = {
+    b.layout: b
+    for b in (
+        ExpertBackend("marlin", "MARLIN", "vLLM Marlin MXFP4 MoE (fused_marlin_moe, W4A16)", "sm80 and newer", 80),
+        ExpertBackend(
+            "triton-hopper", "TRITON", "OpenAI triton_kernels matmul_ogs as vendored in vLLM", "sm90 (H100/H200)", 90
+        ),
+        ExpertBackend(
+            "trtllm", "FLASHINFER_TRTLLM_MXFP4_BF16", "FlashInfer TRT-LLM-gen MXFP4 MoE", "sm100 (B200/GB200)", 100
+        ),
+        ExpertBackend(
+            "flashinfer-cutlass",
+            "FLASHINFER_CUTLASS_MXFP4_MXFP8",
+            "FlashInfer CUTLASS fused MoE, MXFP4 weights x MXFP8 activations",
+            "sm100, sm120, sm121",
+            100,
+        ),
+        ExpertBackend(
+            "strided",
+            "mxrepack",
+            "mxrepack's Triton MoE kernels (mxrepack.kernels.moe_mxfp4)",
+            "sm80 and newer, sm120/sm121 included",
+            80,
+        ),
+    )
+}
 # What ran on a GPU here, per target (docs/SERVING.md has the figures, commands and records).
 _H100 = "H100, vLLM 0.26.0, 2026-11-24"
 RUN_HERE = {
@@ -52,17 +69,27 @@ RUN_HERE = {
     "sm90": f"{_H100}: plugin, triton_kernels; logprobs bit-identical to stock vLLM's triton_kernels on the source",
     "sm100": f"{_H100}: experts byte-equal to vLLM's own TRT-LLM conversion; the kernel needs sm100 (not run)",
     "sm120": "same layouts as sm121",
-    "sm121": (f"{_H100}: experts byte-equal to vLLM's own FLASHINFER_CUTLASS_MXFP4_MXFP8 conversion (its kernel needs "
-              "sm100/sm12x: not run); dense MXFP4 served end to end on Marlin"),
-    "compressed-tensors": (f"{_H100}: stock vLLM fails (KeyError: 'layers.0.mlp.experts.0.w2_bias'); with the plugin "
-                           "it serves: its experts alone give logprobs bit-identical to stock vLLM's Marlin on the "
-                           "source"),
+    "sm121": (
+        f"{_H100}: experts byte-equal to vLLM's own FLASHINFER_CUTLASS_MXFP4_MXFP8 conversion (its kernel needs "
+        "sm100/sm12x: not run); dense MXFP4 served end to end on Marlin"
+    ),
+    "compressed-tensors": (
+        f"{_H100}: stock vLLM fails (KeyError: 'layers.0.mlp.experts.0.w2_bias'); with the plugin "
+        "it serves: its experts alone give logprobs bit-identical to stock vLLM's Marlin on the "
+        "source"
+    ),
 }
 DENSE_KERNEL = "vLLM Marlin MXFP4 linear (apply_fp4_marlin_linear), repacked at load by prepare_fp4_layer_for_marlin"
 
 # safetensors header dtype names of the torch dtypes a layout stores
-_ST_DTYPES = {"uint8": "U8", "int32": "I32", "bfloat16": "BF16", "float32": "F32", "float8_e8m0fnu": "F8_E8M0",
-              "float8_e4m3fn": "F8_E4M3"}
+_ST_DTYPES = {
+    "uint8": "U8",
+    "int32": "I32",
+    "bfloat16": "BF16",
+    "float32": "F32",
+    "float8_e8m0fnu": "F8_E8M0",
+    "float8_e4m3fn": "F8_E4M3",
+}
 _DENSE_HF = re.compile(r"model\.layers\.(\d+)\.self_attn\.([qkvo])_proj")
 
 
@@ -83,8 +110,9 @@ class ServeSpec:
         qc = config.get("quantization_config")
         if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
             method = qc.get("quant_method") if isinstance(qc, dict) else None
-            raise MxRepackError(f"quantization_config.quant_method is {method!r}, not {QUANT_METHOD!r}: "
-                                "not an mxrepack GPU target")
+            raise MxRepackError(
+                f"quantization_config.quant_method is {method!r}, not {QUANT_METHOD!r}: not an mxrepack GPU target"
+            )
         groups = qc.get("groups") or {}
         experts = groups.get("experts")
         if not isinstance(experts, dict) or "layout" not in experts:
@@ -92,8 +120,10 @@ class ServeSpec:
         layout = experts["layout"]
         layout = {"b12x": "flashinfer-cutlass"}.get(layout, layout)  # written before the rename
         if layout not in EXPERT_BACKENDS:
-            raise MxRepackError(f"quantization_config.groups.experts.layout is {layout!r}, which no vLLM backend serves "
-                                f"(served: {', '.join(EXPERT_BACKENDS)})")
+            raise MxRepackError(
+                f"quantization_config.groups.experts.layout is {layout!r}, which no vLLM backend serves "
+                f"(served: {', '.join(EXPERT_BACKENDS)})"
+            )
         try:
             stored = {k: (v["dtype"], tuple(int(x) for x in v["shape"])) for k, v in experts["stored"].items()}
             h, i = int(config["hidden_size"]), int(config["intermediate_size"])
@@ -101,17 +131,23 @@ class ServeSpec:
             hidden = tuple(int(x) for x in padding.get("hidden", (h, h)))
             intermediate = tuple(int(x) for x in padding.get("intermediate", (i, i)))
         except (KeyError, TypeError, ValueError) as e:
-            raise MxRepackError(f"quantization_config.groups.experts: missing or malformed {e} "
-                                "(expected stored shapes and hidden/intermediate padding)") from None
-        missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(stored)
+            raise MxRepackError(
+                f"quantization_config.groups.experts: missing or malformed {e} "
+                "(expected stored shapes and hidden/intermediate padding)"
+            ) from None
+        missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(
+            stored
+        )
         if missing:
             raise MxRepackError(f"quantization_config.groups.experts.stored lacks {', '.join(sorted(missing))}")
         dense = groups.get("dense")
         modules: frozenset[str] = frozenset()
         if dense:
             if dense.get("format") != "mxfp4" or dense.get("scales", "plain") != "plain":
-                raise MxRepackError(f"quantization_config.groups.dense is {dense.get('layout')!r}: the plugin serves "
-                                    "dense MXFP4 with plain scales (dense-mxfp4) only")
+                raise MxRepackError(
+                    f"quantization_config.groups.dense is {dense.get('layout')!r}: the plugin serves "
+                    "dense MXFP4 with plain scales (dense-mxfp4) only"
+                )
             modules = frozenset(dense.get("modules") or ())
             _check_fused_qkv(modules)
         return cls(str(qc.get("target", "?")), layout, stored, hidden, intermediate, modules)
@@ -143,8 +179,9 @@ class ServeSpec:
         for layer in range(int(config["num_hidden_layers"])):
             for suffix, (dtype, shape) in self.stored.items():
                 out[f"model.layers.{layer}.mlp.experts.{suffix}"] = (dtype, shape)
-        heads, kv, hd, h = (int(config[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim",
-                                                        "hidden_size"))
+        heads, kv, hd, h = (
+            int(config[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")
+        )
         for m in self.dense_modules:
             hit = _DENSE_HF.fullmatch(m)
             if m == "lm_head":
@@ -152,8 +189,10 @@ class ServeSpec:
             elif hit:
                 n, k = {"q": (heads * hd, h), "k": (kv * hd, h), "v": (kv * hd, h), "o": (h, heads * hd)}[hit[2]]
             else:
-                raise MxRepackError(f"quantization_config.groups.dense.modules names {m!r}, which is not a q/k/v/o "
-                                    "projection or lm_head")
+                raise MxRepackError(
+                    f"quantization_config.groups.dense.modules names {m!r}, which is not a q/k/v/o "
+                    "projection or lm_head"
+                )
             out[f"{m}.weight_packed"] = ("uint8", (n, k // 2))
             out[f"{m}.weight_scale"] = ("uint8", (n, k // 32))
         return out
@@ -167,11 +206,15 @@ def _check_fused_qkv(modules: frozenset[str]) -> None:
             layers.setdefault(hit[1], set()).add(hit[2])
     for layer, parts in sorted(layers.items()):
         if parts != {"q", "k", "v"}:
-            raise MxRepackError(f"model.layers.{layer}.self_attn: only {'/'.join(sorted(parts))}_proj are MXFP4; vLLM "
-                                "fuses q/k/v into one layer, which must be all MXFP4 or all BF16")
+            raise MxRepackError(
+                f"model.layers.{layer}.self_attn: only {'/'.join(sorted(parts))}_proj are MXFP4; vLLM "
+                "fuses q/k/v into one layer, which must be all MXFP4 or all BF16"
+            )
 
 
-_CT_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight_packed|weight_scale|bias)")
+_CT_EXPERT = re.compile(
+    r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight_packed|weight_scale|bias)"
+)
 _CT_PARAM = {"weight_packed": "weight", "weight_scale": "weight_scale", "bias": "bias"}
 
 
@@ -181,9 +224,12 @@ def ct_gpt_oss_mxfp4_experts(quantization_config) -> bool:
     qc = quantization_config
     if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
         return False
-    return any(g.get("format", qc.get("format")) == "mxfp4-pack-quantized"
-               and any("experts" in t for t in g.get("targets", ()))
-               for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict))
+    return any(
+        g.get("format", qc.get("format")) == "mxfp4-pack-quantized"
+        and any("experts" in t for t in g.get("targets", ()))
+        for g in (qc.get("config_groups") or {}).values()
+        if isinstance(g, dict)
+    )
 
 
 def ct_expert_destination(name: str) -> tuple[str, int, int | None] | None:
@@ -206,8 +252,10 @@ def place_ct_expert(fused, expert: int, parity: int | None, tensor, name: str) -
     if parity is not None:
         dst = dst[parity::2]
     if tensor.dim() != dst.dim() or any(s > d for s, d in zip(tensor.shape, dst.shape)):
-        raise MxRepackError(f"{name}: shape {list(tensor.shape)} does not fit vLLM's expert parameter "
-                            f"{list(dst.shape)} (config.json's hidden/intermediate sizes disagree with the tensor)")
+        raise MxRepackError(
+            f"{name}: shape {list(tensor.shape)} does not fit vLLM's expert parameter "
+            f"{list(dst.shape)} (config.json's hidden/intermediate sizes disagree with the tensor)"
+        )
     dst[tuple(slice(0, n) for n in tensor.shape)].copy_(tensor)
 
 
@@ -241,7 +289,9 @@ def check_checkpoint(model_dir: str | Path, spec: ServeSpec | None = None) -> Se
     for name, (dtype, shape) in spec.expected_tensors(config).items():
         file = weight_map.get(name) if weight_map is not None else "model.safetensors"
         if file is None:
-            raise MxRepackError(f"{index}: {name} is missing (the config's {spec.layout} experts / dense MXFP4 need it)")
+            raise MxRepackError(
+                f"{index}: {name} is missing (the config's {spec.layout} experts / dense MXFP4 need it)"
+            )
         if file not in headers:
             headers[file] = raw_header(model_dir / file)[1]
         info = headers[file].get(name)
@@ -249,8 +299,10 @@ def check_checkpoint(model_dir: str | Path, spec: ServeSpec | None = None) -> Se
             raise MxRepackError(f"{model_dir / file}: {name} is missing")
         want = (_ST_DTYPES.get(dtype, dtype), list(shape))
         if (info.get("dtype"), info.get("shape")) != want:
-            raise MxRepackError(f"{model_dir / file}: {name} is {info.get('dtype')} {info.get('shape')}; the config's "
-                                f"{spec.layout} layout stores {want[0]} {want[1]}")
+            raise MxRepackError(
+                f"{model_dir / file}: {name} is {info.get('dtype')} {info.get('shape')}; the config's "
+                f"{spec.layout} layout stores {want[0]} {want[1]}"
+            )
     return spec
 
 
@@ -259,12 +311,15 @@ def check_vllm_version(version: str) -> None:
     try:
         major, minor = (int(x) for x in version.split(".")[:2])
     except ValueError:
-        raise MxRepackError(f"vLLM version {version!r} is not a release; the mxrepack plugin supports vLLM "
-                            f"{VLLM_SUPPORTED_TEXT}") from None
+        raise MxRepackError(
+            f"vLLM version {version!r} is not a release; the mxrepack plugin supports vLLM {VLLM_SUPPORTED_TEXT}"
+        ) from None
     low, high = VLLM_SUPPORTED
     if not low <= (major, minor) < high:
-        raise MxRepackError(f"vLLM {version} is not supported by the mxrepack plugin (supported: vLLM "
-                            f"{VLLM_SUPPORTED_TEXT}); install a supported vLLM or an mxrepack release for yours")
+        raise MxRepackError(
+            f"vLLM {version} is not supported by the mxrepack plugin (supported: vLLM "
+            f"{VLLM_SUPPORTED_TEXT}); install a supported vLLM or an mxrepack release for yours"
+        )
 
 
 def serving(target_layout: str | None, quantization_config: str) -> tuple[str, str]:
@@ -273,18 +328,23 @@ def serving(target_layout: str | None, quantization_config: str) -> tuple[str, s
     if quantization_config == "remove":
         return "stock vLLM (unquantized BF16 MoE)", "vLLM's BF16 fused MoE"
     if quantization_config == "native":
-        return "stock vLLM (gpt-oss mxfp4; repacks at every start)", "vLLM's choice per GPU (Marlin, triton_kernels, ...)"
+        return (
+            "stock vLLM (gpt-oss mxfp4; repacks at every start)",
+            "vLLM's choice per GPU (Marlin, triton_kernels, ...)",
+        )
     if quantization_config == "compressed-tensors":
         # stock vLLM 0.26-0.33's compressed-tensors MXFP4 MoE method has no expert biases; the plugin gives gpt-oss's
         # experts vLLM's own gpt-oss MXFP4 method instead
-        return ("vLLM with the mxrepack plugin: pip install \"mxrepack[vllm]\" (stock vLLM cannot: its compressed-"
-                "tensors MXFP4 MoE has no expert biases)",
-                "vLLM's gpt-oss MXFP4 MoE (its backend per GPU, converted at load); q/k/v/o on vLLM's "
-                "compressed-tensors MXFP4 linear")
+        return (
+            'vLLM with the mxrepack plugin: pip install "mxrepack[vllm]" (stock vLLM cannot: its compressed-'
+            "tensors MXFP4 MoE has no expert biases)",
+            "vLLM's gpt-oss MXFP4 MoE (its backend per GPU, converted at load); q/k/v/o on vLLM's "
+            "compressed-tensors MXFP4 linear",
+        )
     backend = EXPERT_BACKENDS.get(target_layout or "")
     if backend is None:
         return "no vLLM path", "-"
-    return "vLLM with the mxrepack plugin: pip install \"mxrepack[vllm]\"", f"{backend.kernel} [{backend.gpus}]"
+    return 'vLLM with the mxrepack plugin: pip install "mxrepack[vllm]"', f"{backend.kernel} [{backend.gpus}]"
 
 
 def serve_hint(out: str | Path, target_layout: str | None, quantization_config: str) -> list[str]:
@@ -293,7 +353,9 @@ def serve_hint(out: str | Path, target_layout: str | None, quantization_config: 
     lines = []
     if quantization_config in ("mxrepack", "compressed-tensors"):
         lines.append('serve: pip install "mxrepack[vllm]"   (the vLLM plugin; vLLM ' + VLLM_SUPPORTED_TEXT + ")")
-    lines.append(f"       vllm serve {out}" + ("   (no --quantization needed: config.json names the method)"
-                                                 if quantization_config == "mxrepack" else ""))
+    lines.append(
+        f"       vllm serve {out}"
+        + ("   (no --quantization needed: config.json names the method)" if quantization_config == "mxrepack" else "")
+    )
     lines.append(f"       MoE kernel: {kernel}; one GPU (tensor parallelism 1)")
     return lines

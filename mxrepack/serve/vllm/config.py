@@ -107,9 +107,11 @@ def check_single_shard(layer: torch.nn.Module, prefix: str) -> None:
     else:
         split = get_tensor_model_parallel_world_size() != 1
     if split:
-        raise MxRepackError(f"{prefix}: the mxrepack plugin serves each layer whole (stored kernel layouts are not "
-                            "sliceable; its compressed-tensors expert loader is single-GPU); serve it on one GPU "
-                            "(tensor/data/expert parallel size 1); --pipeline-parallel-size works")
+        raise MxRepackError(
+            f"{prefix}: the mxrepack plugin serves each layer whole (stored kernel layouts are not "
+            "sliceable; its compressed-tensors expert loader is single-GPU); serve it on one GPU "
+            "(tensor/data/expert parallel size 1); --pipeline-parallel-size works"
+        )
 
 
 def register() -> None:

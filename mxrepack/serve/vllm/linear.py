@@ -11,17 +11,26 @@ from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.linear import LinearMethodBase
-from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (apply_fp4_marlin_linear,
-                                                                            prepare_fp4_layer_for_marlin)
+from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
+    apply_fp4_marlin_linear,
+    prepare_fp4_layer_for_marlin,
+)
 from vllm.model_executor.utils import set_weight_attrs
 
 
 class MarlinMxfp4LinearMethod(LinearMethodBase):
     """For a ``LinearBase`` (q/k/v fused, o) and for gpt-oss's ``ParallelLMHead`` (same positional contract)."""
 
-    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
-                       output_partition_sizes: list[int], input_size: int, output_size: int,
-                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
         n, k = sum(output_partition_sizes), input_size_per_partition
         # What prepare_fp4_layer_for_marlin reads; vLLM 0.26's ParallelLMHead does not set them itself.
         layer.logical_widths = list(output_partition_sizes)
@@ -40,7 +49,13 @@ class MarlinMxfp4LinearMethod(LinearMethodBase):
         prepare_fp4_layer_for_marlin(layer)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return apply_fp4_marlin_linear(input=x, weight=layer.weight, weight_scale=layer.weight_scale,
-                                       weight_global_scale=None, workspace=getattr(layer, "workspace", None),
-                                       size_n=layer.output_size_per_partition, size_k=layer.input_size_per_partition,
-                                       bias=bias)
+        return apply_fp4_marlin_linear(
+            input=x,
+            weight=layer.weight,
+            weight_scale=layer.weight_scale,
+            weight_global_scale=None,
+            workspace=getattr(layer, "workspace", None),
+            size_n=layer.output_size_per_partition,
+            size_k=layer.input_size_per_partition,
+            bias=bias,
+        )

@@ -1,4 +1,5 @@
-"""vLLM's gpt-oss model class, extended for mxrepack checkpoints; any other checkpoint takes the parent's code unchanged.
+"""vLLM's gpt-oss model class, extended for mxrepack checkpoints; any other checkpoint takes the parent's code
+unchanged.
 
 Two things vLLM's ``GptOssForCausalLM`` cannot do for stored kernel layouts:
 
@@ -97,8 +98,9 @@ class MxRepackGptOssForCausalLM(gpt_oss.GptOssForCausalLM):
                 if key not in params:
                     if not any(k.startswith(key.rsplit(".", 1)[0] + ".") for k in params):
                         continue  # a layer of another pipeline stage
-                    raise MxRepackError(f"{name}: vLLM's gpt-oss MXFP4 MoE method has no parameter for it "
-                                        f"(expected {key})")
+                    raise MxRepackError(
+                        f"{name}: vLLM's gpt-oss MXFP4 MoE method has no parameter for it (expected {key})"
+                    )
                 param_name, param = params[key]
                 place_ct_expert(param.data, expert, parity, tensor, name)
                 loaded.add(param_name)

@@ -44,13 +44,16 @@ def _pinned_backend(spec: ServeSpec, moe):
     act_key = oracle._backend_activation_key(backend)
     reasons = []
     for cls in oracle.backend_to_kernel_cls(backend):
-        ok, reason = cls.is_supported_config(cls, moe, oracle.kMxfp4Static, act_key,
-                                             mk.FusedMoEActivationFormat.Standard)
+        ok, reason = cls.is_supported_config(
+            cls, moe, oracle.kMxfp4Static, act_key, mk.FusedMoEActivationFormat.Standard
+        )
         if ok:
             return backend, cls
         reasons.append(f"{cls.__name__}: {reason}")
-    raise MxRepackError(f"this checkpoint's experts are laid out for vLLM's {backend.name} backend (target "
-                        f"{spec.target}; {spec.backend.gpus}), which cannot run here: {'; '.join(reasons)}")
+    raise MxRepackError(
+        f"this checkpoint's experts are laid out for vLLM's {backend.name} backend (target "
+        f"{spec.target}; {spec.backend.gpus}), which cannot run here: {'; '.join(reasons)}"
+    )
 
 
 @contextmanager
@@ -76,8 +79,9 @@ class _StoredExperts:
         self._loaded: set[str] = set()
         for suffix, (dtype, shape) in self.spec.stored.items():
             if shape[0] != num_experts:
-                raise MxRepackError(f"{layer.layer_name}.{suffix}: stored for {shape[0]} experts, the model has "
-                                    f"{num_experts}")
+                raise MxRepackError(
+                    f"{layer.layer_name}.{suffix}: stored for {shape[0]} experts, the model has {num_experts}"
+                )
             p = torch.nn.Parameter(torch.empty(shape, dtype=getattr(torch, dtype)), requires_grad=False)
             layer.register_parameter(suffix, p)
             set_weight_attrs(p, extra)
@@ -88,11 +92,14 @@ class _StoredExperts:
             if loaded.dtype != param.dtype and loaded.dtype.itemsize == param.dtype.itemsize:
                 loaded = loaded.view(param.dtype)  # raw E8M0/FP8 bytes written as uint8 by older writers
             if loaded.dtype != param.dtype or loaded.shape != param.shape:
-                raise MxRepackError(f"{layer_name}.{suffix}: checkpoint tensor is {loaded.dtype} "
-                                    f"{list(loaded.shape)}, the config's {self.spec.layout} layout stores {param.dtype} "
-                                    f"{list(param.shape)}")
+                raise MxRepackError(
+                    f"{layer_name}.{suffix}: checkpoint tensor is {loaded.dtype} "
+                    f"{list(loaded.shape)}, the config's {self.spec.layout} layout stores {param.dtype} "
+                    f"{list(param.shape)}"
+                )
             param.data.copy_(loaded)
             self._loaded.add(suffix)
+
         return load
 
     def _check_loaded(self, layer: torch.nn.Module) -> None:
@@ -113,17 +120,24 @@ class PreconvertedMoEMethod(_StoredExperts, vllm_mxfp4.GptOssMxfp4MoEMethod):
             from vllm.model_executor.layers.quantization.utils.marlin_utils import get_marlin_input_dtype
 
             if get_marlin_input_dtype() is not None:
-                raise MxRepackError("VLLM_MARLIN_INPUT_DTYPE is set: the stored Marlin scales are for BF16 activations; "
-                                    "unset it, or repack with experts.options {fp8_activations: true}")
+                raise MxRepackError(
+                    "VLLM_MARLIN_INPUT_DTYPE is set: the stored Marlin scales are for BF16 activations; "
+                    "unset it, or repack with experts.options {fp8_activations: true}"
+                )
 
     def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
         # The stored padding, not this vLLM's rule for the backend (TRT-LLM's intermediate rounding went 256 -> 128
         # between 0.26 and 0.33): the kernels and the activation padding follow the bytes.
         return self.spec.hidden[1], self.spec.intermediate[1]
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
-                       **extra_weight_attrs):
-        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size_per_partition
+    def create_weights(
+        self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra_weight_attrs
+    ):
+        self.num_experts, self.hidden_size, self.intermediate_size = (
+            num_experts,
+            hidden_size,
+            intermediate_size_per_partition,
+        )
         layer.params_dtype, layer.num_experts = params_dtype, num_experts
         self._create_stored(layer, num_experts, extra_weight_attrs)
 
@@ -139,11 +153,18 @@ class PreconvertedMoEMethod(_StoredExperts, vllm_mxfp4.GptOssMxfp4MoEMethod):
             for name in ("w13_weight_scale", "w2_weight_scale"):
                 _retype(layer, name, torch.float8_e4m3fn)  # vLLM's tag for these E8M0 bytes on this backend
             for name in ("w13_bias", "w2_bias"):
-                layer.register_parameter(name, torch.nn.Parameter(getattr(layer, name).data.float(), requires_grad=False))
+                layer.register_parameter(
+                    name, torch.nn.Parameter(getattr(layer, name).data.float(), requires_grad=False)
+                )
         # The tail of vLLM's GptOssMxfp4MoEMethod._setup_kernel, after its conversion.
         self.moe_quant_config = self.get_fused_moe_quant_config(layer)
-        kwargs = dict(moe_quant_config=self.moe_quant_config, moe_config=self.moe, mxfp4_backend=backend,
-                      experts_cls=self.experts_cls, routing_tables=layer._expert_routing_tables())
+        kwargs = dict(
+            moe_quant_config=self.moe_quant_config,
+            moe_config=self.moe,
+            mxfp4_backend=backend,
+            experts_cls=self.experts_cls,
+            routing_tables=layer._expert_routing_tables(),
+        )
         if "layer" in inspect.signature(oracle.make_mxfp4_moe_kernel).parameters:  # 0.26
             kwargs["layer"] = layer
         self.moe_kernel = oracle.make_mxfp4_moe_kernel(**kwargs)
@@ -162,8 +183,10 @@ class PreconvertedMoEMethod(_StoredExperts, vllm_mxfp4.GptOssMxfp4MoEMethod):
         value_cls, value_opts = tk_layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
         scale_cls, scale_opts = tk_layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
         if value_cls.__name__ != "HopperMXValueLayout" or scale_cls.__name__ != "HopperMXScaleLayout":
-            raise MxRepackError(f"triton-hopper experts hold Hopper-swizzled bytes; this GPU's triton_kernels wants "
-                                f"{value_cls.__name__}/{scale_cls.__name__} (serve them on sm90)")
+            raise MxRepackError(
+                f"triton-hopper experts hold Hopper-swizzled bytes; this GPU's triton_kernels wants "
+                f"{value_cls.__name__}/{scale_cls.__name__} (serve them on sm90)"
+            )
         import triton_kernels.matmul_ogs_details.opt_flags as opt_flags
 
         opt_flags.update_opt_flags_constraints({"split_k": 1})  # what _swizzle_mxfp4 sets on sm90
@@ -173,14 +196,22 @@ class PreconvertedMoEMethod(_StoredExperts, vllm_mxfp4.GptOssMxfp4MoEMethod):
         for w, K, N in (("w13", h, 2 * i), ("w2", i, h)):
             value, scale = getattr(layer, f"{w}_weight").data, getattr(layer, f"{w}_weight_scale").data
             groups = scale.shape[2] // 32  # the stored [E, N/32, 32 * groups]: groups padded as vLLM pads them
-            v = Tensor(Storage(value.mT, value_cls(torch.Size([E, K // 2, N]), **value_opts)), dtype=FP4, shape=[E, K, N])
-            s = Tensor(Storage(scale.mT, scale_cls(torch.Size([E, groups, N]), **scale_opts)), dtype=torch.uint8,
-                       shape=[E, groups, N])
+            v = Tensor(
+                Storage(value.mT, value_cls(torch.Size([E, K // 2, N]), **value_opts)), dtype=FP4, shape=[E, K, N]
+            )
+            s = Tensor(
+                Storage(scale.mT, scale_cls(torch.Size([E, groups, N]), **scale_opts)),
+                dtype=torch.uint8,
+                shape=[E, groups, N],
+            )
             delattr(layer, f"{w}_weight")
             delattr(layer, f"{w}_weight_scale")
             setattr(layer, f"{w}_weight", v)
-            kwargs = ({"weight_scale": s} if "weight_scale" in inspect.signature(PrecisionConfig).parameters
-                      else {"b_mx_scale": s, "b_microblock_size": 32})
+            kwargs = (
+                {"weight_scale": s}
+                if "weight_scale" in inspect.signature(PrecisionConfig).parameters
+                else {"b_mx_scale": s, "b_microblock_size": 32}
+            )
             configs[w] = PrecisionConfig(**kwargs, flex_ctx=FlexCtx(rhs_data=InFlexData()))
         self.w13_precision_config, self.w2_precision_config = configs["w13"], configs["w2"]
 
@@ -198,8 +229,9 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         super().__init__(moe)
         self.spec = spec
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
-                       **extra_weight_attrs):
+    def create_weights(
+        self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra_weight_attrs
+    ):
         layer.params_dtype, layer.num_experts = params_dtype, num_experts
         self._create_stored(layer, num_experts, extra_weight_attrs)
 
