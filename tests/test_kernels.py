@@ -26,7 +26,7 @@ from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequantize_mxfp4_rows
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import (CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,
                                            use_gemv)
-from mxrepack.kernels.moe_mxfp4 import (MOE_GEMV, MoeConfig, MoeGemvConfig, moe_mxfp4, moe_schedule, pick_moe_config,
+from mxrepack.kernels.moe_mxfp4 import (MOE_GEMV, MoeConfig, MoeGemvConfig, moe_mxfp4, moe_schedule, pick_moe, pick_moe_config,
                                         pick_moe_gemv_config)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
@@ -226,8 +226,9 @@ def test_moe_mxfp4_matches_reference(activations, bound):
     assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops"), f16x2)
     # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
     assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 1024, 4096, 8192)] == [16, 32, 64, 128, 128]
-    assert pick_moe_config(128, 4, 128).manual_dequant and not pick_moe_config(512, 4, 128).manual_dequant
-    assert pick_moe_config(8192, 4, 128).block_n == 128 and pick_moe_config(4096, 4, 128).block_n == 64
+    assert all(pick_moe_config(T, 4, 128).swap_ab for T in (64, 512, 1024, 4096))
+    assert not pick_moe_config(8192, 4, 128).swap_ab and pick_moe_config(8192, 4, 128).block_n == 128
+    assert isinstance(pick_moe(48, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(64, 4, 128, 2880), MoeConfig)
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
 
 

@@ -80,26 +80,28 @@ class MoeConfig:
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
-# whose bound is not below it. H100, 120b shapes, CUDA graphs (benchmarks/experiments/moe_dispatch_sweep.py,
-# docs/PERF_LOG.md stop 10): 16-row blocks up to T = 256 at top-4 of 128 experts, 32 rows to T = 512,
-# 128 rows x 64 columns to T = 4096 (5.41 vs 7.04 ms for the 64 x 128 tiles shipped before), 128 x 128 beyond
-# (8.88 vs 11.94 ms at T = 8192).
-# The integer-op dequant (``manual_dequant``) where it won in ``benchmarks/peers.py --sweep-moe`` (H100,
-# 2026-11-24, docs/bench/moe_sweep_h100_2026-11-24.json): 16 x 64 at T = 128 (1.547 vs 1.765 ms), 64 x 128 at
-# T = 1024 (2.280 vs 2.635 ms for the 32 x 64 tiles); at T = 512 and 4096 it lost or tied, and those stay.
-MOE_TILES = ((8, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, manual_dequant=True)),
-             (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3)),
-             (32, MoeConfig(64, 128, 128, num_warps=4, num_stages=3, manual_dequant=True)),
-             (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
+# whose bound is not below it. Up to 128 rows the swapped operands (``swap_ab``: W decoded in registers as the
+# MMA's first operand) at 64 weight rows x 128 codes, 4 warps, 3 stages, with as many token rows as the experts
+# have: H100, 120b shapes, CUDA graphs, ``benchmarks/peers.py --sweep-moe ... --sweep-kind swap`` (2026-11-25,
+# 0492766, docs/bench/moe_sweep_swap_h100_2026-11-25.json), against the tiles shipped before: T = 128 1.085 vs
+# 1.549 ms, 512 1.309 vs 1.793, 1024 1.809 vs 2.222, 4096 4.485 vs 5.113. 4 stages were within 3% and once
+# returned inf (T = 64, Triton 3.6), 8 warps up to 2x slower. Beyond 128 rows per expert (T > 4096 at top-4 of
+# 128) the 128 x 128 dot_scaled tiles, unmeasured against the swap (8.88 ms at T = 8192, docs/PERF_LOG.md stop 10).
+# Activations other than bf16 take tl.dot_scaled in the same tile shapes (``swap_ab`` is bf16-only).
+MOE_TILES = ((8, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+             (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+             (32, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+             (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
              (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)))
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 
 
-# T * k up to which the per-assignment GEMV beats the scheduled tiles, both in CUDA graphs (H100,
-# benchmarks/experiments/moe_dispatch_sweep.py, docs/PERF_LOG.md stop 10): 1.34 vs 1.51 ms at T = 64,
-# 1.653 vs 1.654 ms at T = 80 (320 assignments), 1.95 vs 1.70 ms at T = 96. A token sharing an expert re-reads
-# its weights (the programs of one row tile run together and mostly hit L2); the tiles read each expert once.
-GEMV_MAX_ASSIGNMENTS = 320
+# T * k up to which the per-assignment GEMV beats the scheduled tiles, both in CUDA graphs. Against the swapped
+# tiles (H100, the sweep above): T = 16 0.329 vs 0.507 ms, T = 32 0.606 vs 0.747, T = 64 1.124 vs 1.019; the GEMV
+# grows about linearly with T and the tiles slowly, so they cross near T = 48. (Against the tiles before the
+# swap the crossing was at T = 80: docs/PERF_LOG.md stop 10.) A token sharing an expert re-reads its weights (the
+# programs of one row tile run together and mostly hit L2); the tiles read each expert once.
+GEMV_MAX_ASSIGNMENTS = 192
 
 
 @dataclass(frozen=True)
