@@ -227,7 +227,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                                                            if "ms" in rec else rec["error"][:120]), flush=True)
 
 
-def dense_sweep(rows: list, Ms: tuple[int, ...]) -> None:
+def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
     """mxrepack's W4A16 dense paths at each M: the shipped choice against the GEMV, dequantize + cuBLAS and tile
     configurations (split-K, tile widths, the integer-op dequant); mxrepack only (for choosing the dispatch)."""
     import itertools
@@ -246,8 +246,10 @@ def dense_sweep(rows: list, Ms: tuple[int, ...]) -> None:
             cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
             grid = (((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else
                     ((16, 64), (64, 128), (128,), (1, 2)))
-            for bm, bn, bk, split, manual in itertools.product(*grid, (False, True)):
-                cfg = LinearConfig(bm, bn, bk, split, 4, 3, manual)
+            if kind == "swap":  # the swapped operands (one 128-code K tile per step) beside the shipped choice
+                grid = (((16,), (64, 128), (128,), (1, 2, 4, 8)) if M <= 16 else ((32, 64), (64, 128), (128,), (1, 2)))
+            for bm, bn, bk, split, v in itertools.product(*grid, ("swap",) if kind == "swap" else (False, True, "swap")):
+                cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, 4, 3, v is True, v == "swap")
                 cands[cfg.name()] = cfg
             for label, cfg in cands.items():
                 rec = {"kind": "dense_sweep", "shape": name, "M": M, "config": label}
@@ -327,7 +329,7 @@ def main() -> None:
     ap.add_argument("--only", choices=("moe", "dense"))
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument("--sweep-kind", choices=("all", "swap"), default="all",
-                    help="--sweep-moe: every variant, or only the swapped-operand tiles beside the shipped choice")
+                    help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles beside the shipped choice")
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--commit", help="the commit under test, for the record")
     ap.add_argument("--json")
@@ -348,7 +350,7 @@ def main() -> None:
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:
-        dense_sweep(rows, tuple(int(m) for m in args.sweep_dense.split(",")))
+        dense_sweep(rows, tuple(int(m) for m in args.sweep_dense.split(",")), args.sweep_kind)
     if args.sweep_moe or args.sweep_dense:
         return
     if args.only in (None, "moe"):

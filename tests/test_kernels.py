@@ -51,11 +51,16 @@ def test_activation_quantizer_matches_codec_bytes(fmt):
 
 def _small(cfg: LinearConfig) -> LinearConfig:  # interpreter-sized tiles, same schedule
     return LinearConfig(min(cfg.block_m, 32), min(cfg.block_n, 32), min(cfg.block_k, 128), cfg.split_k,
-                        manual_dequant=cfg.manual_dequant)
+                        manual_dequant=cfg.manual_dequant, swap_ab=cfg.swap_ab)
+
+
+# the shipped configurations, and the swapped operands with and without split-K (K = 288: three 128-code tiles,
+# the last half padding) whether or not one is shipped
+_SWAPPED = {"swapped": LinearConfig(16, 32, 128, swap_ab=True), "swapped_split": LinearConfig(16, 32, 128, 2, swap_ab=True)}
 
 
 @pytest.mark.parametrize("mode", ["w4a16", "w4a8", "w4a4"])
-@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("config", sorted(CONFIGS | _SWAPPED))
 def test_linear_mxfp4_matches_reference(mode, config):
     N, K = 80, 288  # neither a multiple of the tiles: masks on N and K are exercised
     w, ws = quantize_mxfp4(torch.randn(N, K) * 0.05)
@@ -70,7 +75,7 @@ def test_linear_mxfp4_matches_reference(mode, config):
             xd = dequantize_mxfp4(*quantize_mxfp4(x.float()), torch.float32)
         ref = xd @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-        y = linear_mxfp4(x, w, ws, bias, mode, _small(CONFIGS[config]), out=out)
+        y = linear_mxfp4(x, w, ws, bias, mode, _small((CONFIGS | _SWAPPED)[config]), out=out)
         assert y is out and not torch.isnan(y).any()
         assert rel(y, ref) <= 1e-2, (M, rel(y, ref))
 

@@ -52,10 +52,10 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
            "stride_xm": "i32", "stride_xsm": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_ym": "i32",
            "A_FMT": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
            "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MANUAL_DEQUANT": "constexpr",
-           "INTERPRETER": "constexpr"}
+           "INTERPRETER": "constexpr", "SWAP_AB": "constexpr", "MATH": "constexpr"}
     const = {"A_FMT": a_fmt, "HAS_BIAS": True, "SPLIT_K": cfg.split_k, "BLOCK_M": cfg.block_m,
              "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MANUAL_DEQUANT": cfg.manual_dequant and a_fmt == "bf16",
-             "INTERPRETER": False}
+             "INTERPRETER": False, "SWAP_AB": cfg.swap_ab and a_fmt == "bf16", "MATH": "asm"}
     return ASTSource(lin._linear_mxfp4_kernel, sig, const)
 
 

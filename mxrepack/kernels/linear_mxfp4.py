@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dot_bf16_mxfp4, linear_dequant_gemm
+from mxrepack.kernels.dequant_mxfp4 import (DEQUANT, DequantConfig, dot_bf16_mxfp4, dot_w_mxfp4, linear_dequant_gemm,
+                                            split_pairs)
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
 
@@ -57,10 +58,17 @@ class LinearConfig:
     num_warps: int = 4
     num_stages: int = 3
     manual_dequant: bool = False  # W4A16 only: integer-op dequant + tl.dot instead of tl.dot_scaled
+    # W4A16 only: W the MMA's first operand, decoded in registers (dequant_mxfp4.dot_w_mxfp4), x in split order
+    swap_ab: bool = False
+
+    def __post_init__(self):
+        if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
+            raise ValueError(f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
+                             f"and manual_dequant off, got {self.block_k} and {self.manual_dequant}")
 
     def name(self) -> str:
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
-                + ("d" if self.manual_dequant else ""))
+                + ("d" if self.manual_dequant else "") + ("x" if self.swap_ab else ""))
 
 
 # The shipped configurations (``repack kernels check`` compiles each for every arch). Stages are kept
@@ -93,7 +101,8 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
                          stride_xm, stride_xsm, stride_wn, stride_wsn, stride_ym,
                          A_FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
+                         MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False,
+                         SWAP_AB: tl.constexpr = False, MATH: tl.constexpr = "asm"):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -103,24 +112,40 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
     m_ok, n_ok = rm < M, rn < N
     k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
-        k0 = kt * BLOCK_K
-        kb_ok = (k0 // 2 + rkb) < K // 2
-        ks_ok = (k0 // 32 + rks) < K // 32
-        # weights: [BLOCK_N, BLOCK_K/2] bytes (zero past K: code 0 is 0.0), scales [BLOCK_N, BLOCK_K/32]
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0)
-        ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :], mask=n_ok[:, None] & ks_ok[None, :], other=127)
-        if A_FMT == "bf16":
-            a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
-            acc = dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
-        else:
-            if A_FMT == "e2m1":
-                a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :], mask=m_ok[:, None] & kb_ok[None, :], other=0)
-            else:
+    if SWAP_AB:  # x in split order, zero-padded to whole 128-column K tiles (split_pairs): no K mask on it
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
+            k0 = kt * BLOCK_K
+            kb_ok = (k0 // 2 + rkb) < K // 2
+            ks_ok = (k0 // 32 + rks) < K // 32
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :],
+                        other=0)
+            ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :],
+                         mask=n_ok[:, None] & ks_ok[None, :], other=127)
+            xr = x_ptr + rm[:, None] * stride_xm + k0 + tl.arange(0, BLOCK_K // 2)[None, :]
+            a_even = tl.load(xr, mask=m_ok[:, None], other=0.0)
+            a_odd = tl.load(xr + BLOCK_K // 2, mask=m_ok[:, None], other=0.0)
+            acc_t = dot_w_mxfp4(w, ws, a_even, a_odd, acc_t, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+        acc = tl.trans(acc_t)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
+            k0 = kt * BLOCK_K
+            kb_ok = (k0 // 2 + rkb) < K // 2
+            ks_ok = (k0 // 32 + rks) < K // 32
+            # weights: [BLOCK_N, BLOCK_K/2] bytes (zero past K: code 0 is 0.0), scales [BLOCK_N, BLOCK_K/32]
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0)
+            ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :], mask=n_ok[:, None] & ks_ok[None, :], other=127)
+            if A_FMT == "bf16":
                 a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
-            xs = tl.load(xs_ptr + rm[:, None] * stride_xsm + (k0 // 32 + rks)[None, :], mask=m_ok[:, None] & ks_ok[None, :], other=127)
-            acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
+                acc = dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
+            else:
+                if A_FMT == "e2m1":
+                    a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :], mask=m_ok[:, None] & kb_ok[None, :], other=0)
+                else:
+                    a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
+                xs = tl.load(xs_ptr + rm[:, None] * stride_xsm + (k0 // 32 + rks)[None, :], mask=m_ok[:, None] & ks_ok[None, :], other=127)
+                acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
     if HAS_BIAS:
         if pid_k == 0:
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -157,18 +182,22 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
         return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, config or DEQUANT)
     cfg = config or pick_config(M, N, K, sm_count(x.device))
     a_fmt = MODES[mode]
-    if a_fmt == "bf16":
+    swap = cfg.swap_ab and a_fmt == "bf16"
+    if swap:
+        a, a_scales = split_pairs(x, triton.cdiv(K, 128) * 128), None
+    elif a_fmt == "bf16":
         a, a_scales = x.contiguous(), None
     else:
         a, a_scales = quantize_activations(x, a_fmt)
     y = out if cfg.split_k == 1 else torch.zeros(M, N, dtype=torch.float32, device=x.device)
+    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
     _linear_mxfp4_kernel[grid](
         a, a_scales if a_scales is not None else w_scales, w_packed, w_scales, bias if bias is not None else w_scales, y,
         M, N, K, a.stride(0), a_scales.stride(0) if a_scales is not None else 0, w_packed.stride(0), w_scales.stride(0),
         y.stride(0), A_FMT=a_fmt, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=cfg.manual_dequant and a_fmt == "bf16",
-        INTERPRETER=os.environ.get("TRITON_INTERPRET") == "1",
+        INTERPRETER=interpreter, SWAP_AB=swap, MATH="ops" if interpreter or x.device.type != "cuda" else "asm",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.split_k > 1:
         out.copy_(y)
