@@ -85,8 +85,8 @@ def test_linear_without_bias_and_config_choice():
     x = torch.randn(3, 128).to(torch.bfloat16)
     y = linear_mxfp4(x, w, ws, None, "w4a16", LinearConfig(16, 32, 64))
     assert rel(y, mxfp4_linear(x, w, ws)) <= 1e-2
-    assert pick_config(1, 201088, 2880).split_k == 1  # lm_head: enough N tiles
-    assert pick_config(1, 512, 2880).split_k > 1  # k/v proj: split K to fill the GPU
+    assert pick_config(1, 201088, 2880).split_k == 1 and pick_config(4, 201088, 2880).swap_ab  # lm_head: enough N tiles
+    assert pick_config(1, 512, 2880).split_k > 1 and not pick_config(1, 512, 2880).swap_ab  # k/v proj: split K
     assert pick_config(4096, 4096, 2880).block_m == 128
     with pytest.raises(ValueError, match="do not fit"):
         linear_mxfp4(x, w[:, :10], ws)

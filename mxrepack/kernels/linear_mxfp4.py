@@ -76,19 +76,27 @@ class LinearConfig:
 # Decode: the best of a 72-config sweep on lm_head M=1 (H200, docs/PERF_LOG.md): integer-op dequant + tl.dot.
 DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=3, manual_dequant=True)
 DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, manual_dequant=True)
+# Decode on a layer wide enough to fill the GPU without split-K (lm_head): the swapped operands, W decoded in
+# registers as the MMA's first operand. H100, benchmarks/peers.py --sweep-dense 4,16,64 --sweep-kind swap
+# (2026-11-25, ff05e4f, docs/bench/dense_sweep_swap_h100_2026-11-25.json), lm_head: 0.182 vs 0.282 ms at M = 4,
+# 0.192 vs 0.266 at M = 16. On the split-K layers the swap lost on qkv (0.0175 vs 0.0159 ms at M = 4) and won
+# on o (0.0128 vs 0.0143): they keep DECODE.
+DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=4, num_stages=3, swap_ab=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
-# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the integer-op dequant, 0.364 vs 0.397 ms
-# at M = 64 (H100, benchmarks/peers.py --sweep-dense, docs/bench/dense_sweep_h100_2026-11-24.json).
-PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, manual_dequant=True)
-CONFIGS = {"decode": DECODE, "decode_split": DECODE_SPLIT, "prefill": PREFILL, "prefill_small": PREFILL_SMALL}
+# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, 0.295 vs 0.363 ms
+# for the integer-op dequant shipped before at M = 64 (the same sweep; M = 128-255 not measured).
+PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True)
+CONFIGS = {"decode": DECODE, "decode_split": DECODE_SPLIT, "decode_wide": DECODE_WIDE, "prefill": PREFILL,
+           "prefill_small": PREFILL_SMALL}
 
 
 def pick_config(M: int, N: int, K: int, sm_count: int = 132) -> LinearConfig:
-    """Decode for M <= 16 (split-K when the N tiles alone cannot fill the GPU), prefill otherwise."""
+    """Decode for M <= 16 (the swapped operands on a layer whose N tiles fill the GPU, else split-K), prefill
+    otherwise."""
     if M <= 16:
         tiles = triton.cdiv(N, DECODE.block_n)
         if tiles >= 2 * sm_count:
-            return DECODE
+            return DECODE_WIDE
         k_tiles = triton.cdiv(K, DECODE.block_k)
         split = max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(4 * sm_count, tiles))))
         return LinearConfig(DECODE.block_m, DECODE.block_n, DECODE.block_k, split, DECODE.num_warps, DECODE.num_stages,
