@@ -122,18 +122,26 @@ def moe_weights(E: int = 128, H: int = 2880, I: int = 2880, Hp: int = 2944, Ip: 
     w13, s13 = rand_mx(E, 2 * Ip, Hp)
     w2, s2 = rand_mx(E, Hp, Ip)
     # zero the padding as the strided layout does (rows I..Ip of each half, columns H..Hp)
-    w13[..., H // 2:] = 0
-    w2[..., I // 2:] = 0
-    s13[..., H // 32:] = 127
-    s2[..., I // 32:] = 127
+    w13[..., H // 2 :] = 0
+    w2[..., I // 2 :] = 0
+    s13[..., H // 32 :] = 127
+    s2[..., I // 32 :] = 127
     w13.view(E, 2, Ip, -1)[:, :, I:] = 0
     w2[:, H:] = 0
     b13 = torch.randn(E, 2 * Ip, device=DEV) * 0.1
     b13.view(E, 2, Ip)[:, :, I:] = 0
     b2 = torch.randn(E, Hp, device=DEV) * 0.1
     b2[:, H:] = 0
-    return strided.from_row_major({"w13_weight": w13, "w13_weight_scale": s13, "w13_bias": b13, "w2_weight": w2,
-                                   "w2_weight_scale": s2, "w2_bias": b2})
+    return strided.from_row_major(
+        {
+            "w13_weight": w13,
+            "w13_weight_scale": s13,
+            "w13_bias": b13,
+            "w2_weight": w2,
+            "w2_weight_scale": s2,
+            "w2_bias": b2,
+        }
+    )
 
 
 def moe_row_major(W: dict, experts=slice(None)) -> tuple[torch.Tensor, ...]:
@@ -186,10 +194,13 @@ def moe_candidates(W: dict, per_expert: int, T: int, cands: dict, repeats: int, 
     o = torch.empty(T, 2880, device=DEV, dtype=torch.bfloat16)
     xm, ids, wts = draws[0]
     ref = moe_reference(xm, ids, wts, W)
-    err = {key: ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item()
-           for key, c in cands.items()}
-    times = interleaved_ms({key: (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for key, c in cands.items()},
-                           repeats, shuffle)
+    err = {
+        key: ((moe_mxfp4(xm, ids, wts, W, config=c).float() - ref).norm() / ref.norm()).item()
+        for key, c in cands.items()
+    }
+    times = interleaved_ms(
+        {key: (lambda c=c: moe_mxfp4(*nxt(), W, config=c, out=o)) for key, c in cands.items()}, repeats, shuffle
+    )
     return touched, err, times
 
 

@@ -34,13 +34,25 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DEV, bench_decode, copy_roofline, deq, moe_decode_inputs, moe_expert_bytes,  # noqa: E402
-                    moe_prefill_inputs, moe_reference, moe_row_major, moe_weights, quant_ref, rand_mx, rotating)
+from common import (  # noqa: E402
+    DEV,
+    bench_decode,
+    copy_roofline,
+    deq,
+    moe_decode_inputs,
+    moe_expert_bytes,
+    moe_prefill_inputs,
+    moe_reference,
+    moe_row_major,
+    moe_weights,
+    quant_ref,
+    rand_mx,
+    rotating,
+)
 
 from mxrepack.kernels.dequant_mxfp4 import DEQUANT, DequantConfig, dequantize_mxfp4_rows  # noqa: E402
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, pick_gemv_config  # noqa: E402
-from mxrepack.kernels.linear_mxfp4 import (LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,  # noqa: E402
-                                           use_gemv)
+from mxrepack.kernels.linear_mxfp4 import LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe, pick_moe_config, pick_moe_gemv_config  # noqa: E402
 
 
@@ -74,13 +86,28 @@ def dense(rows: list, bw: float, quick: bool) -> None:
                     cfg = DEQUANT
                 else:
                     cfg = pick_config(M, N, K, sms)
-                rec = {"kind": "dense", "shape": name, "N": N, "K": K, "M": M, "mode": mode, "config": cfg.name(),
-                       "rel_err": err, "ms": ms, "cublas_bf16_ms": ms_cublas, "vs_cublas": ms_cublas / ms,
-                       "weight_GBps": wbytes / (ms * 1e-3) / 1e9, "roofline_frac": (wbytes / (ms * 1e-3)) / bw}
+                rec = {
+                    "kind": "dense",
+                    "shape": name,
+                    "N": N,
+                    "K": K,
+                    "M": M,
+                    "mode": mode,
+                    "config": cfg.name(),
+                    "rel_err": err,
+                    "ms": ms,
+                    "cublas_bf16_ms": ms_cublas,
+                    "vs_cublas": ms_cublas / ms,
+                    "weight_GBps": wbytes / (ms * 1e-3) / 1e9,
+                    "roofline_frac": (wbytes / (ms * 1e-3)) / bw,
+                }
                 rows.append(rec)
-                print(f"dense {name:8s} M={M:5d} {mode:6s} {cfg.name():22s} err {err:.1e}  {ms:.4f} ms  "
-                      f"cuBLAS {ms_cublas:.4f} ms  x{ms_cublas / ms:.2f}  {rec['weight_GBps']:.0f} GB/s "
-                      f"({100 * rec['roofline_frac']:.0f}% of copy roofline)", flush=True)
+                print(
+                    f"dense {name:8s} M={M:5d} {mode:6s} {cfg.name():22s} err {err:.1e}  {ms:.4f} ms  "
+                    f"cuBLAS {ms_cublas:.4f} ms  x{ms_cublas / ms:.2f}  {rec['weight_GBps']:.0f} GB/s "
+                    f"({100 * rec['roofline_frac']:.0f}% of copy roofline)",
+                    flush=True,
+                )
 
 
 def prefill(rows: list, bw: float) -> None:
@@ -108,12 +135,26 @@ def prefill(rows: list, bw: float) -> None:
             for label, cfg in cands.items():
                 err = float((linear_mxfp4(x, w, ws, None, "w4a16", cfg).float() - ref).norm() / ref.norm())
                 ms = bench_decode(lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", cfg))
-                rec = {"kind": "prefill", "shape": name, "N": N, "K": K, "M": M, "path": label, "config": cfg.name(),
-                       "rel_err": err, "ms": ms, "cublas_bf16_ms": ms_cublas, "vs_cublas": ms_cublas / ms,
-                       "dequant_exact": exact}
+                rec = {
+                    "kind": "prefill",
+                    "shape": name,
+                    "N": N,
+                    "K": K,
+                    "M": M,
+                    "path": label,
+                    "config": cfg.name(),
+                    "rel_err": err,
+                    "ms": ms,
+                    "cublas_bf16_ms": ms_cublas,
+                    "vs_cublas": ms_cublas / ms,
+                    "dequant_exact": exact,
+                }
                 rows.append(rec)
-                print(f"prefill {name:8s} M={M:5d} {label:12s} {cfg.name():22s} err {err:.1e} {ms:.4f} ms  cuBLAS "
-                      f"{ms_cublas:.4f} ms  x{ms_cublas / ms:.2f}  dequant exact {exact}", flush=True)
+                print(
+                    f"prefill {name:8s} M={M:5d} {label:12s} {cfg.name():22s} err {err:.1e} {ms:.4f} ms  cuBLAS "
+                    f"{ms_cublas:.4f} ms  x{ms_cublas / ms:.2f}  dequant exact {exact}",
+                    flush=True,
+                )
 
 
 def dequant_sweep(rows: list, bw: float) -> None:
@@ -122,15 +163,32 @@ def dequant_sweep(rows: list, bw: float) -> None:
     nxt_q = rotating(lambda: rand_mx(N, K), N * K // 2 + N * K // 32)
     out = torch.empty(N, K, dtype=torch.bfloat16, device=DEV)
     moved = N * K // 2 + N * K // 32 + N * K * 2
-    for bn, bk, nw in ((32, 256, 4), (64, 256, 4), (16, 512, 4), (64, 128, 4), (128, 128, 8), (32, 512, 8),
-                       (8, 1024, 4), (64, 512, 8), (128, 256, 8)):
+    for bn, bk, nw in (
+        (32, 256, 4),
+        (64, 256, 4),
+        (16, 512, 4),
+        (64, 128, 4),
+        (128, 128, 8),
+        (32, 512, 8),
+        (8, 1024, 4),
+        (64, 512, 8),
+        (128, 256, 8),
+    ):
         cfg = DequantConfig(bn, bk, nw)
         ms = do_bench(lambda: dequantize_mxfp4_rows(*nxt_q(), out, cfg), warmup=25, rep=200)
-        rec = {"kind": "dequant", "config": cfg.name(), "ms": ms, "GBps": moved / (ms * 1e-3) / 1e9,
-               "roofline_frac": moved / (ms * 1e-3) / bw}
+        rec = {
+            "kind": "dequant",
+            "config": cfg.name(),
+            "ms": ms,
+            "GBps": moved / (ms * 1e-3) / 1e9,
+            "roofline_frac": moved / (ms * 1e-3) / bw,
+        }
         rows.append(rec)
-        print(f"dequant lm_head {cfg.name():22s} {ms:.4f} ms  {rec['GBps']:.0f} GB/s "
-              f"({100 * rec['roofline_frac']:.0f}% of copy roofline)", flush=True)
+        print(
+            f"dequant lm_head {cfg.name():22s} {ms:.4f} ms  {rec['GBps']:.0f} GB/s "
+            f"({100 * rec['roofline_frac']:.0f}% of copy roofline)",
+            flush=True,
+        )
 
 
 def sweep(rows: list, bw: float) -> None:
@@ -160,11 +218,16 @@ def gemv(rows: list, bw: float) -> None:
     for N, K in ((37, 160), (201088, 2880)):
         w, ws = rand_mx(N, K)
         # activations with outliers and a wide range, which the f16x2 path's per-group scaling must keep
-        x = (torch.randn(3, K, device=DEV) * torch.where(torch.rand(K, device=DEV) < 0.01, 100.0, 1.0)
-             * torch.exp2(torch.randint(-10, 4, (K,), device=DEV).float())).to(torch.bfloat16)
+        x = (
+            torch.randn(3, K, device=DEV)
+            * torch.where(torch.rand(K, device=DEV) < 0.01, 100.0, 1.0)
+            * torch.exp2(torch.randint(-10, 4, (K,), device=DEV).float())
+        ).to(torch.bfloat16)
         ref = x.float() @ deq(w, ws).T
         for dec in ("ops", "asm", "f16x2"):
-            y = gemv_mxfp4(x, w, ws, None, torch.empty(3, N, device=DEV, dtype=torch.bfloat16), GemvConfig(64, 256, 4, 3, dec))
+            y = gemv_mxfp4(
+                x, w, ws, None, torch.empty(3, N, device=DEV, dtype=torch.bfloat16), GemvConfig(64, 256, 4, 3, dec)
+            )
             err = float((y.float() - ref).norm() / ref.norm())
             rows.append({"kind": "gemv_check", "N": N, "K": K, "decode": dec, "rel_err": err})
             print(f"gemv check N={N} K={K} {dec}: rel err {err:.1e}", flush=True)
@@ -177,8 +240,12 @@ def gemv(rows: list, bw: float) -> None:
         ms_cublas = bench_decode(lambda: x1 @ nxt_b().T)
         best = None
         wide = name == "lm_head"
-        grid = itertools.product((8, 16, 32, 64, 128) if wide else (4, 8, 16), (128, 256, 512, 1024) if wide else (256, 512),
-                                 (4, 8) if wide else (2, 4), ("asm", "f16x2", "ops"))
+        grid = itertools.product(
+            (8, 16, 32, 64, 128) if wide else (4, 8, 16),
+            (128, 256, 512, 1024) if wide else (256, 512),
+            (4, 8) if wide else (2, 4),
+            ("asm", "f16x2", "ops"),
+        )
         for bn, bk, warps, dec in grid:
             if dec == "ops" and (not wide or (bn, bk, warps) != (64, 128, 4)):
                 continue  # the portable decode once, on lm_head
@@ -189,20 +256,43 @@ def gemv(rows: list, bw: float) -> None:
                 print(f"gemv {name} {cfg.name()}: {type(e).__name__}", flush=True)
                 continue
             frac = (wbytes / (ms * 1e-3)) / bw
-            rows.append({"kind": "gemv_sweep", "shape": name, "M": 1, "config": cfg.name(), "ms": ms,
-                         "cublas_bf16_ms": ms_cublas, "vs_cublas": ms_cublas / ms, "roofline_frac": frac})
+            rows.append(
+                {
+                    "kind": "gemv_sweep",
+                    "shape": name,
+                    "M": 1,
+                    "config": cfg.name(),
+                    "ms": ms,
+                    "cublas_bf16_ms": ms_cublas,
+                    "vs_cublas": ms_cublas / ms,
+                    "roofline_frac": frac,
+                }
+            )
             if best is None or ms < best[1]:
                 best = (cfg, ms, frac)
-        print(f"gemv {name} M=1 best {best[0].name()} {best[1]:.4f} ms ({100 * best[2]:.0f}% of copy roofline), "
-              f"cuBLAS {ms_cublas:.4f} ms, x{ms_cublas / best[1]:.2f}", flush=True)
+        print(
+            f"gemv {name} M=1 best {best[0].name()} {best[1]:.4f} ms ({100 * best[2]:.0f}% of copy roofline), "
+            f"cuBLAS {ms_cublas:.4f} ms, x{ms_cublas / best[1]:.2f}",
+            flush=True,
+        )
         for M in (1, 2, 4, 8, 16):
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ms_c = bench_decode(lambda: x @ nxt_b().T)
             ms_g = bench_decode(lambda: linear_mxfp4(x, *nxt(), None, "w4a16", best[0]))
             cfg_t = pick_config(16, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
             ms_t = bench_decode(lambda: linear_mxfp4(x, *nxt(), None, "w4a16", cfg_t))
-            rows.append({"kind": "gemv_vs_tile", "shape": name, "M": M, "gemv_ms": ms_g, "tile_ms": ms_t,
-                         "cublas_bf16_ms": ms_c, "gemv_config": best[0].name(), "tile_config": cfg_t.name()})
+            rows.append(
+                {
+                    "kind": "gemv_vs_tile",
+                    "shape": name,
+                    "M": M,
+                    "gemv_ms": ms_g,
+                    "tile_ms": ms_t,
+                    "cublas_bf16_ms": ms_c,
+                    "gemv_config": best[0].name(),
+                    "tile_config": cfg_t.name(),
+                }
+            )
             print(f"gemv {name} M={M:2d}: gemv {ms_g:.4f} ms  tile {ms_t:.4f} ms  cuBLAS {ms_c:.4f} ms", flush=True)
 
 
@@ -224,10 +314,17 @@ def moe(rows: list, bw: float, quick: bool) -> None:
         timer = bench_decode if T <= 128 else (lambda f: do_bench(f, warmup=10, rep=100))  # noqa: E731
         ms = timer(lambda: moe_mxfp4(x, ids, wts, W))
         touched = ids.unique().numel() * per_expert
-        rec = {"kind": "moe", "T": T, "topk": k, "experts_touched": ids.unique().numel(), "rel_err": err, "ms": ms,
-               "config": pick_moe(T, k, E, H).name(),
-               "touched_GBps": touched / (ms * 1e-3) / 1e9,
-               "roofline_frac": (touched / (ms * 1e-3)) / bw}
+        rec = {
+            "kind": "moe",
+            "T": T,
+            "topk": k,
+            "experts_touched": ids.unique().numel(),
+            "rel_err": err,
+            "ms": ms,
+            "config": pick_moe(T, k, E, H).name(),
+            "touched_GBps": touched / (ms * 1e-3) / 1e9,
+            "roofline_frac": (touched / (ms * 1e-3)) / bw,
+        }
         if T <= 16:  # the other path at the same T, and a few GEMV tiles
             rec["scheduled_ms"] = timer(lambda: moe_mxfp4(x, ids, wts, W, config=pick_moe_config(T, k, E)))
             for cfg in itertools.product((8, 16, 32, 64), (256, 512), (2, 4, 8)):
@@ -236,7 +333,9 @@ def moe(rows: list, bw: float, quick: bool) -> None:
             best = min((v, n) for n, v in rec.items() if n.startswith("gemv_"))
             rec["gemv_graph_ms"] = bench_decode(lambda: moe_mxfp4(x, ids, wts, W, config=pick_moe_gemv_config(T * k)))
             print(f"moe T={T}: shipped gemv in a CUDA graph {rec['gemv_graph_ms']:.4f} ms", flush=True)
-            print(f"moe T={T}: scheduled {rec['scheduled_ms']:.4f} ms, best gemv {best[1]} {best[0]:.4f} ms", flush=True)
+            print(
+                f"moe T={T}: scheduled {rec['scheduled_ms']:.4f} ms, best gemv {best[1]} {best[0]:.4f} ms", flush=True
+            )
             if T == 1:
                 y_g = moe_mxfp4(x, ids, wts, W, config=pick_moe_gemv_config(T * k))
                 rec["gemv_rel_err"] = float((y_g.float() - ref).norm() / ref.norm())
@@ -258,11 +357,11 @@ def moe(rows: list, bw: float, quick: bool) -> None:
                 for e in range(E):
                     c = counts[e]
                     if c:
-                        t = tok[start:start + c]
+                        t = tok[start : start + c]
                         g = xp[t] @ wg[e].T
                         gate, up = g[:, :Ip].float().clamp(max=7.0), g[:, Ip:].float().clamp(-7.0, 7.0)
                         h = ((up + 1) * gate * torch.sigmoid(1.702 * gate)).bfloat16()
-                        out.index_add_(0, t, (h @ wd[e].T).float() * wts.flatten()[order[start:start + c], None])
+                        out.index_add_(0, t, (h @ wd[e].T).float() * wts.flatten()[order[start : start + c], None])
                     start += c
                 return out
 
@@ -270,10 +369,12 @@ def moe(rows: list, bw: float, quick: bool) -> None:
             rec["vs_bf16_baseline"] = rec["bf16_baseline_ms"] / ms
             del wg, wd
         rows.append(rec)
-        print(f"moe T={T:5d} top{k} touched {rec['experts_touched']:3d} err {err if err is None else f'{err:.1e}'} "
-              f"{ms:.4f} ms  {rec['touched_GBps']:.0f} GB/s ({100 * rec['roofline_frac']:.0f}% of copy roofline)"
-              + (f"  bf16 baseline {rec['bf16_baseline_ms']:.3f} ms x{rec['vs_bf16_baseline']:.2f}" if T == 4096 else ""),
-              flush=True)
+        print(
+            f"moe T={T:5d} top{k} touched {rec['experts_touched']:3d} err {err if err is None else f'{err:.1e}'} "
+            f"{ms:.4f} ms  {rec['touched_GBps']:.0f} GB/s ({100 * rec['roofline_frac']:.0f}% of copy roofline)"
+            + (f"  bf16 baseline {rec['bf16_baseline_ms']:.3f} ms x{rec['vs_bf16_baseline']:.2f}" if T == 4096 else ""),
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -283,8 +384,14 @@ def main() -> None:
     ap.add_argument("--json")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
-    head = {"device": props.name, "sms": props.multi_processor_count, "date": str(date.today()),
-            "torch": torch.__version__, "triton": triton.__version__, "host": platform.node()}
+    head = {
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "date": str(date.today()),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "host": platform.node(),
+    }
     print(head, flush=True)
     rows: list = []
     t0 = time.time()

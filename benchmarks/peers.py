@@ -33,8 +33,18 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DEV, bench_decode, copy_roofline, deq, moe_decode_inputs, moe_prefill_inputs,  # noqa: E402
-                    moe_reference, moe_row_major, moe_weights, rand_mx, rotating)
+from common import (
+    DEV,
+    bench_decode,
+    copy_roofline,
+    deq,
+    moe_decode_inputs,
+    moe_reference,
+    moe_row_major,
+    moe_weights,
+    rand_mx,
+    rotating,
+)
 
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
@@ -75,19 +85,21 @@ def vllm_moe_tensors(W: dict, hv: int, iv: int) -> dict:
     w13, s13, w2, s2 = moe_row_major(W)  # rows [gate | up], at the strided padding
 
     def interleave(t):  # [E, 2*IP, ...] rows [gate | up] -> the logical rows, gate/up interleaved
-        return torch.stack([t[:, :I], t[:, IP:IP + I]], 2).flatten(1, 2)
+        return torch.stack([t[:, :I], t[:, IP : IP + I]], 2).flatten(1, 2)
 
     def corner(t, shape):
         out = torch.zeros(shape, dtype=t.dtype, device=t.device)
         out[tuple(slice(0, n) for n in t.shape)] = t
         return out
 
-    return {"w13_weight": corner(interleave(w13)[..., : H // 2], (E, 2 * iv, hv // 2)),
-            "w13_weight_scale": corner(interleave(s13)[..., : H // 32], (E, 2 * iv, hv // 32)),
-            "w13_bias": corner(interleave(W["w13_bias"]).bfloat16(), (E, 2 * iv)),
-            "w2_weight": corner(w2[:, :H, : I // 2], (E, hv, iv // 2)),
-            "w2_weight_scale": corner(s2[:, :H, : I // 32], (E, hv, iv // 32)),
-            "w2_bias": corner(W["w2_bias"][:, :H].bfloat16(), (E, hv))}
+    return {
+        "w13_weight": corner(interleave(w13)[..., : H // 2], (E, 2 * iv, hv // 2)),
+        "w13_weight_scale": corner(interleave(s13)[..., : H // 32], (E, 2 * iv, hv // 32)),
+        "w13_bias": corner(interleave(W["w13_bias"]).bfloat16(), (E, 2 * iv)),
+        "w2_weight": corner(w2[:, :H, : I // 2], (E, hv, iv // 2)),
+        "w2_weight_scale": corner(s2[:, :H, : I // 32], (E, hv, iv // 32)),
+        "w2_bias": corner(W["w2_bias"][:, :H].bfloat16(), (E, hv)),
+    }
 
 
 def vllm_convert(backend_name: str, t: dict):
@@ -98,17 +110,24 @@ def vllm_convert(backend_name: str, t: dict):
     for n, v in t.items():
         layer.register_parameter(n, torch.nn.Parameter(v, requires_grad=False))
     return oracle.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
-        mxfp4_backend=oracle.Mxfp4MoeBackend[backend_name], layer=layer, w13_weight=layer.w13_weight,
-        w2_weight=layer.w2_weight, w13_weight_scale=layer.w13_weight_scale, w2_weight_scale=layer.w2_weight_scale,
-        w13_bias=layer.w13_bias, w2_bias=layer.w2_bias, _cache_permute_indices={})
+        mxfp4_backend=oracle.Mxfp4MoeBackend[backend_name],
+        layer=layer,
+        w13_weight=layer.w13_weight,
+        w2_weight=layer.w2_weight,
+        w13_weight_scale=layer.w13_weight_scale,
+        w2_weight_scale=layer.w2_weight_scale,
+        w13_bias=layer.w13_bias,
+        w2_bias=layer.w2_bias,
+        _cache_permute_indices={},
+    )
 
 
 def marlin_moe(W: dict):
     """vLLM's Marlin MXFP4 MoE as its MarlinExperts calls it for gpt-oss (SWIGLUOAI, alpha 1.702, limit 7)."""
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
-    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import mxfp4_round_up_hidden_size_and_intermediate_size
     from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import mxfp4_round_up_hidden_size_and_intermediate_size
     from vllm.scalar_type import scalar_types
 
     hv, iv = mxfp4_round_up_hidden_size_and_intermediate_size(oracle.Mxfp4MoeBackend.MARLIN, H, I)
@@ -116,9 +135,23 @@ def marlin_moe(W: dict):
 
     def run(x, ids, wts):
         xp = torch.nn.functional.pad(x, (0, hv - H)) if hv != H else x  # vLLM's gpt-oss pads the hidden state too
-        y = fused_marlin_moe(xp, w13, w2, b13, b2, s13, s2, wts, ids, quant_type_id=scalar_types.float4_e2m1f.id,
-                             global_num_experts=E, activation=MoEActivation.SWIGLUOAI, clamp_limit=7.0,
-                             gemm1_alpha=1.702, gemm1_beta=1.0)
+        y = fused_marlin_moe(
+            xp,
+            w13,
+            w2,
+            b13,
+            b2,
+            s13,
+            s2,
+            wts,
+            ids,
+            quant_type_id=scalar_types.float4_e2m1f.id,
+            global_num_experts=E,
+            activation=MoEActivation.SWIGLUOAI,
+            clamp_limit=7.0,
+            gemm1_alpha=1.702,
+            gemm1_beta=1.0,
+        )
         return y[:, :H]
 
     return run, f"hidden {hv}, intermediate {iv}"
@@ -128,23 +161,44 @@ def triton_kernels_moe(W: dict):
     """OpenAI triton_kernels' matmul_ogs pair as vLLM's OAITritonExperts runs it (routing metadata from the top-k ids
     built inside the call, as vLLM does per forward)."""
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (make_routing_data,
-                                                                                         triton_kernel_fused_experts)
+    from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (
+        make_routing_data,
+        triton_kernel_fused_experts,
+    )
     from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 
     hv, iv = oracle.mxfp4_round_up_hidden_size_and_intermediate_size(oracle.Mxfp4MoeBackend.TRITON, H, I)
     w13, w2, pc13, pc2, b13, b2 = vllm_convert("TRITON", vllm_moe_tensors(W, hv, iv))
-    qc = oracle.make_mxfp4_moe_quant_config(mxfp4_backend=oracle.Mxfp4MoeBackend.TRITON, w1_scale=pc13, w2_scale=pc2,
-                                            w1_bias=b13, w2_bias=b2, gemm1_alpha=1.702, gemm1_beta=1.0,
-                                            swiglu_limit=7.0)
+    qc = oracle.make_mxfp4_moe_quant_config(
+        mxfp4_backend=oracle.Mxfp4MoeBackend.TRITON,
+        w1_scale=pc13,
+        w2_scale=pc2,
+        w1_bias=b13,
+        w2_bias=b2,
+        gemm1_alpha=1.702,
+        gemm1_beta=1.0,
+        swiglu_limit=7.0,
+    )
 
     def run(x, ids, wts):
         xp = torch.nn.functional.pad(x, (0, hv - H)) if hv != H else x
         routing, gather, scatter = make_routing_data(ids, wts, E)
         out = torch.empty_like(xp)
-        y = triton_kernel_fused_experts(out, xp, w13, w2, routing, gather, scatter, topk=ids.shape[1],
-                                        activation=MoEActivation.SWIGLUOAI, quant_config=qc, swiglu_alpha=1.702,
-                                        swiglu_limit=7.0, global_num_experts=E)
+        y = triton_kernel_fused_experts(
+            out,
+            xp,
+            w13,
+            w2,
+            routing,
+            gather,
+            scatter,
+            topk=ids.shape[1],
+            activation=MoEActivation.SWIGLUOAI,
+            quant_config=qc,
+            swiglu_alpha=1.702,
+            swiglu_limit=7.0,
+            global_num_experts=E,
+        )
         return y[:, :H]
 
     return run, f"hidden {hv}, intermediate {iv}"
@@ -167,8 +221,14 @@ def moe(rows: list, quick: bool) -> None:
         try:
             impls[name] = make(W)
         except Exception as e:  # noqa: BLE001 - recorded, the others still run
-            rows.append({"kind": "moe_setup", "impl": name, "error": f"{type(e).__name__}: {e}"[:1500],
-                         "traceback": traceback.format_exc()[-3000:]})
+            rows.append(
+                {
+                    "kind": "moe_setup",
+                    "impl": name,
+                    "error": f"{type(e).__name__}: {e}"[:1500],
+                    "traceback": traceback.format_exc()[-3000:],
+                }
+            )
             print(f"moe {name}: setup failed: {type(e).__name__}: {e}"[:400], flush=True)
     for T in MOE_T[:6] if quick else MOE_T:
         torch.manual_seed(T)
@@ -176,8 +236,12 @@ def moe(rows: list, quick: bool) -> None:
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
         ids = ids.to(torch.int32)
         ref = moe_reference(x, ids, wts, W, H, HP, IP)
-        rec: dict = {"kind": "moe", "T": T, "experts_touched": int(ids.unique().numel()),
-                     "mxrepack_config": pick_moe(T, K_TOP, E, H).name()}
+        rec: dict = {
+            "kind": "moe",
+            "T": T,
+            "experts_touched": int(ids.unique().numel()),
+            "mxrepack_config": pick_moe(T, K_TOP, E, H).name(),
+        }
         for name, (fn, padding) in impls.items():
             try:
                 rec[f"{name}_rel_err"] = rel_err(fn(x, ids, wts), ref)
@@ -189,10 +253,17 @@ def moe(rows: list, quick: bool) -> None:
         if peers and "mxrepack_ms" in rec:
             rec["mxrepack_vs_best_peer"] = min(peers) / rec["mxrepack_ms"]  # > 1: mxrepack faster
         rows.append(rec)
-        print("moe T=%5d " % T + "  ".join(
-            f"{n} {rec.get(f'{n}_ms', float('nan')):.4f} ms (err {rec.get(f'{n}_rel_err', float('nan')):.1e})"
-            for n in impls) + (f"  mxrepack vs best peer x{rec['mxrepack_vs_best_peer']:.2f}"
-                               if "mxrepack_vs_best_peer" in rec else ""), flush=True)
+        print(
+            "moe T=%5d " % T
+            + "  ".join(
+                f"{n} {rec.get(f'{n}_ms', float('nan')):.4f} ms (err {rec.get(f'{n}_rel_err', float('nan')):.1e})"
+                for n in impls
+            )
+            + (
+                f"  mxrepack vs best peer x{rec['mxrepack_vs_best_peer']:.2f}" if "mxrepack_vs_best_peer" in rec else ""
+            ),
+            flush=True,
+        )
 
 
 def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
@@ -223,8 +294,11 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(rec)
-            print(f"sweep T={T:5d} {rec['config']:28s} " + (f"{rec['ms']:.4f} ms err {rec['rel_err']:.1e}"
-                                                           if "ms" in rec else rec["error"][:120]), flush=True)
+            print(
+                f"sweep T={T:5d} {rec['config']:28s} "
+                + (f"{rec['ms']:.4f} ms err {rec['rel_err']:.1e}" if "ms" in rec else rec["error"][:120]),
+                flush=True,
+            )
 
 
 def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
@@ -244,11 +318,12 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ref = x.float() @ wf.T
             cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
-            grid = (((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else
-                    ((16, 64), (64, 128), (128,), (1, 2)))
+            grid = ((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else ((16, 64), (64, 128), (128,), (1, 2))
             if kind == "swap":  # the swapped operands (one 128-code K tile per step) beside the shipped choice
-                grid = (((16,), (64, 128), (128,), (1, 2, 4, 8)) if M <= 16 else ((32, 64), (64, 128), (128,), (1, 2)))
-            for bm, bn, bk, split, v in itertools.product(*grid, ("swap",) if kind == "swap" else (False, True, "swap")):
+                grid = ((16,), (64, 128), (128,), (1, 2, 4, 8)) if M <= 16 else ((32, 64), (64, 128), (128,), (1, 2))
+            for bm, bn, bk, split, v in itertools.product(
+                *grid, ("swap",) if kind == "swap" else (False, True, "swap")
+            ):
                 cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, 4, 3, v is True, v == "swap")
                 cands[cfg.name()] = cfg
             for label, cfg in cands.items():
@@ -259,12 +334,25 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = f"{type(e).__name__}: {e}"[:300]
                 rows.append(rec)
-            done = sorted((r["ms"], r["config"]) for r in rows if r.get("kind") == "dense_sweep"
-                          and r["shape"] == name and r["M"] == M and "ms" in r)
-            shipped = next(r["ms"] for r in rows if r.get("kind") == "dense_sweep" and r["shape"] == name
-                           and r["M"] == M and r["config"] == "shipped" and "ms" in r)
-            print(f"dense sweep {name:8s} M={M:3d} shipped {shipped:.4f} ms; best " +
-                  ", ".join(f"{c} {t:.4f}" for t, c in done[:4]), flush=True)
+            done = sorted(
+                (r["ms"], r["config"])
+                for r in rows
+                if r.get("kind") == "dense_sweep" and r["shape"] == name and r["M"] == M and "ms" in r
+            )
+            shipped = next(
+                r["ms"]
+                for r in rows
+                if r.get("kind") == "dense_sweep"
+                and r["shape"] == name
+                and r["M"] == M
+                and r["config"] == "shipped"
+                and "ms" in r
+            )
+            print(
+                f"dense sweep {name:8s} M={M:3d} shipped {shipped:.4f} ms; best "
+                + ", ".join(f"{c} {t:.4f}" for t, c in done[:4]),
+                flush=True,
+            )
 
 
 def marlin_linear(w: torch.Tensor, s: torch.Tensor):
@@ -292,8 +380,15 @@ def dense(rows: list, quick: bool) -> None:
             nxt_m = rotating(lambda: marlin_linear(*rand_mx(N, K)), wbytes)
         except Exception as e:  # noqa: BLE001
             marlin = None
-            rows.append({"kind": "dense_setup", "impl": "vllm_marlin", "shape": name, "error": f"{type(e).__name__}: {e}"[:800],
-                         "traceback": traceback.format_exc()[-3000:]})
+            rows.append(
+                {
+                    "kind": "dense_setup",
+                    "impl": "vllm_marlin",
+                    "shape": name,
+                    "error": f"{type(e).__name__}: {e}"[:800],
+                    "traceback": traceback.format_exc()[-3000:],
+                }
+            )
             print(f"dense {name}: Marlin setup failed: {e}"[:300], flush=True)
         for M in DENSE_M + (() if quick else PREFILL_M):
             if M == 8192 and name == "lm_head":
@@ -301,12 +396,18 @@ def dense(rows: list, quick: bool) -> None:
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ref = x.float() @ wf.T
             rec: dict = {"kind": "dense" if M in DENSE_M else "prefill", "shape": name, "N": N, "K": K, "M": M}
-            fns = {"mxrepack": (lambda: linear_mxfp4(x, w, ws, None, "w4a16"),
-                                lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16")),
-                   "cublas_bf16": (lambda: x @ wf.to(torch.bfloat16).T, lambda: x @ nxt_b().T)}
+            fns = {
+                "mxrepack": (
+                    lambda: linear_mxfp4(x, w, ws, None, "w4a16"),
+                    lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16"),
+                ),
+                "cublas_bf16": (lambda: x @ wf.to(torch.bfloat16).T, lambda: x @ nxt_b().T),
+            }
             if marlin is not None:
-                fns["vllm_marlin"] = (lambda: marlin[1].apply(marlin[0], x),
-                                      lambda: (lambda lm: lm[1].apply(lm[0], x))(nxt_m()))
+                fns["vllm_marlin"] = (
+                    lambda: marlin[1].apply(marlin[0], x),
+                    lambda: (lambda lm: lm[1].apply(lm[0], x))(nxt_m()),
+                )
             for impl, (once, rotated) in fns.items():
                 try:
                     rec[f"{impl}_rel_err"] = rel_err(once(), ref)
@@ -317,10 +418,15 @@ def dense(rows: list, quick: bool) -> None:
             if peers and "mxrepack_ms" in rec:
                 rec["mxrepack_vs_best_peer"] = min(peers) / rec["mxrepack_ms"]
             rows.append(rec)
-            print(f"{rec['kind']} {name:8s} M={M:5d} " + "  ".join(
-                f"{n} {rec.get(f'{n}_ms', float('nan')):.4f} ms (err {rec.get(f'{n}_rel_err', float('nan')):.1e})"
-                for n in fns) + (f"  mxrepack vs best x{rec['mxrepack_vs_best_peer']:.2f}"
-                                 if "mxrepack_vs_best_peer" in rec else ""), flush=True)
+            print(
+                f"{rec['kind']} {name:8s} M={M:5d} "
+                + "  ".join(
+                    f"{n} {rec.get(f'{n}_ms', float('nan')):.4f} ms (err {rec.get(f'{n}_rel_err', float('nan')):.1e})"
+                    for n in fns
+                )
+                + (f"  mxrepack vs best x{rec['mxrepack_vs_best_peer']:.2f}" if "mxrepack_vs_best_peer" in rec else ""),
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -328,16 +434,25 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="T <= 64 and no prefill")
     ap.add_argument("--only", choices=("moe", "dense"))
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
-    ap.add_argument("--sweep-kind", choices=("all", "swap"), default="all",
-                    help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles beside the shipped choice")
+    ap.add_argument(
+        "--sweep-kind",
+        choices=("all", "swap"),
+        default="all",
+        help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles beside the shipped choice",
+    )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--commit", help="the commit under test, for the record")
     ap.add_argument("--json")
     args = ap.parse_args()
     import triton
 
-    meta = {"date": date.today().isoformat(), "commit": args.commit, "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__}
+    meta = {
+        "date": date.today().isoformat(),
+        "commit": args.commit,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
     try:
         import vllm
 

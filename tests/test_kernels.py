@@ -24,10 +24,17 @@ import torch
 
 from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequantize_mxfp4_rows
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
-from mxrepack.kernels.linear_mxfp4 import (CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm,
-                                           use_gemv)
-from mxrepack.kernels.moe_mxfp4 import (MOE_GEMV, MoeConfig, MoeGemvConfig, moe_mxfp4, moe_schedule, pick_moe, pick_moe_config,
-                                        pick_moe_gemv_config)
+from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
+from mxrepack.kernels.moe_mxfp4 import (
+    MOE_GEMV,
+    MoeConfig,
+    MoeGemvConfig,
+    moe_mxfp4,
+    moe_schedule,
+    pick_moe,
+    pick_moe_config,
+    pick_moe_gemv_config,
+)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
 from mxrepack.layouts import ExpertDims, get_layout
@@ -50,13 +57,22 @@ def test_activation_quantizer_matches_codec_bytes(fmt):
 
 
 def _small(cfg: LinearConfig) -> LinearConfig:  # interpreter-sized tiles, same schedule
-    return LinearConfig(min(cfg.block_m, 32), min(cfg.block_n, 32), min(cfg.block_k, 128), cfg.split_k,
-                        manual_dequant=cfg.manual_dequant, swap_ab=cfg.swap_ab)
+    return LinearConfig(
+        min(cfg.block_m, 32),
+        min(cfg.block_n, 32),
+        min(cfg.block_k, 128),
+        cfg.split_k,
+        manual_dequant=cfg.manual_dequant,
+        swap_ab=cfg.swap_ab,
+    )
 
 
 # the shipped configurations, and the swapped operands with and without split-K (K = 288: three 128-code tiles,
 # the last half padding) whether or not one is shipped
-_SWAPPED = {"swapped": LinearConfig(16, 32, 128, swap_ab=True), "swapped_split": LinearConfig(16, 32, 128, 2, swap_ab=True)}
+_SWAPPED = {
+    "swapped": LinearConfig(16, 32, 128, swap_ab=True),
+    "swapped_split": LinearConfig(16, 32, 128, 2, swap_ab=True),
+}
 
 
 @pytest.mark.parametrize("mode", ["w4a16", "w4a8", "w4a4"])
@@ -103,13 +119,16 @@ def test_gemv_matches_reference(N, K):
     ws[1, 0], ws[2, 1] = 0, 254
     w[2, 16:32] = 0x11  # 0.5 * 2^127 stays finite
     x = torch.randn(3, K).to(torch.bfloat16)
-    x[:, 32:64] *= 2.0 ** -100  # meets scale 254 in row 2 without overflowing fp32
+    x[:, 32:64] *= 2.0**-100  # meets scale 254 in row 2 without overflowing fp32
     x[0, :32] *= 3000.0  # past fp16's range before the group's rescale
     x[1, -32:] = 0.0
     bias = torch.randn(N).to(torch.bfloat16)
     ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
-    configs = (GemvConfig(16, 128, 4, 1, "ops"), GemvConfig(16, 128, 4, 1, "f16x2-ops"),
-               GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2))  # 0, 2 and 4 full tiles: each branch
+    configs = (
+        GemvConfig(16, 128, 4, 1, "ops"),
+        GemvConfig(16, 128, 4, 1, "f16x2-ops"),
+        GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2),
+    )  # 0, 2 and 4 full tiles: each branch
     for M, cfg in itertools.product((1, 2, 3), configs):
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
         y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", cfg, out=out)
@@ -167,7 +186,7 @@ def test_moe_schedule_covers_every_assignment_once():
     for e, s, end in zip(blk_e.tolist(), blk_s.tolist(), blk_end.tolist()):
         if e < 0:
             continue
-        rows = order[s:min(s + 2, end)].tolist()
+        rows = order[s : min(s + 2, end)].tolist()
         assert all(flat[r] == e for r in rows)
         seen += rows
     assert sorted(seen) == list(range(flat.numel()))
@@ -178,10 +197,14 @@ def test_moe_schedule_covers_every_assignment_once():
 def _strided_layer(E, H, I):
     gu, gus = quantize_mxfp4(torch.randn(E, 2 * I, H) * 0.05)
     dn, dns = quantize_mxfp4(torch.randn(E, H, I) * 0.05)
-    parts = {"gate_up_proj_blocks": gu.view(E, 2 * I, H // 32, 16), "gate_up_proj_scales": gus,
-             "gate_up_proj_bias": (torch.randn(E, 2 * I) * 0.1).to(torch.bfloat16),
-             "down_proj_blocks": dn.view(E, H, I // 32, 16), "down_proj_scales": dns,
-             "down_proj_bias": (torch.randn(E, H) * 0.1).to(torch.bfloat16)}
+    parts = {
+        "gate_up_proj_blocks": gu.view(E, 2 * I, H // 32, 16),
+        "gate_up_proj_scales": gus,
+        "gate_up_proj_bias": (torch.randn(E, 2 * I) * 0.1).to(torch.bfloat16),
+        "down_proj_blocks": dn.view(E, H, I // 32, 16),
+        "down_proj_scales": dns,
+        "down_proj_bias": (torch.randn(E, H) * 0.1).to(torch.bfloat16),
+    }
     dims = ExpertDims(E, H, I)
     pack = lambda layout: {o.suffix: o.pack(**{n: parts[n] for n in o.inputs}) for o in layout.outputs(dims)}  # noqa: E731
     return dims, pack(get_layout("strided")), pack(get_layout("mxfp4"))
@@ -198,12 +221,22 @@ def test_moe_mxfp4_matches_reference(activations, bound):
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
         # one GEMV config for both kernels (16 rows: half a w13 row tile), and a pair (the f16x2 gate_up at 32
         # rows, two K tiles ahead); scheduled tiles of one 128-code K tile of the layout, and of two
-        gemv = (GemvConfig(16, 128, 4, 1, "ops"),
-                MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops", prefetch=2), GemvConfig(16, 128, 4, 1, "f16x2-ops"))) \
-            if activations == "bf16" else ()
+        gemv = (
+            (
+                GemvConfig(16, 128, 4, 1, "ops"),
+                MoeGemvConfig(
+                    GemvConfig(32, 128, 4, 1, "f16x2-ops", prefetch=2), GemvConfig(16, 128, 4, 1, "f16x2-ops")
+                ),
+            )
+            if activations == "bf16"
+            else ()
+        )
         # integer-op dequant + tl.dot (bf16 only; other activations take dot_scaled whatever the flag says)
-        manual = (MoeConfig(16, 64, 128, manual_dequant=True), MoeConfig(32, 32, 256, manual_dequant=True)) \
-            if activations == "bf16" else ()
+        manual = (
+            (MoeConfig(16, 64, 128, manual_dequant=True), MoeConfig(32, 32, 256, manual_dequant=True))
+            if activations == "bf16"
+            else ()
+        )
         # W as the MMA's first operand, decoded in registers, activations in split order (the portable decode
         # here; the PTX one is compiled for every arch in the kernels check); e4m3/e2m1 ignore the flag
         manual += (MoeConfig(16, 64, 128, swap_ab=True), MoeConfig(32, 128, 128, num_warps=8, swap_ab=True))
@@ -242,14 +275,27 @@ def test_kernels_check_builds_for_sm12x_without_tma():
     ptxas, fits 101376 bytes of shared memory, has no TMA, and W4A4 uses the native FP4 MMA on sm_12x
     (the decode GEMVs' inline PTX included)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", "kernels", "check", "--json"],
-                          capture_output=True, text=True, env=env, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mxrepack.cli", "kernels", "check", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = json.loads(proc.stdout)
     assert {r["arch"] for r in records} == {"sm_90a", "sm_100a", "sm_120a", "sm_121a"}
-    assert {r["kernel"] for r in records} == {"linear_mxfp4", "moe_gate_up_swiglu", "moe_down_combine", "gemv_mxfp4",
-                                              "gemv_mxfp4_f16x2", "gemv_prepare_x", "gemv_moe_gate_up_f16x2", "gemv_moe_down",
-                                              "dequant_mxfp4"}
+    assert {r["kernel"] for r in records} == {
+        "linear_mxfp4",
+        "moe_gate_up_swiglu",
+        "moe_down_combine",
+        "gemv_mxfp4",
+        "gemv_mxfp4_f16x2",
+        "gemv_prepare_x",
+        "gemv_moe_gate_up_f16x2",
+        "gemv_moe_down",
+        "dequant_mxfp4",
+    }
     for r in records:
         assert r["ok"] and not r["tma"], r
         cuda_cores = r["kernel"].startswith("gemv_") or r["kernel"] == "dequant_mxfp4"

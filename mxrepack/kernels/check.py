@@ -36,9 +36,29 @@ SM12X_SHARED_LIMIT = 101376
 # and whether loads become asynchronous copies (so shared memory). These integer arguments are multiples of
 # 16 at gpt-oss's shapes (H 2880, padded 2944, K 2880/4096, N 201088/4096/2880/512, their packed strides);
 # the others (scale-row strides such as 90 or 92, top-k 4, M) are not, or vary per call.
-DIVISIBLE_BY_16 = frozenset({"H", "Hp", "Ip", "K", "N", "stride_h", "stride_hp", "stride_on",
-                             "stride_out", "stride_part", "stride_pm", "stride_we", "stride_wse", "stride_wn",
-                             "stride_x", "stride_xm", "stride_xp", "stride_y", "stride_ym"})
+DIVISIBLE_BY_16 = frozenset(
+    {
+        "H",
+        "Hp",
+        "Ip",
+        "K",
+        "N",
+        "stride_h",
+        "stride_hp",
+        "stride_on",
+        "stride_out",
+        "stride_part",
+        "stride_pm",
+        "stride_we",
+        "stride_wse",
+        "stride_wn",
+        "stride_x",
+        "stride_xm",
+        "stride_xp",
+        "stride_y",
+        "stride_ym",
+    }
+)
 ARCHS = {90: "sm_90a", 100: "sm_100a", 120: "sm_120a", 121: "sm_121a"}
 _TMA = re.compile(r"cp\.async\.bulk\.tensor|\.tile::scatter4|\.tile::gather4")
 _MMA = re.compile(r"\b(mma\.sync\.aligned[\w.:]*|wgmma\.mma_async[\w.:]*|tcgen05\.mma[\w.:]*)")
@@ -47,52 +67,171 @@ _A_TYPE = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "e2m1": "*u8"}
 
 def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
     a_fmt = lin.MODES[mode]
-    sig = {"x_ptr": _A_TYPE[a_fmt], "xs_ptr": "*u8", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16",
-           "y_ptr": "*bf16" if cfg.split_k == 1 else "*fp32", "M": "i32", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "stride_xsm": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_ym": "i32",
-           "A_FMT": "constexpr", "HAS_BIAS": "constexpr", "SPLIT_K": "constexpr",
-           "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MANUAL_DEQUANT": "constexpr",
-           "INTERPRETER": "constexpr", "SWAP_AB": "constexpr", "MATH": "constexpr"}
-    const = {"A_FMT": a_fmt, "HAS_BIAS": True, "SPLIT_K": cfg.split_k, "BLOCK_M": cfg.block_m,
-             "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MANUAL_DEQUANT": cfg.manual_dequant and a_fmt == "bf16",
-             "INTERPRETER": False, "SWAP_AB": cfg.swap_ab and a_fmt == "bf16", "MATH": "asm"}
+    sig = {
+        "x_ptr": _A_TYPE[a_fmt],
+        "xs_ptr": "*u8",
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "b_ptr": "*bf16",
+        "y_ptr": "*bf16" if cfg.split_k == 1 else "*fp32",
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        "stride_xm": "i32",
+        "stride_xsm": "i32",
+        "stride_wn": "i32",
+        "stride_wsn": "i32",
+        "stride_ym": "i32",
+        "A_FMT": "constexpr",
+        "HAS_BIAS": "constexpr",
+        "SPLIT_K": "constexpr",
+        "BLOCK_M": "constexpr",
+        "BLOCK_N": "constexpr",
+        "BLOCK_K": "constexpr",
+        "MANUAL_DEQUANT": "constexpr",
+        "INTERPRETER": "constexpr",
+        "SWAP_AB": "constexpr",
+        "MATH": "constexpr",
+    }
+    const = {
+        "A_FMT": a_fmt,
+        "HAS_BIAS": True,
+        "SPLIT_K": cfg.split_k,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "MANUAL_DEQUANT": cfg.manual_dequant and a_fmt == "bf16",
+        "INTERPRETER": False,
+        "SWAP_AB": cfg.swap_ab and a_fmt == "bf16",
+        "MATH": "asm",
+    }
     return ASTSource(lin._linear_mxfp4_kernel, sig, const)
 
 
 def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
-    common = {"A_FMT": act, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-              "MANUAL_DEQUANT": cfg.manual_dequant and act == "bf16", "INTERPRETER": False,
-              "SWAP_AB": cfg.swap_ab and act == "bf16", "MATH": "asm"}
-    gate_up = {"x_ptr": _A_TYPE[act], "xs_ptr": "*u8", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
-               "h_ptr": "*bf16", "order_ptr": "*i32", "blk_e_ptr": "*i32", "blk_s_ptr": "*i32", "blk_end_ptr": "*i32",
-               "H": "i32", "Hp": "i32", "Ip": "i32", "TOPK": "i32", "stride_x": "i32", "stride_xs": "i32",
-               "stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_h": "i32",
-               "alpha": "fp32", "limit": "fp32", **{k: "constexpr" for k in common}}
-    down = {"h_ptr": _A_TYPE[act], "hs_ptr": "*u8", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
-            "y_ptr": "*fp32", "order_ptr": "*i32", "wts_ptr": "*fp32", "blk_e_ptr": "*i32", "blk_s_ptr": "*i32",
-            "blk_end_ptr": "*i32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_hs": "i32",
-            "stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32", "stride_y": "i32",
-            **{k: "constexpr" for k in common}}
-    return {"moe_gate_up_swiglu": ASTSource(moe._gate_up_kernel, gate_up, dict(common)),
-            "moe_down_combine": ASTSource(moe._down_kernel, down, dict(common))}
+    common = {
+        "A_FMT": act,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "MANUAL_DEQUANT": cfg.manual_dequant and act == "bf16",
+        "INTERPRETER": False,
+        "SWAP_AB": cfg.swap_ab and act == "bf16",
+        "MATH": "asm",
+    }
+    gate_up = {
+        "x_ptr": _A_TYPE[act],
+        "xs_ptr": "*u8",
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "b_ptr": "*fp32",
+        "h_ptr": "*bf16",
+        "order_ptr": "*i32",
+        "blk_e_ptr": "*i32",
+        "blk_s_ptr": "*i32",
+        "blk_end_ptr": "*i32",
+        "H": "i32",
+        "Hp": "i32",
+        "Ip": "i32",
+        "TOPK": "i32",
+        "stride_x": "i32",
+        "stride_xs": "i32",
+        "stride_we": "i32",
+        "stride_wn": "i32",
+        "stride_wse": "i32",
+        "stride_wsn": "i32",
+        "stride_h": "i32",
+        "alpha": "fp32",
+        "limit": "fp32",
+        **{k: "constexpr" for k in common},
+    }
+    down = {
+        "h_ptr": _A_TYPE[act],
+        "hs_ptr": "*u8",
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "b_ptr": "*fp32",
+        "y_ptr": "*fp32",
+        "order_ptr": "*i32",
+        "wts_ptr": "*fp32",
+        "blk_e_ptr": "*i32",
+        "blk_s_ptr": "*i32",
+        "blk_end_ptr": "*i32",
+        "H": "i32",
+        "Hp": "i32",
+        "Ip": "i32",
+        "stride_h": "i32",
+        "stride_hs": "i32",
+        "stride_we": "i32",
+        "stride_wn": "i32",
+        "stride_wse": "i32",
+        "stride_wsn": "i32",
+        "stride_y": "i32",
+        **{k: "constexpr" for k in common},
+    }
+    return {
+        "moe_gate_up_swiglu": ASTSource(moe._gate_up_kernel, gate_up, dict(common)),
+        "moe_down_combine": ASTSource(moe._down_kernel, down, dict(common)),
+    }
 
 
 def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     if cfg.prepared:
-        const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "MATH": cfg.math, "PREFETCH": cfg.prefetch,
-                 "PDL": cfg.pdl}
-        dense = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16",
-                 "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_pm": "i32", "stride_em": "i32", "stride_wn": "i32",
-                 "stride_wsn": "i32", "stride_ym": "i32", "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}
-        prep = {"x_ptr": "*bf16", "xp_ptr": "*i32", "xe_ptr": "*fp32", "K": "i32", "stride_xm": "i32",
-                "stride_pm": "i32", "stride_em": "i32", "GB": "constexpr", "PDL": "constexpr"}
-        return {"gemv_mxfp4_f16x2": ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const}),
-                "gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep,
-                                            {"GB": gemv.PREPARE_GROUPS, "PDL": cfg.pdl})}
+        const = {
+            "BLOCK_N": cfg.block_n,
+            "BLOCK_K": cfg.block_k,
+            "MATH": cfg.math,
+            "PREFETCH": cfg.prefetch,
+            "PDL": cfg.pdl,
+        }
+        dense = {
+            "xp_ptr": "*i32",
+            "xe_ptr": "*fp32",
+            "w_ptr": "*u8",
+            "ws_ptr": "*u8",
+            "b_ptr": "*bf16",
+            "y_ptr": "*bf16",
+            "N": "i32",
+            "K": "i32",
+            "stride_pm": "i32",
+            "stride_em": "i32",
+            "stride_wn": "i32",
+            "stride_wsn": "i32",
+            "stride_ym": "i32",
+            "HAS_BIAS": "constexpr",
+            **{k: "constexpr" for k in const},
+        }
+        prep = {
+            "x_ptr": "*bf16",
+            "xp_ptr": "*i32",
+            "xe_ptr": "*fp32",
+            "K": "i32",
+            "stride_xm": "i32",
+            "stride_pm": "i32",
+            "stride_em": "i32",
+            "GB": "constexpr",
+            "PDL": "constexpr",
+        }
+        return {
+            "gemv_mxfp4_f16x2": ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const}),
+            "gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep, {"GB": gemv.PREPARE_GROUPS, "PDL": cfg.pdl}),
+        }
     const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
-    dense = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32",
-             "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_ym": "i32",
-             "HAS_BIAS": "constexpr", **{k: "constexpr" for k in const}}
+    dense = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "b_ptr": "*bf16",
+        "y_ptr": "*bf16",
+        "N": "i32",
+        "K": "i32",
+        "stride_xm": "i32",
+        "stride_wn": "i32",
+        "stride_wsn": "i32",
+        "stride_ym": "i32",
+        "HAS_BIAS": "constexpr",
+        **{k: "constexpr" for k in const},
+    }
     return {"gemv_mxfp4": ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const})}
 
 
@@ -102,29 +241,87 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
     act = {"alpha": "fp32", "limit": "fp32"}
     gu, d = cfg.gate_up, cfg.down
     if cfg.prepared:
-        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PREFETCH": gu.prefetch,
-                 "PDL": gu.pdl}
-        sig = {"xp_ptr": "*i32", "xe_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32",
-               "hp_ptr": "*i32", "he_ptr": "*fp32", **ids_dims, "stride_xp": "i32", "stride_xe": "i32", **w_strides,
-               "stride_hp": "i32", "stride_he": "i32", **act, **{k: "constexpr" for k in const}}
+        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PREFETCH": gu.prefetch, "PDL": gu.pdl}
+        sig = {
+            "xp_ptr": "*i32",
+            "xe_ptr": "*fp32",
+            "w_ptr": "*u8",
+            "ws_ptr": "*u8",
+            "b_ptr": "*fp32",
+            "hp_ptr": "*i32",
+            "he_ptr": "*fp32",
+            **ids_dims,
+            "stride_xp": "i32",
+            "stride_xe": "i32",
+            **w_strides,
+            "stride_hp": "i32",
+            "stride_he": "i32",
+            **act,
+            **{k: "constexpr" for k in const},
+        }
         gate_up = {"gemv_moe_gate_up_f16x2": ASTSource(moe._gate_up_gemv_f16x2_kernel, sig, const)}
     else:
         const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "DECODE": gu.decode}
-        sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "b_ptr": "*fp32", "h_ptr": "*bf16", **ids_dims,
-               "stride_x": "i32", **w_strides, "stride_h": "i32", **act, **{k: "constexpr" for k in const}}
+        sig = {
+            "x_ptr": "*bf16",
+            "w_ptr": "*u8",
+            "ws_ptr": "*u8",
+            "b_ptr": "*fp32",
+            "h_ptr": "*bf16",
+            **ids_dims,
+            "stride_x": "i32",
+            **w_strides,
+            "stride_h": "i32",
+            **act,
+            **{k: "constexpr" for k in const},
+        }
         gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
-    const = {"BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "DECODE": d.math if d.prepared else d.decode,
-             "PREPARED": d.prepared, "PREFETCH": d.prefetch, "PDL": d.pdl}
-    down = {"h_ptr": "*i32" if d.prepared else "*bf16", "he_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
-            "b_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "out_ptr": "*bf16", "ids_ptr": "*i32",
-            "wts_ptr": "*fp32", "H": "i32", "Hp": "i32", "Ip": "i32", "stride_h": "i32", "stride_he": "i32",
-            **w_strides, "stride_part": "i32", "stride_out": "i32", "TOPK": "i32", **{k: "constexpr" for k in const}}
+    const = {
+        "BLOCK_N": d.block_n,
+        "BLOCK_K": d.block_k,
+        "DECODE": d.math if d.prepared else d.decode,
+        "PREPARED": d.prepared,
+        "PREFETCH": d.prefetch,
+        "PDL": d.pdl,
+    }
+    down = {
+        "h_ptr": "*i32" if d.prepared else "*bf16",
+        "he_ptr": "*fp32",
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "b_ptr": "*fp32",
+        "part_ptr": "*fp32",
+        "count_ptr": "*i32",
+        "out_ptr": "*bf16",
+        "ids_ptr": "*i32",
+        "wts_ptr": "*fp32",
+        "H": "i32",
+        "Hp": "i32",
+        "Ip": "i32",
+        "stride_h": "i32",
+        "stride_he": "i32",
+        **w_strides,
+        "stride_part": "i32",
+        "stride_out": "i32",
+        "TOPK": "i32",
+        **{k: "constexpr" for k in const},
+    }
     return {**gate_up, "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, const)}
 
 
 def _dequant_source(cfg: dq.DequantConfig) -> ASTSource:
-    sig = {"w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "K": "i32", "stride_wn": "i32",
-           "stride_wsn": "i32", "stride_on": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+    sig = {
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "out_ptr": "*bf16",
+        "N": "i32",
+        "K": "i32",
+        "stride_wn": "i32",
+        "stride_wsn": "i32",
+        "stride_on": "i32",
+        "BLOCK_N": "constexpr",
+        "BLOCK_K": "constexpr",
+    }
     return ASTSource(dq._dequant_mxfp4_kernel, sig, {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k})
 
 
@@ -153,18 +350,35 @@ def shipped_kernels():
 
 def specialized(src: ASTSource) -> ASTSource:
     """``src`` with the alignment facts Triton would find at a gpt-oss launch (:data:`DIVISIBLE_BY_16`)."""
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(src.signature.items())
-             if ty.startswith("*") or name in DIVISIBLE_BY_16}
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, (name, ty) in enumerate(src.signature.items())
+        if ty.startswith("*") or name in DIVISIBLE_BY_16
+    }
     return ASTSource(src.fn, src.signature, dict(src.constants), attrs)
 
 
 def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: int, num_stages: int, cap: int) -> dict:
     arch = ARCHS[cap]
-    rec = {"kernel": kernel, "config": config, "mode": mode, "arch": arch, "num_warps": num_warps,
-           "num_stages": num_stages, "shared_bytes": None, "mma": [], "tma": False, "ok": False, "error": None}
+    rec = {
+        "kernel": kernel,
+        "config": config,
+        "mode": mode,
+        "arch": arch,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+        "shared_bytes": None,
+        "mma": [],
+        "tma": False,
+        "ok": False,
+        "error": None,
+    }
     try:
-        compiled = triton.compile(specialized(src), target=GPUTarget("cuda", cap, 32),
-                                  options={"num_warps": num_warps, "num_stages": num_stages})
+        compiled = triton.compile(
+            specialized(src),
+            target=GPUTarget("cuda", cap, 32),
+            options={"num_warps": num_warps, "num_stages": num_stages},
+        )
     except Exception as e:  # a compile failure is a finding, reported per record
         rec["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
         return rec
@@ -217,14 +431,15 @@ def run_check(caps: list[int] | None = None, kernels: list[str] | None = None, j
 
 
 def format_table(records: list[dict]) -> str:
-    lines = [f"{'kernel':<20} {'config':<26} {'mode':<6} {'arch':<8} {'shared':>7} {'ok':<3} mma / problem",
-             "-" * 110]
+    lines = [f"{'kernel':<20} {'config':<26} {'mode':<6} {'arch':<8} {'shared':>7} {'ok':<3} mma / problem", "-" * 110]
     for r in records:
         mma = ", ".join(m.replace("mma.sync.aligned.", "mma.sync.") for m in r["mma"]) or "-"
         shared = "-" if r["shared_bytes"] is None else str(r["shared_bytes"])
         note = mma if r["ok"] else f"FAIL: {r['error']}"
-        lines.append(f"{r['kernel']:<20} {r['config']:<26} {r['mode']:<6} {r['arch']:<8} {shared:>7} "
-                     f"{'yes' if r['ok'] else 'NO':<3} {note}")
+        lines.append(
+            f"{r['kernel']:<20} {r['config']:<26} {r['mode']:<6} {r['arch']:<8} {shared:>7} "
+            f"{'yes' if r['ok'] else 'NO':<3} {note}"
+        )
     return "\n".join(lines)
 
 

@@ -58,8 +58,9 @@ def dequant_tile_bf16(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MANUAL_DEQUANT: tl.constexpr,
-                   INTERPRETER: tl.constexpr):
+def dot_bf16_mxfp4(
+    a, w, ws, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MANUAL_DEQUANT: tl.constexpr, INTERPRETER: tl.constexpr
+):
     """``acc + a @ W.T`` for bf16 ``a [M, BLOCK_K]`` and the packed tile ``w [BLOCK_N, BLOCK_K/2]`` + scales ``ws``:
     ``tl.dot_scaled`` (Triton upcasts W), or with ``MANUAL_DEQUANT`` W dequantized by :func:`dequant_tile_bf16` and
     ``tl.dot`` (faster on Hopper where the tile sweeps say so). The dense and MoE kernels' shared inner step."""
@@ -125,14 +126,24 @@ def dequant_pairs(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.
     s = e8m0_to_bf16(ws)
     s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
     if MATH == "asm":
-        return tl.inline_asm_elementwise(PAIRS_ASM, "=r,=r,r,r", [w, s], dtype=(tl.bfloat16, tl.bfloat16),
-                                         is_pure=True, pack=2)
+        return tl.inline_asm_elementwise(
+            PAIRS_ASM, "=r,=r,r,r", [w, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2
+        )
     return _pairs_ops(w, s)
 
 
 @triton.jit
-def dot_w_mxfp4(w, ws, a_even, a_odd, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
-                INTERPRETER: tl.constexpr):
+def dot_w_mxfp4(
+    w,
+    ws,
+    a_even,
+    a_odd,
+    acc,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MATH: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
     """``acc + W @ a.T`` as ``[BLOCK_N, M]``: the weights are the MMA's first operand, decoded in registers
     (:func:`dequant_pairs`), the activations the second, given as their even-k and odd-k columns ``[M, BLOCK_K/2]``
     each. With few rows per expert this puts the wide dimension (weight rows) where the MMA wants 64, the tokens
@@ -157,8 +168,9 @@ def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 @triton.jit
-def _dequant_mxfp4_kernel(w_ptr, ws_ptr, out_ptr, N, K, stride_wn, stride_wsn, stride_on,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dequant_mxfp4_kernel(
+    w_ptr, ws_ptr, out_ptr, N, K, stride_wn, stride_wsn, stride_on, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     rkb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
@@ -166,14 +178,19 @@ def _dequant_mxfp4_kernel(w_ptr, ws_ptr, out_ptr, N, K, stride_wn, stride_wsn, s
     rk = k0 + tl.arange(0, BLOCK_K)
     n_ok = rn < N
     w = tl.load(w_ptr + rn[:, None] * stride_wn + rkb[None, :], mask=n_ok[:, None] & (rkb < K // 2)[None, :], other=0)
-    ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + rks[None, :], mask=n_ok[:, None] & (rks < K // 32)[None, :],
-                 other=127)
-    tl.store(out_ptr + rn[:, None] * stride_on + rk[None, :], dequant_tile_bf16(w, ws, BLOCK_N, BLOCK_K),
-             mask=n_ok[:, None] & (rk < K)[None, :])
+    ws = tl.load(
+        ws_ptr + rn[:, None] * stride_wsn + rks[None, :], mask=n_ok[:, None] & (rks < K // 32)[None, :], other=127
+    )
+    tl.store(
+        out_ptr + rn[:, None] * stride_on + rk[None, :],
+        dequant_tile_bf16(w, ws, BLOCK_N, BLOCK_K),
+        mask=n_ok[:, None] & (rk < K)[None, :],
+    )
 
 
-def dequantize_mxfp4_rows(w_packed: torch.Tensor, w_scales: torch.Tensor, out: torch.Tensor | None = None,
-                          config: DequantConfig = DEQUANT) -> torch.Tensor:
+def dequantize_mxfp4_rows(
+    w_packed: torch.Tensor, w_scales: torch.Tensor, out: torch.Tensor | None = None, config: DequantConfig = DEQUANT
+) -> torch.Tensor:
     """MXFP4 ``[N, K/2]`` packed + ``[N, K/32]`` E8M0 -> BF16 ``[N, K]`` (into ``out`` when given)."""
     N, K = w_packed.shape[0], w_packed.shape[1] * 2
     if w_scales.shape != (N, K // 32):
@@ -181,13 +198,30 @@ def dequantize_mxfp4_rows(w_packed: torch.Tensor, w_scales: torch.Tensor, out: t
     if out is None:
         out = torch.empty(N, K, dtype=torch.bfloat16, device=w_packed.device)
     grid = (triton.cdiv(N, config.block_n), triton.cdiv(K, config.block_k))
-    _dequant_mxfp4_kernel[grid](w_packed, w_scales, out, N, K, w_packed.stride(0), w_scales.stride(0), out.stride(0),
-                                BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps)
+    _dequant_mxfp4_kernel[grid](
+        w_packed,
+        w_scales,
+        out,
+        N,
+        K,
+        w_packed.stride(0),
+        w_scales.stride(0),
+        out.stride(0),
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        num_warps=config.num_warps,
+    )
     return out
 
 
-def linear_dequant_gemm(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None,
-                        out: torch.Tensor, config: DequantConfig = DEQUANT) -> torch.Tensor:
+def linear_dequant_gemm(
+    x: torch.Tensor,
+    w_packed: torch.Tensor,
+    w_scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    config: DequantConfig = DEQUANT,
+) -> torch.Tensor:
     """``out = x @ W.T + bias`` for BF16 ``x [M, K]``: W dequantized slab by slab of rows into one reused
     BF16 scratch, each slab multiplied by cuBLAS straight into its columns of ``out``."""
     N, K = w_packed.shape[0], x.shape[1]

@@ -6,8 +6,8 @@ decoding them. So this kernel does no ``tl.dot``: each program owns ``BLOCK_N`` 
 holding ``[BLOCK_N, BLOCK_K/32, 4]`` int32 words, so that each thread loads a whole scale group (32
 codes, 16 bytes) in one 128-bit load, decodes it, multiplies by the activations and sums the group in
 registers before its scale is applied (one multiply per 32 weights). The next K tile is loaded before
-the current one is decoded. Full K tiles run unmasked; a partial last tile is a separate masked step. Rows of x are separate programs, adjacent in the grid so
-that they share a weight tile through L2.
+the current one is decoded. Full K tiles run unmasked; a partial last tile is a separate masked step.
+Rows of x are separate programs, adjacent in the grid so that they share a weight tile through L2.
 
 Decoding: a code's sign goes to fp16 bit 15 and its three exponent/mantissa bits to bits 9..11, which
 reads as ``value * 2^-14`` (E2M1's subnormal 0.5 is fp16's subnormal too); the fp16 -> fp32 widening
@@ -71,13 +71,14 @@ class GemvConfig:
 
     @property
     def math(self) -> str:
-        """"asm" (inline PTX, CUDA only) or "ops" (portable Triton, runs under the interpreter)."""
+        """ "asm" (inline PTX, CUDA only) or "ops" (portable Triton, runs under the interpreter)."""
         return "asm" if self.decode in ("asm", "f16x2") else "ops"
 
     def portable(self) -> GemvConfig:
         """The same configuration without PTX, for the interpreter and CPU."""
-        return dataclasses.replace(self, decode={"asm": "ops", "f16x2": "f16x2-ops"}.get(self.decode, self.decode),
-                                   pdl=0)
+        return dataclasses.replace(
+            self, decode={"asm": "ops", "f16x2": "f16x2-ops"}.get(self.decode, self.decode), pdl=0
+        )
 
     def launch_options(self) -> dict:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -118,7 +119,11 @@ def _decode_asm(w):
         }
         """,
         constraints="=r,=r,=r,=r,=r,=r,=r,=r,r",
-        args=[w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+        args=[w],
+        dtype=(tl.float32,) * 8,
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -165,13 +170,28 @@ def _weight_ptrs(w_ptr, rn, stride_wn, G: tl.constexpr, TILE_ROWS: tl.constexpr)
     else:
         row_words = tl.multiple_of(rn * (stride_wn // 4), 4)
         group_words = rg * 4
-    return (w_ptr.to(tl.pointer_type(tl.int32)) + row_words[:, None, None] + group_words[None, :, None]
-            + tl.arange(0, 4)[None, None, :])
+    return (
+        w_ptr.to(tl.pointer_type(tl.int32))
+        + row_words[:, None, None]
+        + group_words[None, :, None]
+        + tl.arange(0, 4)[None, None, :]
+    )
 
 
 @triton.jit
-def gemv_rows(x_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, TILE_ROWS: tl.constexpr = 0):
+def gemv_rows(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    rn,
+    K,
+    stride_wn,
+    stride_wsn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DECODE: tl.constexpr,
+    TILE_ROWS: tl.constexpr = 0,
+):
     """``W[rn, :K] @ x[:K]`` in fp32 for ``BLOCK_N`` valid row indices ``rn`` (clamp them, no mask here);
     ``x_ptr`` points at one bf16 row of at least K values. Shared by the dense and the MoE decode kernels.
     A partial K tile (K % BLOCK_K) is loaded first, in flight with the first full tile, and multiplied first.
@@ -220,8 +240,23 @@ def _store_rows(y, b_ptr, y_row, rn, N, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _gemv_mxfp4_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_wsn, stride_ym,
-                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+def _gemv_mxfp4_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_wsn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DECODE: tl.constexpr,
+):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)  # rows past N re-read the last row, so that the loads need no mask
@@ -259,8 +294,9 @@ def pack_groups(v, GB: tl.constexpr):
 
 
 @triton.jit
-def _prepare_x_kernel(x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr,
-                      PDL: tl.constexpr = 0):
+def _prepare_x_kernel(
+    x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr, PDL: tl.constexpr = 0
+):
     """x [M, K] bf16 -> xp [M, K/2] int32 fp16 pairs in decode order, xe [M, K/32] fp32 = 2^e per group.
     ``PDL``: let the GEMV launched after this kernel start at once (it waits for these stores itself)."""
     if PDL:
@@ -283,8 +319,9 @@ def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.T
     M, K = x.shape
     xp = torch.empty(M, K // 2, dtype=torch.int32, device=x.device)
     xe = torch.empty(M, K // 32, dtype=torch.float32, device=x.device)
-    _prepare_x_kernel[(M, triton.cdiv(K // 32, PREPARE_GROUPS))](x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0),
-                                                                 GB=PREPARE_GROUPS, PDL=int(pdl))
+    _prepare_x_kernel[(M, triton.cdiv(K // 32, PREPARE_GROUPS))](
+        x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0), GB=PREPARE_GROUPS, PDL=int(pdl)
+    )
     return xp, xe
 
 
@@ -299,17 +336,28 @@ def _group_dot_f16x2_asm_text() -> str:
     lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a, b;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
     for word in range(4):
         acc = "ab"[word % 2]  # two chains: words 0, 2 and words 1, 3
-        lines += [f"mov.b32 q, ${1 + word};",
-                  "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
-                  "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
-                  "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
-                  "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;"]
+        lines += [
+            f"mov.b32 q, ${1 + word};",
+            "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
+            "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
+            "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
+            "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;",
+        ]
         for pair in range(4):
             x = f"${5 + 4 * word + 3 - pair}"  # decoded pair p is codes (3 - p, 7 - p): slot 3 - p
-            lines.append(f"mul.rn.f16x2 {acc}, p{pair}, {x};" if word < 2 and pair == 0
-                         else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};")
-    lines += ["add.rn.f16x2 a, a, b;", "mov.b32 {lo, hi}, a;", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;",
-              "add.f32 $0, f0, f1;", "}"]
+            lines.append(
+                f"mul.rn.f16x2 {acc}, p{pair}, {x};"
+                if word < 2 and pair == 0
+                else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};"
+            )
+    lines += [
+        "add.rn.f16x2 a, a, b;",
+        "mov.b32 {lo, hi}, a;",
+        "cvt.f32.f16 f0, lo;",
+        "cvt.f32.f16 f1, hi;",
+        "add.f32 $0, f0, f1;",
+        "}",
+    ]
     return "\n".join(lines)
 
 
@@ -347,10 +395,34 @@ def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr
         for i in tl.static_range(16):
             b = b + (tl.broadcast_to(xs[i], (BLOCK_N, G)),)
         return tl.inline_asm_elementwise(
-            asm=GROUP_DOT_F16X2, constraints="=r" + ",r" * 20,
-            args=[ws[0], ws[1], ws[2], ws[3], b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
-                  b[12], b[13], b[14], b[15]],
-            dtype=tl.float32, is_pure=True, pack=1)
+            asm=GROUP_DOT_F16X2,
+            constraints="=r" + ",r" * 20,
+            args=[
+                ws[0],
+                ws[1],
+                ws[2],
+                ws[3],
+                b[0],
+                b[1],
+                b[2],
+                b[3],
+                b[4],
+                b[5],
+                b[6],
+                b[7],
+                b[8],
+                b[9],
+                b[10],
+                b[11],
+                b[12],
+                b[13],
+                b[14],
+                b[15],
+            ],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
     # the same sum in portable Triton (fp32 math; runs under the interpreter)
     acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     for word in tl.static_range(4):
@@ -392,9 +464,22 @@ def _tail_f16x2(acc, w, s, p_ptrs, e_ptrs, g_ok, BLOCK_N: tl.constexpr, G: tl.co
 
 
 @triton.jit
-def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr, PREFETCH: tl.constexpr,
-                    PDL: tl.constexpr = 0, TILE_ROWS: tl.constexpr = 0):
+def gemv_rows_f16x2(
+    xp_ptr,
+    xe_ptr,
+    w_ptr,
+    ws_ptr,
+    rn,
+    K,
+    stride_wn,
+    stride_wsn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MATH: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = 0,
+    TILE_ROWS: tl.constexpr = 0,
+):
     """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows` (the partial K tile first), from one row of prepared
     activations (xp, xe). ``PDL``: the activations are written by the kernel launched before this one, which
     may still run; wait for it once the first weight tiles are requested (:class:`GemvConfig`).
@@ -455,14 +540,45 @@ def gemv_rows_f16x2(xp_ptr, xe_ptr, w_ptr, ws_ptr, rn, K, stride_wn, stride_wsn,
 
 
 @triton.jit
-def _gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, N, K, stride_pm, stride_em, stride_wn, stride_wsn,
-                       stride_ym, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       MATH: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
+def _gemv_f16x2_kernel(
+    xp_ptr,
+    xe_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    N,
+    K,
+    stride_pm,
+    stride_em,
+    stride_wn,
+    stride_wsn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MATH: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)
-    y = gemv_rows_f16x2(xp_ptr + m * stride_pm, xe_ptr + m * stride_em, w_ptr, ws_ptr, rn_load, K, stride_wn,
-                        stride_wsn, BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL)
+    y = gemv_rows_f16x2(
+        xp_ptr + m * stride_pm,
+        xe_ptr + m * stride_em,
+        w_ptr,
+        ws_ptr,
+        rn_load,
+        K,
+        stride_wn,
+        stride_wsn,
+        BLOCK_N,
+        BLOCK_K,
+        MATH,
+        PREFETCH,
+        PDL,
+    )
     _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
@@ -479,8 +595,14 @@ def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True) -> GemvConf
     return cfg if cuda else cfg.portable()
 
 
-def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None,
-               out: torch.Tensor, config: GemvConfig | None = None) -> torch.Tensor:
+def gemv_mxfp4(
+    x: torch.Tensor,
+    w_packed: torch.Tensor,
+    w_scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
     """``x [M, K]`` bf16 (M small) times MXFP4 ``W [N, K]`` -> ``out [M, N]``; shapes checked by the caller."""
     M, K = x.shape
     N = w_packed.shape[0]
@@ -494,16 +616,47 @@ def gemv_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, 
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
         _gemv_f16x2_kernel[(M, triton.cdiv(N, cfg.block_n))](
-            xp, xe, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K, xp.stride(0), xe.stride(0),
-            w_packed.stride(0), w_scales.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, MATH=cfg.math, PREFETCH=cfg.prefetch, PDL=cfg.pdl,
-            **cfg.launch_options())
+            xp,
+            xe,
+            w_packed,
+            w_scales,
+            bias if bias is not None else w_scales,
+            out,
+            N,
+            K,
+            xp.stride(0),
+            xe.stride(0),
+            w_packed.stride(0),
+            w_scales.stride(0),
+            out.stride(0),
+            HAS_BIAS=bias is not None,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            MATH=cfg.math,
+            PREFETCH=cfg.prefetch,
+            PDL=cfg.pdl,
+            **cfg.launch_options(),
+        )
         return out
     grid = (M, triton.cdiv(N, cfg.block_n))
-    _gemv_mxfp4_kernel[grid](x, w_packed, w_scales, bias if bias is not None else w_scales, out, N, K,
-                             x.stride(0), w_packed.stride(0), w_scales.stride(0), out.stride(0),
-                             HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DECODE=cfg.decode,
-                             **cfg.launch_options())
+    _gemv_mxfp4_kernel[grid](
+        x,
+        w_packed,
+        w_scales,
+        bias if bias is not None else w_scales,
+        out,
+        N,
+        K,
+        x.stride(0),
+        w_packed.stride(0),
+        w_scales.stride(0),
+        out.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        DECODE=cfg.decode,
+        **cfg.launch_options(),
+    )
     return out
 
 

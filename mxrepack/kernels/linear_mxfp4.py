@@ -27,8 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import (DEQUANT, DequantConfig, dot_bf16_mxfp4, dot_w_mxfp4, linear_dequant_gemm,
-                                            split_pairs)
+from mxrepack.kernels.dequant_mxfp4 import (
+    DEQUANT,
+    DequantConfig,
+    dot_bf16_mxfp4,
+    dot_w_mxfp4,
+    linear_dequant_gemm,
+    split_pairs,
+)
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
 
@@ -63,12 +69,17 @@ class LinearConfig:
 
     def __post_init__(self):
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
-            raise ValueError(f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
-                             f"and manual_dequant off, got {self.block_k} and {self.manual_dequant}")
+            raise ValueError(
+                f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
+                f"and manual_dequant off, got {self.block_k} and {self.manual_dequant}"
+            )
 
     def name(self) -> str:
-        return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
-                + ("d" if self.manual_dequant else "") + ("x" if self.swap_ab else ""))
+        return (
+            f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
+            + ("d" if self.manual_dequant else "")
+            + ("x" if self.swap_ab else "")
+        )
 
 
 # The shipped configurations (``repack kernels check`` compiles each for every arch). Stages are kept
@@ -86,8 +97,13 @@ PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
 # Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, 0.295 vs 0.363 ms
 # for the integer-op dequant shipped before at M = 64 (the same sweep; M = 128-255 not measured).
 PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True)
-CONFIGS = {"decode": DECODE, "decode_split": DECODE_SPLIT, "decode_wide": DECODE_WIDE, "prefill": PREFILL,
-           "prefill_small": PREFILL_SMALL}
+CONFIGS = {
+    "decode": DECODE,
+    "decode_split": DECODE_SPLIT,
+    "decode_wide": DECODE_WIDE,
+    "prefill": PREFILL,
+    "prefill_small": PREFILL_SMALL,
+}
 
 
 def pick_config(M: int, N: int, K: int, sm_count: int = 132) -> LinearConfig:
@@ -99,18 +115,45 @@ def pick_config(M: int, N: int, K: int, sm_count: int = 132) -> LinearConfig:
             return DECODE_WIDE
         k_tiles = triton.cdiv(K, DECODE.block_k)
         split = max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(4 * sm_count, tiles))))
-        return LinearConfig(DECODE.block_m, DECODE.block_n, DECODE.block_k, split, DECODE.num_warps, DECODE.num_stages,
-                            DECODE.manual_dequant)
+        return LinearConfig(
+            DECODE.block_m,
+            DECODE.block_n,
+            DECODE.block_k,
+            split,
+            DECODE.num_warps,
+            DECODE.num_stages,
+            DECODE.manual_dequant,
+        )
     return PREFILL if M >= 1024 else PREFILL_SMALL
 
 
 @triton.jit
-def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
-                         stride_xm, stride_xsm, stride_wn, stride_wsn, stride_ym,
-                         A_FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False,
-                         SWAP_AB: tl.constexpr = False, MATH: tl.constexpr = "asm"):
+def _linear_mxfp4_kernel(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xsm,
+    stride_wn,
+    stride_wsn,
+    stride_ym,
+    A_FMT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MANUAL_DEQUANT: tl.constexpr = False,
+    INTERPRETER: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False,
+    MATH: tl.constexpr = "asm",
+):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -126,10 +169,14 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
             k0 = kt * BLOCK_K
             kb_ok = (k0 // 2 + rkb) < K // 2
             ks_ok = (k0 // 32 + rks) < K // 32
-            w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :],
-                        other=0)
-            ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :],
-                         mask=n_ok[:, None] & ks_ok[None, :], other=127)
+            w = tl.load(
+                w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0
+            )
+            ws = tl.load(
+                ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :],
+                mask=n_ok[:, None] & ks_ok[None, :],
+                other=127,
+            )
             xr = x_ptr + rm[:, None] * stride_xm + k0 + tl.arange(0, BLOCK_K // 2)[None, :]
             a_even = tl.load(xr, mask=m_ok[:, None], other=0.0)
             a_odd = tl.load(xr + BLOCK_K // 2, mask=m_ok[:, None], other=0.0)
@@ -142,17 +189,39 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
             kb_ok = (k0 // 2 + rkb) < K // 2
             ks_ok = (k0 // 32 + rks) < K // 32
             # weights: [BLOCK_N, BLOCK_K/2] bytes (zero past K: code 0 is 0.0), scales [BLOCK_N, BLOCK_K/32]
-            w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0)
-            ws = tl.load(ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :], mask=n_ok[:, None] & ks_ok[None, :], other=127)
+            w = tl.load(
+                w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0
+            )
+            ws = tl.load(
+                ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :],
+                mask=n_ok[:, None] & ks_ok[None, :],
+                other=127,
+            )
             if A_FMT == "bf16":
-                a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
+                a = tl.load(
+                    x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
+                    mask=m_ok[:, None] & ((k0 + rk) < K)[None, :],
+                    other=0.0,
+                )
                 acc = dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
             else:
                 if A_FMT == "e2m1":
-                    a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :], mask=m_ok[:, None] & kb_ok[None, :], other=0)
+                    a = tl.load(
+                        x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :],
+                        mask=m_ok[:, None] & kb_ok[None, :],
+                        other=0,
+                    )
                 else:
-                    a = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & ((k0 + rk) < K)[None, :], other=0.0)
-                xs = tl.load(xs_ptr + rm[:, None] * stride_xsm + (k0 // 32 + rks)[None, :], mask=m_ok[:, None] & ks_ok[None, :], other=127)
+                    a = tl.load(
+                        x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
+                        mask=m_ok[:, None] & ((k0 + rk) < K)[None, :],
+                        other=0.0,
+                    )
+                xs = tl.load(
+                    xs_ptr + rm[:, None] * stride_xsm + (k0 // 32 + rks)[None, :],
+                    mask=m_ok[:, None] & ks_ok[None, :],
+                    other=127,
+                )
                 acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
     if HAS_BIAS:
         if pid_k == 0:
@@ -164,9 +233,15 @@ def _linear_mxfp4_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
         tl.atomic_add(y, acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
 
 
-def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
-                 mode: str = "w4a16", config: LinearConfig | GemvConfig | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def linear_mxfp4(
+    x: torch.Tensor,
+    w_packed: torch.Tensor,
+    w_scales: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mode: str = "w4a16",
+    config: LinearConfig | GemvConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``x [M, K]`` (bf16) times MXFP4 ``W [N, K]`` -> ``[M, N]`` bf16 (into ``out`` when given).
 
     ``config``: a :class:`LinearConfig` (tensor-core kernel), a :class:`GemvConfig` (W4A16 GEMV), a
@@ -176,8 +251,10 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
     M, K = x.shape
     N = w_packed.shape[0]
     if w_packed.shape != (N, K // 2) or w_scales.shape != (N, K // 32) or K % 32:
-        raise ValueError(f"weights {tuple(w_packed.shape)}/{tuple(w_scales.shape)} do not fit x {tuple(x.shape)}: "
-                         f"expected [N, {K // 2}] packed and [N, {K // 32}] scales, K % 32 == 0")
+        raise ValueError(
+            f"weights {tuple(w_packed.shape)}/{tuple(w_scales.shape)} do not fit x {tuple(x.shape)}: "
+            f"expected [N, {K // 2}] packed and [N, {K // 32}] scales, K % 32 == 0"
+        )
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     if isinstance(config, GemvConfig) or (config is None and mode == "w4a16" and use_gemv(M, N)):
@@ -201,13 +278,33 @@ def linear_mxfp4(x: torch.Tensor, w_packed: torch.Tensor, w_scales: torch.Tensor
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
     _linear_mxfp4_kernel[grid](
-        a, a_scales if a_scales is not None else w_scales, w_packed, w_scales, bias if bias is not None else w_scales, y,
-        M, N, K, a.stride(0), a_scales.stride(0) if a_scales is not None else 0, w_packed.stride(0), w_scales.stride(0),
-        y.stride(0), A_FMT=a_fmt, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=cfg.manual_dequant and a_fmt == "bf16",
-        INTERPRETER=interpreter, SWAP_AB=swap, MATH="ops" if interpreter or x.device.type != "cuda" else "asm",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        a,
+        a_scales if a_scales is not None else w_scales,
+        w_packed,
+        w_scales,
+        bias if bias is not None else w_scales,
+        y,
+        M,
+        N,
+        K,
+        a.stride(0),
+        a_scales.stride(0) if a_scales is not None else 0,
+        w_packed.stride(0),
+        w_scales.stride(0),
+        y.stride(0),
+        A_FMT=a_fmt,
+        HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        MANUAL_DEQUANT=cfg.manual_dequant and a_fmt == "bf16",
+        INTERPRETER=interpreter,
+        SWAP_AB=swap,
+        MATH="ops" if interpreter or x.device.type != "cuda" else "asm",
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if cfg.split_k > 1:
         out.copy_(y)
     return out
-

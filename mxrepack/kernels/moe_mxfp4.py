@@ -39,8 +39,14 @@ import triton
 import triton.language as tl
 
 from mxrepack.kernels.dequant_mxfp4 import dot_bf16_mxfp4, dot_w_mxfp4, split_pairs
-from mxrepack.kernels.gemv_mxfp4 import (GemvConfig, gdc_launch_dependents, gemv_rows, gemv_rows_f16x2, pack_groups,
-                                         prepare_x)
+from mxrepack.kernels.gemv_mxfp4 import (
+    GemvConfig,
+    gdc_launch_dependents,
+    gemv_rows,
+    gemv_rows_f16x2,
+    pack_groups,
+    prepare_x,
+)
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
 
@@ -71,12 +77,17 @@ class MoeConfig:
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
-            raise ValueError(f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
-                             f"and manual_dequant off, got {self.block_k} and {self.manual_dequant}")
+            raise ValueError(
+                f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
+                f"and manual_dequant off, got {self.block_k} and {self.manual_dequant}"
+            )
 
     def name(self) -> str:
-        return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
-                + ("d" if self.manual_dequant else "") + ("s" if self.swap_ab else ""))
+        return (
+            f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
+            + ("d" if self.manual_dequant else "")
+            + ("s" if self.swap_ab else "")
+        )
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
@@ -88,11 +99,13 @@ class MoeConfig:
 # returned inf (T = 64, Triton 3.6), 8 warps up to 2x slower. Beyond 128 rows per expert (T > 4096 at top-4 of
 # 128) the 128 x 128 dot_scaled tiles, unmeasured against the swap (8.88 ms at T = 8192, docs/PERF_LOG.md stop 10).
 # Activations other than bf16 take tl.dot_scaled in the same tile shapes (``swap_ab`` is bf16-only).
-MOE_TILES = ((8, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
-             (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
-             (32, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
-             (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
-             (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)))
+MOE_TILES = (
+    (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+    (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+    (32, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+    (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+    (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)),
+)
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 
 
@@ -109,20 +122,25 @@ class MoeGemvConfig:
     """The decode path's two GEMV configs: ``gate_up`` (its ``block_n`` counts intermediate rows: each program
     runs that many gate rows and as many up rows) and ``down``. On prepared activations (f16x2 math) both
     must be prepared, and gate_up writes the intermediate prepared, so its ``block_n`` is whole groups of 32."""
+
     gate_up: GemvConfig
     down: GemvConfig
 
     def __post_init__(self):
         if self.gate_up.prepared != self.down.prepared:
-            raise ValueError(f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
-                             "activations (f16x2) or neither")
+            raise ValueError(
+                f"gate_up {self.gate_up.name()} and down {self.down.name()} must both use prepared "
+                "activations (f16x2) or neither"
+            )
         for role, c in (("gate_up", self.gate_up), ("down", self.down)):
             if c.block_k % 128:
                 raise ValueError(f"{role} block_k {c.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.gate_up.prepared and self.gate_up.block_n % 32:
             # one program per whole group: fewer rows sharing a group's packing were slower (docs/PERF_LOG.md, stop 11)
-            raise ValueError(f"the f16x2 gate_up writes whole groups of 32 intermediate values: block_n must be a "
-                             f"multiple of 32, got {self.gate_up.block_n}")
+            raise ValueError(
+                f"the f16x2 gate_up writes whole groups of 32 intermediate values: block_n must be a "
+                f"multiple of 32, got {self.gate_up.block_n}"
+            )
 
     @classmethod
     def from_single(cls, cfg: GemvConfig) -> MoeGemvConfig:
@@ -162,8 +180,9 @@ def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
     return next(cfg for bound, cfg in MOE_TILES if rows <= bound)
 
 
-def pick_moe(tokens: int, topk: int, experts: int, hidden: int, activations: str = "bf16",
-             cuda: bool = True) -> MoeConfig | MoeGemvConfig:
+def pick_moe(
+    tokens: int, topk: int, experts: int, hidden: int, activations: str = "bf16", cuda: bool = True
+) -> MoeConfig | MoeGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
     ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
     if activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
@@ -204,7 +223,9 @@ def _load_a(a_ptr, rows, row_ok, k0, K, stride_a, A_FMT: tl.constexpr, BLOCK_K: 
     """One ``[BLOCK_M, BLOCK_K]`` activation tile of gathered rows (packed ``BLOCK_K/2`` bytes for e2m1)."""
     if A_FMT == "e2m1":
         rb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        a = tl.load(a_ptr + rows[:, None] * stride_a + rb[None, :], mask=row_ok[:, None] & (rb < K // 2)[None, :], other=0)
+        a = tl.load(
+            a_ptr + rows[:, None] * stride_a + rb[None, :], mask=row_ok[:, None] & (rb < K // 2)[None, :], other=0
+        )
     else:
         rk = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rows[:, None] * stride_a + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :], other=0.0)
@@ -214,7 +235,9 @@ def _load_a(a_ptr, rows, row_ok, k0, K, stride_a, A_FMT: tl.constexpr, BLOCK_K: 
 @triton.jit
 def _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K: tl.constexpr):
     rs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    return tl.load(as_ptr + rows[:, None] * stride_as + rs[None, :], mask=row_ok[:, None] & (rs < K // 32)[None, :], other=127)
+    return tl.load(
+        as_ptr + rows[:, None] * stride_as + rs[None, :], mask=row_ok[:, None] & (rs < K // 32)[None, :], other=127
+    )
 
 
 @triton.jit
@@ -222,8 +245,10 @@ def _load_a_split(a_ptr, rows, row_ok, k0, stride_a):
     """The even and odd columns ``[BLOCK_M, 64]`` of one 128-column K tile of activations in split order
     (:func:`~mxrepack.kernels.dequant_mxfp4.split_pairs`): two contiguous halves, so both load as whole rows."""
     r = rows[:, None] * stride_a + k0 + tl.arange(0, 64)[None, :]
-    return (tl.load(a_ptr + r, mask=row_ok[:, None], other=0.0),
-            tl.load(a_ptr + r + 64, mask=row_ok[:, None], other=0.0))
+    return (
+        tl.load(a_ptr + r, mask=row_ok[:, None], other=0.0),
+        tl.load(a_ptr + r + 64, mask=row_ok[:, None], other=0.0),
+    )
 
 
 @triton.jit
@@ -233,16 +258,31 @@ def _split_column(n):
 
 
 @triton.jit
-def _dot(a, as_ptr, rows, row_ok, k0, K, stride_as, w, ws, acc, A_FMT: tl.constexpr, BLOCK_K: tl.constexpr,
-         MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False):
+def _dot(
+    a,
+    as_ptr,
+    rows,
+    row_ok,
+    k0,
+    K,
+    stride_as,
+    w,
+    ws,
+    acc,
+    A_FMT: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MANUAL_DEQUANT: tl.constexpr = False,
+    INTERPRETER: tl.constexpr = False,
+):
     """``acc + a @ W`` for one K step; ``w`` is the packed ``[BLOCK_N, BLOCK_K/2]`` tile as loaded, ``ws`` its scales.
     ``MANUAL_DEQUANT`` (bf16 only): W dequantized with integer ops (as the dense decode kernel does) and multiplied
     with ``tl.dot``, instead of ``tl.dot_scaled``'s upcast."""
     if A_FMT == "bf16":
         acc = dot_bf16_mxfp4(a, w, ws, acc, w.shape[0], BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
     else:
-        acc = tl.dot_scaled(a, _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K), A_FMT, w.T, ws, "e2m1",
-                            acc)
+        acc = tl.dot_scaled(
+            a, _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K), A_FMT, w.T, ws, "e2m1", acc
+        )
     return acc
 
 
@@ -289,12 +329,39 @@ def _swiglu(gate, up, alpha, limit):
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
-                    H, Hp, Ip, TOPK, stride_x, stride_xs, stride_we, stride_wn, stride_wse, stride_wsn, stride_h,
-                    alpha, limit, A_FMT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False,
-                    SWAP_AB: tl.constexpr = False, MATH: tl.constexpr = "asm"):
+def _gate_up_kernel(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    h_ptr,
+    order_ptr,
+    blk_e_ptr,
+    blk_s_ptr,
+    blk_end_ptr,
+    H,
+    Hp,
+    Ip,
+    TOPK,
+    stride_x,
+    stride_xs,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_h,
+    alpha,
+    limit,
+    A_FMT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MANUAL_DEQUANT: tl.constexpr = False,
+    INTERPRETER: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False,
+    MATH: tl.constexpr = "asm",
+):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -324,10 +391,10 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
             a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
             wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
             wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-            gate = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, gate, A_FMT, BLOCK_K, MANUAL_DEQUANT,
-                        INTERPRETER)
-            up = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, up, A_FMT, BLOCK_K, MANUAL_DEQUANT,
-                      INTERPRETER)
+            gate = _dot(
+                a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, gate, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
+            )
+            up = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, up, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
         col = rn
     gate = gate + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
     up = up + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
@@ -336,11 +403,37 @@ def _gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, order_ptr, blk_e
 
 
 @triton.jit
-def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr, blk_e_ptr, blk_s_ptr, blk_end_ptr,
-                 H, Hp, Ip, stride_h, stride_hs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
-                 A_FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 MANUAL_DEQUANT: tl.constexpr = False, INTERPRETER: tl.constexpr = False,
-                 SWAP_AB: tl.constexpr = False, MATH: tl.constexpr = "asm"):
+def _down_kernel(
+    h_ptr,
+    hs_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    order_ptr,
+    wts_ptr,
+    blk_e_ptr,
+    blk_s_ptr,
+    blk_end_ptr,
+    H,
+    Hp,
+    Ip,
+    stride_h,
+    stride_hs,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_y,
+    A_FMT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MANUAL_DEQUANT: tl.constexpr = False,
+    INTERPRETER: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False,
+    MATH: tl.constexpr = "asm",
+):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -363,13 +456,15 @@ def _down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, order_ptr, wts_ptr,
         for k0 in range(0, Ip, BLOCK_K):
             a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
             w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
-            acc = _dot(a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT,
-                       INTERPRETER)
+            acc = _dot(
+                a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
+            )
     acc += tl.load(b_ptr + e * Hp + rn)[None, :]
     assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
     acc *= tl.load(wts_ptr + assignment, mask=row_ok, other=0.0)[:, None]
-    tl.store(y_ptr + assignment[:, None].to(tl.int64) * stride_y + rn[None, :], acc,
-             mask=row_ok[:, None] & (rn < H)[None, :])
+    tl.store(
+        y_ptr + assignment[:, None].to(tl.int64) * stride_y + rn[None, :], acc, mask=row_ok[:, None] & (rn < H)[None, :]
+    )
 
 
 @triton.jit
@@ -381,9 +476,28 @@ def _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit):
 
 
 @triton.jit
-def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOPK, stride_x, stride_we, stride_wn,
-                         stride_wse, stride_wsn, stride_h, alpha, limit,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+def _gate_up_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    h_ptr,
+    ids_ptr,
+    H,
+    Ip,
+    TOPK,
+    stride_x,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_h,
+    alpha,
+    limit,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DECODE: tl.constexpr,
+):
     p = tl.program_id(0)  # assignment t * k + slot
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
@@ -396,10 +510,34 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, h_ptr, ids_ptr, H, Ip, TOP
 
 
 @triton.jit
-def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_ptr, ids_ptr, H, Ip, TOPK, stride_xp,
-                               stride_xe, stride_we, stride_wn, stride_wse, stride_wsn, stride_hp, stride_he, alpha,
-                               limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr,
-                               PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
+def _gate_up_gemv_f16x2_kernel(
+    xp_ptr,
+    xe_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    hp_ptr,
+    he_ptr,
+    ids_ptr,
+    H,
+    Ip,
+    TOPK,
+    stride_xp,
+    stride_xe,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_hp,
+    stride_he,
+    alpha,
+    limit,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MATH: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
     prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
     stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
@@ -415,8 +553,9 @@ def _gate_up_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, ws_ptr, b_ptr, hp_ptr, he_
     # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
     r2 = tl.arange(0, 2 * BLOCK_N)
     rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
-    y = gemv_rows_f16x2(xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH,
-                        PDL, _GU_ROWS)
+    y = gemv_rows_f16x2(
+        xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL, _GU_ROWS
+    )
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
@@ -436,10 +575,36 @@ def _last_to_arrive(counter, arrivals):
 
 
 @triton.jit
-def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, out_ptr, ids_ptr, wts_ptr, H, Hp, Ip,
-                      stride_h, stride_he, stride_we, stride_wn, stride_wse, stride_wsn, stride_part, stride_out, TOPK,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr, PREPARED: tl.constexpr,
-                      PREFETCH: tl.constexpr, PDL: tl.constexpr = 0):
+def _down_gemv_kernel(
+    h_ptr,
+    he_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    part_ptr,
+    count_ptr,
+    out_ptr,
+    ids_ptr,
+    wts_ptr,
+    H,
+    Hp,
+    Ip,
+    stride_h,
+    stride_he,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_part,
+    stride_out,
+    TOPK,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DECODE: tl.constexpr,
+    PREPARED: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
     the result does not depend on which finished last, writes the bf16 output and resets its counter.
@@ -452,10 +617,26 @@ def _down_gemv_kernel(h_ptr, he_ptr, w_ptr, ws_ptr, b_ptr, part_ptr, count_ptr, 
     e = tl.load(ids_ptr + p).to(tl.int64)
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     if PREPARED:
-        y = gemv_rows_f16x2(h_ptr + p * stride_h, he_ptr + p * stride_he, w_e, s_e, rn, Ip, stride_wn, stride_wsn,
-                            BLOCK_N, BLOCK_K, DECODE, PREFETCH, PDL, _DOWN_ROWS)
+        y = gemv_rows_f16x2(
+            h_ptr + p * stride_h,
+            he_ptr + p * stride_he,
+            w_e,
+            s_e,
+            rn,
+            Ip,
+            stride_wn,
+            stride_wsn,
+            BLOCK_N,
+            BLOCK_K,
+            DECODE,
+            PREFETCH,
+            PDL,
+            _DOWN_ROWS,
+        )
     else:
-        y = gemv_rows(h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS)
+        y = gemv_rows(
+            h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS
+        )
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
@@ -480,8 +661,9 @@ def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig,
-              out: torch.Tensor) -> torch.Tensor:
+def _moe_gemv(
+    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor
+) -> torch.Tensor:
     """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel."""
     T, H = x.shape
     k = topk_ids.shape[1]
@@ -496,31 +678,106 @@ def _moe_gemv(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemv
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
         _gate_up_gemv_f16x2_kernel[(T * k, Ip // gu.block_n)](
-            xp, xe, w13, s13, b13, h, he, ids, H, Ip, k, xp.stride(0), xe.stride(0), w13.stride(0), w13.stride(1),
-            s13.stride(0), s13.stride(1), h.stride(0), he.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT,
-            BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, MATH=gu.math, PREFETCH=gu.prefetch, PDL=gu.pdl,
-            **gu.launch_options())
+            xp,
+            xe,
+            w13,
+            s13,
+            b13,
+            h,
+            he,
+            ids,
+            H,
+            Ip,
+            k,
+            xp.stride(0),
+            xe.stride(0),
+            w13.stride(0),
+            w13.stride(1),
+            s13.stride(0),
+            s13.stride(1),
+            h.stride(0),
+            he.stride(0),
+            SWIGLU_ALPHA,
+            SWIGLU_LIMIT,
+            BLOCK_N=gu.block_n,
+            BLOCK_K=gu.block_k,
+            MATH=gu.math,
+            PREFETCH=gu.prefetch,
+            PDL=gu.pdl,
+            **gu.launch_options(),
+        )
     else:
         h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
         he = h
         _gate_up_gemv_kernel[(T * k, Ip // gu.block_n)](
-            x, w13, s13, b13, h, ids, H, Ip, k, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
-            s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
-            DECODE=gu.decode, **gu.launch_options())
+            x,
+            w13,
+            s13,
+            b13,
+            h,
+            ids,
+            H,
+            Ip,
+            k,
+            x.stride(0),
+            w13.stride(0),
+            w13.stride(1),
+            s13.stride(0),
+            s13.stride(1),
+            h.stride(0),
+            SWIGLU_ALPHA,
+            SWIGLU_LIMIT,
+            BLOCK_N=gu.block_n,
+            BLOCK_K=gu.block_k,
+            DECODE=gu.decode,
+            **gu.launch_options(),
+        )
     part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
     tiles = Hp // d.block_n
     counters = _arrival_counters(x.device, T * tiles)
     _down_gemv_kernel[(T * k, tiles)](
-        h, he, w2, s2, b2, part, counters, out, ids, wts, H, Hp, Ip,
-        h.stride(0), he.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), part.stride(0),
-        out.stride(0), k, BLOCK_N=d.block_n, BLOCK_K=d.block_k, DECODE=d.math if d.prepared else d.decode,
-        PREPARED=d.prepared, PREFETCH=d.prefetch, PDL=d.pdl, **d.launch_options())
+        h,
+        he,
+        w2,
+        s2,
+        b2,
+        part,
+        counters,
+        out,
+        ids,
+        wts,
+        H,
+        Hp,
+        Ip,
+        h.stride(0),
+        he.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        s2.stride(0),
+        s2.stride(1),
+        part.stride(0),
+        out.stride(0),
+        k,
+        BLOCK_N=d.block_n,
+        BLOCK_K=d.block_k,
+        DECODE=d.math if d.prepared else d.decode,
+        PREPARED=d.prepared,
+        PREFETCH=d.prefetch,
+        PDL=d.pdl,
+        **d.launch_options(),
+    )
     return out
 
 
-def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w: dict[str, torch.Tensor],
-              activations: str = "bf16", config: MoeConfig | MoeGemvConfig | GemvConfig | None = None,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+def moe_mxfp4(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w: dict[str, torch.Tensor],
+    activations: str = "bf16",
+    config: MoeConfig | MoeGemvConfig | GemvConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One gpt-oss MoE block: ``x [T, H]`` bf16, ``topk_ids/topk_weights [T, k]`` -> ``[T, H]`` bf16.
 
     ``w``: the strided layout's tensors by suffix (``w13_weight``, ``w13_weight_scale``, ``w13_bias``,
@@ -537,7 +794,9 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     E, Ip2, Hp2 = w13.shape
     Ip, Hp = Ip2 // 2, Hp2 * 2
     if w2.shape != (E, Hp, Ip // 2) or H > Hp:
-        raise ValueError(f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer")
+        raise ValueError(
+            f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer"
+        )
     cfg = config or pick_moe(T, k, E, H, activations, x.device.type == "cuda")
     if isinstance(cfg, GemvConfig):
         cfg = MoeGemvConfig.from_single(cfg)
@@ -548,7 +807,9 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     if Ip % ip_tile or Hp % hp_tile:
         raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
     if gemv:
-        target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
+        target = (
+            out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
+        )
         y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
         return y if out is None or y is out else out.copy_(y)
     y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
@@ -558,8 +819,9 @@ def moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     return out.copy_(result)
 
 
-def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations: str,
-                   cfg: MoeConfig) -> torch.Tensor:
+def _moe_scheduled(
+    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations: str, cfg: MoeConfig
+) -> torch.Tensor:
     """Sorted row blocks per expert; returns each assignment's weighted output ``[T*k, H]`` fp32."""
     T, H = x.shape
     k = topk_ids.shape[1]
@@ -580,20 +842,76 @@ def _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activat
         a, a_s = quantize_activations(x if H % 32 == 0 else torch.nn.functional.pad(x, (0, 32 - H % 32)), activations)
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
     _gate_up_kernel[(nb, Ip // cfg.block_n)](
-        a, a_s if a_s is not None else s13, w13, s13, b13, h, order, blk_e, blk_s, blk_end,
-        H, Hp, Ip, k, a.stride(0), a_s.stride(0) if a_s is not None else 0, w13.stride(0), w13.stride(1),
-        s13.stride(0), s13.stride(1), h.stride(0), SWIGLU_ALPHA, SWIGLU_LIMIT, A_FMT=activations,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=manual, INTERPRETER=interpreter,
-        SWAP_AB=swap, MATH=math, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        a,
+        a_s if a_s is not None else s13,
+        w13,
+        s13,
+        b13,
+        h,
+        order,
+        blk_e,
+        blk_s,
+        blk_end,
+        H,
+        Hp,
+        Ip,
+        k,
+        a.stride(0),
+        a_s.stride(0) if a_s is not None else 0,
+        w13.stride(0),
+        w13.stride(1),
+        s13.stride(0),
+        s13.stride(1),
+        h.stride(0),
+        SWIGLU_ALPHA,
+        SWIGLU_LIMIT,
+        A_FMT=activations,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        MANUAL_DEQUANT=manual,
+        INTERPRETER=interpreter,
+        SWAP_AB=swap,
+        MATH=math,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if activations == "bf16":
         ha, ha_s = h, None
     else:
         ha, ha_s = quantize_activations(h, activations)
     y = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
     _down_kernel[(nb, Hp // cfg.block_n)](
-        ha, ha_s if ha_s is not None else s2, w2, s2, b2, y, order, topk_weights.to(torch.float32).contiguous().view(-1),
-        blk_e, blk_s, blk_end, H, Hp, Ip, ha.stride(0), ha_s.stride(0) if ha_s is not None else 0, w2.stride(0),
-        w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), A_FMT=activations,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MANUAL_DEQUANT=manual, INTERPRETER=interpreter,
-        SWAP_AB=swap, MATH=math, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ha,
+        ha_s if ha_s is not None else s2,
+        w2,
+        s2,
+        b2,
+        y,
+        order,
+        topk_weights.to(torch.float32).contiguous().view(-1),
+        blk_e,
+        blk_s,
+        blk_end,
+        H,
+        Hp,
+        Ip,
+        ha.stride(0),
+        ha_s.stride(0) if ha_s is not None else 0,
+        w2.stride(0),
+        w2.stride(1),
+        s2.stride(0),
+        s2.stride(1),
+        y.stride(0),
+        A_FMT=activations,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        MANUAL_DEQUANT=manual,
+        INTERPRETER=interpreter,
+        SWAP_AB=swap,
+        MATH=math,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     return y

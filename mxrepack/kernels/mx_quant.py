@@ -66,8 +66,19 @@ def mx_quantize_tile(x, FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.co
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm,
-                     FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _quantize_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_qm,
+    stride_sm,
+    FMT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid_m, pid_k = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -91,10 +102,14 @@ def quantize_activations(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch
     if K % 32:
         raise ValueError(f"K={K} is not a multiple of 32")
     x = x.contiguous()
-    q = (torch.empty(M, K // 2, dtype=torch.uint8, device=x.device) if fmt == "e2m1"
-         else torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device))
+    q = (
+        torch.empty(M, K // 2, dtype=torch.uint8, device=x.device)
+        if fmt == "e2m1"
+        else torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device)
+    )
     s = torch.empty(M, K // 32, dtype=torch.uint8, device=x.device)
     BM, BK = 16, 128
-    _quantize_kernel[(triton.cdiv(M, BM), triton.cdiv(K, BK))](x, q, s, M, K, x.stride(0), q.stride(0), s.stride(0),
-                                                               FMT=fmt, BLOCK_M=BM, BLOCK_K=BK)
+    _quantize_kernel[(triton.cdiv(M, BM), triton.cdiv(K, BK))](
+        x, q, s, M, K, x.stride(0), q.stride(0), s.stride(0), FMT=fmt, BLOCK_M=BM, BLOCK_K=BK
+    )
     return q, s

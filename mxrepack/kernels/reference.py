@@ -11,7 +11,9 @@ import torch
 from mxrepack.quant import dequantize_mxfp4
 
 
-def mxfp4_linear(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def mxfp4_linear(
+    x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``y = x @ W.T + b`` for an MXFP4 weight ``W [N, K]`` (blocks ``[N, K/32, 16]`` or ``[N, K/2]``)."""
     w = dequantize_mxfp4(blocks, scales, torch.float32)
     y = x.to(torch.float32) @ w.T
@@ -32,8 +34,15 @@ def expert_mlp(x: torch.Tensor, weights: dict[str, torch.Tensor], expert: int) -
     return gpt_oss_swiglu(h) @ weights["down_proj"][expert].T + weights["down_proj_bias"][expert]
 
 
-def layout_moe_reference(x: torch.Tensor, stored: dict[str, torch.Tensor], layout, dims, topk_ids: torch.Tensor,
-                         topk_weights: torch.Tensor, padded: bool = True) -> torch.Tensor:
+def layout_moe_reference(
+    x: torch.Tensor,
+    stored: dict[str, torch.Tensor],
+    layout,
+    dims,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    padded: bool = True,
+) -> torch.Tensor:
     """A gpt-oss MoE block computed from a layout's stored tensors (by suffix), unpacked in here.
 
     ``x [T, H]``, ``topk_ids``/``topk_weights [T, k]``. With ``padded`` the product runs at the layout's
