@@ -1,7 +1,8 @@
 """Probe of the swapped-operand MoE tiles' sporadic non-finite output (H100, Triton 3.6: once at T = 64 with 4
 stages in the sweep of 0492766, once at T = 128 with the shipped 3 stages in the peers run of 3436672). Runs the
-shipped tile config and its 1/2-stage twins many times on fixed inputs, counts non-finite and differing outputs,
-and dumps the gate_up kernel's TTGIR/PTX as this machine's Triton compiles it. Not a test.
+shipped MoE tile config and lm_head's swapped configs with 3, 2 and 1 stages, and the configs shipped before the
+swap, many times on fixed inputs: counts non-finite and differing outputs, times each (CUDA graph), and dumps the
+gate_up kernel's TTGIR/PTX as this machine's Triton compiles it. Not a test.
 
     python benchmarks/experiments/swap_ab_probe.py OUT_DIR
 """
@@ -13,47 +14,72 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.testing
 from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import moe_decode_inputs, moe_reference, moe_weights  # noqa: E402
+from common import deq, moe_decode_inputs, moe_reference, moe_weights, rand_mx  # noqa: E402
 
 from mxrepack.kernels import check  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_config  # noqa: E402
+from mxrepack.kernels.linear_mxfp4 import DECODE_WIDE, PREFILL_SMALL, LinearConfig, linear_mxfp4  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, pick_moe_config  # noqa: E402
 
 out = Path(sys.argv[1])
 E, H, I, HP, IP, K = 128, 2880, 2880, 2944, 2944, 4
+REPEATS = 20
 rows = []
+
+
+def probe(label: str, fn, ref: torch.Tensor, **rec) -> None:
+    """Run ``fn`` REPEATS times: non-finite runs, runs differing from the first, its error; then its graph time."""
+    first, bad, differ = None, 0, 0
+    for _ in range(REPEATS):
+        y = fn()
+        torch.cuda.synchronize()
+        bad += not bool(torch.isfinite(y).all())
+        if first is None:
+            first = y.clone()
+        elif not torch.equal(y, first):
+            differ += 1
+    rec |= {
+        "config": label,
+        "runs": REPEATS,
+        "nonfinite_runs": bad,
+        "runs_differing_from_first": differ,
+        "first_rel_err": float((first.float() - ref).norm() / ref.norm()),
+        "ms": triton.testing.do_bench_cudagraph(fn),
+    }
+    rows.append(rec)
+    print(json.dumps(rec), flush=True)
+
+
 torch.manual_seed(0)
 W = moe_weights(E, H, I, HP, IP)
-for T in (64, 128, 512):
+# the tiles shipped before the swap (MOE_TILES at 4a2d109's parent), as the same-run baseline
+BEFORE = {
+    8: MoeConfig(16, 64, 128, 4, 3, manual_dequant=True),
+    16: MoeConfig(32, 64, 128, 4, 3),
+    32: MoeConfig(64, 128, 128, 4, 3, manual_dequant=True),
+    128: MoeConfig(128, 64, 128, 4, 3),
+}
+for T in (64, 128, 512, 1024, 4096):
     torch.manual_seed(T)
     x, ids, wts = moe_decode_inputs(T, E, K, H)
     ref = moe_reference(x, ids, wts, W, H, HP, IP)
     base = pick_moe_config(T, K, E)
-    for st in (3, 2, 1):
-        cfg = dataclasses.replace(base, num_stages=st)
-        first, bad, differ = None, 0, 0
-        for _ in range(30):
-            y = moe_mxfp4(x, ids, wts, W, config=cfg)
-            torch.cuda.synchronize()
-            if not torch.isfinite(y).all():
-                bad += 1
-            if first is None:
-                first = y.clone()
-            elif not torch.equal(y, first):
-                differ += 1
-        err = float((first.float() - ref).norm() / ref.norm())
-        rec = {
-            "T": T,
-            "config": cfg.name(),
-            "runs": 30,
-            "nonfinite_runs": bad,
-            "runs_differing_from_first": differ,
-            "first_rel_err": err,
-        }
-        rows.append(rec)
-        print(json.dumps(rec), flush=True)
+    before = next(c for bound, c in BEFORE.items() if T * K / E <= bound)
+    for cfg in [dataclasses.replace(base, num_stages=st) for st in (3, 2, 1)] + [before]:
+        probe(cfg.name(), lambda cfg=cfg: moe_mxfp4(x, ids, wts, W, config=cfg), ref, kind="moe", T=T)
+N, Kd = 201088, 2880  # lm_head
+w, ws = rand_mx(N, Kd)
+wf = deq(w, ws)
+for M in (4, 16, 64):
+    xd = torch.randn(M, Kd, device="cuda").to(torch.bfloat16)
+    ref = xd.float() @ wf.T
+    base = DECODE_WIDE if M <= 16 else PREFILL_SMALL
+    before = LinearConfig(16, 64, 256, 1, 4, 3, True) if M <= 16 else LinearConfig(64, 128, 128, 1, 4, 3, True)
+    for cfg in [dataclasses.replace(base, num_stages=st) for st in (3, 2, 1)] + [before]:
+        probe(cfg.name(), lambda cfg=cfg: linear_mxfp4(xd, w, ws, None, "w4a16", cfg), ref, kind="lm_head", M=M)
 cfg = pick_moe_config(128, K, E)
 for name, src in check._moe_sources("bf16", cfg).items():
     c = triton.compile(
