@@ -266,7 +266,7 @@ def test_moe_mxfp4_matches_reference(activations, bound):
     assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 1024, 4096, 8192)] == [16, 32, 64, 128, 128]
     assert all(pick_moe_config(T, 4, 128).swap_ab for T in (64, 512, 1024, 4096))
     assert not pick_moe_config(8192, 4, 128).swap_ab and pick_moe_config(8192, 4, 128).block_n == 128
-    assert isinstance(pick_moe(48, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(64, 4, 128, 2880), MoeConfig)
+    assert isinstance(pick_moe(64, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(80, 4, 128, 2880), MoeConfig)
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
 
 

@@ -88,14 +88,17 @@ class LinearConfig:
 DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=3, manual_dequant=True)
 DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, manual_dequant=True)
 # Decode on a layer wide enough to fill the GPU without split-K (lm_head): the swapped operands, W decoded in
-# registers as the MMA's first operand. H100, benchmarks/peers.py --sweep-dense 4,16,64 --sweep-kind swap
-# (2026-11-25, ff05e4f, docs/bench/dense_sweep_swap_h100_2026-11-25.json), lm_head: 0.182 vs 0.282 ms at M = 4,
-# 0.192 vs 0.266 at M = 16. On the split-K layers the swap lost on qkv (0.0175 vs 0.0159 ms at M = 4) and won
-# on o (0.0128 vs 0.0143): they keep DECODE.
-DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=4, num_stages=3, swap_ab=True)
+# registers as the MMA's first operand. H100, benchmarks/experiments/swap_ab_probe.py (2026-11-25, c5b2409,
+# docs/bench/swap_ab_probe_h100_2026-11-25.json), lm_head: 0.204 vs 0.287 ms at M = 4, 0.209 vs 0.267 at M = 16
+# for the config before. 2 stages, not 3 (0.183 / 0.190 ms): the MoE tile of the same 16 token rows raced at 3
+# stages under Triton 3.6 (see moe_mxfp4.MOE_TILES); this one was finite and identical in 20 runs at 3, but
+# shares the pipeline. On the split-K layers the swap lost on qkv (0.0175 vs 0.0159 ms at M = 4, the sweep of
+# ff05e4f, docs/bench/dense_sweep_swap_h100_2026-11-25.json) and won on o (0.0128 vs 0.0143): they keep DECODE.
+DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=4, num_stages=2, swap_ab=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
-# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, 0.295 vs 0.363 ms
-# for the integer-op dequant shipped before at M = 64 (the same sweep; M = 128-255 not measured).
+# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, 0.292 vs 0.360 ms
+# for the integer-op dequant shipped before at M = 64 (the same probe; 3 stages at 64 token rows finite and identical
+# in every run; M = 128-255 not measured).
 PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True)
 CONFIGS = {
     "decode": DECODE,

@@ -92,15 +92,19 @@ class MoeConfig:
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
 # whose bound is not below it. Up to 128 rows the swapped operands (``swap_ab``: W decoded in registers as the
-# MMA's first operand) at 64 weight rows x 128 codes, 4 warps, 3 stages, with as many token rows as the experts
-# have: H100, 120b shapes, CUDA graphs, ``benchmarks/peers.py --sweep-moe ... --sweep-kind swap`` (2026-11-25,
-# 0492766, docs/bench/moe_sweep_swap_h100_2026-11-25.json), against the tiles shipped before: T = 128 1.085 vs
-# 1.549 ms, 512 1.309 vs 1.793, 1024 1.809 vs 2.222, 4096 4.485 vs 5.113. 4 stages were within 3% and once
-# returned inf (T = 64, Triton 3.6), 8 warps up to 2x slower. Beyond 128 rows per expert (T > 4096 at top-4 of
+# MMA's first operand) at 64 weight rows x 128 codes, 4 warps, with as many token rows as the experts have: H100,
+# 120b shapes, CUDA graphs, ``benchmarks/experiments/swap_ab_probe.py`` (2026-11-25, c5b2409,
+# docs/bench/swap_ab_probe_h100_2026-11-25.json), against the tiles shipped before in the same run: T = 128 1.218
+# vs 1.539 ms, 512 1.302 vs 1.788, 1024 1.808 vs 2.207, 4096 4.495 vs 5.108.
+# Stages: at 16 token rows, 3 stages returned non-finite output in 2-11 of 20-30 runs under Triton 3.6 (a race
+# in the pipelined wgmma loop; 2 and 1 stages: none in 20-30, and the same bits each run), so that tile runs
+# unpipelined (1 stage: 1.218 ms at T = 128, 3 stages 1.084 when right). At 32-128 token rows 3 stages gave
+# finite, identical output in every run (20 each in the probe, and the sweeps and peers runs). 8 warps were up to
+# 2x slower (docs/bench/moe_sweep_swap_h100_2026-11-25.json). Beyond 128 rows per expert (T > 4096 at top-4 of
 # 128) the 128 x 128 dot_scaled tiles, unmeasured against the swap (8.88 ms at T = 8192, docs/PERF_LOG.md stop 10).
 # Activations other than bf16 take tl.dot_scaled in the same tile shapes (``swap_ab`` is bf16-only).
 MOE_TILES = (
-    (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+    (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=1, swap_ab=True)),
     (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
     (32, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
     (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
@@ -110,11 +114,12 @@ MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 
 
 # T * k up to which the per-assignment GEMV beats the scheduled tiles, both in CUDA graphs. Against the swapped
-# tiles (H100, the sweep above): T = 16 0.329 vs 0.507 ms, T = 32 0.606 vs 0.747, T = 64 1.124 vs 1.019; the GEMV
-# grows about linearly with T and the tiles slowly, so they cross near T = 48. (Against the tiles before the
-# swap the crossing was at T = 80: docs/PERF_LOG.md stop 10.) A token sharing an expert re-reads its weights (the
-# programs of one row tile run together and mostly hit L2); the tiles read each expert once.
-GEMV_MAX_ASSIGNMENTS = 192
+# tiles (H100, docs/bench/moe_sweep_swap_h100_2026-11-25.json): T = 16 0.329 vs 0.507 ms, T = 32 0.606 vs 0.747;
+# at T = 64 the GEMV's 1.124 ms ties the unpipelined 16-row tile's 1.134 (swap_ab_probe), and from T = 128 on the
+# tiles lead. (Against the tiles before the swap the crossing was at T = 80: docs/PERF_LOG.md stop 10.) A token
+# sharing an expert re-reads its weights (the programs of one row tile run together and mostly hit L2); the tiles
+# read each expert once.
+GEMV_MAX_ASSIGNMENTS = 256
 
 
 @dataclass(frozen=True)
