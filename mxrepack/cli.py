@@ -170,7 +170,10 @@ def convert(
             activations=activations,
             allow_nonfinite=allow_nonfinite,
         )
+    from mxrepack.serve.spec import serve_hint
+
     s = result.summary()
+    s["serve"] = serve_hint(result.out, result.expert_layout, result.quantization_config)
     for warning in s["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if s["quantization_error"] and not as_json:

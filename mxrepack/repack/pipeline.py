@@ -36,7 +36,6 @@ from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chu
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, SourceTensor, open_checkpoint
 from mxrepack.repack.verify import verify_dir
-from mxrepack.serve.spec import serve_hint
 
 DEFAULT_SHARD_BYTES = 5_000_000_000
 DEFAULT_CHUNK_BYTES = 256 << 20
@@ -54,7 +53,8 @@ class RepackResult:
     seconds: float
     verify: dict
     quantization_error: dict
-    serve: list[str]  # how to serve the output (mxrepack.serve.spec.serve_hint)
+    expert_layout: str  # the output's expert layout, and its config.json quantization_method kind: what the CLI
+    quantization_config: str  # needs to say how to serve it (mxrepack.serve.spec.serve_hint; serve sits above repack)
     warnings: list[str] = dataclasses.field(default_factory=list)  # NaN/Inf written under --allow-nonfinite
 
     def summary(self) -> dict:
@@ -68,7 +68,8 @@ class RepackResult:
             "seconds": round(self.seconds, 3),
             "verify": self.verify,
             "quantization_error": self.quantization_error,
-            "serve": self.serve,
+            "expert_layout": self.expert_layout,
+            "quantization_config": self.quantization_config,
             "warnings": self.warnings,
         }
 
@@ -414,6 +415,7 @@ def repack(
         time.perf_counter() - started,
         report,
         manifest["quantization_error"],
-        serve_hint(out, layout, recipe.quantization_config),
+        layout,
+        recipe.quantization_config,
         guard.warnings(),
     )
