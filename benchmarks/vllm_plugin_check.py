@@ -62,6 +62,7 @@ RECIPES = {
         "config": {"quantization_config": "compressed-tensors"},
     },
 }
+_MT = {"enable_multithread_load": True, "num_threads": 8}
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
     "source-marlin": ("source", {"moe_backend": "marlin"}, None, "stock vLLM, Marlin MoE (the baseline)"),
@@ -84,6 +85,15 @@ CASES = {
         "source-marlin",
         "plugin: compressed-tensors experts into vLLM's gpt-oss MXFP4 method, Marlin: bit-identical",
     ),
+    # vLLM's own multithreaded safetensors reading (DefaultModelLoader's extra config), for stock and plugin alike:
+    # what the weight phase is when reading the files is no longer one thread's memcpy
+    "source-marlin-mt": (
+        "source",
+        {"moe_backend": "marlin", "model_loader_extra_config": _MT},
+        None,
+        "stock vLLM, Marlin MoE, multithreaded load (the baseline)",
+    ),
+    "sm80-mt": ("sm80", {"model_loader_extra_config": _MT}, "source-marlin-mt", "bit-identical, multithreaded load"),
     "compressed-tensors": (
         "compressed-tensors",
         {"moe_backend": "marlin"},
