@@ -4,7 +4,7 @@ shipped MoE tile config and lm_head's swapped configs with 3, 2 and 1 stages, an
 swap, many times on fixed inputs: counts non-finite and differing outputs, times each (CUDA graph), and dumps the
 gate_up kernel's TTGIR/PTX as this machine's Triton compiles it. Not a test.
 
-    python benchmarks/experiments/swap_ab_probe.py OUT_DIR
+    python benchmarks/experiments/swap_ab_probe.py OUT_DIR [--mma-sync]
 """
 
 import dataclasses
@@ -25,6 +25,9 @@ from mxrepack.kernels.linear_mxfp4 import DECODE_WIDE, PREFILL_SMALL, LinearConf
 from mxrepack.kernels.moe_mxfp4 import MoeConfig, moe_mxfp4, pick_moe_config  # noqa: E402
 
 out = Path(sys.argv[1])
+# --mma-sync: the swapped configs on 2 warps (mma.sync, which Triton takes when no warpgroup of 4 is there: no
+# asynchronous wgmma reading registers the next step overwrites, triton-lang/triton#9433), pipelined, beside 1 stage
+MMA_SYNC = "--mma-sync" in sys.argv
 E, H, I, HP, IP, K = 128, 2880, 2880, 2944, 2944, 4
 REPEATS = 20
 rows = []
@@ -68,8 +71,20 @@ for T in (64, 128, 512, 1024, 4096):
     ref = moe_reference(x, ids, wts, W, H, HP, IP)
     base = pick_moe_config(T, K, E)
     before = next(c for bound, c in BEFORE.items() if T * K / E <= bound)
-    for cfg in [dataclasses.replace(base, num_stages=st) for st in (3, 2, 1)] + [before]:
-        probe(cfg.name(), lambda cfg=cfg: moe_mxfp4(x, ids, wts, W, config=cfg), ref, kind="moe", T=T)
+    if MMA_SYNC:  # 2 warps: Triton takes mma.sync (synchronous, no wgmma in flight), pipelined; beside 1-stage wgmma
+        cands = [dataclasses.replace(base, num_warps=2, num_stages=st) for st in (3, 2)]
+        cands += [dataclasses.replace(base, block_m=bm, num_warps=2) for bm in (16, 32) if bm < base.block_m]
+        cands += [dataclasses.replace(base, num_stages=1), before]
+    else:
+        cands = [dataclasses.replace(base, num_stages=st) for st in (3, 2, 1)] + [before]
+    for cfg in cands:
+        probe(
+            cfg.name() + ("w2" if cfg.num_warps == 2 else ""),
+            lambda cfg=cfg: moe_mxfp4(x, ids, wts, W, config=cfg),
+            ref,
+            kind="moe",
+            T=T,
+        )
 N, Kd = 201088, 2880  # lm_head
 w, ws = rand_mx(N, Kd)
 wf = deq(w, ws)
@@ -78,7 +93,13 @@ for M in (4, 16, 64):
     ref = xd.float() @ wf.T
     base = DECODE_WIDE if M <= 16 else PREFILL_SMALL
     before = LinearConfig(16, 64, 256, 1, 4, 3, True) if M <= 16 else LinearConfig(64, 128, 128, 1, 4, 3, True)
-    for cfg in [dataclasses.replace(base, num_stages=st) for st in (3, 2, 1)] + [before]:
+    if MMA_SYNC:
+        cands = [dataclasses.replace(base, num_warps=2, num_stages=st) for st in (3, 2)]
+        cands += [dataclasses.replace(base, block_n=64, num_warps=2, num_stages=3)] if base.block_n != 64 else []
+        cands += [dataclasses.replace(base, num_stages=1), before]
+    else:
+        cands = [dataclasses.replace(base, num_stages=st) for st in (3, 2, 1)] + [before]
+    for cfg in cands:
         probe(cfg.name(), lambda cfg=cfg: linear_mxfp4(xd, w, ws, None, "w4a16", cfg), ref, kind="lm_head", M=M)
 cfg = pick_moe_config(128, K, E)
 for name, src in check._moe_sources("bf16", cfg).items():
