@@ -21,8 +21,10 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequantize_mxfp4_rows
+from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequant_pairs, dequantize_mxfp4_rows
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import (
@@ -38,7 +40,7 @@ from mxrepack.kernels.moe_mxfp4 import (
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
 from mxrepack.layouts import ExpertDims, get_layout
-from mxrepack.quant import dequantize_mxfp4, dequantize_mxfp8, quantize_mxfp4, quantize_mxfp8
+from mxrepack.quant import FP4_VALUES, dequantize_mxfp4, dequantize_mxfp8, quantize_mxfp4, quantize_mxfp8
 
 
 def rel(y, ref):
@@ -102,6 +104,7 @@ def test_linear_without_bias_and_config_choice():
     y = linear_mxfp4(x, w, ws, None, "w4a16", LinearConfig(16, 32, 64))
     assert rel(y, mxfp4_linear(x, w, ws)) <= 1e-2
     assert pick_config(1, 201088, 2880).split_k == 1 and pick_config(4, 201088, 2880).swap_ab  # lm_head: enough N tiles
+    assert not pick_config(4, 201088, 2880, mode="w4a8").swap_ab  # the swap decodes W for bf16 activations only
     assert pick_config(1, 512, 2880).split_k > 1 and not pick_config(1, 512, 2880).swap_ab  # k/v proj: split K
     assert pick_config(4096, 4096, 2880).block_m == 128
     with pytest.raises(ValueError, match="do not fit"):
@@ -156,6 +159,36 @@ def test_dequantize_rows_is_exact():
     out = torch.full((N, K), float("nan"), dtype=torch.bfloat16)
     y = dequantize_mxfp4_rows(w, ws, out, DequantConfig(16, 128))
     assert y is out and torch.equal(y, dequantize_mxfp4(w, ws, torch.bfloat16))
+
+
+@triton.jit
+def _pairs_kernel(w_ptr, s_ptr, even_ptr, odd_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rn = tl.arange(0, BLOCK_N)
+    rb = tl.arange(0, BLOCK_K // 2)
+    w = tl.load(w_ptr + rn[:, None] * (BLOCK_K // 2) + rb[None, :])
+    ws = tl.load(s_ptr + rn[:, None] * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32)[None, :])
+    even, odd = dequant_pairs(w, ws, BLOCK_N, BLOCK_K, "ops")
+    tl.store(even_ptr + rn[:, None] * (BLOCK_K // 2) + rb[None, :], even)
+    tl.store(odd_ptr + rn[:, None] * (BLOCK_K // 2) + rb[None, :], odd)
+
+
+def test_dequant_pairs_is_exact():
+    """The swapped-operand decode's portable twin (the PTX one is emulated in the review of 0492766): every byte under
+    every E8M0 scale 0-255 gives code value * 2^(E-127) as bf16, bit for bit, subnormals at E = 0-1 included (the
+    product's top 16 bits, not a cast the interpreter would flush); E = 255 gives inf, and NaN for code 0."""
+    w = torch.arange(256, dtype=torch.uint8).repeat(256, 2)  # [256 scales, 512 bytes]: every byte twice
+    ws = torch.arange(256, dtype=torch.uint8)[:, None].repeat(1, 32)
+    even, odd = (torch.empty(256, 512, dtype=torch.bfloat16) for _ in range(2))
+    _pairs_kernel[(1,)](w, ws, even, odd, BLOCK_N=256, BLOCK_K=1024)
+    scale = torch.exp2(torch.arange(256, dtype=torch.float64) - 127)[:, None]
+    values = torch.tensor(FP4_VALUES, dtype=torch.float64)
+    for got, codes in ((even, w & 15), (odd, w >> 4)):
+        want = (values[codes.long()] * scale).to(torch.float32).to(torch.bfloat16)
+        want[255] = values[codes[255].long()].to(torch.float32) * float("inf")  # 0 * inf: NaN
+        assert torch.equal(got[:255].view(torch.int16), want[:255].view(torch.int16))
+        assert torch.equal(got[255].isnan(), want[255].isnan()) and torch.equal(
+            got[255][~got[255].isnan()], want[255][~want[255].isnan()]
+        )
 
 
 def test_prefill_dequant_gemm_matches_reference():
@@ -264,8 +297,10 @@ def test_moe_mxfp4_matches_reference(activations, bound):
     assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops"), f16x2)
     # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
     assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 1024, 4096, 8192)] == [16, 32, 64, 128, 128]
-    assert all(pick_moe_config(T, 4, 128).swap_ab for T in (64, 512, 1024, 4096))
-    assert not pick_moe_config(8192, 4, 128).swap_ab and pick_moe_config(8192, 4, 128).block_n == 128
+    assert all(pick_moe_config(T, 4, 128).swap_ab for T in (64, 512, 1024))  # unpipelined: no wgmma in flight
+    assert all(pick_moe_config(T, 4, 128).num_stages == 1 for T in (64, 512, 1024))
+    assert not pick_moe_config(4096, 4, 128).swap_ab and pick_moe_config(8192, 4, 128).block_n == 128
+    assert not any(pick_moe_config(T, 4, 128, act).swap_ab for T in (64, 1024) for act in ("e4m3", "e2m1"))
     assert isinstance(pick_moe(64, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(80, 4, 128, 2880), MoeConfig)
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
 
@@ -304,6 +339,26 @@ def test_kernels_check_builds_for_sm12x_without_tma():
             assert r["shared_bytes"] <= 101376
             if r["mode"] == "w4a4":
                 assert any("kind::mxf4nvf4.block_scale" in m for m in r["mma"])
+
+
+_PIPELINED_SWAP = """
+import json
+from mxrepack.kernels import check, moe_mxfp4 as moe
+cfg = moe.MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
+src = check._moe_sources("bf16", cfg)["moe_down_combine"]
+print(json.dumps([check.check_one("moe_down_combine", cfg.name(), "w4a16", src, 4, st, cap)["error"]
+                  for cap, st in ((90, 3), (90, 1), (121, 3))]))
+"""
+
+
+def test_kernels_check_refuses_a_pipelined_swap_on_wgmma():
+    """A swapped-operand tile pipelined on sm_90a's wgmma races (triton-lang/triton#9433): the check fails it; one
+    stage on sm_90a, and mma.sync on sm_121a at any stage count, pass."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _PIPELINED_SWAP], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    hopper_3, hopper_1, sm121_3 = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "register race" in hopper_3 and hopper_1 is None and sm121_3 is None
 
 
 _VECTOR_LOADS = """

@@ -10,6 +10,8 @@ is needed -- and the result is inspected:
   asynchronous copies, so it does not pipeline the K loop and reports a fraction of the real figure;
 * ``tma``: any ``cp.async.bulk.tensor``, ``.tile::scatter4`` or ``.tile::gather4`` in the PTX (ptxas
   rejects TMA scatter on sm_121a; our kernels use none on any arch);
+* swapped-operand tiles (``swap_ab``: W decoded into registers as the MMA's first operand) must not pipeline a
+  ``wgmma``: the next K step would overwrite registers an in-flight ``wgmma`` still reads (triton-lang/triton#9433);
 * ``mma``: the MMA instructions found (``mma.sync...``, ``wgmma...``, ``tcgen05.mma...``); the W4A4 path
   must reach the native FP4 tensor cores on sm_12x: ``mma.sync...kind::mxf4nvf4.block_scale``. The
   decode GEMVs (``gemv_*``) and the prefill's dequantizer (``dequant_mxfp4``) run on CUDA cores by
@@ -336,7 +338,7 @@ def shipped_kernels():
         for name, cfg in lin.CONFIGS.items():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
     for act, mode in (("bf16", "w4a16"), ("e4m3", "w4a8"), ("e2m1", "w4a4")):
-        for name, cfg in moe.MOE_CONFIGS.items():
+        for name, cfg in (moe.MOE_CONFIGS if act == "bf16" else moe.MOE_CONFIGS_SCALED).items():
             for kernel, src in _moe_sources(act, cfg).items():
                 yield kernel, f"{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW)):
@@ -356,6 +358,14 @@ def specialized(src: ASTSource) -> ASTSource:
         if ty.startswith("*") or name in DIVISIBLE_BY_16
     }
     return ASTSource(src.fn, src.signature, dict(src.constants), attrs)
+
+
+def _constant(src: ASTSource, name: str):
+    """A constexpr argument's value (Triton keys them by name or, in newer releases, by ``(argument index,)``)."""
+    if name in src.constants:
+        return src.constants[name]
+    names = list(src.signature)
+    return src.constants.get((names.index(name),)) if name in names else None
 
 
 def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: int, num_stages: int, cap: int) -> dict:
@@ -394,6 +404,10 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
             problems.append(f"shared memory {rec['shared_bytes']} > {SM12X_SHARED_LIMIT}")
         if mode == "w4a4" and not any("kind::mxf4nvf4.block_scale" in m for m in rec["mma"]):
             problems.append("W4A4 does not use mma.sync kind::mxf4nvf4.block_scale")
+    if _constant(src, "SWAP_AB") and num_stages > 1 and any(m.startswith("wgmma") for m in rec["mma"]):
+        # W decoded into registers is wgmma's operand; pipelined, the next K step overwrites those registers while
+        # the wgmma still reads them (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md stop 19)
+        problems.append("swapped operands on a pipelined wgmma (num_stages > 1): a register race; use 1 stage")
     if _no_mma(kernel):
         if rec["mma"]:
             problems.append("MMA instructions in a CUDA-core kernel")

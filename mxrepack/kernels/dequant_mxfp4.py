@@ -77,7 +77,7 @@ def dot_bf16_mxfp4(
 # ``(y & 0x80008000) | ((y & 0x70007000) >> 6)`` is the bf16 pair ``value * 2^-126`` (E2M1's 0.5 is bf16's
 # subnormal 2^-127), as Marlin decodes FP4; ``y << 4`` brings the low (even-k) codes up. Two exact packed
 # multiplies (fma with -0) make it the value (x 2^126) times the scale (bf16 2^(E-127), also subnormal at E = 0).
-# About 2.5 instructions per code with the multiplies; the portable twin is ``_pairs_ops``.
+# 12 instructions per 4 codes with the multiplies; the portable twin is ``_pairs_ops``.
 PAIRS_ASM = tl.constexpr("""
 {
 .reg .b32 y, u, t, c, z;
@@ -107,14 +107,21 @@ def e8m0_to_bf16(s):
 
 
 @triton.jit
+def _code_times_scale(code, scale):
+    """E2M1 codes (int32) times fp32 scales, as bf16: the fp32 product (exact: at most two significant bits), then
+    its top 16 bits -- exact for subnormal results too, where a float cast may flush them (Triton 3.9's interpreter
+    does)."""
+    v = (((code & 8) << 28) | ((code & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
+    bits = ((v * scale).to(tl.int32, bitcast=True) >> 16) & 0xFFFF
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _pairs_ops(w, s):
-    """Portable twin of ``PAIRS_ASM`` (runs under the interpreter): the same values through fp32."""
+    """Portable twin of ``PAIRS_ASM`` (runs under the interpreter), from the E8M0 bytes ``s``."""
     w = w.to(tl.int32)
-    lo, hi = w & 15, w >> 4
-    lo = (((lo & 8) << 28) | ((lo & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
-    hi = (((hi & 8) << 28) | ((hi & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
-    s = s.to(tl.float32)
-    return (lo * s).to(tl.bfloat16), (hi * s).to(tl.bfloat16)
+    scale = e8m0_to_fp32(s.to(tl.int32))
+    return _code_times_scale(w & 15, scale), _code_times_scale(w >> 4, scale)
 
 
 @triton.jit
@@ -123,13 +130,16 @@ def dequant_pairs(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.
     ``[BLOCK_N, BLOCK_K/2]``: the even-k codes (each byte's low nibble) and the odd-k codes (high nibble), exact.
     Elementwise on the bytes, so Triton may decode them in whatever register layout the MMA operand has (no
     shuffle): the activations come split to match (:func:`dot_w_mxfp4`). ``MATH``: "asm" (PTX) or "ops"."""
-    s = e8m0_to_bf16(ws)
-    s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
     if MATH == "asm":
-        return tl.inline_asm_elementwise(
+        s = e8m0_to_bf16(ws)
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
+        even, odd = tl.inline_asm_elementwise(
             PAIRS_ASM, "=r,=r,r,r", [w, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2
         )
-    return _pairs_ops(w, s)
+    else:
+        s = tl.reshape(tl.broadcast_to(ws[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
+        even, odd = _pairs_ops(w, s)
+    return even, odd
 
 
 @triton.jit

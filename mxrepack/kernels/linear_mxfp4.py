@@ -87,19 +87,21 @@ class LinearConfig:
 # Decode: the best of a 72-config sweep on lm_head M=1 (H200, docs/PERF_LOG.md): integer-op dequant + tl.dot.
 DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=3, manual_dequant=True)
 DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, manual_dequant=True)
-# Decode on a layer wide enough to fill the GPU without split-K (lm_head): the swapped operands, W decoded in
-# registers as the MMA's first operand. H100, benchmarks/experiments/swap_ab_probe.py (2026-11-25, c5b2409,
-# docs/bench/swap_ab_probe_h100_2026-11-25.json), lm_head: 0.204 vs 0.287 ms at M = 4, 0.209 vs 0.267 at M = 16
-# for the config before. 2 stages, not 3 (0.183 / 0.190 ms): the MoE tile of the same 16 token rows raced at 3
-# stages under Triton 3.6 (see moe_mxfp4.MOE_TILES); this one was finite and identical in 20 runs at 3, but
-# shares the pipeline. On the split-K layers the swap lost on qkv (0.0175 vs 0.0159 ms at M = 4, the sweep of
-# ff05e4f, docs/bench/dense_sweep_swap_h100_2026-11-25.json) and won on o (0.0128 vs 0.0143): they keep DECODE.
-DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=4, num_stages=2, swap_ab=True)
+# W4A16 decode on a layer wide enough to fill the GPU without split-K (lm_head): the swapped operands (W decoded
+# in registers as the MMA's first operand) on 2 warps, where Triton takes the synchronous mma.sync and so can
+# pipeline it: on 4 warps it would take wgmma, whose asynchronous reads of W's registers race with the next K
+# step's decode when pipelined (moe_mxfp4.MOE_TILES, triton-lang/triton#9433). H100,
+# benchmarks/experiments/swap_ab_probe.py --mma-sync (2026-11-25, d56c611,
+# docs/bench/swap_ab_probe_mma_sync_h100_2026-11-25.json), lm_head: 0.203 vs 0.287 ms at M = 4, 0.207 vs 0.266 at
+# M = 16 for DECODE (1-stage wgmma: 0.286 / 0.316). On the split-K layers the swap lost on qkv (0.0175 vs 0.0159 ms
+# at M = 4, docs/bench/dense_sweep_swap_h100_2026-11-25.json) and won on o (0.0128 vs 0.0143): they keep DECODE.
+# MXFP8/MXFP4 activations keep DECODE too.
+DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=2, num_stages=3, swap_ab=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
-# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, 0.292 vs 0.360 ms
-# for the integer-op dequant shipped before at M = 64 (the same probe; 3 stages at 64 token rows finite and identical
-# in every run; M = 128-255 not measured).
-PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True)
+# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the integer-op dequant, 0.364 vs 0.397 ms
+# at M = 64 (H100, benchmarks/peers.py --sweep-dense, docs/bench/dense_sweep_h100_2026-11-24.json). The swapped
+# operands were faster only pipelined on wgmma (0.292 ms), which races; unpipelined 0.382, on mma.sync 0.414-0.639.
+PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, manual_dequant=True)
 CONFIGS = {
     "decode": DECODE,
     "decode_split": DECODE_SPLIT,
@@ -109,13 +111,13 @@ CONFIGS = {
 }
 
 
-def pick_config(M: int, N: int, K: int, sm_count: int = 132) -> LinearConfig:
-    """Decode for M <= 16 (the swapped operands on a layer whose N tiles fill the GPU, else split-K), prefill
-    otherwise."""
+def pick_config(M: int, N: int, K: int, sm_count: int = 132, mode: str = "w4a16") -> LinearConfig:
+    """Decode for M <= 16 (on a layer whose N tiles fill the GPU: the swapped operands for W4A16, else one split;
+    otherwise split-K), prefill otherwise."""
     if M <= 16:
         tiles = triton.cdiv(N, DECODE.block_n)
         if tiles >= 2 * sm_count:
-            return DECODE_WIDE
+            return DECODE_WIDE if mode == "w4a16" else DECODE
         k_tiles = triton.cdiv(K, DECODE.block_k)
         split = max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(4 * sm_count, tiles))))
         return LinearConfig(
@@ -166,66 +168,56 @@ def _linear_mxfp4_kernel(
     m_ok, n_ok = rm < M, rn < N
     k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
-    if SWAP_AB:  # x in split order, zero-padded to whole 128-column K tiles (split_pairs): no K mask on it
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
-            k0 = kt * BLOCK_K
-            kb_ok = (k0 // 2 + rkb) < K // 2
-            ks_ok = (k0 // 32 + rks) < K // 32
-            w = tl.load(
-                w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0
-            )
-            ws = tl.load(
-                ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :],
-                mask=n_ok[:, None] & ks_ok[None, :],
-                other=127,
-            )
-            xr = x_ptr + rm[:, None] * stride_xm + k0 + tl.arange(0, BLOCK_K // 2)[None, :]
-            a_even = tl.load(xr, mask=m_ok[:, None], other=0.0)
-            a_odd = tl.load(xr + BLOCK_K // 2, mask=m_ok[:, None], other=0.0)
-            acc_t = dot_w_mxfp4(w, ws, a_even, a_odd, acc_t, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
-        acc = tl.trans(acc_t)
+    if SWAP_AB:  # W @ x.T into [BLOCK_N, BLOCK_M]; x in split order, zero-padded to whole K tiles (split_pairs)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
-            k0 = kt * BLOCK_K
-            kb_ok = (k0 // 2 + rkb) < K // 2
-            ks_ok = (k0 // 32 + rks) < K // 32
-            # weights: [BLOCK_N, BLOCK_K/2] bytes (zero past K: code 0 is 0.0), scales [BLOCK_N, BLOCK_K/32]
-            w = tl.load(
-                w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0
+    for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
+        k0 = kt * BLOCK_K
+        kb_ok = (k0 // 2 + rkb) < K // 2
+        ks_ok = (k0 // 32 + rks) < K // 32
+        # weights: [BLOCK_N, BLOCK_K/2] bytes (zero past K: code 0 is 0.0), scales [BLOCK_N, BLOCK_K/32]
+        w = tl.load(
+            w_ptr + rn[:, None] * stride_wn + (k0 // 2 + rkb)[None, :], mask=n_ok[:, None] & kb_ok[None, :], other=0
+        )
+        ws = tl.load(
+            ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :],
+            mask=n_ok[:, None] & ks_ok[None, :],
+            other=127,
+        )
+        if SWAP_AB:
+            xr = x_ptr + rm[:, None] * stride_xm + k0 + rkb[None, :]  # the even half, then the odd half
+            a_even = tl.load(xr, mask=m_ok[:, None], other=0.0)
+            a_odd = tl.load(xr + BLOCK_K // 2, mask=m_ok[:, None], other=0.0)
+            acc = dot_w_mxfp4(w, ws, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+        elif A_FMT == "bf16":
+            a = tl.load(
+                x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
+                mask=m_ok[:, None] & ((k0 + rk) < K)[None, :],
+                other=0.0,
             )
-            ws = tl.load(
-                ws_ptr + rn[:, None] * stride_wsn + (k0 // 32 + rks)[None, :],
-                mask=n_ok[:, None] & ks_ok[None, :],
-                other=127,
-            )
-            if A_FMT == "bf16":
+            acc = dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
+        else:
+            if A_FMT == "e2m1":
+                a = tl.load(
+                    x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :],
+                    mask=m_ok[:, None] & kb_ok[None, :],
+                    other=0,
+                )
+            else:
                 a = tl.load(
                     x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
                     mask=m_ok[:, None] & ((k0 + rk) < K)[None, :],
                     other=0.0,
                 )
-                acc = dot_bf16_mxfp4(a, w, ws, acc, BLOCK_N, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
-            else:
-                if A_FMT == "e2m1":
-                    a = tl.load(
-                        x_ptr + rm[:, None] * stride_xm + (k0 // 2 + rkb)[None, :],
-                        mask=m_ok[:, None] & kb_ok[None, :],
-                        other=0,
-                    )
-                else:
-                    a = tl.load(
-                        x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
-                        mask=m_ok[:, None] & ((k0 + rk) < K)[None, :],
-                        other=0.0,
-                    )
-                xs = tl.load(
-                    xs_ptr + rm[:, None] * stride_xsm + (k0 // 32 + rks)[None, :],
-                    mask=m_ok[:, None] & ks_ok[None, :],
-                    other=127,
-                )
-                acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
+            xs = tl.load(
+                xs_ptr + rm[:, None] * stride_xsm + (k0 // 32 + rks)[None, :],
+                mask=m_ok[:, None] & ks_ok[None, :],
+                other=127,
+            )
+            acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if HAS_BIAS:
         if pid_k == 0:
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -268,7 +260,7 @@ def linear_mxfp4(
         if mode != "w4a16":
             raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
         return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, config or DEQUANT)
-    cfg = config or pick_config(M, N, K, sm_count(x.device))
+    cfg = config or pick_config(M, N, K, sm_count(x.device), mode)
     a_fmt = MODES[mode]
     swap = cfg.swap_ab and a_fmt == "bf16"
     if swap:

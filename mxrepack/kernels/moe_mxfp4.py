@@ -91,34 +91,42 @@ class MoeConfig:
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
-# whose bound is not below it. Up to 128 rows the swapped operands (``swap_ab``: W decoded in registers as the
-# MMA's first operand) at 64 weight rows x 128 codes, 4 warps, with as many token rows as the experts have: H100,
-# 120b shapes, CUDA graphs, ``benchmarks/experiments/swap_ab_probe.py`` (2026-11-25, c5b2409,
-# docs/bench/swap_ab_probe_h100_2026-11-25.json), against the tiles shipped before in the same run: T = 128 1.218
-# vs 1.539 ms, 512 1.302 vs 1.788, 1024 1.808 vs 2.207, 4096 4.495 vs 5.108.
-# Stages: at 16 token rows, 3 stages returned non-finite output in 2-11 of 20-30 runs under Triton 3.6 (a race
-# in the pipelined wgmma loop; 2 and 1 stages: none in 20-30, and the same bits each run), so that tile runs
-# unpipelined (1 stage: 1.218 ms at T = 128, 3 stages 1.084 when right). At 32-128 token rows 3 stages gave
-# finite, identical output in every run (20 each in the probe, and the sweeps and peers runs). 8 warps were up to
-# 2x slower (docs/bench/moe_sweep_swap_h100_2026-11-25.json). Beyond 128 rows per expert (T > 4096 at top-4 of
-# 128) the 128 x 128 dot_scaled tiles, unmeasured against the swap (8.88 ms at T = 8192, docs/PERF_LOG.md stop 10).
-# Activations other than bf16 take tl.dot_scaled in the same tile shapes (``swap_ab`` is bf16-only).
+# whose bound is not below it. H100, 120b shapes, CUDA graphs, each against the tiles shipped before in the same run
+# (``benchmarks/experiments/swap_ab_probe.py``, 2026-11-25: docs/bench/swap_ab_probe_h100_2026-11-25.json, c5b2409,
+# and ..._mma_sync_h100_2026-11-25.json, d56c611).
+# Up to 32 rows: the swapped operands (``swap_ab``: W decoded in registers as the MMA's first operand) at 64 weight
+# rows, with as many token rows as the experts have, and **one stage**. Pipelined, Hopper's wgmma reads W's
+# registers asynchronously while the next K step decodes into them (triton-lang/triton#9433): at 16 token rows and
+# 3 stages 2-11 of 20-30 runs returned non-finite output; the loops of 2 stages and of 32-128 rows have the same
+# shape, so they are not shipped either. Unpipelined: T = 128 1.220 vs 1.553 ms, 512 1.630 vs 1.788, 1024 1.944 vs
+# 2.218. (Pipelined on mma.sync, 2 warps: no faster, 1.214 / 1.679 / 2.390 ms.) From 33 to 128 rows the 1-stage
+# swap lost (T = 4096 5.602 vs 5.078 ms): the dot_scaled tiles stay; beyond, 128 x 128 (8.88 ms at T = 8192,
+# docs/PERF_LOG.md stop 10). ``repack kernels check`` refuses a shipped swapped config that would pipeline a wgmma.
 MOE_TILES = (
     (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=1, swap_ab=True)),
-    (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
-    (32, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
-    (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3, swap_ab=True)),
+    (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=1, swap_ab=True)),
+    (32, MoeConfig(64, 64, 128, num_warps=4, num_stages=1, swap_ab=True)),
+    (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
+    (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)),
+)
+# MXFP8 / MXFP4 activations (tl.dot_scaled, no swap): the tiles chosen for them before the swap (docs/PERF_LOG.md
+# stop 10), unchanged.
+MOE_TILES_SCALED = (
+    (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=3)),
+    (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3)),
+    (32, MoeConfig(64, 128, 128, num_warps=4, num_stages=3)),
+    (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
     (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)),
 )
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
+MOE_CONFIGS_SCALED = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_SCALED}
 
 
 # T * k up to which the per-assignment GEMV beats the scheduled tiles, both in CUDA graphs. Against the swapped
-# tiles (H100, docs/bench/moe_sweep_swap_h100_2026-11-25.json): T = 16 0.329 vs 0.507 ms, T = 32 0.606 vs 0.747;
-# at T = 64 the GEMV's 1.124 ms ties the unpipelined 16-row tile's 1.134 (swap_ab_probe), and from T = 128 on the
-# tiles lead. (Against the tiles before the swap the crossing was at T = 80: docs/PERF_LOG.md stop 10.) A token
-# sharing an expert re-reads its weights (the programs of one row tile run together and mostly hit L2); the tiles
-# read each expert once.
+# 16-row tile as shipped (1 stage; swap_ab_probe): T = 64 GEMV 1.124 ms (moe_sweep_swap_h100_2026-11-25.json)
+# against 1.132-1.134, and from T = 128 on the tiles lead (1.220 ms). (Against the tiles before the swap the
+# crossing was at T = 80: docs/PERF_LOG.md stop 10.) A token sharing an expert re-reads its weights (the programs of
+# one row tile run together and mostly hit L2); the tiles read each expert once.
 GEMV_MAX_ASSIGNMENTS = 256
 
 
@@ -179,10 +187,11 @@ def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
     return MOE_GEMV if cuda else MOE_GEMV.portable()
 
 
-def pick_moe_config(tokens: int, topk: int, experts: int) -> MoeConfig:
-    """The scheduled-tile shape for ``tokens`` routed to ``topk`` of ``experts`` (:data:`MOE_TILES`)."""
+def pick_moe_config(tokens: int, topk: int, experts: int, activations: str = "bf16") -> MoeConfig:
+    """The scheduled-tile shape for ``tokens`` routed to ``topk`` of ``experts`` (:data:`MOE_TILES`; for MXFP8/MXFP4
+    activations :data:`MOE_TILES_SCALED`)."""
     rows = tokens * topk / experts
-    return next(cfg for bound, cfg in MOE_TILES if rows <= bound)
+    return next(cfg for bound, cfg in (MOE_TILES if activations == "bf16" else MOE_TILES_SCALED) if rows <= bound)
 
 
 def pick_moe(
@@ -192,7 +201,7 @@ def pick_moe(
     ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
     if activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
         return pick_moe_gemv_config(tokens * topk, cuda)
-    return pick_moe_config(tokens, topk, experts)
+    return pick_moe_config(tokens, topk, experts, activations)
 
 
 def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
@@ -836,6 +845,8 @@ def _moe_scheduled(
     nb = blk_e.numel()
     manual = cfg.manual_dequant and activations == "bf16"
     swap = cfg.swap_ab and activations == "bf16"
+    if swap and (Ip % 128 or Hp % 128):  # whole 128-column K tiles in split order: the loads have no K mask
+        raise ValueError(f"swap_ab needs padded widths that are multiples of 128, got {Ip}/{Hp}")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     math = "ops" if interpreter or x.device.type != "cuda" else "asm"
     x = x.contiguous()
