@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mxrepack.errors import MxRepackError
+from mxrepack.gptoss import EXPERT_PARTS
 from mxrepack.layouts import ExpertDims, dense_weights, get_layout
 from mxrepack.layouts.compressed_tensors import marlin_moe_valid
 from mxrepack.layouts.dense import DenseMxLayout
@@ -203,19 +204,7 @@ def test_compressed_tensors_target_round_trips_through_the_library(tiny, tmp_pat
     I = 160
     for layer in (0, 1):
         p = f"model.layers.{layer}.mlp.experts."
-        w = dense_weights(
-            {
-                k: ck.tensors[p + k].read()
-                for k in (
-                    "gate_up_proj_blocks",
-                    "gate_up_proj_scales",
-                    "gate_up_proj_bias",
-                    "down_proj_blocks",
-                    "down_proj_scales",
-                    "down_proj_bias",
-                )
-            }
-        )
+        w = dense_weights({k: ck.tensors[p + k].read() for k in EXPERT_PARTS})
         for e in range(4):
             got = {
                 proj: decompress(
@@ -257,17 +246,7 @@ def test_compressed_tensors_padding_is_inert_in_a_moe_forward(tiny, tmp_path):
     packed = {k: torch.stack(v) for k, v in per_part.items()}
     ck = open_checkpoint(str(tiny))
     native = get_layout("mxfp4")
-    source = {
-        k: ck.tensors[p + k].read()
-        for k in (
-            "gate_up_proj_blocks",
-            "gate_up_proj_scales",
-            "gate_up_proj_bias",
-            "down_proj_blocks",
-            "down_proj_scales",
-            "down_proj_bias",
-        )
-    }
+    source = {k: ck.tensors[p + k].read() for k in EXPERT_PARTS}
     x = torch.randn(6, 288).to(torch.bfloat16)
     ids = torch.tensor([[0, 1], [2, 3], [1, 3], [0, 2], [3, 0], [2, 1]])
     wts = torch.softmax(torch.randn(6, 2), -1)

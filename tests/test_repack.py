@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mxrepack.errors import MxRepackError
+from mxrepack.gptoss import EXPERT_PARTS
 from mxrepack.layouts import LAYOUTS, dense_weights, get_layout
 from mxrepack.recipes import builtin_names, load_recipe
 from mxrepack.repack.output import read_manifest, read_weight_map
@@ -93,19 +94,7 @@ def test_bf16_values_and_original_layout_agree(tiny, tiny_original, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # original/ fused qkv splits to the same q/k/v
     ck = open_checkpoint(str(tiny))
     p = "model.layers.0.mlp.experts."
-    src = dense_weights(
-        {
-            k: ck.tensors[p + k].read()
-            for k in (
-                "gate_up_proj_blocks",
-                "gate_up_proj_scales",
-                "gate_up_proj_bias",
-                "down_proj_blocks",
-                "down_proj_scales",
-                "down_proj_bias",
-            )
-        }
-    )
+    src = dense_weights({k: ck.tensors[p + k].read() for k in EXPERT_PARTS})
     assert torch.equal(a[p + "gate_up_proj"].float(), src["gate_up_proj"].transpose(1, 2))
     assert a[p + "gate_up_proj"].shape == (4, 288, 320) and a[p + "down_proj"].shape == (4, 160, 288)
 
@@ -132,17 +121,7 @@ def test_layout_roundtrips_on_tiny(tiny):
 
     ck = open_checkpoint(str(tiny))
     p = "model.layers.1.mlp.experts."
-    parts = {
-        k: ck.tensors[p + k].read()
-        for k in (
-            "gate_up_proj_blocks",
-            "gate_up_proj_scales",
-            "gate_up_proj_bias",
-            "down_proj_blocks",
-            "down_proj_scales",
-            "down_proj_bias",
-        )
-    }
+    parts = {k: ck.tensors[p + k].read() for k in EXPERT_PARTS}
     dims = ExpertDims(4, 288, 160)
     for layout in LAYOUTS.values():
         if layout.per_expert:  # one tensor per expert: pack each, stack for unpack

@@ -857,6 +857,18 @@ def _moe_scheduled(
     else:
         a, a_s = quantize_activations(x if H % 32 == 0 else torch.nn.functional.pad(x, (0, 32 - H % 32)), activations)
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
+    launch = dict(  # the tile and its options, the same for both kernels
+        A_FMT=activations,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        MANUAL_DEQUANT=manual,
+        INTERPRETER=interpreter,
+        SWAP_AB=swap,
+        MATH=math,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     _gate_up_kernel[(nb, Ip // cfg.block_n)](
         a,
         a_s if a_s is not None else s13,
@@ -881,16 +893,7 @@ def _moe_scheduled(
         h.stride(0),
         SWIGLU_ALPHA,
         SWIGLU_LIMIT,
-        A_FMT=activations,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        MANUAL_DEQUANT=manual,
-        INTERPRETER=interpreter,
-        SWAP_AB=swap,
-        MATH=math,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **launch,
     )
     if activations == "bf16":
         ha, ha_s = h, None
@@ -919,15 +922,6 @@ def _moe_scheduled(
         s2.stride(0),
         s2.stride(1),
         y.stride(0),
-        A_FMT=activations,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        MANUAL_DEQUANT=manual,
-        INTERPRETER=interpreter,
-        SWAP_AB=swap,
-        MATH=math,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **launch,
     )
     return y
