@@ -319,12 +319,15 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
             ref = x.float() @ wf.T
             cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
             grid = ((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else ((16, 64), (64, 128), (128,), (1, 2))
-            if kind == "swap":  # the swapped operands (one 128-code K tile per step) beside the shipped choice
+            # the swapped operands (one 128-code K tile per step) only where no wgmma is in flight across K steps
+            # (triton#9433): 2 warps (mma.sync) pipelined, or 4 warps at 1 stage
+            launches = ((4, 3),) if kind != "swap" else ((2, 3), (2, 2), (4, 1))
+            if kind == "swap":
                 grid = ((16,), (64, 128), (128,), (1, 2, 4, 8)) if M <= 16 else ((32, 64), (64, 128), (128,), (1, 2))
-            for bm, bn, bk, split, v in itertools.product(
-                *grid, ("swap",) if kind == "swap" else (False, True, "swap")
+            for bm, bn, bk, split, v, (w, st) in itertools.product(
+                *grid, ("swap",) if kind == "swap" else (False, True), launches
             ):
-                cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, 4, 3, v is True, v == "swap")
+                cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, w, st, v is True, v == "swap")
                 cands[cfg.name()] = cfg
             for label, cfg in cands.items():
                 rec = {"kind": "dense_sweep", "shape": name, "M": M, "config": label}
