@@ -324,10 +324,10 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
             launches = ((4, 3),) if kind != "swap" else ((2, 3), (2, 2), (4, 1))
             if kind == "swap":
                 grid = ((16,), (64, 128), (128,), (1, 2, 4, 8)) if M <= 16 else ((32, 64), (64, 128), (128,), (1, 2))
-            for bm, bn, bk, split, v, (w, st) in itertools.product(
+            for bm, bn, bk, split, v, (warps, st) in itertools.product(
                 *grid, ("swap",) if kind == "swap" else (False, True), launches
             ):
-                cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, w, st, v is True, v == "swap")
+                cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, warps, st, v is True, v == "swap")
                 cands[cfg.name()] = cfg
             for label, cfg in cands.items():
                 rec = {"kind": "dense_sweep", "shape": name, "M": M, "config": label}
