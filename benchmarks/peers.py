@@ -283,9 +283,15 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H)}
         variants = ("swap",) if kind == "swap" else ("plain", "manual", "swap")
-        for bm, bn, (w, st), v in itertools.product(ms_, (64, 128), ((4, 3), (4, 4), (8, 3)), variants):
-            cfg = MoeConfig(bm, bn, 128, num_warps=w, num_stages=st, manual_dequant=v == "manual", swap_ab=v == "swap")
-            cands[cfg.name()] = cfg
+        for bm, bn, v in itertools.product(ms_, (64, 128), variants):
+            # the swapped operands only where no wgmma is in flight across K steps (triton#9433): 1 stage, or 2 warps
+            # (mma.sync) pipelined
+            launches = ((4, 1), (8, 1), (2, 3)) if v == "swap" else ((4, 3), (4, 4), (8, 3))
+            for warps, st in launches:
+                cfg = MoeConfig(
+                    bm, bn, 128, num_warps=warps, num_stages=st, manual_dequant=v == "manual", swap_ab=v == "swap"
+                )
+                cands[cfg.name()] = cfg
         for name, cfg in cands.items():
             rec = {"kind": "moe_sweep", "T": T, "config": name if name != "shipped" else f"shipped {cfg.name()}"}
             try:
