@@ -44,15 +44,20 @@ def e8m0_to_fp32(s):
 
 
 @triton.jit
+def e2m1_to_fp32(code):
+    """E2M1 codes (int32) -> their fp32 values: the sign and 3 exponent/mantissa bits placed at fp32 bits 31 and
+    22-24 read as ``value * 2^-126`` (code 1 -> subnormal 0.5 * 2^-126 too), times 2^126."""
+    return (((code & 8) << 28) | ((code & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
+
+
+@triton.jit
 def dequant_tile_bf16(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Packed E2M1 bytes ``[BLOCK_N, BLOCK_K/2]`` and E8M0 scales ``[BLOCK_N, BLOCK_K/32]`` -> bf16
-    ``[BLOCK_N, BLOCK_K]`` with integer ops: a code's sign and 3 exponent/mantissa bits placed at fp32
-    bits 31 and 22-24 read as ``value * 2^-126`` (1 -> subnormal 0.5 * 2^-126 too); times 2^126, times the scale."""
+    ``[BLOCK_N, BLOCK_K]`` with integer ops (:func:`e2m1_to_fp32`), times the scale."""
     w = w.to(tl.int32)
     codes = tl.reshape(tl.join(w & 15, w >> 4), (BLOCK_N, BLOCK_K))
-    f = (((codes & 8) << 28) | ((codes & 7) << 22)).to(tl.float32, bitcast=True)
+    f = e2m1_to_fp32(codes)
     mult = e8m0_to_fp32(ws.to(tl.int32))
-    f = f * 8.507059173023462e37  # 2^126: now the E2M1 value itself
     f = tl.reshape(tl.reshape(f, (BLOCK_N, BLOCK_K // 32, 32)) * mult[:, :, None], (BLOCK_N, BLOCK_K))
     return f.to(tl.bfloat16)
 
@@ -111,8 +116,7 @@ def _code_times_scale(code, scale):
     """E2M1 codes (int32) times fp32 scales, as bf16: the fp32 product (exact: at most two significant bits), then
     its top 16 bits -- exact for subnormal results too, where a float cast may flush them (Triton 3.9's interpreter
     does)."""
-    v = (((code & 8) << 28) | ((code & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
-    bits = ((v * scale).to(tl.int32, bitcast=True) >> 16) & 0xFFFF
+    bits = ((e2m1_to_fp32(code) * scale).to(tl.int32, bitcast=True) >> 16) & 0xFFFF
     return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
@@ -130,16 +134,20 @@ def dequant_pairs(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.
     ``[BLOCK_N, BLOCK_K/2]``: the even-k codes (each byte's low nibble) and the odd-k codes (high nibble), exact.
     Elementwise on the bytes, so Triton may decode them in whatever register layout the MMA operand has (no
     shuffle): the activations come split to match (:func:`dot_w_mxfp4`). ``MATH``: "asm" (PTX) or "ops"."""
-    if MATH == "asm":
-        s = e8m0_to_bf16(ws)
-        s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
+    if MATH == "asm":  # converted per group, then spread to its 16 bytes
+        s = _per_byte(e8m0_to_bf16(ws), BLOCK_N, BLOCK_K)
         even, odd = tl.inline_asm_elementwise(
             PAIRS_ASM, "=r,=r,r,r", [w, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2
         )
     else:
-        s = tl.reshape(tl.broadcast_to(ws[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
-        even, odd = _pairs_ops(w, s)
+        even, odd = _pairs_ops(w, _per_byte(ws, BLOCK_N, BLOCK_K))
     return even, odd
+
+
+@triton.jit
+def _per_byte(s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Per-group values ``[BLOCK_N, BLOCK_K/32]`` -> one per packed byte ``[BLOCK_N, BLOCK_K/2]`` (16 bytes a group)."""
+    return tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
 
 
 @triton.jit
@@ -175,6 +183,24 @@ def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:
         raise ValueError(f"split width {width} must be a multiple of 128 and at least {K}")
     x = torch.nn.functional.pad(x, (0, width - K)) if width != K else x
     return x.reshape(T, width // 128, 64, 2).transpose(2, 3).reshape(T, width)
+
+
+@triton.jit
+def load_split(a_ptr, rows, row_ok, k0, stride_a, BLOCK_K: tl.constexpr):
+    """The even and odd columns ``[rows, BLOCK_K/2]`` of one K tile of activations in split order (:func:`split_pairs`):
+    two contiguous halves, so both load as whole rows; no K mask (split order is padded to whole tiles)."""
+    r = rows[:, None] * stride_a + k0 + tl.arange(0, BLOCK_K // 2)[None, :]
+    return (
+        tl.load(a_ptr + r, mask=row_ok[:, None], other=0.0),
+        tl.load(a_ptr + r + BLOCK_K // 2, mask=row_ok[:, None], other=0.0),
+    )
+
+
+@triton.jit
+def split_column(n):
+    """Column of value ``n`` in split order: per 128-column tile, the even columns then the odd (for a kernel that
+    writes what the next one reads with :func:`load_split`)."""
+    return (n // 128) * 128 + (n % 2) * 64 + (n % 128) // 2
 
 
 @triton.jit

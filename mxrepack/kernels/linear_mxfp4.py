@@ -33,6 +33,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     linear_dequant_gemm,
+    load_split,
     split_pairs,
 )
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
@@ -186,9 +187,7 @@ def _linear_mxfp4_kernel(
             other=127,
         )
         if SWAP_AB:
-            xr = x_ptr + rm[:, None] * stride_xm + k0 + rkb[None, :]  # the even half, then the odd half
-            a_even = tl.load(xr, mask=m_ok[:, None], other=0.0)
-            a_odd = tl.load(xr + BLOCK_K // 2, mask=m_ok[:, None], other=0.0)
+            a_even, a_odd = load_split(x_ptr, rm, m_ok, k0, stride_xm, BLOCK_K)
             acc = dot_w_mxfp4(w, ws, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
         elif A_FMT == "bf16":
             a = tl.load(

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import dot_bf16_mxfp4, dot_w_mxfp4, split_pairs
+from mxrepack.kernels.dequant_mxfp4 import dot_bf16_mxfp4, dot_w_mxfp4, load_split, split_column, split_pairs
 from mxrepack.kernels.gemv_mxfp4 import (
     GemvConfig,
     gdc_launch_dependents,
@@ -255,23 +255,6 @@ def _load_a_scales(as_ptr, rows, row_ok, k0, K, stride_as, BLOCK_K: tl.constexpr
 
 
 @triton.jit
-def _load_a_split(a_ptr, rows, row_ok, k0, stride_a):
-    """The even and odd columns ``[BLOCK_M, 64]`` of one 128-column K tile of activations in split order
-    (:func:`~mxrepack.kernels.dequant_mxfp4.split_pairs`): two contiguous halves, so both load as whole rows."""
-    r = rows[:, None] * stride_a + k0 + tl.arange(0, 64)[None, :]
-    return (
-        tl.load(a_ptr + r, mask=row_ok[:, None], other=0.0),
-        tl.load(a_ptr + r + 64, mask=row_ok[:, None], other=0.0),
-    )
-
-
-@triton.jit
-def _split_column(n):
-    """Column of intermediate value ``n`` in split order: per 128-column tile, the even columns then the odd."""
-    return (n // 128) * 128 + (n % 2) * 64 + (n % 128) // 2
-
-
-@triton.jit
 def _dot(
     a,
     as_ptr,
@@ -387,28 +370,31 @@ def _gate_up_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    if SWAP_AB:  # x split (even | odd columns per K tile) and padded to Hp; accumulators [BLOCK_N, BLOCK_M]
-        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, Hp, BLOCK_K):
-            a_even, a_odd = _load_a_split(x_ptr, tok, row_ok, k0, stride_x)
-            wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-            wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-            acc_g = dot_w_mxfp4(wg, sg, a_even, a_odd, acc_g, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
-            acc_u = dot_w_mxfp4(wu, su, a_even, a_odd, acc_u, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
-        gate, up = tl.trans(acc_g), tl.trans(acc_u)
-        col = _split_column(rn)  # the down kernel reads the intermediate in split order too
+    if SWAP_AB:  # W @ x.T into [BLOCK_N, BLOCK_M]; x split (even | odd columns per K tile) and padded to Hp
+        gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, Hp, BLOCK_K):
+    for k0 in range(0, Hp, BLOCK_K):
+        if SWAP_AB:
+            a_even, a_odd = load_split(x_ptr, tok, row_ok, k0, stride_x, BLOCK_K)
+        else:
             a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
-            wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-            wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+        wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+        wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+        if SWAP_AB:
+            gate = dot_w_mxfp4(wg, sg, a_even, a_odd, gate, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+            up = dot_w_mxfp4(wu, su, a_even, a_odd, up, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+        else:
             gate = _dot(
                 a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, gate, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
             )
             up = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, up, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
+    if SWAP_AB:
+        gate, up = tl.trans(gate), tl.trans(up)
+        col = split_column(rn)  # the down kernel reads the intermediate in split order too
+    else:
         col = rn
     gate = gate + tl.load(b_ptr + e * 2 * Ip + rn)[None, :]
     up = up + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
@@ -458,21 +444,24 @@ def _down_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    if SWAP_AB:  # the intermediate in split order (the gate_up kernel wrote it so)
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, Ip, BLOCK_K):
-            a_even, a_odd = _load_a_split(h_ptr, pos, row_ok, k0, stride_h)
-            w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
-            acc_t = dot_w_mxfp4(w, s, a_even, a_odd, acc_t, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
-        acc = tl.trans(acc_t)
+    if SWAP_AB:  # W @ h.T into [BLOCK_N, BLOCK_M]; the intermediate in split order (the gate_up kernel wrote it so)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, Ip, BLOCK_K):
+    for k0 in range(0, Ip, BLOCK_K):
+        if SWAP_AB:
+            a_even, a_odd = load_split(h_ptr, pos, row_ok, k0, stride_h, BLOCK_K)
+        else:
             a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
-            w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
+        w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
+        if SWAP_AB:
+            acc = dot_w_mxfp4(w, s, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+        else:
             acc = _dot(
                 a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
             )
+    if SWAP_AB:
+        acc = tl.trans(acc)
     acc += tl.load(b_ptr + e * Hp + rn)[None, :]
     assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
     acc *= tl.load(wts_ptr + assignment, mask=row_ok, other=0.0)[:, None]
