@@ -342,23 +342,31 @@ def test_kernels_check_builds_for_sm12x_without_tma():
 
 
 _PIPELINED_SWAP = """
-import json
+import json, triton
+from triton.backends.compiler import GPUTarget
 from mxrepack.kernels import check, moe_mxfp4 as moe
-cfg = moe.MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
-src = check._moe_sources("bf16", cfg)["moe_down_combine"]
-print(json.dumps([check.check_one("moe_down_combine", cfg.name(), "w4a16", src, 4, st, cap)["error"]
-                  for cap, st in ((90, 3), (90, 1), (121, 3))]))
+out = []
+for swap in (True, False):
+    cfg = moe.MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=swap)
+    src = check._moe_sources("bf16", cfg)["moe_down_combine"]
+    ptx = triton.compile(check.specialized(src), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
+    out.append(check.wgmma_left_in_flight(ptx))
+    if swap:
+        out += [check.check_one("moe_down_combine", cfg.name(), "w4a16", src, 4, 3, cap)["error"] for cap in (90, 121)]
+print(json.dumps(out))
 """
 
 
-def test_kernels_check_refuses_a_pipelined_swap_on_wgmma():
-    """A swapped-operand tile pipelined on sm_90a's wgmma races (triton-lang/triton#9433): the check fails it; one
-    stage on sm_90a, and mma.sync on sm_121a at any stage count, pass."""
+def test_pipelined_swap_waits_for_every_wgmma():
+    """The swapped-operand tile, pipelined on sm_90a, waits for each wgmma before the next decode (no register race,
+    triton-lang/triton#9433); the unswapped tile, W in shared memory, keeps its wgmma in flight (what the check's
+    counter detects). The swapped tile passes the check on sm_90a and sm_121a."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _PIPELINED_SWAP], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    hopper_3, hopper_1, sm121_3 = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "register race" in hopper_3 and hopper_1 is None and sm121_3 is None
+    swapped, hopper, sm121, plain = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert swapped == 0 and plain > 0 and hopper is None and sm121 is None
 
 
 _VECTOR_LOADS = """

@@ -404,10 +404,11 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
             problems.append(f"shared memory {rec['shared_bytes']} > {SM12X_SHARED_LIMIT}")
         if mode == "w4a4" and not any("kind::mxf4nvf4.block_scale" in m for m in rec["mma"]):
             problems.append("W4A4 does not use mma.sync kind::mxf4nvf4.block_scale")
-    if _constant(src, "SWAP_AB") and num_stages > 1 and any(m.startswith("wgmma") for m in rec["mma"]):
-        # W decoded into registers is wgmma's operand; pipelined, the next K step overwrites those registers while
-        # the wgmma still reads them (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md stop 19)
-        problems.append("swapped operands on a pipelined wgmma (num_stages > 1): a register race; use 1 stage")
+    if _constant(src, "SWAP_AB") and wgmma_left_in_flight(ptx):
+        # W decoded into registers is wgmma's operand; a wgmma left in flight lets the next decode overwrite those
+        # registers while it still reads them (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md
+        # stop 19). dequant_mxfp4.mma_done makes Triton wait for each one.
+        problems.append("swapped operands on a wgmma left in flight: a register race (see dequant_mxfp4.mma_done)")
     if _no_mma(kernel):
         if rec["mma"]:
             problems.append("MMA instructions in a CUDA-core kernel")
@@ -416,6 +417,16 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     rec["ok"] = not problems
     rec["error"] = "; ".join(problems) or None
     return rec
+
+
+def wgmma_left_in_flight(ptx: str) -> int:
+    """How many ``wgmma`` groups the PTX commits without waiting for them (``wait_group 0``) before its next wgmma
+    instruction: each lets other code run while the MMA still reads its register operands."""
+    ops = re.findall(r"\bwgmma\.(commit_group|wait_group\.sync\.aligned \d+|fence|mma_async)", ptx)
+    return sum(
+        op == "commit_group" and (i + 1 == len(ops) or ops[i + 1] != "wait_group.sync.aligned 0")
+        for i, op in enumerate(ops)
+    )
 
 
 @functools.cache

@@ -172,7 +172,18 @@ def dot_w_mxfp4(
         acc = tl.dot(even.to(tl.float32), tl.trans(a_even).to(tl.float32), acc)
         return tl.dot(odd.to(tl.float32), tl.trans(a_odd).to(tl.float32), acc)
     acc = tl.dot(even, tl.trans(a_even), acc)
-    return tl.dot(odd, tl.trans(a_odd), acc)
+    return mma_done(tl.dot(odd, tl.trans(a_odd), acc))
+
+
+@triton.jit
+def mma_done(acc):
+    """``acc`` unchanged, read by an opaque op, so Triton's Hopper pipeliner must wait for the MMA that made it
+    before the next op (it keeps a ``wgmma`` in flight only when nothing but the next MMA reads its result). Why:
+    W's decoded registers are ``wgmma``'s A operand, and an MMA left in flight lets the next decode overwrite them
+    (triton-lang/triton#9433: 3.6 and 3.9 put no wait between the second dot of a step and the next decode). The
+    loads stay pipelined (``num_stages``); only the MMA is synchronous. On ``mma.sync`` (sm_8x, sm_12x) it changes
+    nothing: ptxas removes the ``mov``."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
 def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:
