@@ -296,10 +296,12 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         rows_per_expert = T * K_TOP / E
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H)}
-        variants = ("swap",) if kind == "swap" else ("plain", "manual", "swap")
+        variants = ("swap",) if kind.startswith("swap") else ("plain", "manual", "swap")
         for bm, bn, v in itertools.product(ms_, (64, 128), variants):
-            # the swapped operands pipelined too: dequant_mxfp4.mma_done waits for each wgmma (triton#9433)
+            # the swapped operands pipelined too: dequant_mxfp4.mma_done waits for each wgmma (triton#9433);
+            # "swap-deep": 4 warps, 4 to 6 stages
             launches = ((4, 1), (4, 2), (4, 3), (4, 4), (8, 3)) if v == "swap" else ((4, 3), (4, 4), (8, 3))
+            launches = ((4, 4), (4, 5), (4, 6)) if kind == "swap-deep" else launches
             for warps, st in launches:
                 cfg = MoeConfig(
                     bm, bn, 128, num_warps=warps, num_stages=st, manual_dequant=v == "manual", swap_ab=v == "swap"
@@ -323,7 +325,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
             )
 
 
-def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
+def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tuple[str, ...] = ()) -> None:
     """mxrepack's W4A16 dense paths at each M: the shipped choice against the GEMV, dequantize + cuBLAS and tile
     configurations (split-K, tile widths, the integer-op dequant); mxrepack only (for choosing the dispatch)."""
     import itertools
@@ -333,6 +335,8 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
     from mxrepack.kernels.linear_mxfp4 import LinearConfig
 
     for name, (N, K) in DENSE.items():
+        if shapes and name not in shapes:
+            continue
         w, ws = rand_mx(N, K)
         wf = deq(w, ws)
         nxt_q = rotating(lambda: rand_mx(N, K), w.numel() + ws.numel())
@@ -346,8 +350,11 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all") -> None:
             launches = ((4, 3),) if kind != "swap" else ((2, 3), (4, 1), (4, 3), (4, 4))
             if kind == "swap":
                 grid = ((16,), (64, 128), (128,), (1, 2, 4)) if M <= 16 else ((32, 64), (64, 128), (128,), (1, 2))
+            if kind == "swap-deep":  # 4 warps, 3 to 5 stages
+                launches = ((4, 3), (4, 4), (4, 5))
+                grid = ((16,), (64, 128), (128,), (1, 2)) if M <= 16 else ((16, 32, 64), (64, 128), (128,), (1, 2))
             for bm, bn, bk, split, v, (warps, st) in itertools.product(
-                *grid, ("swap",) if kind == "swap" else (False, True), launches
+                *grid, ("swap",) if kind.startswith("swap") else (False, True), launches
             ):
                 cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, warps, st, v is True, v == "swap")
                 cands[cfg.name()] = cfg
@@ -463,11 +470,12 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap"),
+        choices=("all", "swap", "swap-deep"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles beside the shipped choice",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
+    ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
     ap.add_argument("--commit", help="the commit under test, for the record")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -492,7 +500,12 @@ def main() -> None:
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:
-        dense_sweep(rows, tuple(int(m) for m in args.sweep_dense.split(",")), args.sweep_kind)
+        dense_sweep(
+            rows,
+            tuple(int(m) for m in args.sweep_dense.split(",")),
+            args.sweep_kind,
+            tuple(s for s in args.sweep_shapes.split(",") if s),
+        )
     if args.sweep_moe or args.sweep_dense:
         return
     if args.only in (None, "moe"):
