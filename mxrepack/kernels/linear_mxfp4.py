@@ -89,20 +89,19 @@ class LinearConfig:
 DECODE = LinearConfig(16, 64, 256, split_k=1, num_warps=4, num_stages=3, manual_dequant=True)
 DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, manual_dequant=True)
 # W4A16 decode on a layer wide enough to fill the GPU without split-K (lm_head): the swapped operands (W decoded
-# in registers as the MMA's first operand) on 2 warps, where Triton takes the synchronous mma.sync and so can
-# pipeline it: on 4 warps it would take wgmma, whose asynchronous reads of W's registers race with the next K
-# step's decode when pipelined (moe_mxfp4.MOE_TILES, triton-lang/triton#9433). H100,
-# benchmarks/experiments/swap_ab_probe.py --mma-sync (2026-11-25, d56c611,
-# docs/bench/swap_ab_probe_mma_sync_h100_2026-11-25.json), lm_head: 0.203 vs 0.287 ms at M = 4, 0.207 vs 0.266 at
-# M = 16 for DECODE (1-stage wgmma: 0.286 / 0.316). On the split-K layers the swap lost on qkv (0.0175 vs 0.0159 ms
-# at M = 4, docs/bench/dense_sweep_swap_h100_2026-11-25.json) and won on o (0.0128 vs 0.0143): they keep DECODE.
-# MXFP8/MXFP4 activations keep DECODE too.
-DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=2, num_stages=3, swap_ab=True)
+# in registers as the MMA's first operand), pipelined on wgmma (each wgmma waited for before the next decode:
+# dequant_mxfp4.mma_done, triton-lang/triton#9433). H100, lm_head, benchmarks/peers.py --sweep-dense 4,16,64
+# --sweep-kind swap / swap-deep (2026-11-25, 6be01f8 and 2c2c09a, docs/bench/dense_sweep_swap_fenced_h100_2026-11-25_
+# 6be01f8.json, ..._deep_lm_head_h100_2026-11-25_2c2c09a.json): 0.175 vs 0.201 ms at M = 4 and 0.182-0.187 vs
+# 0.210-0.213 at M = 16 for the 2-warp mma.sync tile shipped before. On the split-K layers the swap lost on qkv
+# (0.0177 vs 0.0162 ms at M = 4) and tied on o (0.0142 vs 0.0145): they keep DECODE. MXFP8/MXFP4 activations keep
+# DECODE too.
+DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=4, num_stages=3, swap_ab=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
-# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the integer-op dequant, 0.364 vs 0.397 ms
-# at M = 64 (H100, benchmarks/peers.py --sweep-dense, docs/bench/dense_sweep_h100_2026-11-24.json). The swapped
-# operands were faster only pipelined on wgmma (0.292 ms), which races; unpipelined 0.382, on mma.sync 0.414-0.639.
-PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, manual_dequant=True)
+# Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, pipelined as
+# DECODE_WIDE, 0.298 vs 0.367 ms at M = 64 for the integer-op dequant shipped before (same sweeps; 64 x 64: 0.362).
+# MXFP8/MXFP4 activations take tl.dot_scaled in the same tile.
+PREFILL_SMALL = LinearConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True)
 CONFIGS = {
     "decode": DECODE,
     "decode_split": DECODE_SPLIT,

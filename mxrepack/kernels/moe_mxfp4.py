@@ -91,22 +91,20 @@ class MoeConfig:
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
-# whose bound is not below it. H100, 120b shapes, CUDA graphs, each against the tiles shipped before in the same run
-# (``benchmarks/experiments/swap_ab_probe.py``, 2026-11-25: docs/bench/swap_ab_probe_h100_2026-11-25.json, c5b2409,
-# and ..._mma_sync_h100_2026-11-25.json, d56c611).
-# Up to 32 rows: the swapped operands (``swap_ab``: W decoded in registers as the MMA's first operand) at 64 weight
-# rows, with as many token rows as the experts have, and **one stage**. Pipelined, Hopper's wgmma reads W's
-# registers asynchronously while the next K step decodes into them (triton-lang/triton#9433): at 16 token rows and
-# 3 stages 2-11 of 20-30 runs returned non-finite output; the loops of 2 stages and of 32-128 rows have the same
-# shape, so they are not shipped either. Unpipelined: T = 128 1.220 vs 1.553 ms, 512 1.630 vs 1.788, 1024 1.944 vs
-# 2.218. (Pipelined on mma.sync, 2 warps: no faster, 1.214 / 1.679 / 2.390 ms.) From 33 to 128 rows the 1-stage
-# swap lost (T = 4096 5.602 vs 5.078 ms): the dot_scaled tiles stay; beyond, 128 x 128 (8.88 ms at T = 8192,
-# docs/PERF_LOG.md stop 10). ``repack kernels check`` refuses a shipped swapped config that would pipeline a wgmma.
+# whose bound is not below it. Up to 128 rows: the swapped operands (``swap_ab``: W decoded in registers as the
+# MMA's first operand, ``dequant_mxfp4.dot_w_mxfp4``), pipelined; each wgmma is waited for before the next decode
+# (``dequant_mxfp4.mma_done``, triton-lang/triton#9433), which kept them at one stage before. H100, 120b shapes,
+# CUDA graphs, ``benchmarks/peers.py --sweep-moe ... --sweep-kind swap`` / ``swap-deep`` (2026-11-25, 6be01f8 and
+# 2c2c09a: docs/bench/moe_sweep_swap_fenced_h100_2026-11-25_6be01f8.json, ..._deep_h100_2026-11-25_2c2c09a.json;
+# every swapped candidate run 20 times: no non-finite output, identical bits), against the one-stage tiles shipped
+# before in the same run: T = 128 0.971 vs 1.217 ms (16 x 64, 4 stages), 512 1.260 vs 1.629 (32 x 64, 4 stages),
+# 1024 1.775 vs 1.941 (64 x 128, 3 stages), 4096 4.412 vs 5.113 for the dot_scaled 128 x 64 (64 x 128, 3 stages).
+# More stages lost (5-6: 1.007-1.079 at T = 128), 8 warps lost except at 128 x 128. Beyond 128 rows, 128 x 128 on
+# 8 warps (8.88 ms at T = 8192, docs/PERF_LOG.md stop 10; the swap not measured there).
 MOE_TILES = (
-    (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=1, swap_ab=True)),
-    (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=1, swap_ab=True)),
-    (32, MoeConfig(64, 64, 128, num_warps=4, num_stages=1, swap_ab=True)),
-    (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
+    (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=4, swap_ab=True)),
+    (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=4, swap_ab=True)),
+    (128, MoeConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True)),
     (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)),
 )
 # MXFP8 / MXFP4 activations (tl.dot_scaled, no swap): the tiles chosen for them before the swap (docs/PERF_LOG.md
@@ -122,12 +120,12 @@ MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 MOE_CONFIGS_SCALED = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_SCALED}
 
 
-# T * k up to which the per-assignment GEMV beats the scheduled tiles, both in CUDA graphs. Against the swapped
-# 16-row tile as shipped (1 stage; swap_ab_probe): T = 64 GEMV 1.124 ms (moe_sweep_swap_h100_2026-11-25.json)
-# against 1.132-1.134, and from T = 128 on the tiles lead (1.220 ms). (Against the tiles before the swap the
-# crossing was at T = 80: docs/PERF_LOG.md stop 10.) A token sharing an expert re-reads its weights (the programs of
-# one row tile run together and mostly hit L2); the tiles read each expert once.
-GEMV_MAX_ASSIGNMENTS = 256
+# T * k up to which the per-assignment GEMV beats the scheduled tiles, both in CUDA graphs. Against the pipelined
+# swapped 16-row tile (the sweeps above): T = 32 GEMV 0.598 vs 0.695 ms, T = 48 0.865 vs 0.778, T = 64 1.119 vs
+# 0.909. (Against the one-stage tile the crossing was at T = 64, against the tiles before the swap at T = 80:
+# docs/PERF_LOG.md stops 10 and 19.) A token sharing an expert re-reads its weights (the programs of one row tile run
+# together and mostly hit L2); the tiles read each expert once.
+GEMV_MAX_ASSIGNMENTS = 128
 
 
 @dataclass(frozen=True)
