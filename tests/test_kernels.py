@@ -93,9 +93,12 @@ def test_linear_mxfp4_matches_reference(mode, config):
             xd = dequantize_mxfp4(*quantize_mxfp4(x.float()), torch.float32)
         ref = xd @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-        y = linear_mxfp4(x, w, ws, bias, mode, _small((CONFIGS | _SWAPPED)[config]), out=out)
+        cfg = _small((CONFIGS | _SWAPPED)[config])
+        y = linear_mxfp4(x, w, ws, bias, mode, cfg, out=out)
         assert y is out and not torch.isnan(y).any()
         assert rel(y, ref) <= 1e-2, (M, rel(y, ref))
+        if cfg.split_k > 1:  # split partials summed in split order by the last to arrive, counters back at zero
+            assert torch.equal(linear_mxfp4(x, w, ws, bias, mode, cfg), y)
 
 
 def test_linear_without_bias_and_config_choice():
@@ -295,13 +298,14 @@ def test_moe_mxfp4_matches_reference(activations, bound):
     with pytest.raises(ValueError, match="swap_ab reads one 128-code K tile"):
         MoeConfig(16, 64, 256, swap_ab=True)
     assert MoeGemvConfig.from_single(f16x2) == MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2-ops"), f16x2)
-    # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192
-    assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 1024, 4096, 8192)] == [16, 32, 64, 128, 128]
-    assert all(pick_moe_config(T, 4, 128).swap_ab for T in (64, 512, 1024))  # unpipelined: no wgmma in flight
-    assert all(pick_moe_config(T, 4, 128).num_stages == 1 for T in (64, 512, 1024))
-    assert not pick_moe_config(4096, 4, 128).swap_ab and pick_moe_config(8192, 4, 128).block_n == 128
+    # tile shapes grow with the rows per expert: 120b (128 experts, top-4) at T = 64, 512, 4096, 8192; up to 128
+    # rows the swapped operands, pipelined (each wgmma waited for: dequant_mxfp4.mma_done)
+    assert [pick_moe_config(T, 4, 128).block_m for T in (64, 512, 1024, 4096, 8192)] == [16, 32, 64, 64, 128]
+    assert all(pick_moe_config(T, 4, 128).swap_ab for T in (64, 512, 1024, 4096))
+    assert all(pick_moe_config(T, 4, 128).num_stages > 1 for T in (64, 512, 1024, 4096))
+    assert not pick_moe_config(8192, 4, 128).swap_ab and pick_moe_config(8192, 4, 128).block_n == 128
     assert not any(pick_moe_config(T, 4, 128, act).swap_ab for T in (64, 1024) for act in ("e4m3", "e2m1"))
-    assert isinstance(pick_moe(64, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(80, 4, 128, 2880), MoeConfig)
+    assert isinstance(pick_moe(32, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(33, 4, 128, 2880), MoeConfig)
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
 
 

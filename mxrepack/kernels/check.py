@@ -10,8 +10,10 @@ is needed -- and the result is inspected:
   asynchronous copies, so it does not pipeline the K loop and reports a fraction of the real figure;
 * ``tma``: any ``cp.async.bulk.tensor``, ``.tile::scatter4`` or ``.tile::gather4`` in the PTX (ptxas
   rejects TMA scatter on sm_121a; our kernels use none on any arch);
-* swapped-operand tiles (``swap_ab``: W decoded into registers as the MMA's first operand) must not pipeline a
-  ``wgmma``: the next K step would overwrite registers an in-flight ``wgmma`` still reads (triton-lang/triton#9433);
+* swapped-operand tiles (``swap_ab``: W decoded into registers as the MMA's first operand) must wait for every
+  ``wgmma`` they commit before any other code runs (:func:`wgmma_left_in_flight` reads the PTX): otherwise the next
+  decode may overwrite registers an in-flight ``wgmma`` still reads (triton-lang/triton#9433;
+  ``dequant_mxfp4.mma_done`` is what makes Triton wait);
 * ``mma``: the MMA instructions found (``mma.sync...``, ``wgmma...``, ``tcgen05.mma...``); the W4A4 path
   must reach the native FP4 tensor cores on sm_12x: ``mma.sync...kind::mxf4nvf4.block_scale``. The
   decode GEMVs (``gemv_*``) and the prefill's dequantizer (``dequant_mxfp4``) run on CUDA cores by
@@ -75,7 +77,9 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
         "w_ptr": "*u8",
         "ws_ptr": "*u8",
         "b_ptr": "*bf16",
-        "y_ptr": "*bf16" if cfg.split_k == 1 else "*fp32",
+        "y_ptr": "*bf16",
+        "part_ptr": "*fp32",
+        "count_ptr": "*i32",
         "M": "i32",
         "N": "i32",
         "K": "i32",

@@ -11,10 +11,11 @@ same kernel compiles for sm_90a, sm_100a and sm_120a/sm_121a (``repack kernels c
 
 One kernel, two schedules: prefill tiles M and N; decode (M <= 16) uses a 16-row tile and split-K, so
 that a narrow layer (k/v: N = 512) still puts enough CTAs in flight to stream the weights at full
-bandwidth; split-K partial sums are added with fp32 atomics into a zeroed fp32 buffer. W4A16 with at
-few rows (:func:`use_gemv`) goes to the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` instead, and
-W4A16 past decode (:func:`use_dequant_gemm`) dequantizes W a slab at a time and calls cuBLAS
-(:mod:`mxrepack.kernels.dequant_mxfp4`).
+bandwidth; each split stores its fp32 partial and the last split of a tile to finish sums them in split
+order, adds the bias and writes the output (:mod:`mxrepack.kernels.arrival`: one launch, the same bits
+every run). W4A16 with few rows (:func:`use_gemv`) goes to the CUDA-core GEMV of
+:mod:`mxrepack.kernels.gemv_mxfp4` instead, and W4A16 past decode (:func:`use_dequant_gemm`) dequantizes
+W a slab at a time and calls cuBLAS (:mod:`mxrepack.kernels.dequant_mxfp4`).
 The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 """
 
@@ -27,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
     DEQUANT,
     DequantConfig,
@@ -140,6 +142,8 @@ def _linear_mxfp4_kernel(
     ws_ptr,
     b_ptr,
     y_ptr,
+    part_ptr,
+    count_ptr,
     M,
     N,
     K,
@@ -216,14 +220,28 @@ def _linear_mxfp4_kernel(
             acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
     if SWAP_AB:
         acc = tl.trans(acc)
-    if HAS_BIAS:
-        if pid_k == 0:
-            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    y = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-    if SPLIT_K == 1:
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:  # partials [SPLIT_K, M, N]; the tile's last split to finish sums them in split order
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)  # int64: SPLIT_K * M * N may pass 2^31
+        counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
+        if last_to_arrive(counter, SPLIT_K):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for _ in range(SPLIT_K):
+                acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
+                part += M * N
+            _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+            tl.atomic_xchg(counter, 0)
     else:
-        tl.atomic_add(y, acc, mask=m_ok[:, None] & n_ok[None, :], sem="relaxed")
+        _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+
+
+@triton.jit
+def _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS: tl.constexpr):
+    """``acc`` (+ bias) stored at ``y`` in the output's dtype."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y, acc.to(y.dtype.element_ty), mask=ok)
 
 
 def linear_mxfp4(
@@ -267,7 +285,11 @@ def linear_mxfp4(
         a, a_scales = x.contiguous(), None
     else:
         a, a_scales = quantize_activations(x, a_fmt)
-    y = out if cfg.split_k == 1 else torch.zeros(M, N, dtype=torch.float32, device=x.device)
+    if cfg.split_k > 1:
+        part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device, triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), "linear")
+    else:
+        part = counters = out  # unused
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
     _linear_mxfp4_kernel[grid](
@@ -276,7 +298,9 @@ def linear_mxfp4(
         w_packed,
         w_scales,
         bias if bias is not None else w_scales,
-        y,
+        out,
+        part,
+        counters,
         M,
         N,
         K,
@@ -284,7 +308,7 @@ def linear_mxfp4(
         a_scales.stride(0) if a_scales is not None else 0,
         w_packed.stride(0),
         w_scales.stride(0),
-        y.stride(0),
+        out.stride(0),
         A_FMT=a_fmt,
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k,
@@ -298,6 +322,4 @@ def linear_mxfp4(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if cfg.split_k > 1:
-        out.copy_(y)
     return out

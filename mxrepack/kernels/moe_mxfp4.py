@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import dot_bf16_mxfp4, dot_w_mxfp4, load_split, split_column, split_pairs
 from mxrepack.kernels.gemv_mxfp4 import (
     GemvConfig,
@@ -568,14 +569,6 @@ def _gate_up_gemv_f16x2_kernel(
 
 
 @triton.jit
-def _last_to_arrive(counter, arrivals):
-    """True in the one program whose arrival at ``counter`` completes ``arrivals``: every thread's stores are
-    made before the arrival is published (release), and the others' are visible after it (acquire)."""
-    tl.debug_barrier()
-    return tl.atomic_add(counter, 1, sem="acq_rel") == arrivals - 1
-
-
-@triton.jit
 def _down_gemv_kernel(
     h_ptr,
     he_ptr,
@@ -642,24 +635,12 @@ def _down_gemv_kernel(
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
     counter = count_ptr + t * tl.num_programs(1) + tile
-    if _last_to_arrive(counter, TOPK):
+    if last_to_arrive(counter, TOPK):
         total = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for j in range(TOPK):
             total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
         tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
         tl.atomic_xchg(counter, 0)
-
-
-_ARRIVALS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Per-device int32 counters, all zero between calls (each combine resets its own). Shared by every
-    call on the device: MoE decodes running concurrently on two streams of one device are not supported."""
-    buf = _ARRIVALS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = _ARRIVALS[device] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
-    return buf
 
 
 def _moe_gemv(
@@ -735,7 +716,7 @@ def _moe_gemv(
         )
     part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
     tiles = Hp // d.block_n
-    counters = _arrival_counters(x.device, T * tiles)
+    counters = arrival_counters(x.device, T * tiles, "moe_combine")
     _down_gemv_kernel[(T * k, tiles)](
         h,
         he,

@@ -1,0 +1,35 @@
+"""Arrival counters: the last program of a group to finish combines the group's partial results, inside the
+kernel that made them (no zeroed buffer before the launch, no reduction kernel after it).
+
+Each program stores its partial, then arrives at the group's counter (:func:`last_to_arrive`); the one whose
+arrival completes the group reads every partial back in a fixed order, so the result does not depend on which
+program finished last, writes it, and sets the counter back to zero for the next call. Used by the MoE decode's
+combine of a token's k slots and by the dense kernel's split-K.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def last_to_arrive(counter, arrivals):
+    """True in the one program whose arrival at ``counter`` completes ``arrivals``: every thread's stores are
+    made before the arrival is published (release), and the others' are visible after it (acquire)."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter, 1, sem="acq_rel") == arrivals - 1
+
+
+_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
+    """At least ``n`` int32 counters on ``device`` for ``owner`` (a kernel family), all zero between calls (each
+    group's last program resets its own). One buffer per (device, owner): two calls of one owner running
+    concurrently on two streams of a device are not supported."""
+    buf = _COUNTERS.get((device, owner))
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[(device, owner)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+    return buf
