@@ -120,8 +120,12 @@ def pick_config(M: int, N: int, K: int, sm_count: int = 132, mode: str = "w4a16"
         tiles = triton.cdiv(N, DECODE.block_n)
         if tiles >= 2 * sm_count:
             return DECODE_WIDE if mode == "w4a16" else DECODE
+        # split-K to about two programs per SM: with the splits summed in-kernel (arrival counters), H100 same-run
+        # sweep (peers.py --sweep-dense 4,16,64 --sweep-shapes qkv,o, 6259f2a, docs/bench/
+        # dense_sweep_splitk_fused_h100_2026-11-25_6259f2a.json): o M = 4 0.0116 ms at 8 splits vs 0.0137 at 16
+        # (about four per SM, the rule before), qkv 0.0144 at 4 vs 0.0153 at 8
         k_tiles = triton.cdiv(K, DECODE.block_k)
-        split = max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(4 * sm_count, tiles))))
+        split = max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(2 * sm_count, tiles))))
         return LinearConfig(
             DECODE.block_m,
             DECODE.block_n,
