@@ -227,3 +227,26 @@ def moe_reference(x, ids, wts, W, H: int = 2880, Hp: int = 2944, Ip: int = 2944)
         # both contributions
         ref.index_add_(0, r, wts[r, slot, None] * (h.bfloat16().float() @ deq(w2, s2).T + b2[e]))
     return ref[:, :H]
+
+
+def vllm_convert(backend_name: str, t: dict) -> tuple:
+    """vLLM's own ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` for ``backend_name`` (an
+    ``Mxfp4MoeBackend`` member) on a layer holding ``t`` (w13/w2 weight, weight_scale and bias, as vLLM's loader
+    leaves them): the six tensors (or triton_kernels wrappers) that backend computes with. Needs vLLM."""
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+
+    layer = torch.nn.Module()
+    layer.params_dtype = torch.bfloat16
+    for n, v in t.items():
+        layer.register_parameter(n, torch.nn.Parameter(v, requires_grad=False))
+    return oracle.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
+        mxfp4_backend=oracle.Mxfp4MoeBackend[backend_name],
+        layer=layer,
+        w13_weight=layer.w13_weight,
+        w2_weight=layer.w2_weight,
+        w13_weight_scale=layer.w13_weight_scale,
+        w2_weight_scale=layer.w2_weight_scale,
+        w13_bias=layer.w13_bias,
+        w2_bias=layer.w2_bias,
+        _cache_permute_indices={},
+    )

@@ -44,6 +44,7 @@ from common import (
     moe_weights,
     rand_mx,
     rotating,
+    vllm_convert,
 )
 
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
@@ -100,26 +101,6 @@ def vllm_moe_tensors(W: dict, hv: int, iv: int) -> dict:
         "w2_weight_scale": corner(s2[:, :H, : I // 32], (E, hv, iv // 32)),
         "w2_bias": corner(W["w2_bias"][:, :H].bfloat16(), (E, hv)),
     }
-
-
-def vllm_convert(backend_name: str, t: dict):
-    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
-
-    layer = torch.nn.Module()
-    layer.params_dtype = torch.bfloat16
-    for n, v in t.items():
-        layer.register_parameter(n, torch.nn.Parameter(v, requires_grad=False))
-    return oracle.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
-        mxfp4_backend=oracle.Mxfp4MoeBackend[backend_name],
-        layer=layer,
-        w13_weight=layer.w13_weight,
-        w2_weight=layer.w2_weight,
-        w13_weight_scale=layer.w13_weight_scale,
-        w2_weight_scale=layer.w2_weight_scale,
-        w13_bias=layer.w13_bias,
-        w2_bias=layer.w2_bias,
-        _cache_permute_indices={},
-    )
 
 
 def marlin_moe(W: dict):

@@ -201,6 +201,7 @@ def compare(a: dict, b: dict) -> dict:
 def _convert(work: str, out: str) -> None:
     """The tensors the plugin hands to vLLM's kernels vs vLLM's own conversion of the source, layer 0."""
     import torch
+    from common import vllm_convert
     from safetensors import safe_open
     from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 
@@ -257,28 +258,17 @@ def _convert(work: str, out: str) -> None:
             w2 = padded(s["down_proj_blocks"].flatten(2), hp, ip // 2)
             w2s = padded(s["down_proj_scales"], hp, ip // 32)
             b2 = padded(s["down_proj_bias"], hp)
-            layer = torch.nn.Module()
-            layer.params_dtype = torch.bfloat16
-            for n, t in (
-                ("w13_weight", w13),
-                ("w2_weight", w2),
-                ("w13_weight_scale", w13s),
-                ("w2_weight_scale", w2s),
-                ("w13_bias", b13),
-                ("w2_bias", b2),
-            ):
-                layer.register_parameter(n, torch.nn.Parameter(t, requires_grad=False))
             backend = oracle.Mxfp4MoeBackend[backend_name]
-            got = oracle.convert_gpt_oss_weight_to_mxfp4_moe_kernel_format(
-                mxfp4_backend=backend,
-                layer=layer,
-                w13_weight=layer.w13_weight,
-                w2_weight=layer.w2_weight,
-                w13_weight_scale=layer.w13_weight_scale,
-                w2_weight_scale=layer.w2_weight_scale,
-                w13_bias=layer.w13_bias,
-                w2_bias=layer.w2_bias,
-                _cache_permute_indices={},
+            got = vllm_convert(
+                backend_name,
+                {
+                    "w13_weight": w13,
+                    "w2_weight": w2,
+                    "w13_weight_scale": w13s,
+                    "w2_weight_scale": w2s,
+                    "w13_bias": b13,
+                    "w2_bias": b2,
+                },
             )
             names = ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_bias", "w2_bias"]
             vllm_t = dict(zip(names, got))
