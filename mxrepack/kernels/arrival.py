@@ -23,13 +23,27 @@ def last_to_arrive(counter, arrivals):
 
 
 _COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+# buffers outgrown by a larger call: kept alive, since a CUDA graph captured earlier still uses them
+_OUTGROWN: list[torch.Tensor] = []
 
 
 def arrival_counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
     """At least ``n`` int32 counters on ``device`` for ``owner`` (a kernel family), all zero between calls (each
     group's last program resets its own). One buffer per (device, owner): two calls of one owner running
-    concurrently on two streams of a device are not supported."""
+    concurrently on two streams of a device are not supported.
+
+    Allocated (zeroed) on first use, which must not be inside a CUDA graph capture: a capture records the zeroing
+    without running it, and a counter left nonzero would keep its group's output from ever being written. Reserve
+    them before capturing by calling this with the largest ``n`` (the vLLM plugin does at load)."""
     buf = _COUNTERS.get((device, owner))
     if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"mxrepack: {n} arrival counters for {owner!r} on {device} are not reserved and cannot be allocated "
+                "during CUDA graph capture; run the layer once before capturing, or call "
+                "mxrepack.kernels.arrival.arrival_counters(device, n, owner) first"
+            )
+        if buf is not None:
+            _OUTGROWN.append(buf)
         buf = _COUNTERS[(device, owner)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
     return buf

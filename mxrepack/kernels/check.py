@@ -98,6 +98,7 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
         "INTERPRETER": "constexpr",
         "SWAP_AB": "constexpr",
         "MATH": "constexpr",
+        "WAIT_MMA": "constexpr",
     }
     const = {
         "A_FMT": a_fmt,
@@ -110,6 +111,7 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
         "INTERPRETER": False,
         "SWAP_AB": cfg.swap_ab and a_fmt == "bf16",
         "MATH": "asm",
+        "WAIT_MMA": False,  # per arch: for_arch
     }
     return ASTSource(lin._linear_mxfp4_kernel, sig, const)
 
@@ -124,6 +126,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "INTERPRETER": False,
         "SWAP_AB": cfg.swap_ab and act == "bf16",
         "MATH": "asm",
+        "WAIT_MMA": False,  # per arch: for_arch
     }
     gate_up = {
         "x_ptr": _A_TYPE[act],
@@ -364,6 +367,17 @@ def specialized(src: ASTSource) -> ASTSource:
     return ASTSource(src.fn, src.signature, dict(src.constants), attrs)
 
 
+def for_arch(src: ASTSource, cap: int) -> ASTSource:
+    """``src`` as launched on compute capability ``cap``: a swapped-operand kernel waits for its MMAs on Hopper only
+    (``WAIT_MMA``, as ``dequant_mxfp4.mma_reads_registers_async`` decides at launch)."""
+    if "WAIT_MMA" not in src.signature:
+        return src
+    wait = bool(_constant(src, "SWAP_AB")) and cap // 10 == 9
+    names = list(src.signature)
+    const = {k: v for k, v in src.constants.items() if k not in ("WAIT_MMA", (names.index("WAIT_MMA"),))}
+    return ASTSource(src.fn, src.signature, const | {"WAIT_MMA": wait}, src.attrs)
+
+
 def _constant(src: ASTSource, name: str):
     """A constexpr argument's value (Triton keys them by name or, in newer releases, by ``(argument index,)``)."""
     if name in src.constants:
@@ -389,7 +403,7 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     }
     try:
         compiled = triton.compile(
-            specialized(src),
+            specialized(for_arch(src, cap)),
             target=GPUTarget("cuda", cap, 32),
             options={"num_warps": num_warps, "num_stages": num_stages},
         )
@@ -423,12 +437,19 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     return rec
 
 
+_WGMMA_FLOW = re.compile(
+    r"^\s*(?:@!?%p\d+\s+)?(wgmma\.(?:commit_group|wait_group\.sync\.aligned\s+\d+|fence|mma_async)|\$L__\w+:|bra\b)",
+    re.M,
+)
+
+
 def wgmma_left_in_flight(ptx: str) -> int:
-    """How many ``wgmma`` groups the PTX commits without waiting for them (``wait_group 0``) before its next wgmma
-    instruction: each lets other code run while the MMA still reads its register operands."""
-    ops = re.findall(r"\bwgmma\.(commit_group|wait_group\.sync\.aligned \d+|fence|mma_async)", ptx)
+    """How many ``wgmma`` groups the PTX commits without a ``wait_group 0`` before the next wgmma instruction, label
+    or branch: each lets other code run while the MMA still reads its register operands. Labels and branches end
+    the search because a loop's back edge jumps to code that comes before the commit in the text."""
+    ops = [re.sub(r"\s+", " ", op) for op in _WGMMA_FLOW.findall(ptx)]
     return sum(
-        op == "commit_group" and (i + 1 == len(ops) or ops[i + 1] != "wait_group.sync.aligned 0")
+        op == "wgmma.commit_group" and (i + 1 == len(ops) or ops[i + 1] != "wgmma.wait_group.sync.aligned 0")
         for i, op in enumerate(ops)
     )
 

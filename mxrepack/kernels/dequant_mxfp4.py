@@ -14,6 +14,7 @@ Dequantization is exact: every E2M1 value times a power of two 2^-127..2^127 is 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -161,18 +162,23 @@ def dot_w_mxfp4(
     BLOCK_K: tl.constexpr,
     MATH: tl.constexpr,
     INTERPRETER: tl.constexpr,
+    WAIT_MMA: tl.constexpr = False,
 ):
     """``acc + W @ a.T`` as ``[BLOCK_N, M]``: the weights are the MMA's first operand, decoded in registers
     (:func:`dequant_pairs`), the activations the second, given as their even-k and odd-k columns ``[M, BLOCK_K/2]``
     each. With few rows per expert this puts the wide dimension (weight rows) where the MMA wants 64, the tokens
     where 8-16 suffice, and on Hopper lets ``wgmma`` read W from registers, so decoded weights never go through
-    shared memory (the leaders' approach: Marlin decodes into MMA fragments)."""
+    shared memory (the leaders' approach: Marlin decodes into MMA fragments). ``WAIT_MMA`` (Hopper: :func:`mma_done`,
+    set by :func:`mma_reads_registers_async`) waits for the step's MMAs before the next decode."""
     even, odd = dequant_pairs(w, ws, BLOCK_N, BLOCK_K, MATH)
     if INTERPRETER:  # Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
         acc = tl.dot(even.to(tl.float32), tl.trans(a_even).to(tl.float32), acc)
         return tl.dot(odd.to(tl.float32), tl.trans(a_odd).to(tl.float32), acc)
     acc = tl.dot(even, tl.trans(a_even), acc)
-    return mma_done(tl.dot(odd, tl.trans(a_odd), acc))
+    acc = tl.dot(odd, tl.trans(a_odd), acc)
+    if WAIT_MMA:
+        acc = mma_done(acc)
+    return acc
 
 
 @triton.jit
@@ -181,9 +187,21 @@ def mma_done(acc):
     before the next op (it keeps a ``wgmma`` in flight only when nothing but the next MMA reads its result). Why:
     W's decoded registers are ``wgmma``'s A operand, and an MMA left in flight lets the next decode overwrite them
     (triton-lang/triton#9433: 3.6 and 3.9 put no wait between the second dot of a step and the next decode). The
-    loads stay pipelined (``num_stages``); only the MMA is synchronous. On ``mma.sync`` (sm_8x, sm_12x) it changes
-    nothing: ptxas removes the ``mov``."""
+    loads stay pipelined (``num_stages``); only the MMA is synchronous. Hopper only: ``mma.sync`` (sm_8x, sm_12x) is
+    synchronous anyway, and Blackwell's ``tcgen05`` reads its operands from shared or tensor memory, not registers,
+    so there it would only take away the MMA's overlap with the next step."""
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def mma_reads_registers_async(device: torch.device) -> bool:
+    """Whether the swapped-operand step must wait for its MMAs (:func:`mma_done`): Hopper (sm_90), whose ``wgmma``
+    reads the decoded W from registers asynchronously."""
+    return device.type == "cuda" and _capability(device.index if device.index is not None else 0)[0] == 9
 
 
 def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -36,6 +36,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     dot_w_mxfp4,
     linear_dequant_gemm,
     load_split,
+    mma_reads_registers_async,
     split_pairs,
 )
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
@@ -166,6 +167,7 @@ def _linear_mxfp4_kernel(
     INTERPRETER: tl.constexpr = False,
     SWAP_AB: tl.constexpr = False,
     MATH: tl.constexpr = "asm",
+    WAIT_MMA: tl.constexpr = False,
 ):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -195,7 +197,7 @@ def _linear_mxfp4_kernel(
         )
         if SWAP_AB:
             a_even, a_odd = load_split(x_ptr, rm, m_ok, k0, stride_xm, BLOCK_K)
-            acc = dot_w_mxfp4(w, ws, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+            acc = dot_w_mxfp4(w, ws, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
         elif A_FMT == "bf16":
             a = tl.load(
                 x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
@@ -323,6 +325,7 @@ def linear_mxfp4(
         INTERPRETER=interpreter,
         SWAP_AB=swap,
         MATH="ops" if interpreter or x.device.type != "cuda" else "asm",
+        WAIT_MMA=swap and not interpreter and mma_reads_registers_async(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

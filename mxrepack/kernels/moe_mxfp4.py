@@ -39,7 +39,14 @@ import triton
 import triton.language as tl
 
 from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
-from mxrepack.kernels.dequant_mxfp4 import dot_bf16_mxfp4, dot_w_mxfp4, load_split, split_column, split_pairs
+from mxrepack.kernels.dequant_mxfp4 import (
+    dot_bf16_mxfp4,
+    dot_w_mxfp4,
+    load_split,
+    mma_reads_registers_async,
+    split_column,
+    split_pairs,
+)
 from mxrepack.kernels.gemv_mxfp4 import (
     GemvConfig,
     gdc_launch_dependents,
@@ -357,6 +364,7 @@ def _gate_up_kernel(
     INTERPRETER: tl.constexpr = False,
     SWAP_AB: tl.constexpr = False,
     MATH: tl.constexpr = "asm",
+    WAIT_MMA: tl.constexpr = False,
 ):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
@@ -383,8 +391,8 @@ def _gate_up_kernel(
         wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
         wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
         if SWAP_AB:
-            gate = dot_w_mxfp4(wg, sg, a_even, a_odd, gate, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
-            up = dot_w_mxfp4(wu, su, a_even, a_odd, up, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+            gate = dot_w_mxfp4(wg, sg, a_even, a_odd, gate, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
+            up = dot_w_mxfp4(wu, su, a_even, a_odd, up, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
         else:
             gate = _dot(
                 a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, gate, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
@@ -432,6 +440,7 @@ def _down_kernel(
     INTERPRETER: tl.constexpr = False,
     SWAP_AB: tl.constexpr = False,
     MATH: tl.constexpr = "asm",
+    WAIT_MMA: tl.constexpr = False,
 ):
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
@@ -454,7 +463,7 @@ def _down_kernel(
             a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
         w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
         if SWAP_AB:
-            acc = dot_w_mxfp4(w, s, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER)
+            acc = dot_w_mxfp4(w, s, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
         else:
             acc = _dot(
                 a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
@@ -643,6 +652,15 @@ def _down_gemv_kernel(
         tl.atomic_xchg(counter, 0)
 
 
+_COMBINE = "moe_combine"
+
+
+def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
+    """Allocate the decode combine's arrival counters for every T the GEMV path takes (at least one slot per
+    token), so that no later call allocates them, e.g. inside a CUDA graph capture (:func:`arrival_counters`)."""
+    arrival_counters(device, GEMV_MAX_ASSIGNMENTS * (hidden_padded // MOE_GEMV.down.block_n), _COMBINE)
+
+
 def _moe_gemv(
     x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor
 ) -> torch.Tensor:
@@ -716,7 +734,7 @@ def _moe_gemv(
         )
     part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
     tiles = Hp // d.block_n
-    counters = arrival_counters(x.device, T * tiles, "moe_combine")
+    counters = arrival_counters(x.device, T * tiles, _COMBINE)
     _down_gemv_kernel[(T * k, tiles)](
         h,
         he,
@@ -834,6 +852,7 @@ def _moe_scheduled(
         INTERPRETER=interpreter,
         SWAP_AB=swap,
         MATH=math,
+        WAIT_MMA=swap and not interpreter and mma_reads_registers_async(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -236,7 +236,11 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         self._create_stored(layer, num_experts, extra_weight_attrs)
 
     def process_weights_after_loading(self, layer) -> None:
+        from mxrepack.kernels.moe_mxfp4 import reserve_decode_counters
+
         self._check_loaded(layer)
+        # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed
+        reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1])
 
     def get_fused_moe_quant_config(self, layer):
         return None  # no vLLM modular kernel: apply() calls mxrepack's kernels
