@@ -312,7 +312,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
     import itertools
 
     from mxrepack.kernels.dequant_mxfp4 import DEQUANT
-    from mxrepack.kernels.gemv_mxfp4 import pick_gemv_config, sm_count
+    from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config, sm_count
     from mxrepack.kernels.linear_mxfp4 import LinearConfig
 
     for name, (N, K) in DENSE.items():
@@ -325,6 +325,11 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ref = x.float() @ wf.T
             cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
+            # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them)
+            for rows, (bn, bk) in itertools.product((2, 4, 8, 16), ((8, 512), (16, 256))):
+                if rows <= M:
+                    cfg = GemvConfig(bn, bk, 4, 1, "asm", rows=rows)
+                    cands[f"gemv {cfg.name()}"] = cfg
             grid = ((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else ((16, 64), (64, 128), (128,), (1, 2, 4))
             # the swapped operands (one 128-code K tile per step): mma.sync on 2 warps, wgmma on 4 or 8 (pipelined:
             # dequant_mxfp4.mma_done waits for each wgmma, triton#9433)

@@ -124,7 +124,7 @@ def test_gemv_matches_reference(N, K):
     w[0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) + torch.arange(8, dtype=torch.uint8)  # all 16 codes
     ws[1, 0], ws[2, 1] = 0, 254
     w[2, 16:32] = 0x11  # 0.5 * 2^127 stays finite
-    x = torch.randn(3, K).to(torch.bfloat16)
+    x = torch.randn(5, K).to(torch.bfloat16)
     x[:, 32:64] *= 2.0**-100  # meets scale 254 in row 2 without overflowing fp32
     x[0, :32] *= 3000.0  # past fp16's range before the group's rescale
     x[1, -32:] = 0.0
@@ -134,8 +134,10 @@ def test_gemv_matches_reference(N, K):
         GemvConfig(16, 128, 4, 1, "ops"),
         GemvConfig(16, 128, 4, 1, "f16x2-ops"),
         GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2),
+        GemvConfig(16, 128, 4, 1, "ops", rows=2),  # rows of x per program: M = 3 and 5 end in a shifted block
+        GemvConfig(8, 128, 4, 1, "ops", rows=4),  # M < 4: fewer rows per program
     )  # 0, 2 and 4 full tiles: each branch
-    for M, cfg in itertools.product((1, 2, 3), configs):
+    for M, cfg in itertools.product((1, 2, 3, 5), configs):
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
         y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", cfg, out=out)
         assert y is out and not torch.isnan(y).any()
@@ -143,6 +145,10 @@ def test_gemv_matches_reference(N, K):
         assert rel(linear_mxfp4(x[:M], w, ws, bias), ref[:M]) <= 1e-2  # shape-chosen path, whichever it is
     assert pick_gemv_config(201088, cuda=False).decode == "f16x2-ops" and pick_gemv_config(5120).decode == "asm"
     assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(4, 2880)
+    with pytest.raises(ValueError, match="rows=3"):
+        GemvConfig(16, 128, 4, 1, "ops", rows=3)
+    with pytest.raises(ValueError, match="rows=2"):  # the f16x2 path runs one row per program
+        GemvConfig(16, 128, 4, 1, "f16x2-ops", rows=2)
     with pytest.raises(ValueError, match="pdl"):  # programmatic dependent launch is the f16x2 PTX path's
         GemvConfig(16, 128, 4, 1, "asm", pdl=1)
     assert GemvConfig(16, 128, 4, 1, "f16x2", pdl=1).portable() == GemvConfig(16, 128, 4, 1, "f16x2-ops")

@@ -225,7 +225,7 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             "gemv_mxfp4_f16x2": ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const}),
             "gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep, {"GB": gemv.PREPARE_GROUPS, "PDL": cfg.pdl}),
         }
-    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
+    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode, "ROWS": cfg.rows}
     dense = {
         "x_ptr": "*bf16",
         "w_ptr": "*u8",
@@ -240,6 +240,7 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
         "stride_ym": "i32",
         "HAS_BIAS": "constexpr",
         **{k: "constexpr" for k in const},
+        "M": "i32",
     }
     return {"gemv_mxfp4": ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const})}
 

@@ -7,7 +7,9 @@ holding ``[BLOCK_N, BLOCK_K/32, 4]`` int32 words, so that each thread loads a wh
 codes, 16 bytes) in one 128-bit load, decodes it, multiplies by the activations and sums the group in
 registers before its scale is applied (one multiply per 32 weights). The next K tile is loaded before
 the current one is decoded. Full K tiles run unmasked; a partial last tile is a separate masked step.
-Rows of x are separate programs, adjacent in the grid so that they share a weight tile through L2.
+Rows of x are separate programs, adjacent in the grid so that they share a weight tile through L2; or, with
+``GemvConfig.rows`` (fp32 path), one program runs several rows and decodes each weight once for all of them
+(built and tested, not yet timed on a GPU: not chosen by any dispatch).
 
 Decoding: a code's sign goes to fp16 bit 15 and its three exponent/mantissa bits to bits 9..11, which
 reads as ``value * 2^-14`` (E2M1's subnormal 0.5 is fp16's subnormal too); the fp16 -> fp32 widening
@@ -52,17 +54,23 @@ class GemvConfig:
     # request their first weight tiles, then wait (``griddepcontrol.wait``) for the activations. The launch
     # gap and the previous kernel's tail then overlap weight streaming. 0 or 1.
     pdl: int = 0
+    # fp32 path ("ops"/"asm"), dense only: rows of x per program, each weight decoded once for all of them (0: one
+    # row per program, the programs of a weight tile adjacent in the grid and sharing it through L2). A power of 2.
+    rows: int = 0
 
     def __post_init__(self):
         if self.pdl not in (0, 1):
             raise ValueError(f"pdl must be 0 or 1, got {self.pdl}")
+        if self.rows and (self.prepared or self.rows & (self.rows - 1)):
+            raise ValueError(f"rows={self.rows}: a power of 2 on the fp32 path ('ops'/'asm'), got {self.decode!r}")
         if self.pdl and self.decode != "f16x2":
             raise ValueError(f"pdl={self.pdl} needs decode='f16x2' (CUDA, prepared activations), got {self.decode!r}")
 
     def name(self) -> str:
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
         pdl = f"pdl{self.pdl}" if self.pdl else ""
-        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}"
+        rows = f"r{self.rows}" if self.rows else ""
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}{rows}"
 
     @property
     def prepared(self) -> bool:
@@ -127,9 +135,9 @@ def _decode_asm(w):
 
 
 @triton.jit
-def _split8(x, G: tl.constexpr):
-    """x [1, G, 32] -> eight [1, G, 4] tensors, the j-th holding x[.., 8 * word + j]."""
-    x = tl.reshape(x, (1, G, 4, 2, 2, 2))  # index bits of j, high to low
+def _split8(x, G: tl.constexpr, R: tl.constexpr = 1):
+    """x [R, G, 32] -> eight [R, G, 4] tensors, the j-th holding x[.., 8 * word + j]."""
+    x = tl.reshape(x, (R, G, 4, 2, 2, 2))  # index bits of j, high to low
     e, o = tl.split(x)  # j bit 0
     ee, eo = tl.split(e)  # j bit 1
     oe, oo = tl.split(o)
@@ -153,6 +161,52 @@ def _accumulate(acc, w, s, x, G: tl.constexpr, DECODE: tl.constexpr):
         part += vs[j] * xs[j]
     dot = tl.sum(part, axis=2)
     return acc + dot * e8m0_to_fp32(s.to(tl.int32))
+
+
+@triton.jit
+def _accumulate_rows(acc, w, s, x, G: tl.constexpr, R: tl.constexpr, DECODE: tl.constexpr):
+    """:func:`_accumulate` for R rows of activations (a tuple of R ``[1, G, 32]`` tiles) into a tuple of R ``[BLOCK_N,
+    G]`` accumulators: the K tile's weights are decoded once and multiplied with every row. Each row keeps the
+    single-row path's shapes, so no row needs a layout change."""
+    if DECODE == "asm":
+        vs = _decode_asm(w)
+    else:
+        vs = _decode_ops(w)
+    scale = e8m0_to_fp32(s.to(tl.int32))
+    out = ()
+    for r in tl.static_range(R):
+        xs = _split8(x[r].to(tl.float32), G)
+        part = vs[0] * xs[0]
+        for j in tl.static_range(1, 8):
+            part += vs[j] * xs[j]
+        out = out + (acc[r] + tl.sum(part, axis=2) * scale,)
+    return out
+
+
+@triton.jit
+def _accumulate_any(acc, w, s, x, G: tl.constexpr, R: tl.constexpr, DECODE: tl.constexpr):
+    if R:
+        acc = _accumulate_rows(acc, w, s, x, G, R, DECODE)
+    else:
+        acc = _accumulate(acc, w, s, x, G, DECODE)
+    return acc
+
+
+@triton.jit
+def _load_x(x_ptrs, stride_xm, R: tl.constexpr, mask=None):
+    """One activation tile ``[1, G, 32]``, or with ``R`` > 0 a tuple of R of them from rows ``stride_xm`` apart."""
+    if R:
+        x = ()
+        for r in tl.static_range(R):
+            if mask is None:
+                x = x + (tl.load(x_ptrs + r * stride_xm),)
+            else:
+                x = x + (tl.load(x_ptrs + r * stride_xm, mask=mask, other=0.0),)
+    elif mask is None:
+        x = tl.load(x_ptrs)
+    else:
+        x = tl.load(x_ptrs, mask=mask, other=0.0)
+    return x
 
 
 @triton.jit
@@ -191,11 +245,15 @@ def gemv_rows(
     BLOCK_K: tl.constexpr,
     DECODE: tl.constexpr,
     TILE_ROWS: tl.constexpr = 0,
+    ROWS: tl.constexpr = 0,
+    stride_xm=0,
 ):
     """``W[rn, :K] @ x[:K]`` in fp32 for ``BLOCK_N`` valid row indices ``rn`` (clamp them, no mask here);
     ``x_ptr`` points at one bf16 row of at least K values. Shared by the dense and the MoE decode kernels.
     A partial K tile (K % BLOCK_K) is loaded first, in flight with the first full tile, and multiplied first.
-    ``TILE_ROWS``: 0 for row-major weights, else the K-tiled MoE layout's row tile (:func:`_weight_ptrs`)."""
+    ``TILE_ROWS``: 0 for row-major weights, else the K-tiled MoE layout's row tile (:func:`_weight_ptrs`).
+    ``ROWS`` > 0: ``x_ptr`` is the first of ROWS activation rows ``stride_xm`` apart, each weight is decoded once for
+    all of them, and the result is a tuple of ROWS ``[BLOCK_N]`` rows."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
     w_ptrs = _weight_ptrs(w_ptr, rn, stride_wn, G, TILE_ROWS)
@@ -203,7 +261,12 @@ def gemv_rows(
     W_STEP: tl.constexpr = (BLOCK_K // 128) * TILE_ROWS * 16 if TILE_ROWS else BLOCK_K // 8
     s_ptrs = ws_ptr + rn[:, None] * stride_wsn + rg[None, :]
     x_ptrs = x_ptr + rg[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
-    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)  # reduced over groups once, after the loop
+    if ROWS:
+        acc = ()
+        for _ in tl.static_range(ROWS):
+            acc = acc + (tl.zeros((BLOCK_N, G), dtype=tl.float32),)
+    else:
+        acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)  # reduced over groups once, after the loop
     n_full = K // BLOCK_K
     k_full = n_full * BLOCK_K
     # The partial tile's loads go out first. Loaded last (as up to stop 10) they waited, alone, for a whole
@@ -212,22 +275,28 @@ def gemv_rows(
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
     wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)
     st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
-    xt = tl.load(x_ptrs + k_full, mask=g_ok[None, :, None], other=0.0)
+    xt = _load_x(x_ptrs + k_full, stride_xm, ROWS, g_ok[None, :, None])
     if n_full > 0:
         # the next tile is loaded before this one is decoded, so that two tiles per program are in flight
-        w, s, x = tl.load(w_ptrs), tl.load(s_ptrs), tl.load(x_ptrs)
+        w, s, x = tl.load(w_ptrs), tl.load(s_ptrs), _load_x(x_ptrs, stride_xm, ROWS)
         if k_full < K:
-            acc = _accumulate(acc, wt, st, xt, G, DECODE)
+            acc = _accumulate_any(acc, wt, st, xt, G, ROWS, DECODE)
         for t in range(1, n_full):
             w_next = tl.load(w_ptrs + t * W_STEP)
             s_next = tl.load(s_ptrs + t * G)
-            x_next = tl.load(x_ptrs + t * BLOCK_K)
-            acc = _accumulate(acc, w, s, x, G, DECODE)
+            x_next = _load_x(x_ptrs + t * BLOCK_K, stride_xm, ROWS)
+            acc = _accumulate_any(acc, w, s, x, G, ROWS, DECODE)
             w, s, x = w_next, s_next, x_next
-        acc = _accumulate(acc, w, s, x, G, DECODE)
+        acc = _accumulate_any(acc, w, s, x, G, ROWS, DECODE)
     elif k_full < K:
-        acc = _accumulate(acc, wt, st, xt, G, DECODE)
-    return tl.sum(acc, axis=1) * 16384.0  # the decoded values were E2M1 * 2^-14
+        acc = _accumulate_any(acc, wt, st, xt, G, ROWS, DECODE)
+    if ROWS:
+        y = ()
+        for r in tl.static_range(ROWS):
+            y = y + (tl.sum(acc[r], axis=1) * 16384.0,)
+    else:
+        y = tl.sum(acc, axis=1) * 16384.0  # the decoded values were E2M1 * 2^-14
+    return y
 
 
 @triton.jit
@@ -256,12 +325,24 @@ def _gemv_mxfp4_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DECODE: tl.constexpr,
+    ROWS: tl.constexpr = 0,
+    M=1,
 ):
-    m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)  # rows past N re-read the last row, so that the loads need no mask
-    y = gemv_rows(x_ptr + m * stride_xm, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
-    _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
+    if ROWS:  # ROWS rows of x per program, each weight decoded once for all of them
+        m0 = tl.program_id(0) * ROWS
+        x_rows = x_ptr + tl.minimum(m0, M - ROWS) * stride_xm  # the last block re-reads rows (M >= ROWS)
+        ys = gemv_rows(
+            x_rows, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, 0, ROWS, stride_xm
+        )
+        for r in tl.static_range(ROWS):
+            m = tl.minimum(m0, M - ROWS) + r
+            _store_rows(ys[r], b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
+    else:  # one row of x per program; the row programs of a weight tile are adjacent and share it through L2
+        m = tl.program_id(0)
+        y = gemv_rows(x_ptr + m * stride_xm, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+        _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
 # -- f16x2 math on prepared activations ------------------------------------------------------------
@@ -638,7 +719,11 @@ def gemv_mxfp4(
             **cfg.launch_options(),
         )
         return out
-    grid = (M, triton.cdiv(N, cfg.block_n))
+    rows = cfg.rows
+    while rows > M:  # a row block never passes M (the last block is shifted back to end at M)
+        rows //= 2
+    rows = rows if rows > 1 else 0
+    grid = (triton.cdiv(M, rows) if rows else M, triton.cdiv(N, cfg.block_n))
     _gemv_mxfp4_kernel[grid](
         x,
         w_packed,
@@ -655,6 +740,8 @@ def gemv_mxfp4(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         DECODE=cfg.decode,
+        ROWS=rows,
+        M=M,
         **cfg.launch_options(),
     )
     return out
