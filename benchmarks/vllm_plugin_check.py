@@ -205,6 +205,7 @@ def _convert(work: str, out: str) -> None:
     from safetensors import safe_open
     from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 
+    from mxrepack.gptoss import EXPERT_PARTS
     from mxrepack.serve.spec import ServeSpec, load_config
 
     work_dir = Path(work)
@@ -219,16 +220,8 @@ def _convert(work: str, out: str) -> None:
                 got[n] = f.get_tensor(n)
         return got
 
-    parts = [
-        "gate_up_proj_blocks",
-        "gate_up_proj_scales",
-        "gate_up_proj_bias",
-        "down_proj_blocks",
-        "down_proj_scales",
-        "down_proj_bias",
-    ]
-    s = tensors(src, [f"model.layers.0.mlp.experts.{p}" for p in parts])
-    s = {p: s[f"model.layers.0.mlp.experts.{p}"] for p in parts}
+    s = tensors(src, [f"model.layers.0.mlp.experts.{p}" for p in EXPERT_PARTS])
+    s = {p: s[f"model.layers.0.mlp.experts.{p}"] for p in EXPERT_PARTS}
     for target, backend_name in (
         ("sm80", "MARLIN"),
         ("sm90", "TRITON"),

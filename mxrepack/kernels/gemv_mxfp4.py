@@ -135,9 +135,9 @@ def _decode_asm(w):
 
 
 @triton.jit
-def _split8(x, G: tl.constexpr, R: tl.constexpr = 1):
-    """x [R, G, 32] -> eight [R, G, 4] tensors, the j-th holding x[.., 8 * word + j]."""
-    x = tl.reshape(x, (R, G, 4, 2, 2, 2))  # index bits of j, high to low
+def _split8(x, G: tl.constexpr):
+    """x [1, G, 32] -> eight [1, G, 4] tensors, the j-th holding x[.., 8 * word + j]."""
+    x = tl.reshape(x, (1, G, 4, 2, 2, 2))  # index bits of j, high to low
     e, o = tl.split(x)  # j bit 0
     ee, eo = tl.split(e)  # j bit 1
     oe, oo = tl.split(o)
@@ -149,13 +149,18 @@ def _split8(x, G: tl.constexpr, R: tl.constexpr = 1):
 
 
 @triton.jit
-def _accumulate(acc, w, s, x, G: tl.constexpr, DECODE: tl.constexpr):
-    """acc[n, g] += scale[n, g] * (W[n, group g] . x[group g]) for the G groups of one K tile."""
-    xs = _split8(x.to(tl.float32), G)
+def _decode(w, DECODE: tl.constexpr):
     if DECODE == "asm":
         vs = _decode_asm(w)
     else:
         vs = _decode_ops(w)
+    return vs
+
+
+@triton.jit
+def _dot_groups(acc, vs, s, xs):
+    """acc[n, g] += scale[n, g] * (W[n, group g] . x[group g]): W's K tile decoded (``vs``) and x split
+    (:func:`_split8`), eight tensors each."""
     part = vs[0] * xs[0]
     for j in tl.static_range(1, 8):
         part += vs[j] * xs[j]
@@ -164,22 +169,21 @@ def _accumulate(acc, w, s, x, G: tl.constexpr, DECODE: tl.constexpr):
 
 
 @triton.jit
+def _accumulate(acc, w, s, x, G: tl.constexpr, DECODE: tl.constexpr):
+    """acc[n, g] += scale[n, g] * (W[n, group g] . x[group g]) for the G groups of one K tile."""
+    xs = _split8(x.to(tl.float32), G)
+    return _dot_groups(acc, _decode(w, DECODE), s, xs)
+
+
+@triton.jit
 def _accumulate_rows(acc, w, s, x, G: tl.constexpr, R: tl.constexpr, DECODE: tl.constexpr):
     """:func:`_accumulate` for R rows of activations (a tuple of R ``[1, G, 32]`` tiles) into a tuple of R ``[BLOCK_N,
     G]`` accumulators: the K tile's weights are decoded once and multiplied with every row. Each row keeps the
     single-row path's shapes, so no row needs a layout change."""
-    if DECODE == "asm":
-        vs = _decode_asm(w)
-    else:
-        vs = _decode_ops(w)
-    scale = e8m0_to_fp32(s.to(tl.int32))
+    vs = _decode(w, DECODE)
     out = ()
     for r in tl.static_range(R):
-        xs = _split8(x[r].to(tl.float32), G)
-        part = vs[0] * xs[0]
-        for j in tl.static_range(1, 8):
-            part += vs[j] * xs[j]
-        out = out + (acc[r] + tl.sum(part, axis=2) * scale,)
+        out = out + (_dot_groups(acc[r], vs, s, _split8(x[r].to(tl.float32), G)),)
     return out
 
 
@@ -331,14 +335,24 @@ def _gemv_mxfp4_kernel(
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)  # rows past N re-read the last row, so that the loads need no mask
     if ROWS:  # ROWS rows of x per program, each weight decoded once for all of them
-        m0 = tl.program_id(0) * ROWS
-        x_rows = x_ptr + tl.minimum(m0, M - ROWS) * stride_xm  # the last block re-reads rows (M >= ROWS)
+        m0 = tl.minimum(tl.program_id(0) * ROWS, M - ROWS)  # the last block shifted back to end at M (M >= ROWS)
         ys = gemv_rows(
-            x_rows, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, 0, ROWS, stride_xm
+            x_ptr + m0 * stride_xm,
+            w_ptr,
+            ws_ptr,
+            rn_load,
+            K,
+            stride_wn,
+            stride_wsn,
+            BLOCK_N,
+            BLOCK_K,
+            DECODE,
+            0,
+            ROWS,
+            stride_xm,
         )
         for r in tl.static_range(ROWS):
-            m = tl.minimum(m0, M - ROWS) + r
-            _store_rows(ys[r], b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
+            _store_rows(ys[r], b_ptr, y_ptr + (m0 + r) * stride_ym, rn, N, HAS_BIAS)
     else:  # one row of x per program; the row programs of a weight tile are adjacent and share it through L2
         m = tl.program_id(0)
         y = gemv_rows(x_ptr + m * stride_xm, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
