@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from mxrepack import gptoss
 from mxrepack.eval import tinytask
 from mxrepack.eval.gpqa_format import build_samples, extract_letter
 from mxrepack.quant import dequantize_mxfp4, quantize_mxfp4
@@ -53,48 +54,25 @@ LR = 2e-3
 
 
 def tiny_config() -> dict:
-    layers = 4
-    return {
-        "architectures": ["GptOssForCausalLM"],
-        "model_type": "gpt_oss",
-        "hidden_size": 96,
-        "intermediate_size": 160,
-        "num_hidden_layers": layers,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "experts_per_token": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "sliding_window": 128,
-        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-        "max_position_embeddings": 4096,
-        "initial_context_length": 256,
-        "rope_theta": 150000.0,
-        "rope_scaling": {
-            "rope_type": "yarn",
-            "factor": 16.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "original_max_position_embeddings": 256,
-            "truncate": False,
-        },
-        "swiglu_limit": 7.0,
-        "hidden_act": "silu",
-        "attention_bias": True,
-        "attention_dropout": 0.0,
-        "rms_norm_eps": 1e-05,
-        "router_aux_loss_coef": 0.9,
-        "output_router_logits": False,
-        "tie_word_embeddings": False,
-        "vocab_size": VOCAB,
-        "bos_token_id": 256,
-        "eos_token_id": 260,
-        "pad_token_id": 256,
-        "initializer_range": 0.02,
-        "use_cache": True,
-        "torch_dtype": "bfloat16",
-        "quantization_config": {
+    return gptoss.hf_config(
+        hidden=96,
+        intermediate=160,
+        layers=4,
+        experts=4,
+        experts_per_token=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        sliding_window=128,
+        max_positions=4096,
+        context=256,
+        vocab=VOCAB,
+        bos_token_id=256,
+        eos_token_id=260,
+        pad_token_id=256,
+        rope_factor=16.0,
+        torch_dtype="bfloat16",
+        quantization_config={
             "quant_method": "mxfp4",
             "modules_to_not_convert": [
                 "model.layers.*.self_attn",
@@ -103,7 +81,7 @@ def tiny_config() -> dict:
                 "lm_head",
             ],
         },
-    }
+    )
 
 
 def byte_to_unicode() -> dict[int, str]:

@@ -78,49 +78,24 @@ def fixture_config(preset: str = "tiny", layers: int | None = None, **overrides)
     n = layers if layers is not None else p["num_hidden_layers"]
     if n < 1:
         raise MxRepackError(f"--layers must be at least 1, got {n}")
-    ctx = p["initial_context_length"]
-    return {
-        "architectures": ["GptOssForCausalLM"],
-        "model_type": "gpt_oss",
-        "hidden_size": p["hidden_size"],
-        "intermediate_size": p["intermediate_size"],
-        "num_hidden_layers": n,
-        "num_local_experts": p["num_local_experts"],
-        "num_experts_per_tok": p["num_experts_per_tok"],
-        "experts_per_token": p["num_experts_per_tok"],
-        "num_attention_heads": p["num_attention_heads"],
-        "num_key_value_heads": p["num_key_value_heads"],
-        "head_dim": p["head_dim"],
-        "sliding_window": p["sliding_window"],
-        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
-        "max_position_embeddings": p["max_position_embeddings"],
-        "initial_context_length": ctx,
-        "rope_theta": 150000.0,
-        "rope_scaling": {
-            "rope_type": "yarn",
-            "factor": 32.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "original_max_position_embeddings": ctx,
-            "truncate": False,
-        },
-        "swiglu_limit": 7.0,
-        "hidden_act": "silu",
-        "attention_bias": True,
-        "attention_dropout": 0.0,
-        "rms_norm_eps": 1e-05,
-        "router_aux_loss_coef": 0.9,
-        "output_router_logits": False,
-        "tie_word_embeddings": False,
-        "vocab_size": p["vocab_size"],
-        "bos_token_id": p["vocab_size"] - 3,
-        "eos_token_id": p["vocab_size"] - 2,
-        "pad_token_id": p["vocab_size"] - 1,
-        "initializer_range": 0.02,
-        "use_cache": True,
-        "torch_dtype": "bfloat16",
-        "quantization_config": dict(gptoss.NATIVE_QUANTIZATION_CONFIG),
-    }
+    return gptoss.hf_config(
+        hidden=p["hidden_size"],
+        intermediate=p["intermediate_size"],
+        layers=n,
+        experts=p["num_local_experts"],
+        experts_per_token=p["num_experts_per_tok"],
+        heads=p["num_attention_heads"],
+        kv_heads=p["num_key_value_heads"],
+        head_dim=p["head_dim"],
+        sliding_window=p["sliding_window"],
+        max_positions=p["max_position_embeddings"],
+        context=p["initial_context_length"],
+        vocab=p["vocab_size"],
+        bos_token_id=p["vocab_size"] - 3,
+        eos_token_id=p["vocab_size"] - 2,
+        pad_token_id=p["vocab_size"] - 1,
+        torch_dtype="bfloat16",
+    )
 
 
 def _original_config(c: dict) -> dict:
