@@ -325,11 +325,18 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ref = x.float() @ wf.T
             cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
-            # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them)
-            for rows, (bn, bk) in itertools.product((2, 4, 8, 16), ((8, 512), (16, 256))):
-                if rows <= M:
-                    cfg = GemvConfig(bn, bk, 4, 1, "asm", rows=rows)
+            # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them); "rows":
+            # only these, over more tile shapes and warps
+            tiles = ((8, 512), (16, 256))
+            if kind == "rows":
+                tiles = tuple(itertools.product(((8, 512), (16, 256), (32, 128), (16, 512)), (4, 8)))
+            for x_rows, tile in itertools.product((2, 4, 8, 16), tiles):
+                (bn, bk), warps = tile if kind == "rows" else (tile, 4)
+                if x_rows <= M:
+                    cfg = GemvConfig(bn, bk, warps, 1, "asm", rows=x_rows)
                     cands[f"gemv {cfg.name()}"] = cfg
+            if kind == "rows":
+                cands.pop("dequant")
             grid = ((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else ((16, 64), (64, 128), (128,), (1, 2, 4))
             # the swapped operands (one 128-code K tile per step): mma.sync on 2 warps, wgmma on 4 or 8 (pipelined:
             # dequant_mxfp4.mma_done waits for each wgmma, triton#9433)
@@ -340,7 +347,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                 launches = ((4, 3), (4, 4), (4, 5))
                 grid = ((16,), (64, 128), (128,), (1, 2)) if M <= 16 else ((16, 32, 64), (64, 128), (128,), (1, 2))
             for bm, bn, bk, split, v, (warps, st) in itertools.product(
-                *grid, ("swap",) if kind.startswith("swap") else (False, True), launches
+                *grid, ("swap",) if kind.startswith("swap") else (False, True), launches if kind != "rows" else ()
             ):
                 cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, warps, st, v is True, v == "swap")
                 cands[cfg.name()] = cfg
@@ -349,7 +356,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                 try:
                     rec["rel_err"] = rel_err(linear_mxfp4(x, w, ws, None, "w4a16", cfg), ref)
                     rec["ms"], rec["timing"] = time_it(lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", cfg), M)
-                    if getattr(cfg, "swap_ab", False):
+                    if getattr(cfg, "swap_ab", False) or getattr(cfg, "rows", 0):
                         rec |= repeat_bits(lambda: linear_mxfp4(x, w, ws, None, "w4a16", cfg))
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = f"{type(e).__name__}: {e}"[:300]
@@ -456,9 +463,10 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep"),
+        choices=("all", "swap", "swap-deep", "rows"),
         default="all",
-        help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles beside the shipped choice",
+        help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
+        "multi-row GEMVs (rows, dense only) beside the shipped choice",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")

@@ -335,6 +335,7 @@ def test_kernels_check_builds_for_sm12x_without_tma():
         "moe_gate_up_swiglu",
         "moe_down_combine",
         "gemv_mxfp4",
+        "gemv_mxfp4_rows",
         "gemv_mxfp4_f16x2",
         "gemv_prepare_x",
         "gemv_moe_gate_up_f16x2",

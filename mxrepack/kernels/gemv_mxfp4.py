@@ -9,7 +9,7 @@ registers before its scale is applied (one multiply per 32 weights). The next K 
 the current one is decoded. Full K tiles run unmasked; a partial last tile is a separate masked step.
 Rows of x are separate programs, adjacent in the grid so that they share a weight tile through L2; or, with
 ``GemvConfig.rows`` (fp32 path), one program runs several rows and decodes each weight once for all of them
-(built and tested, not yet timed on a GPU: not chosen by any dispatch).
+(q/k/v/o at M = 2: :data:`NARROW`).
 
 Decoding: a code's sign goes to fp16 bit 15 and its three exponent/mantissa bits to bits 9..11, which
 reads as ``value * 2^-14`` (E2M1's subnormal 0.5 is fp16's subnormal too); the fp16 -> fp32 widening
@@ -680,9 +680,12 @@ def _gemv_f16x2_kernel(
 # Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/experiments/decode_pick.py,
 # docs/PERF_LOG.md): wide layers (lm_head) take the f16x2 path, 16 rows x 1024 k and 8 warps (0.1217 ms, 84% of
 # the copy roofline, 3.36x cuBLAS BF16); narrow ones (q/k/v/o: 5-8 us) the fp32 path, 8 rows x 512 k,
-# which needs no activation-preparing launch.
+# which needs no activation-preparing launch. At M = 2 (narrow layers only: use_gemv) both rows of x in one program,
+# each weight decoded once: H100 same-run sweep (docs/bench/dense_sweep_rows_h100_2026-11-25.json) qkv 0.0114 vs
+# 0.0120 ms for a program per row, o 0.0091 vs 0.0126; more rows per program lost to the split-K tile from M = 4
+# (qkv 0.0164 at 4 rows vs 0.0145).
 WIDE = GemvConfig(16, 1024, 8, 1, "f16x2")
-NARROW = GemvConfig(8, 512, 4, 1, "asm")
+NARROW = GemvConfig(8, 512, 4, 1, "asm", rows=2)
 
 
 def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True) -> GemvConfig:
