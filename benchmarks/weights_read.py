@@ -1,0 +1,151 @@
+"""Reading a checkpoint onto the GPU: safetensors' own reader (what vLLM's default loader does per tensor) against the
+plugin's reader (mxrepack.serve.reader: threads, page-locked ring), each tensor copied into a GPU tensor of its own as
+vLLM's weight loaders do. Warm page cache, the same files, the same run. Not a test.
+
+    python benchmarks/weights_read.py --gib 8 --json out.json           # GPU machine
+
+The synthetic shards hold gpt-oss-120b's tensor sizes in its order (per layer: attention BF16, the experts' MXFP4
+blocks and scales, biases; embedding and lm_head BF16 201088 x 2880), ``--gib`` of them in all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mxrepack.serve.reader import read_tensors  # noqa: E402
+
+H, I, E, V = 2880, 2880, 128, 201088
+LAYER = {  # name: (shape, dtype) of one gpt-oss-120b layer, experts fused as in the checkpoint
+    "self_attn.qkv.weight": ((5120, H), torch.bfloat16),
+    "self_attn.o_proj.weight": ((H, 4096), torch.bfloat16),
+    "mlp.experts.gate_up_proj_blocks": ((E, 2 * I, H // 32, 16), torch.uint8),
+    "mlp.experts.gate_up_proj_scales": ((E, 2 * I, H // 32), torch.uint8),
+    "mlp.experts.gate_up_proj_bias": ((E, 2 * I), torch.bfloat16),
+    "mlp.experts.down_proj_blocks": ((E, H, I // 32, 16), torch.uint8),
+    "mlp.experts.down_proj_scales": ((E, H, I // 32), torch.uint8),
+    "mlp.experts.down_proj_bias": ((E, H), torch.bfloat16),
+    "mlp.router.weight": ((E, H), torch.bfloat16),
+    "input_layernorm.weight": ((H,), torch.bfloat16),
+}
+
+
+def nbytes(shape, dtype) -> int:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
+def make_shards(folder: Path, gib: float, shard_gib: float = 4.0) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    plan = [("model.embed_tokens.weight", (V, H), torch.bfloat16), ("lm_head.weight", (V, H), torch.bfloat16)]
+    layer = 0
+    while sum(nbytes(s, d) for _, s, d in plan) < gib * 2**30:
+        plan += [(f"model.layers.{layer}.{k}", s, d) for k, (s, d) in LAYER.items()]
+        layer += 1
+    files, shard, size = [], {}, 0
+    for name, shape, dtype in plan + [None]:
+        if name is None or (shard and size + nbytes(shape, dtype) > shard_gib * 2**30):
+            path = folder / f"model-{len(files):05d}.safetensors"
+            if not path.exists():
+                save_file(shard, path)
+            files.append(path)
+            shard, size = {}, 0
+        if name is not None:
+            shard[name] = (
+                torch.full(shape, len(shard) % 251, dtype=torch.uint8).view(dtype)
+                if dtype.itemsize == 1
+                else torch.full(shape, 0.5 + len(shard), dtype=dtype)
+            )
+            size += nbytes(shape, dtype)
+    return files
+
+
+def safetensors_tensors(files):
+    """What vLLM's default reader yields: safe_open + get_tensor per tensor, file by file."""
+    for f in files:
+        with safe_open(f, "pt") as h:
+            for k in h.keys():
+                yield k, h.get_tensor(k)
+
+
+def timed(tensors, params) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for name, x in tensors:
+        params[name].copy_(x)  # as vLLM's weight loaders: a blocking copy into the parameter
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--folder", default="/root/weights_read")
+    ap.add_argument("--gib", type=float, default=8.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--commit")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    files = make_shards(Path(args.folder), args.gib)
+    total = sum(os.path.getsize(f) for f in files)
+    for f in files:  # warm page cache
+        with open(f, "rb") as h:
+            while h.read(64 << 20):
+                pass
+    params = {}
+    for name, x in safetensors_tensors(files):
+        params[name] = torch.empty_like(x, device="cuda")
+    pinned = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(4):
+        dev.copy_(pinned)
+    torch.cuda.synchronize()
+    h2d = 4 * 2**30 / (time.perf_counter() - t)
+    meta = {
+        "date": date.today().isoformat(),
+        "commit": args.commit,
+        "device": torch.cuda.get_device_name(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "bytes": total,
+        "tensors": len(params),
+        "pinned_h2d_GBps": h2d / 1e9,
+    }
+    print(json.dumps(meta), flush=True)
+    cases = {"safetensors (vLLM's default reader)": lambda: safetensors_tensors(files)}
+    for threads in (4, 8, 16):
+        for ring_gib in (1, 2, 4):
+            cases[f"mxrepack reader, {threads} threads, {ring_gib} GiB ring"] = (
+                lambda threads=threads, ring_gib=ring_gib: read_tensors(files, threads, ring_gib << 30)
+            )
+    rows = []
+    for name, make in cases.items():
+        times = [timed(make(), params) for _ in range(args.repeat)]
+        ok = all(
+            torch.equal(params[k].view(-1).view(torch.uint8)[:64].cpu(), x.view(-1).view(torch.uint8)[:64])
+            for k, x in list(safetensors_tensors(files[:1]))[:8]
+        )
+        s = statistics.median(times)
+        rows.append({"case": name, "s": times, "median_s": s, "GBps": total / s / 1e9, "bytes_ok": ok})
+        print(f"{name:45s} {s:.3f} s  {total / s / 1e9:.2f} GB/s  runs {[round(x, 3) for x in times]}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(meta | {"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
