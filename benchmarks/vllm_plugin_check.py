@@ -94,6 +94,15 @@ CASES = {
         "stock vLLM, Marlin MoE, multithreaded load (the baseline)",
     ),
     "sm80-mt": ("sm80", {"model_loader_extra_config": _MT}, "source-marlin-mt", "bit-identical, multithreaded load"),
+    # the plugin's reader (--load-format mxrepack: threads, page-locked staging, tensors handed out on the GPU), on the
+    # plugin's target and, for what the reader alone is worth, on the source with stock vLLM's own MoE method
+    "sm80-fast": ("sm80", {"load_format": "mxrepack"}, "source-marlin", "bit-identical, mxrepack reader"),
+    "source-marlin-fast": (
+        "source",
+        {"moe_backend": "marlin", "load_format": "mxrepack"},
+        "source-marlin",
+        "stock vLLM's Marlin MoE on the source, mxrepack reader: bit-identical",
+    ),
     "compressed-tensors": (
         "compressed-tensors",
         {"moe_backend": "marlin"},

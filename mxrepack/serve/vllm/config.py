@@ -115,7 +115,8 @@ def check_single_shard(layer: torch.nn.Module, prefix: str) -> None:
 
 
 def register() -> None:
-    """Register the ``mxrepack`` quantization method, and (on a vLLM in the tested range) the gpt-oss model class
+    """Register the ``mxrepack`` quantization method, and (on a vLLM in the tested range) the ``mxrepack`` load format
+    (:mod:`~mxrepack.serve.vllm.loader`) and the gpt-oss model class
     :class:`~mxrepack.serve.vllm.model.MxRepackGptOssForCausalLM` under vLLM's own architecture name."""
     register_quantization_config(QUANT_METHOD)(MxRepackConfig)
     try:
@@ -123,6 +124,10 @@ def register() -> None:
     except MxRepackError:
         return  # from_config refuses an mxrepack checkpoint in one line; nothing else is touched
     from vllm import ModelRegistry
+
+    from mxrepack.serve.vllm import loader
+
+    loader.register()
 
     # Same architecture name: vLLM's per-architecture defaults (reasoning parser, graph sizes) still apply, and a
     # checkpoint of any other quantization takes the parent's code paths unchanged.
