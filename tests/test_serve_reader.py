@@ -62,3 +62,66 @@ def test_a_truncated_shard_names_the_file(shards):
     shards[1].write_bytes(data[: len(data) - 100])
     with pytest.raises(MxRepackError, match=r"model-00002-of-00002\.safetensors.*truncated"):
         list(read_tensors(shards))
+
+
+def test_load_format_wraps_vllms_default_loader(shards, monkeypatch):
+    """``--load-format mxrepack`` (mxrepack.serve.vllm.loader) against stand-ins for vLLM's loader module: vLLM's own
+    file discovery, asked as for ``safetensors`` (the only name it knows) and left as it was; 0.26's three-value and
+    0.33's four-value answer; the source prefix; the reader's tensors. Imports no vLLM."""
+    import sys
+    import types
+    from dataclasses import dataclass, field
+
+    registered = {}
+    asked = []
+
+    class DefaultModelLoader:  # the part of vLLM's class the load format uses
+        counter_before_loading_weights = 0.0
+
+        def __init__(self, load_config):
+            self.load_config = load_config
+
+        def _prepare_weights(self, path, subfolder, revision, fall_back_to_pt, allow_patterns_overrides):
+            asked.append(self.load_config.load_format)
+            return (path, [str(f) for f in shards], True) + (("model.safetensors.index.json",) if self.v033 else ())
+
+    @dataclass
+    class LoadConfig:
+        load_format: str = "mxrepack"
+        model_loader_extra_config: dict = field(default_factory=lambda: {"num_threads": 2})
+
+    @dataclass
+    class Source:
+        model_or_path: str = "/m"
+        revision: str | None = None
+        prefix: str = "pre."
+        fall_back_to_pt: bool = True
+        allow_patterns_overrides: list | None = None
+        subfolder: str | None = None
+
+    def register_model_loader(name):
+        return lambda cls: registered.setdefault(name, cls)
+
+    loader_mod = types.ModuleType("vllm.model_executor.model_loader")
+    loader_mod.register_model_loader = register_model_loader
+    default_mod = types.ModuleType("vllm.model_executor.model_loader.default_loader")
+    default_mod.DefaultModelLoader = DefaultModelLoader
+    for name, mod in {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+        "vllm.model_executor.model_loader": loader_mod,
+        "vllm.model_executor.model_loader.default_loader": default_mod,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    from mxrepack.serve.vllm import loader
+
+    loader.register()
+    want = expected(shards)
+    for v033 in (False, True):
+        DefaultModelLoader.v033 = v033
+        ml = registered[loader.LOAD_FORMAT](LoadConfig())
+        got = dict(ml._get_weights_iterator(Source()))
+        assert ml.load_config.load_format == "mxrepack" and asked[-1] == "safetensors"
+        assert got.keys() == {"pre." + k for k in want}
+        assert all(torch.equal(as_bytes(got["pre." + k]), as_bytes(t)) for k, t in want.items())
+        assert ml.counter_before_loading_weights > 0

@@ -347,6 +347,14 @@ def serving(target_layout: str | None, quantization_config: str) -> tuple[str, s
     return 'vLLM with the mxrepack plugin: pip install "mxrepack[vllm]"', f"{backend.kernel} [{backend.gpus}]"
 
 
+def vllm_serve_command(model: str | Path, quantization_config: str) -> str:
+    """The ``vllm serve`` line for an output: through the plugin (its ``mxrepack`` load format reads the shards with
+    threads into page-locked staging, 0.27x stock's weight phase on an H100: docs/SERVING.md) where the plugin is
+    needed anyway, plain otherwise."""
+    plugin = quantization_config in ("mxrepack", "compressed-tensors")
+    return f"vllm serve {model}" + (" --load-format mxrepack" if plugin else "")
+
+
 def serve_hint(out: str | Path, target_layout: str | None, quantization_config: str) -> list[str]:
     """The lines ``repack`` prints after a conversion: how to serve the output with vLLM."""
     how, kernel = serving(target_layout, quantization_config)
@@ -354,7 +362,7 @@ def serve_hint(out: str | Path, target_layout: str | None, quantization_config: 
     if quantization_config in ("mxrepack", "compressed-tensors"):
         lines.append('serve: pip install "mxrepack[vllm]"   (the vLLM plugin; vLLM ' + VLLM_SUPPORTED_TEXT + ")")
     lines.append(
-        f"       vllm serve {out}"
+        f"       {vllm_serve_command(out, quantization_config)}"
         + ("   (no --quantization needed: config.json names the method)" if quantization_config == "mxrepack" else "")
     )
     lines.append(f"       MoE kernel: {kernel}; one GPU (tensor parallelism 1)")

@@ -44,5 +44,6 @@ def register() -> None:
             threads = self.load_config.model_loader_extra_config.get("num_threads") or DEFAULT_THREADS
             if self.counter_before_loading_weights == 0.0:
                 self.counter_before_loading_weights = time.perf_counter()
-            device = torch.device("cuda", torch.cuda.current_device())
+            # the worker's GPU (vLLM sets it before loading); host memory where there is none (vLLM's CPU build)
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
             return ((source.prefix + name, t) for name, t in read_tensors(files, device, threads))
