@@ -98,6 +98,7 @@ def test_load_format_wraps_vllms_default_loader(shards, monkeypatch):
         fall_back_to_pt: bool = True
         allow_patterns_overrides: list | None = None
         subfolder: str | None = None
+        is_unused_weight: object = None
 
     def register_model_loader(name):
         return lambda cls: registered.setdefault(name, cls)
@@ -125,3 +126,5 @@ def test_load_format_wraps_vllms_default_loader(shards, monkeypatch):
         assert got.keys() == {"pre." + k for k in want}
         assert all(torch.equal(as_bytes(got["pre." + k]), as_bytes(t)) for k, t in want.items())
         assert ml.counter_before_loading_weights > 0
+    skipped = dict(ml._get_weights_iterator(Source(is_unused_weight=lambda n: n.endswith(".scalar"))))  # 0.33
+    assert skipped.keys() == {"pre." + k for k in want if not k.endswith(".scalar")}

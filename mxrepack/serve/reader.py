@@ -22,7 +22,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -41,20 +41,50 @@ def _read_into(path: Path, fd: int, view: memoryview, offset: int) -> None:
 
 class _Staging:
     """``slots`` page-locked buffers of ``chunk`` bytes (pageable where locking fails), each with the event of the copy
-    last issued from it."""
+    last issued from it, and the side stream those copies run on."""
 
     def __init__(self, slots: int, chunk: int, device: torch.device):
-        self.size = slots * chunk
-        self.buf = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.chunk = chunk
+        self.buf = mmap.mmap(-1, slots * chunk, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         with contextlib.suppress(OSError, AttributeError):  # fewer page faults; optional
             self.buf.madvise(mmap.MADV_HUGEPAGE)
         cudart = torch.cuda.cudart()
         self.ptr = torch.frombuffer(self.buf, dtype=torch.uint8, count=1).data_ptr()
-        if cudart.cudaHostRegister(self.ptr, self.size, 0) != cudart.cudaError.success:
+        if cudart.cudaHostRegister(self.ptr, slots * chunk, 0) != cudart.cudaError.success:
             self.ptr = 0
-        self.slots = [memoryview(self.buf)[k * chunk : (k + 1) * chunk] for k in range(slots)]
-        self.tensors = [torch.frombuffer(v, dtype=torch.uint8) for v in self.slots]
+        self.views = [memoryview(self.buf)[k * chunk : (k + 1) * chunk] for k in range(slots)]
+        self.tensors = [torch.frombuffer(v, dtype=torch.uint8) for v in self.views]
         self.events: list[torch.cuda.Event | None] = [None] * slots
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def read(self, pool: ThreadPoolExecutor, fd: int, info: TensorInfo) -> torch.Tensor:
+        """``info``'s bytes in fresh GPU memory: chunk k is read into slot k % slots once the copy last issued from it
+        is done, and copied out (on the side stream) while the reads of the following slots run."""
+        dst = torch.empty(info.nbytes, dtype=torch.uint8, device=self.device)
+        dst.record_stream(self.stream)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # dst's memory may still be in use there
+        pending: deque[tuple[int, int, Future]] = deque()
+        for k, start in enumerate(range(0, info.nbytes, self.chunk)):
+            slot = k % len(self.views)
+            if self.events[slot] is not None:
+                self.events[slot].synchronize()
+            view = self.views[slot][: min(self.chunk, info.nbytes - start)]
+            pending.append((slot, start, pool.submit(_read_into, info.file, fd, view, info.start + start)))
+            if len(pending) == len(self.views):
+                self._copy_out(dst, *pending.popleft())
+        while pending:
+            self._copy_out(dst, *pending.popleft())
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return dst
+
+    def _copy_out(self, dst: torch.Tensor, slot: int, start: int, read: Future) -> None:
+        read.result()
+        n = min(self.chunk, dst.numel() - start)
+        with torch.cuda.stream(self.stream):
+            dst[start : start + n].copy_(self.tensors[slot][:n], non_blocking=True)
+            event = self.events[slot] = torch.cuda.Event()
+            event.record(self.stream)
 
     def close(self) -> None:
         for e in self.events:
@@ -64,6 +94,15 @@ class _Staging:
         if self.ptr:
             torch.cuda.cudart().cudaHostUnregister(self.ptr)
             self.ptr = 0
+
+
+def _read_to_host(pool: ThreadPoolExecutor, fd: int, info: TensorInfo, chunk: int) -> torch.Tensor:
+    raw = torch.empty(info.nbytes, dtype=torch.uint8)
+    view = memoryview(raw.numpy())
+    starts = range(0, info.nbytes, chunk)
+    for r in [pool.submit(_read_into, info.file, fd, view[a : a + chunk], info.start + a) for a in starts]:
+        r.result()
+    return raw
 
 
 def _infos(files: Iterable[str | Path]) -> list[TensorInfo]:
@@ -80,16 +119,16 @@ def read_tensors(
     threads: int = 8,
     chunk_bytes: int = 16 << 20,
     slots: int = 16,
+    skip: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every tensor of ``files`` (safetensors), file by file, in the order of their bytes, on
     ``device`` (a CUDA device: through ``slots`` staging buffers of ``chunk_bytes``; else in fresh host memory, read
-    by the same threads). Headers are checked as the repack's reader checks them: a tensor outside its file or of the
-    wrong size is a one-line error naming both."""
-    infos = _infos(files)
+    by the same threads). Tensors whose name ``skip`` accepts are not read. Headers are checked as the repack's reader
+    checks them: a tensor outside its file or of the wrong size is a one-line error naming both."""
+    infos = [i for i in _infos(files) if skip is None or not skip(i.name)]
     device = torch.device(device) if device is not None else torch.device("cpu")
     fds: dict[Path, int] = {}
     staging = _Staging(slots, chunk_bytes, device) if device.type == "cuda" else None
-    stream = torch.cuda.Stream(device) if staging else None
 
     def fd_of(info: TensorInfo) -> int:
         if info.file not in fds:
@@ -99,42 +138,12 @@ def read_tensors(
     try:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mxrepack-read") as pool:
             for info in infos:
-                if staging is None or not info.nbytes:
-                    raw = torch.empty(info.nbytes, dtype=torch.uint8)
-                    view = memoryview(raw.numpy())
-                    reads = [
-                        pool.submit(_read_into, info.file, fd_of(info), view[a : a + chunk_bytes], info.start + a)
-                        for a in range(0, info.nbytes, chunk_bytes)
-                    ]
-                    for r in reads:
-                        r.result()
-                    yield info.name, raw.to(device).view(info.dtype).view(info.shape)
-                    continue
-                dst = torch.empty(info.nbytes, dtype=torch.uint8, device=device)
-                dst.record_stream(stream)
-                stream.wait_stream(torch.cuda.current_stream(device))  # dst's memory may have been in use there
-                starts = list(range(0, info.nbytes, chunk_bytes))
-                reads: deque[tuple[int, int, Future]] = deque()
-                n_slots = len(staging.slots)
-                for k, a in enumerate(starts + [None] * min(n_slots, len(starts))):
-                    if a is not None:  # read chunk k into slot k % n_slots once its last copy is done
-                        slot = k % n_slots
-                        if staging.events[slot] is not None:
-                            staging.events[slot].synchronize()
-                        n = min(chunk_bytes, info.nbytes - a)
-                        view = staging.slots[slot][:n]
-                        reads.append((slot, a, pool.submit(_read_into, info.file, fd_of(info), view, info.start + a)))
-                    if len(reads) == n_slots or (a is None and reads):  # the oldest read: copy it out
-                        slot, b, fut = reads.popleft()
-                        fut.result()
-                        n = min(chunk_bytes, info.nbytes - b)
-                        with torch.cuda.stream(stream):
-                            dst[b : b + n].copy_(staging.tensors[slot][:n], non_blocking=True)
-                            event = staging.events[slot] = torch.cuda.Event()
-                            event.record(stream)
-                torch.cuda.current_stream(device).wait_stream(stream)
-                yield info.name, dst.view(info.dtype).view(info.shape)
-                del dst
+                if staging is not None and info.nbytes:
+                    raw = staging.read(pool, fd_of(info), info)
+                else:
+                    raw = _read_to_host(pool, fd_of(info), info, chunk_bytes).to(device)
+                yield info.name, raw.view(info.dtype).view(info.shape)
+                del raw  # the consumer's reference is the only one left
     finally:
         for fd in fds.values():
             os.close(fd)

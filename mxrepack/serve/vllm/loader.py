@@ -46,4 +46,6 @@ def register() -> None:
                 self.counter_before_loading_weights = time.perf_counter()
             # the worker's GPU (vLLM sets it before loading); host memory where there is none (vLLM's CPU build)
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-            return ((source.prefix + name, t) for name, t in read_tensors(files, device, threads))
+            # 0.33: weights the model does not load (vLLM drops a shard holding only those; here each is skipped)
+            skip = getattr(source, "is_unused_weight", None)
+            return ((source.prefix + name, t) for name, t in read_tensors(files, device, threads, skip=skip))
