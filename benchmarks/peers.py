@@ -23,6 +23,7 @@ engines run decode), ``do_bench`` beyond.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import traceback
@@ -278,6 +279,12 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H)}
         variants = ("swap",) if kind.startswith("swap") else ("plain", "manual", "swap")
+        if kind == "fold":  # the shipped swapped tiles with E2M1's bias folded into the scale (scales here <= 128)
+            assert max(int(W[n].max()) for n in ("w13_weight_scale", "w2_weight_scale")) <= 128
+            variants, ms_ = (), ()
+            if getattr(cands["shipped"], "swap_ab", False):
+                folded = dataclasses.replace(cands["shipped"], fold_scale=True)
+                cands[folded.name()] = folded
         for bm, bn, v in itertools.product(ms_, (64, 128), variants):
             # the swapped operands pipelined too: dequant_mxfp4.mma_done waits for each wgmma (triton#9433);
             # "swap-deep": 4 warps, 4 to 6 stages
@@ -295,6 +302,11 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 rec["ms"], rec["timing"] = time_it(lambda: moe_mxfp4(x, ids, wts, W, config=cfg), T)
                 if getattr(cfg, "swap_ab", False):  # the shipped choice may be the GEMV pair
                     rec |= repeat_bits(lambda: moe_mxfp4(x, ids, wts, W, config=cfg))
+                if getattr(cfg, "fold_scale", False):  # exact both ways: the same bits as the unfolded decode
+                    plain = dataclasses.replace(cfg, fold_scale=False)
+                    rec["bits_equal_unfolded"] = torch.equal(
+                        moe_mxfp4(x, ids, wts, W, config=cfg), moe_mxfp4(x, ids, wts, W, config=plain)
+                    )
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(rec)
@@ -313,7 +325,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
 
     from mxrepack.kernels.dequant_mxfp4 import DEQUANT
     from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config, sm_count
-    from mxrepack.kernels.linear_mxfp4 import LinearConfig
+    from mxrepack.kernels.linear_mxfp4 import LinearConfig, pick_config, use_dequant_gemm, use_gemv
 
     for name, (N, K) in DENSE.items():
         if shapes and name not in shapes:
@@ -325,12 +337,21 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ref = x.float() @ wf.T
             cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
+            if kind == "fold":  # the shipped swapped tile with E2M1's bias folded into the scale (scales here <= 128)
+                assert int(ws.max()) <= 128
+                cands = {"shipped": None}
+                tile = pick_config(M, N, K, sm_count(x.device))
+                if tile.swap_ab and not use_gemv(M, N) and not use_dequant_gemm(M, N):
+                    cands[f"{tile.name()} (shipped)"] = tile
+                    cands[dataclasses.replace(tile, fold_scale=True).name()] = dataclasses.replace(
+                        tile, fold_scale=True
+                    )
             # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them); "rows":
             # only these, over more tile shapes and warps
             tiles = ((8, 512), (16, 256))
             if kind == "rows":
                 tiles = tuple(itertools.product(((8, 512), (16, 256), (32, 128), (16, 512)), (4, 8)))
-            for x_rows, tile in itertools.product((2, 4, 8, 16), tiles):
+            for x_rows, tile in itertools.product((2, 4, 8, 16), tiles if kind != "fold" else ()):
                 (bn, bk), warps = tile if kind == "rows" else (tile, 4)
                 if x_rows <= M:
                     cfg = GemvConfig(bn, bk, warps, 1, "asm", rows=x_rows)
@@ -346,8 +367,10 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             if kind == "swap-deep":  # 4 warps, 3 to 5 stages
                 launches = ((4, 3), (4, 4), (4, 5))
                 grid = ((16,), (64, 128), (128,), (1, 2)) if M <= 16 else ((16, 32, 64), (64, 128), (128,), (1, 2))
+            if kind in ("rows", "fold"):
+                launches = ()
             for bm, bn, bk, split, v, (warps, st) in itertools.product(
-                *grid, ("swap",) if kind.startswith("swap") else (False, True), launches if kind != "rows" else ()
+                *grid, ("swap",) if kind.startswith("swap") else (False, True), launches
             ):
                 cfg = LinearConfig(bm, bn, bk if v != "swap" else 128, split, warps, st, v is True, v == "swap")
                 cands[cfg.name()] = cfg
@@ -358,6 +381,11 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                     rec["ms"], rec["timing"] = time_it(lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", cfg), M)
                     if getattr(cfg, "swap_ab", False) or getattr(cfg, "rows", 0):
                         rec |= repeat_bits(lambda: linear_mxfp4(x, w, ws, None, "w4a16", cfg))
+                    if getattr(cfg, "fold_scale", False):  # exact both ways: the same bits as the unfolded decode
+                        plain = dataclasses.replace(cfg, fold_scale=False)
+                        rec["bits_equal_unfolded"] = torch.equal(
+                            linear_mxfp4(x, w, ws, None, "w4a16", cfg), linear_mxfp4(x, w, ws, None, "w4a16", plain)
+                        )
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = f"{type(e).__name__}: {e}"[:300]
                 rows.append(rec)
@@ -463,10 +491,11 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows"),
+        choices=("all", "swap", "swap-deep", "rows", "fold"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
-        "multi-row GEMVs (rows, dense only) beside the shipped choice",
+        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold) beside the "
+        "shipped choice",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")

@@ -24,10 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequant_pairs, dequantize_mxfp4_rows
+from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequant_pairs, dequantize_mxfp4_rows, e8m0_to_bf16_folded
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import (
+    MOE_CONFIGS,
     MOE_GEMV,
     MoeConfig,
     MoeGemvConfig,
@@ -198,6 +199,49 @@ def test_dequant_pairs_is_exact():
         assert torch.equal(got[255].isnan(), want[255].isnan()) and torch.equal(
             got[255][~got[255].isnan()], want[255][~want[255].isnan()]
         )
+
+
+@triton.jit
+def _folded_scale_kernel(s_ptr, out_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    tl.store(out_ptr + r, e8m0_to_bf16_folded(tl.load(s_ptr + r)))
+
+
+def _bf16_bits(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32).to(torch.bfloat16).view(torch.int16)
+
+
+def test_folded_scale_decode_gives_the_same_bits():
+    """``MATH="asm-fold"`` (PAIRS_ASM_FOLDED): E2M1's 2^126 folded into the scale. The folded scale is bf16 2^(E-1)
+    for every E8M0 code 0-128 (129 would be 2^128: inf, hence the precondition), and the PTX's steps, emulated (a code
+    as bf16 bits ``sign << 15 | (code & 7) << 6`` = value * 2^-126; each fma exact, as a power-of-two scaling within
+    bf16's range), give the bits of the unfolded decode (x 2^126, then x 2^(E-127)) for all 16 codes and E = 0-128."""
+    s = torch.arange(256, dtype=torch.uint8)
+    out = torch.empty(256, dtype=torch.bfloat16)
+    _folded_scale_kernel[(1,)](s, out, N=256)
+    e = torch.arange(256, dtype=torch.float64)
+    assert torch.equal(out[:129].view(torch.int16), _bf16_bits(torch.exp2(e[:129] - 1)))
+    assert out[129].isinf()
+    code = torch.arange(16)
+    bits = ((code & 8) << 12) | ((code & 7) << 6)
+    decoded = bits.to(torch.int16).view(torch.bfloat16).double()  # value * 2^-126 (subnormal for 0.5)
+    values = torch.tensor(FP4_VALUES, dtype=torch.float64)
+    assert torch.equal(decoded * 2.0**126, values)
+    for E in range(129):
+        unfolded = _bf16_bits(_bf16_bits(decoded * 2.0**126).view(torch.bfloat16).double() * 2.0 ** (E - 127))
+        folded = _bf16_bits(decoded * out[E].double())
+        assert torch.equal(folded, unfolded) and torch.equal(folded, _bf16_bits(values * 2.0 ** (E - 127))), E
+
+
+def test_fold_scale_is_a_swapped_decode_only():
+    with pytest.raises(ValueError, match="needs swap_ab"):
+        MoeConfig(16, 64, 128, fold_scale=True)
+    with pytest.raises(ValueError, match="needs swap_ab"):
+        LinearConfig(16, 64, 128, fold_scale=True)
+    folded = MoeConfig(16, 64, 128, swap_ab=True, fold_scale=True)
+    assert folded.math == "asm-fold" and folded.name().endswith("sf") and MoeConfig(16, 64, 128).math == "asm"
+    # not shipped until measured (peers.py --sweep-kind fold)
+    assert not any(c.fold_scale for c in (*MOE_CONFIGS.values(), *CONFIGS.values()))
 
 
 def test_prefill_dequant_gemm_matches_reference():
@@ -379,6 +423,30 @@ def test_pipelined_swap_waits_for_every_wgmma():
     assert proc.returncode == 0, proc.stderr[-2000:]
     waited, not_waited, plain, *errors = json.loads(proc.stdout.strip().splitlines()[-1])
     assert waited == 0 and not_waited > 0 and plain > 0 and errors == [None, None, None]
+
+
+_FOLDED_PTX = """
+import dataclasses, json, triton
+from triton.backends.compiler import GPUTarget
+from mxrepack.kernels import check, linear_mxfp4 as lin
+out = []
+for fold in (False, True):
+    cfg = dataclasses.replace(lin.DECODE_WIDE, fold_scale=fold)
+    src = check.for_arch(check._linear_source("w4a16", cfg), 90)
+    ptx = triton.compile(check.specialized(src), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}).asm["ptx"]
+    out.append([ptx.count("fma.rn.bf16x2"), "0x7e807e80" in ptx])
+print(json.dumps(out))
+"""
+
+
+def test_folded_decode_halves_the_packed_multiplies():
+    """The swapped lm_head decode tile built with ``fold_scale``: half the packed bf16 multiplies, and no 2^126."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _FOLDED_PTX], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (plain, bias), (folded, folded_bias) = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert bias and not folded_bias and folded * 2 == plain > 0
 
 
 _VECTOR_LOADS = """

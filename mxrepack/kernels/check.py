@@ -110,7 +110,7 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
         "MANUAL_DEQUANT": cfg.manual_dequant and a_fmt == "bf16",
         "INTERPRETER": False,
         "SWAP_AB": cfg.swap_ab and a_fmt == "bf16",
-        "MATH": "asm",
+        "MATH": cfg.math,
         "WAIT_MMA": False,  # per arch: for_arch
     }
     return ASTSource(lin._linear_mxfp4_kernel, sig, const)
@@ -125,7 +125,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "MANUAL_DEQUANT": cfg.manual_dequant and act == "bf16",
         "INTERPRETER": False,
         "SWAP_AB": cfg.swap_ab and act == "bf16",
-        "MATH": "asm",
+        "MATH": cfg.math,
         "WAIT_MMA": False,  # per arch: for_arch
     }
     gate_up = {

@@ -105,6 +105,34 @@ fma.rn.bf16x2 $1, $1, $3, z;
 """)
 
 
+# The same with E2M1's 2^126 folded into the scale (``MATH="asm-fold"``): one packed multiply per pair of code pairs
+# instead of two (10 instructions per 4 codes), by the bf16 scale 2^(E-1), which exists for E <= 128 only (block
+# scales up to 2): the caller guarantees that of the weights (``MoeConfig.fold_scale``, ``LinearConfig.fold_scale``).
+# Exact, and the same bits: both round nothing (powers of two; the smallest product, 0.5 * 2^-127, is a bf16 subnormal).
+PAIRS_ASM_FOLDED = tl.constexpr("""
+{
+.reg .b32 y, u, t, z;
+mov.b32 z, 0x80008000;
+prmt.b32 y, $2, 0, 0x1404;
+and.b32 t, y, 0x70007000;
+shr.b32 t, t, 6;
+lop3.b32 $1, y, t, 0x80008000, 0xEC;
+shl.b32 u, y, 4;
+and.b32 t, u, 0x70007000;
+shr.b32 t, t, 6;
+lop3.b32 $0, u, t, 0x80008000, 0xEC;
+fma.rn.bf16x2 $0, $0, $3, z;
+fma.rn.bf16x2 $1, $1, $3, z;
+}
+""")
+
+
+@triton.jit
+def e8m0_to_bf16_folded(s):
+    """E8M0 scale bytes s <= 128 -> bf16 2^(s - 1): the scale times E2M1's 2^126 (:data:`PAIRS_ASM_FOLDED`)."""
+    return ((s.to(tl.int16) + 126) << 7).to(tl.bfloat16, bitcast=True)
+
+
 @triton.jit
 def e8m0_to_bf16(s):
     """E8M0 scale bytes -> bf16 2^(s - 127) (byte 0: the subnormal 2^-127, bits 0x0040)."""
@@ -134,11 +162,17 @@ def dequant_pairs(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.
     """Packed E2M1 bytes ``[BLOCK_N, BLOCK_K/2]`` and E8M0 scales ``[BLOCK_N, BLOCK_K/32]`` -> two bf16 tiles
     ``[BLOCK_N, BLOCK_K/2]``: the even-k codes (each byte's low nibble) and the odd-k codes (high nibble), exact.
     Elementwise on the bytes, so Triton may decode them in whatever register layout the MMA operand has (no
-    shuffle): the activations come split to match (:func:`dot_w_mxfp4`). ``MATH``: "asm" (PTX) or "ops"."""
+    shuffle): the activations come split to match (:func:`dot_w_mxfp4`). ``MATH``: "asm" (PTX), "asm-fold" (PTX,
+    scales <= 2 only: :data:`PAIRS_ASM_FOLDED`) or "ops"."""
     if MATH == "asm":  # converted per group, then spread to its 16 bytes
         s = _per_byte(e8m0_to_bf16(ws), BLOCK_N, BLOCK_K)
         even, odd = tl.inline_asm_elementwise(
             PAIRS_ASM, "=r,=r,r,r", [w, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2
+        )
+    elif MATH == "asm-fold":
+        s = _per_byte(e8m0_to_bf16_folded(ws), BLOCK_N, BLOCK_K)
+        even, odd = tl.inline_asm_elementwise(
+            PAIRS_ASM_FOLDED, "=r,=r,r,r", [w, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2
         )
     else:
         even, odd = _pairs_ops(w, _per_byte(ws, BLOCK_N, BLOCK_K))

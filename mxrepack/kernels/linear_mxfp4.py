@@ -70,8 +70,12 @@ class LinearConfig:
     manual_dequant: bool = False  # W4A16 only: integer-op dequant + tl.dot instead of tl.dot_scaled
     # W4A16 only: W the MMA's first operand, decoded in registers (dequant_mxfp4.dot_w_mxfp4), x in split order
     swap_ab: bool = False
+    # swap_ab on CUDA, weights with E8M0 scales <= 128 only: E2M1's 2^126 folded into the scale (MoeConfig.fold_scale)
+    fold_scale: bool = False
 
     def __post_init__(self):
+        if self.fold_scale and not self.swap_ab:
+            raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
             raise ValueError(
                 f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
@@ -83,7 +87,13 @@ class LinearConfig:
             f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
             + ("d" if self.manual_dequant else "")
             + ("x" if self.swap_ab else "")
+            + ("f" if self.fold_scale else "")
         )
+
+    @property
+    def math(self) -> str:
+        """The decode on CUDA: ``dequant_mxfp4.dequant_pairs``' MATH (the interpreter and CPU take "ops")."""
+        return "asm-fold" if self.fold_scale else "asm"
 
 
 # The shipped configurations (``repack kernels check`` compiles each for every arch). Stages are kept
@@ -324,7 +334,7 @@ def linear_mxfp4(
         MANUAL_DEQUANT=cfg.manual_dequant and a_fmt == "bf16",
         INTERPRETER=interpreter,
         SWAP_AB=swap,
-        MATH="ops" if interpreter or x.device.type != "cuda" else "asm",
+        MATH="ops" if interpreter or x.device.type != "cuda" else cfg.math,
         WAIT_MMA=swap and not interpreter and mma_reads_registers_async(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

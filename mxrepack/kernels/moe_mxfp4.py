@@ -80,8 +80,14 @@ class MoeConfig:
     # BF16 activations: W is the MMA's first operand, decoded in registers by PTX (``dot_w_mxfp4``), tokens the
     # second; the activations and the intermediate travel in split order (even then odd columns per K tile)
     swap_ab: bool = False
+    # swap_ab on CUDA: E2M1's 2^126 folded into the scale, one packed multiply per code pair instead of two
+    # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2): the
+    # caller's guarantee. Not chosen by MOE_TILES (not measured yet: peers.py --sweep-kind fold)
+    fold_scale: bool = False
 
     def __post_init__(self):
+        if self.fold_scale and not self.swap_ab:
+            raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
@@ -95,7 +101,13 @@ class MoeConfig:
             f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}"
             + ("d" if self.manual_dequant else "")
             + ("s" if self.swap_ab else "")
+            + ("f" if self.fold_scale else "")
         )
+
+    @property
+    def math(self) -> str:
+        """The decode on CUDA: ``dequant_mxfp4.dequant_pairs``' MATH (the interpreter and CPU take "ops")."""
+        return "asm-fold" if self.fold_scale else "asm"
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
@@ -834,7 +846,7 @@ def _moe_scheduled(
     if swap and (Ip % 128 or Hp % 128):  # whole 128-column K tiles in split order: the loads have no K mask
         raise ValueError(f"swap_ab needs padded widths that are multiples of 128, got {Ip}/{Hp}")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    math = "ops" if interpreter or x.device.type != "cuda" else "asm"
+    math = "ops" if interpreter or x.device.type != "cuda" else cfg.math
     x = x.contiguous()
     if swap:
         a, a_s = split_pairs(x, Hp), None
