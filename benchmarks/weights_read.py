@@ -66,13 +66,21 @@ def make_shards(folder: Path, gib: float, shard_gib: float = 4.0) -> list[Path]:
             files.append(path)
             shard, size = {}, 0
         if name is not None:
-            shard[name] = (
-                torch.full(shape, len(shard) % 251, dtype=torch.uint8).view(dtype)
-                if dtype.itemsize == 1
-                else torch.full(shape, 0.5 + len(shard), dtype=dtype)
-            )
+            shard[name] = position_dependent(nbytes(shape, dtype), len(files) * 1000 + len(shard)).view(dtype)
+            shard[name] = shard[name].reshape(shape)
             size += nbytes(shape, dtype)
     return files
+
+
+def position_dependent(n: int, seed: int) -> torch.Tensor:
+    """``n`` bytes that differ from chunk to chunk of any power-of-two size (a random block of prime length, tiled and
+    shifted by ``seed``): a chunk copied from the wrong place or a stale staging slot shows."""
+    block = torch.randint(0, 256, (1_000_003,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    return block.roll(seed).repeat(-(-n // block.numel()))[:n]
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
 
 
 def safetensors_tensors(files):
@@ -141,7 +149,7 @@ def main() -> None:
         for p in params.values():
             p.zero_()
         times = [timed(make(), params) for _ in range(args.repeat)]
-        differ = [k for k, x in safetensors_tensors(files) if not torch.equal(params[k], x.to("cuda"))]
+        differ = [k for k, x in safetensors_tensors(files) if not torch.equal(as_bytes(params[k]), as_bytes(x).cuda())]
         s = statistics.median(times)
         rows.append({"case": name, "s": times, "median_s": s, "GBps": total / s / 1e9, "tensors_differing": differ})
         print(

@@ -216,7 +216,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     from mxrepack.layouts import get_layout
-    from mxrepack.serve.spec import RUN_HERE, VLLM_SUPPORTED_TEXT, serving, vllm_serve_command
+    from mxrepack.serve.spec import FAST_LOAD, RUN_HERE, VLLM_SUPPORTED_TEXT, serving
 
     target = manifest["target"]
     base = manifest["source"].get("repo_id")
@@ -263,18 +263,17 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     if mode == "mxrepack":
         load = (
             "Serve it with vLLM and mxrepack's vLLM plugin, which loads the stored bytes straight into the kernel's "
-            'parameters (no repack at start-up):\n\n```\npip install "mxrepack[vllm]"\n'
-            + vllm_serve_command(repo_id, mode)
-            + "\n```\n\n`--load-format mxrepack` is the plugin's reader (threads, page-locked staging; optional). "
-            "No `--quantization` flag: `config.json` declares `quant_method: mxrepack`, which a stock "
+            'parameters (no repack at start-up):\n\n```\npip install "mxrepack[vllm]"\nvllm serve '
+            + repo_id
+            + "\n```\n\nNo `--quantization` flag: `config.json` declares `quant_method: mxrepack`, which a stock "
             f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
-            f"supports vLLM {VLLM_SUPPORTED_TEXT}."
+            f"supports vLLM {VLLM_SUPPORTED_TEXT}. `{FAST_LOAD.split(':')[0]}`:{FAST_LOAD.split(':', 1)[1]}."
         )
     elif mode == "compressed-tensors":
         load = (
             "Serve it with vLLM and mxrepack's vLLM plugin (stock vLLM 0.26-0.33 cannot: its compressed-tensors "
-            'MXFP4 MoE method has no expert biases):\n\n```\npip install "mxrepack[vllm]"\n'
-            + vllm_serve_command(repo_id, mode)
+            'MXFP4 MoE method has no expert biases):\n\n```\npip install "mxrepack[vllm]"\nvllm serve '
+            + repo_id
             + f"\n```\n\nKernels: {kernel}. One GPU (tensor parallelism 1). The tensors are compressed-tensors' "
             "`mxfp4-pack-quantized` format, which the library reads and decompresses (the versions mxrepack's "
             'tests compare with):\n\n```\npip install "compressed-tensors>=0.19,<0.22"\n```\n\n'
@@ -285,7 +284,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     elif mode == "native":
         load = (
             "The official gpt-oss MXFP4 format: engines that read openai/gpt-oss load it as is. vLLM, "
-            f"{how} -- MoE kernel: {kernel}:\n\n```\npip install vllm\n{vllm_serve_command(repo_id, mode)}\n```\n\n"
+            f"{how} -- MoE kernel: {kernel}:\n\n```\npip install vllm\nvllm serve {repo_id}\n```\n\n"
             'or transformers\' MXFP4 integration:\n\n```\npip install "transformers>=4.56"\n```\n\n'
             f'`AutoModelForCausalLM.from_pretrained("{repo_id}")`.'
         )
@@ -294,7 +293,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
             'Stock transformers, with no quantizer (experts are BF16):\n\n```\npip install "transformers>=4.56"\n'
             f'```\n\n`AutoModelForCausalLM.from_pretrained("{repo_id}")`. '
             f"vLLM serves it too, {how} -- MoE kernel: {kernel}:"
-            f"\n\n```\npip install vllm\n{vllm_serve_command(repo_id, mode)}\n```"
+            f"\n\n```\npip install vllm\nvllm serve {repo_id}\n```"
         )
     if RUN_HERE.get(target["name"]):
         load += f"\n\nRun on a GPU by mxrepack: {RUN_HERE[target['name']]}."

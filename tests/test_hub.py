@@ -96,7 +96,8 @@ def test_card_metadata_and_body(output, tmp_path, no_network):
     assert results[0]["metrics"][0]["value"] == 0.81 and results[0]["metrics"][0]["type"] == "accuracy"
     assert "| GPQA-style (gpqa_diamond.csv, 8 repeats) | accuracy | 0.8100 | 0.0120 | 1584 |" in plan.card
     assert "flashinfer-cutlass" in plan.card and "hidden 288→384" in plan.card and "repack verify" in plan.card
-    assert 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm121 --load-format mxrepack' in plan.card
+    assert 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm121' in plan.card
+    assert "`--load-format mxrepack`: the plugin's reader (threads, page-locked staging), optional;" in plan.card
     assert manifest["tool"]["mxrepack"] in plan.card
     # a Hub source carries its base model, the quantized relation and its license
     manifest["source"] = {**manifest["source"], "repo_id": "openai/gpt-oss-120b", "path": None}
@@ -247,9 +248,8 @@ def test_card_says_what_loads_each_kind_of_target(output, no_network):
     assert "repacks at every start" in card  # serve.spec.serving's words
     meta, card = _card_for(output, "compressed-tensors")
     assert meta["library_name"] == "vllm"  # through the plugin: stock vLLM cannot load gpt-oss's expert biases
-    assert 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-compressed-tensors --load-format mxrepack' in card
+    assert 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-compressed-tensors' in card
     assert 'pip install "compressed-tensors>=0.19,<0.22"' in card and "no expert biases" in card
     assert "from_pretrained" not in card  # transformers does not load per-expert Linear experts
     meta, card = _card_for(output, "sm90")
-    assert meta["library_name"] == "vllm"
-    assert 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm90 --load-format mxrepack' in card
+    assert meta["library_name"] == "vllm" and 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm90' in card

@@ -57,17 +57,40 @@ def test_read_tensors_gives_safetensors_bytes(shards, chunk_bytes):
         assert torch.equal(as_bytes(t), as_bytes(want[name])), name
 
 
-def test_a_truncated_shard_names_the_file(shards):
+def test_a_shard_truncated_while_loading_names_file_and_tensor(shards):
+    """Cut short after its header was read (the header check names a shard that is short from the start)."""
+    tensors = read_tensors(shards, threads=2)
+    next(tensors)
     data = shards[1].read_bytes()
-    shards[1].write_bytes(data[: len(data) - 100])
-    with pytest.raises(MxRepackError, match=r"model-00002-of-00002\.safetensors.*truncated"):
-        list(read_tensors(shards))
+    shards[1].write_bytes(data[: len(data) // 2])
+    with pytest.raises(
+        MxRepackError, match=r"model-00002-of-00002\.safetensors: truncated: tensor 'model\.layers\.1\."
+    ):
+        list(tensors)
+
+
+def test_shards_come_in_vllms_order(tmp_path):
+    """Natural order of the names, as vLLM's reader sorts them: shard 2 before shard 10."""
+    for i in (10, 2, 1):
+        save_file({f"t{i}": torch.zeros(1)}, tmp_path / f"model-{i}.safetensors")
+    names = [n for n, _ in read_tensors(sorted(tmp_path.iterdir()))]
+    assert names == ["t1", "t2", "t10"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the staging path needs a CUDA device")
+@pytest.mark.parametrize("chunk_bytes, slots", [(1000, 1), (4099, 2), (1 << 20, 16)])
+def test_read_tensors_to_gpu_gives_safetensors_bytes(shards, chunk_bytes, slots):
+    """The GPU path with slots reused within a tensor (random bytes: a chunk copied from a stale slot would differ)."""
+    want = expected(shards)
+    for name, t in read_tensors(shards, "cuda", threads=3, chunk_bytes=chunk_bytes, slots=slots):
+        assert t.is_cuda and torch.equal(as_bytes(t).cpu(), as_bytes(want[name])), name
 
 
 def test_load_format_wraps_vllms_default_loader(shards, monkeypatch):
     """``--load-format mxrepack`` (mxrepack.serve.vllm.loader) against stand-ins for vLLM's loader module: vLLM's own
     file discovery, asked as for ``safetensors`` (the only name it knows) and left as it was; 0.26's three-value and
-    0.33's four-value answer; the source prefix; the reader's tensors. Imports no vLLM."""
+    0.33's four-value answer; the source prefix; the reader's tensors; vLLM's own reader where the load needs more.
+    Imports no vLLM."""
     import sys
     import types
     from dataclasses import dataclass, field
@@ -76,19 +99,27 @@ def test_load_format_wraps_vllms_default_loader(shards, monkeypatch):
     asked = []
 
     class DefaultModelLoader:  # the part of vLLM's class the load format uses
+        DEFAULT_NUM_THREADS = 8
         counter_before_loading_weights = 0.0
+        v033 = False
+        safetensors = True
 
         def __init__(self, load_config):
             self.load_config = load_config
 
         def _prepare_weights(self, path, subfolder, revision, fall_back_to_pt, allow_patterns_overrides):
             asked.append(self.load_config.load_format)
-            return (path, [str(f) for f in shards], True) + (("model.safetensors.index.json",) if self.v033 else ())
+            found = (path, [str(f) for f in shards], self.safetensors)
+            return found + (("model.safetensors.index.json",) if self.v033 else ())
+
+        def _get_weights_iterator(self, source):
+            return "vLLM's reader"
 
     @dataclass
     class LoadConfig:
         load_format: str = "mxrepack"
         model_loader_extra_config: dict = field(default_factory=lambda: {"num_threads": 2})
+        safetensors_load_strategy: str | None = None
 
     @dataclass
     class Source:
@@ -126,5 +157,11 @@ def test_load_format_wraps_vllms_default_loader(shards, monkeypatch):
         assert got.keys() == {"pre." + k for k in want}
         assert all(torch.equal(as_bytes(got["pre." + k]), as_bytes(t)) for k, t in want.items())
         assert ml.counter_before_loading_weights > 0
-    skipped = dict(ml._get_weights_iterator(Source(is_unused_weight=lambda n: n.endswith(".scalar"))))  # 0.33
-    assert skipped.keys() == {"pre." + k for k in want if not k.endswith(".scalar")}
+    # where the load needs more than reading every tensor of safetensors files, vLLM's reader does it
+    assert ml._get_weights_iterator(Source(is_unused_weight=lambda n: n.endswith(".scalar"))) == "vLLM's reader"
+    assert (
+        registered[loader.LOAD_FORMAT](LoadConfig(safetensors_load_strategy="torchao"))._get_weights_iterator(Source())
+        == "vLLM's reader"
+    )
+    DefaultModelLoader.safetensors = False  # .bin / .pt weights
+    assert registered[loader.LOAD_FORMAT](LoadConfig())._get_weights_iterator(Source()) == "vLLM's reader"

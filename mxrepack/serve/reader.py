@@ -1,4 +1,4 @@
-"""Read a checkpoint's safetensors onto the GPU with several threads, tensor by tensor, in file order.
+"""Read a checkpoint's safetensors onto the GPU with several threads, tensor by tensor, file by file.
 
 What a serving engine's weight phase spends once the conversion is gone (the plugin's targets need none) is reading:
 vLLM's default reader hands each tensor over in fresh host memory from a memory map, one thread touching the pages, and
@@ -6,23 +6,25 @@ its copy to the GPU starts from pageable memory, which the driver stages through
 workers ``preadv`` each tensor's bytes, ``chunk_bytes`` at a time, into a small ring of page-locked staging slots, and
 each slot is copied to the tensor's GPU memory on a side stream as soon as it is full, while the next slots are read.
 The tensor is handed out on the GPU, as vLLM's ``fastsafetensors`` reader does; the weight loaders' copy into the
-parameter is then a device-to-device copy.
+parameter is then a device-to-device copy. Files come in vLLM's order (natural sort of the names), each file's tensors
+in the order of their bytes.
 
-Why a small ring and not whole tensors in page-locked memory: page-locking costs ~0.4 s per GiB on the lent H100's
+Why a small ring and not whole tensors in page-locked memory: page-locking costs 0.4-0.6 s per GiB on the lent H100's
 host (``benchmarks/experiments/pin_probe.py``), more than reading the same GiB from the page cache.
 Cost on the GPU: the tensor being read, and the one handed out before it while the consumer still holds it (vLLM's
 loops keep it until they ask for the next): at most twice the largest tensor (2 x 1.1 GiB for gpt-oss's embedding).
+The consumer uses each tensor on the CUDA stream that was current when it asked for it (vLLM's loaders do).
 """
 
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
+import re
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -30,30 +32,29 @@ from mxrepack.errors import MxRepackError
 from mxrepack.repack.safetensors_io import TensorInfo, read_header
 
 
-def _read_into(path: Path, fd: int, view: memoryview, offset: int) -> None:
+def _read_into(info: TensorInfo, fd: int, view: memoryview, offset: int) -> None:
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
         if n <= 0:
-            raise MxRepackError(f"{path}: truncated while reading {len(view)} bytes at {offset}")
+            raise MxRepackError(
+                f"{info.file}: truncated: tensor '{info.name}' could not be read ({len(view)} bytes at {offset})"
+            )
         done += n
 
 
 class _Staging:
-    """``slots`` page-locked buffers of ``chunk`` bytes (pageable where locking fails), each with the event of the copy
-    last issued from it, and the side stream those copies run on."""
+    """``slots`` page-locked buffers of ``chunk`` bytes (pageable where page-locking fails), each with the event of the
+    copy last issued from it, and the side stream those copies run on."""
 
     def __init__(self, slots: int, chunk: int, device: torch.device):
         self.chunk = chunk
-        self.buf = mmap.mmap(-1, slots * chunk, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        with contextlib.suppress(OSError, AttributeError):  # fewer page faults; optional
-            self.buf.madvise(mmap.MADV_HUGEPAGE)
-        cudart = torch.cuda.cudart()
-        self.ptr = torch.frombuffer(self.buf, dtype=torch.uint8, count=1).data_ptr()
-        if cudart.cudaHostRegister(self.ptr, slots * chunk, 0) != cudart.cudaError.success:
-            self.ptr = 0
-        self.views = [memoryview(self.buf)[k * chunk : (k + 1) * chunk] for k in range(slots)]
-        self.tensors = [torch.frombuffer(v, dtype=torch.uint8) for v in self.views]
+        try:
+            buf = torch.empty(slots * chunk, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError:  # no page-locked memory to be had: the same copies, from pageable memory (slower)
+            buf = torch.empty(slots * chunk, dtype=torch.uint8, device="cpu")
+        self.tensors = [buf[k * chunk : (k + 1) * chunk] for k in range(slots)]
+        self.views = [memoryview(t.numpy()) for t in self.tensors]
         self.events: list[torch.cuda.Event | None] = [None] * slots
         self.device = device
         self.stream = torch.cuda.Stream(device)
@@ -70,7 +71,7 @@ class _Staging:
             if self.events[slot] is not None:
                 self.events[slot].synchronize()
             view = self.views[slot][: min(self.chunk, info.nbytes - start)]
-            pending.append((slot, start, pool.submit(_read_into, info.file, fd, view, info.start + start)))
+            pending.append((slot, start, pool.submit(_read_into, info, fd, view, info.start + start)))
             if len(pending) == len(self.views):
                 self._copy_out(dst, *pending.popleft())
         while pending:
@@ -87,27 +88,29 @@ class _Staging:
             event.record(self.stream)
 
     def close(self) -> None:
+        """Wait for the copies still reading the slots (the page-locked block goes back to torch's cache after)."""
         for e in self.events:
             if e is not None:
                 e.synchronize()
-        self.tensors.clear()
-        if self.ptr:
-            torch.cuda.cudart().cudaHostUnregister(self.ptr)
-            self.ptr = 0
 
 
 def _read_to_host(pool: ThreadPoolExecutor, fd: int, info: TensorInfo, chunk: int) -> torch.Tensor:
-    raw = torch.empty(info.nbytes, dtype=torch.uint8)
+    raw = torch.empty(info.nbytes, dtype=torch.uint8, device="cpu")
     view = memoryview(raw.numpy())
     starts = range(0, info.nbytes, chunk)
-    for r in [pool.submit(_read_into, info.file, fd, view[a : a + chunk], info.start + a) for a in starts]:
+    for r in [pool.submit(_read_into, info, fd, view[a : a + chunk], info.start + a) for a in starts]:
         r.result()
     return raw
 
 
+def _natural_key(path: str | Path) -> list:
+    """vLLM's order of shard files (``weight_utils._natural_sort_key``): digit runs compare as numbers."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
 def _infos(files: Iterable[str | Path]) -> list[TensorInfo]:
     infos: list[TensorInfo] = []
-    for f in files:
+    for f in sorted(files, key=_natural_key):
         header, _ = read_header(Path(f))
         infos += sorted(header.values(), key=lambda i: i.start)
     return infos
@@ -119,13 +122,12 @@ def read_tensors(
     threads: int = 8,
     chunk_bytes: int = 16 << 20,
     slots: int = 16,
-    skip: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every tensor of ``files`` (safetensors), file by file, in the order of their bytes, on
     ``device`` (a CUDA device: through ``slots`` staging buffers of ``chunk_bytes``; else in fresh host memory, read
-    by the same threads). Tensors whose name ``skip`` accepts are not read. Headers are checked as the repack's reader
-    checks them: a tensor outside its file or of the wrong size is a one-line error naming both."""
-    infos = [i for i in _infos(files) if skip is None or not skip(i.name)]
+    by the same threads). Headers are checked as the repack's reader checks them: a tensor outside its file or of the
+    wrong size is a one-line error naming both."""
+    infos = _infos(files)
     device = torch.device(device) if device is not None else torch.device("cpu")
     fds: dict[Path, int] = {}
     staging = _Staging(slots, chunk_bytes, device) if device.type == "cuda" else None
@@ -144,8 +146,16 @@ def read_tensors(
                     raw = _read_to_host(pool, fd_of(info), info, chunk_bytes).to(device)
                 yield info.name, raw.view(info.dtype).view(info.shape)
                 del raw  # the consumer's reference is the only one left
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-        if staging is not None:
-            staging.close()
+    except BaseException:  # an error, or the consumer stopped early (GeneratorExit): that is what is reported
+        with contextlib.suppress(Exception):
+            _close(fds, staging)
+        raise
+    _close(fds, staging)
+
+
+def _close(fds: dict[Path, int], staging: _Staging | None) -> None:
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()
+    if staging is not None:
+        staging.close()

@@ -1,9 +1,11 @@
 """``--load-format mxrepack``: vLLM's default loader with :func:`mxrepack.serve.reader.read_tensors` as its reader.
 
 Everything else is vLLM's: which files make the checkpoint (index, duplicates), the prefix, the weight loaders, the
-process after loading. Any safetensors checkpoint loads through it, an mxrepack output or not; what differs is only how
-the bytes reach the GPU (threads and page-locked staging instead of one thread and pageable memory). ``num_threads`` in
-``--model-loader-extra-config`` sets the readers (default 8), as for vLLM's own multithreaded load.
+process after loading. What differs is only how the bytes reach the GPU (threads and page-locked staging instead of one
+thread and pageable memory). ``num_threads`` in ``--model-loader-extra-config`` sets the readers (vLLM's default for
+its own multithreaded load, 8). Where vLLM's reader would do more than read every tensor of local safetensors files --
+``.bin``/``.pt`` weights, a ``safetensors_load_strategy`` (``torchao`` included), expert parallelism's per-rank expert
+filter, 0.33's filters of unused weights and of encoder-only shards -- the load goes through vLLM's reader unchanged.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import time
 
 LOAD_FORMAT = "mxrepack"
-DEFAULT_THREADS = 8
 
 
 def register() -> None:
@@ -25,27 +26,38 @@ def register() -> None:
     @register_model_loader(LOAD_FORMAT)
     class MxRepackModelLoader(DefaultModelLoader):
         def _prepare_weights(self, *args, **kwargs):
-            # vLLM's own file discovery, as for --load-format safetensors (it knows no other name)
+            # vLLM's own file discovery, as for --load-format safetensors (the only name it takes for it); the
+            # shared config says "safetensors" only for the length of the call
             load_format, self.load_config.load_format = self.load_config.load_format, "safetensors"
             try:
                 return super()._prepare_weights(*args, **kwargs)
             finally:
                 self.load_config.load_format = load_format
 
+        def _vllm_reads(self, source, use_safetensors: bool) -> bool:
+            """The load needs more of vLLM's reader than reading every tensor of local safetensors files."""
+            return (
+                not use_safetensors
+                or self.load_config.safetensors_load_strategy not in (None, "lazy")
+                or bool(getattr(self, "local_expert_ids", None))  # expert parallelism: this rank's experts only
+                or getattr(source, "is_unused_weight", None) is not None  # 0.33
+                or getattr(self, "_encoder_only_lm_prefixes", None) is not None  # 0.33
+            )
+
         def _get_weights_iterator(self, source):
-            # 0.26 returns (folder, files, use_safetensors), 0.33 adds the index file
-            files = self._prepare_weights(
+            # 0.26 answers (folder, files, use_safetensors), 0.33 adds the index file
+            _, files, use_safetensors, *_ = self._prepare_weights(
                 source.model_or_path,
                 source.subfolder,
                 source.revision,
                 source.fall_back_to_pt,
                 source.allow_patterns_overrides,
-            )[1]
-            threads = self.load_config.model_loader_extra_config.get("num_threads") or DEFAULT_THREADS
+            )
+            if self._vllm_reads(source, use_safetensors):
+                return super()._get_weights_iterator(source)
+            threads = self.load_config.model_loader_extra_config.get("num_threads") or self.DEFAULT_NUM_THREADS
             if self.counter_before_loading_weights == 0.0:
                 self.counter_before_loading_weights = time.perf_counter()
             # the worker's GPU (vLLM sets it before loading); host memory where there is none (vLLM's CPU build)
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-            # 0.33: weights the model does not load (vLLM drops a shard holding only those; here each is skipped)
-            skip = getattr(source, "is_unused_weight", None)
-            return ((source.prefix + name, t) for name, t in read_tensors(files, device, threads, skip=skip))
+            return ((source.prefix + name, t) for name, t in read_tensors(files, device, threads))
