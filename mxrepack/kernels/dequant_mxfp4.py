@@ -84,11 +84,7 @@ def dot_bf16_mxfp4(
 # subnormal 2^-127), as Marlin decodes FP4; ``y << 4`` brings the low (even-k) codes up. Two exact packed
 # multiplies (fma with -0) make it the value (x 2^126) times the scale (bf16 2^(E-127), also subnormal at E = 0).
 # 12 instructions per 4 codes with the multiplies; the portable twin is ``_pairs_ops``.
-PAIRS_ASM = tl.constexpr("""
-{
-.reg .b32 y, u, t, c, z;
-mov.b32 c, 0x7e807e80;
-mov.b32 z, 0x80008000;
+_DECODE_PAIRS = """
 prmt.b32 y, $2, 0, 0x1404;
 and.b32 t, y, 0x70007000;
 shr.b32 t, t, 6;
@@ -97,34 +93,29 @@ shl.b32 u, y, 4;
 and.b32 t, u, 0x70007000;
 shr.b32 t, t, 6;
 lop3.b32 $0, u, t, 0x80008000, 0xEC;
-fma.rn.bf16x2 $0, $0, c, z;
+"""
+PAIRS_ASM = tl.constexpr(
+    "{\n.reg .b32 y, u, t, c, z;\nmov.b32 c, 0x7e807e80;\nmov.b32 z, 0x80008000;"
+    + _DECODE_PAIRS
+    + """fma.rn.bf16x2 $0, $0, c, z;
 fma.rn.bf16x2 $1, $1, c, z;
 fma.rn.bf16x2 $0, $0, $3, z;
 fma.rn.bf16x2 $1, $1, $3, z;
 }
-""")
-
-
+"""
+)
 # The same with E2M1's 2^126 folded into the scale (``MATH="asm-fold"``): one packed multiply per pair of code pairs
 # instead of two (10 instructions per 4 codes), by the bf16 scale 2^(E-1), which exists for E <= 128 only (block
 # scales up to 2): the caller guarantees that of the weights (``MoeConfig.fold_scale``, ``LinearConfig.fold_scale``).
 # Exact, and the same bits: both round nothing (powers of two; the smallest product, 0.5 * 2^-127, is a bf16 subnormal).
-PAIRS_ASM_FOLDED = tl.constexpr("""
-{
-.reg .b32 y, u, t, z;
-mov.b32 z, 0x80008000;
-prmt.b32 y, $2, 0, 0x1404;
-and.b32 t, y, 0x70007000;
-shr.b32 t, t, 6;
-lop3.b32 $1, y, t, 0x80008000, 0xEC;
-shl.b32 u, y, 4;
-and.b32 t, u, 0x70007000;
-shr.b32 t, t, 6;
-lop3.b32 $0, u, t, 0x80008000, 0xEC;
-fma.rn.bf16x2 $0, $0, $3, z;
+PAIRS_ASM_FOLDED = tl.constexpr(
+    "{\n.reg .b32 y, u, t, z;\nmov.b32 z, 0x80008000;"
+    + _DECODE_PAIRS
+    + """fma.rn.bf16x2 $0, $0, $3, z;
 fma.rn.bf16x2 $1, $1, $3, z;
 }
-""")
+"""
+)
 
 
 @triton.jit
