@@ -265,7 +265,8 @@ def repeat_bits(fn, runs: int = 20) -> dict:
 def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages, the integer-op
     dequant (``MoeConfig.manual_dequant``) and the swapped operands (``MoeConfig.swap_ab``); ``kind`` "swap" sweeps
-    only the latter beside the shipped choice. mxrepack only, no peers (for choosing ``MOE_TILES``)."""
+    only the latter beside the shipped choice, "fold" only the shipped swapped tile with the scale folded
+    (``MoeConfig.fold_scale``). mxrepack only, no peers (for choosing ``MOE_TILES``)."""
     import itertools
 
     from mxrepack.kernels.moe_mxfp4 import MoeConfig
@@ -279,8 +280,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H)}
         variants = ("swap",) if kind.startswith("swap") else ("plain", "manual", "swap")
-        if kind == "fold":  # the shipped swapped tiles with E2M1's bias folded into the scale (scales here <= 128)
-            assert max(int(W[n].max()) for n in ("w13_weight_scale", "w2_weight_scale")) <= 128
+        if kind == "fold":  # the shipped swapped tile with E2M1's bias folded into the scale (rand_mx: scales <= 128)
             variants, ms_ = (), ()
             if getattr(cands["shipped"], "swap_ab", False):
                 folded = dataclasses.replace(cands["shipped"], fold_scale=True)
@@ -320,7 +320,8 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 
 def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tuple[str, ...] = ()) -> None:
     """mxrepack's W4A16 dense paths at each M: the shipped choice against the GEMV, dequantize + cuBLAS and tile
-    configurations (split-K, tile widths, the integer-op dequant); mxrepack only (for choosing the dispatch)."""
+    configurations (split-K, tile widths, the integer-op dequant); ``kind`` "rows": the multi-row GEMVs only, "fold":
+    the shipped swapped tile with the scale folded only. mxrepack only (for choosing the dispatch)."""
     import itertools
 
     from mxrepack.kernels.dequant_mxfp4 import DEQUANT
@@ -336,16 +337,15 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
         for M in Ms:
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ref = x.float() @ wf.T
-            cands = {"shipped": None, "gemv": pick_gemv_config(N, sm_count(x.device)), "dequant": DEQUANT}
-            if kind == "fold":  # the shipped swapped tile with E2M1's bias folded into the scale (scales here <= 128)
-                assert int(ws.max()) <= 128
+            gemv = pick_gemv_config(N, sm_count(x.device))
+            # the GEMV as shipped, and with one row of x per program (what M = 2 ran before NARROW's two rows)
+            cands = {"shipped": None, "gemv": gemv, "gemv r0": dataclasses.replace(gemv, rows=0), "dequant": DEQUANT}
+            if kind == "fold":  # the shipped swapped tile, E2M1's bias folded into the scale (rand_mx: scales <= 128)
                 cands = {"shipped": None}
                 tile = pick_config(M, N, K, sm_count(x.device))
                 if tile.swap_ab and not use_gemv(M, N) and not use_dequant_gemm(M, N):
-                    cands[f"{tile.name()} (shipped)"] = tile
-                    cands[dataclasses.replace(tile, fold_scale=True).name()] = dataclasses.replace(
-                        tile, fold_scale=True
-                    )
+                    folded = dataclasses.replace(tile, fold_scale=True)
+                    cands[folded.name()] = folded
             # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them); "rows":
             # only these, over more tile shapes and warps
             tiles = ((8, 512), (16, 256))
@@ -520,6 +520,8 @@ def main() -> None:
     meta["copy_roofline_GBps"] = copy_roofline() / 1e9
     print(json.dumps(meta), flush=True)
     rows = Record(meta, args.json)
+    if args.sweep_moe and args.sweep_kind == "rows":
+        ap.error("--sweep-kind rows is a dense sweep (the multi-row GEMV): use it with --sweep-dense")
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:

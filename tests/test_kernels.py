@@ -24,7 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.dequant_mxfp4 import DequantConfig, dequant_pairs, dequantize_mxfp4_rows, e8m0_to_bf16_folded
+from mxrepack.kernels.dequant_mxfp4 import (
+    DequantConfig,
+    dequant_pairs,
+    dequantize_mxfp4_rows,
+    e8m0_to_bf16,
+    e8m0_to_bf16_folded,
+)
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import (
@@ -172,12 +178,14 @@ def test_dequantize_rows_is_exact():
 
 
 @triton.jit
-def _pairs_kernel(w_ptr, s_ptr, even_ptr, odd_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _pairs_kernel(
+    w_ptr, s_ptr, even_ptr, odd_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.constexpr = "ops"
+):
     rn = tl.arange(0, BLOCK_N)
     rb = tl.arange(0, BLOCK_K // 2)
     w = tl.load(w_ptr + rn[:, None] * (BLOCK_K // 2) + rb[None, :])
     ws = tl.load(s_ptr + rn[:, None] * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32)[None, :])
-    even, odd = dequant_pairs(w, ws, BLOCK_N, BLOCK_K, "ops")
+    even, odd = dequant_pairs(w, ws, BLOCK_N, BLOCK_K, MATH)
     tl.store(even_ptr + rn[:, None] * (BLOCK_K // 2) + rb[None, :], even)
     tl.store(odd_ptr + rn[:, None] * (BLOCK_K // 2) + rb[None, :], odd)
 
@@ -202,9 +210,10 @@ def test_dequant_pairs_is_exact():
 
 
 @triton.jit
-def _folded_scale_kernel(s_ptr, out_ptr, N: tl.constexpr):
+def _scale_kernel(s_ptr, out_ptr, folded_ptr, N: tl.constexpr):
     r = tl.arange(0, N)
-    tl.store(out_ptr + r, e8m0_to_bf16_folded(tl.load(s_ptr + r)))
+    tl.store(out_ptr + r, e8m0_to_bf16(tl.load(s_ptr + r)))
+    tl.store(folded_ptr + r, e8m0_to_bf16_folded(tl.load(s_ptr + r)))
 
 
 def _bf16_bits(x: torch.Tensor) -> torch.Tensor:
@@ -213,24 +222,47 @@ def _bf16_bits(x: torch.Tensor) -> torch.Tensor:
 
 def test_folded_scale_decode_gives_the_same_bits():
     """``MATH="asm-fold"`` (PAIRS_ASM_FOLDED): E2M1's 2^126 folded into the scale. The folded scale is bf16 2^(E-1)
-    for every E8M0 code 0-128 (129 would be 2^128: inf, hence the precondition), and the PTX's steps, emulated (a code
-    as bf16 bits ``sign << 15 | (code & 7) << 6`` = value * 2^-126; each fma exact, as a power-of-two scaling within
-    bf16's range), give the bits of the unfolded decode (x 2^126, then x 2^(E-127)) for all 16 codes and E = 0-128."""
+    for every E8M0 code 0-128 (past it the bits wrap: 129 is inf, 130 -0, then negative: hence the precondition), and
+    the PTX's multiplies, emulated on its decoded codes (bf16 bits ``sign << 15 | (code & 7) << 6`` = value * 2^-126),
+    give the bits of the unfolded decode (x 2^126, then x the scale ``e8m0_to_bf16`` makes) for all 16 codes and
+    E = 0-128. Each fma adds -0 to an exact product (powers of two within bf16's range), which changes nothing but keeps
+    a -0 code's sign: a plain product here. The decode's integer steps are shared by both PTX strings."""
     s = torch.arange(256, dtype=torch.uint8)
-    out = torch.empty(256, dtype=torch.bfloat16)
-    _folded_scale_kernel[(1,)](s, out, N=256)
+    scale, folded_scale = (torch.empty(256, dtype=torch.bfloat16) for _ in range(2))
+    _scale_kernel[(1,)](s, scale, folded_scale, N=256)
     e = torch.arange(256, dtype=torch.float64)
-    assert torch.equal(out[:129].view(torch.int16), _bf16_bits(torch.exp2(e[:129] - 1)))
-    assert out[129].isinf()
+    assert torch.equal(folded_scale[:129].view(torch.int16), _bf16_bits(torch.exp2(e[:129] - 1)))
+    assert folded_scale[129].isinf() and folded_scale[130] == 0 and (folded_scale[131:] < 0).all()
     code = torch.arange(16)
     bits = ((code & 8) << 12) | ((code & 7) << 6)
     decoded = bits.to(torch.int16).view(torch.bfloat16).double()  # value * 2^-126 (subnormal for 0.5)
     values = torch.tensor(FP4_VALUES, dtype=torch.float64)
     assert torch.equal(decoded * 2.0**126, values)
     for E in range(129):
-        unfolded = _bf16_bits(_bf16_bits(decoded * 2.0**126).view(torch.bfloat16).double() * 2.0 ** (E - 127))
-        folded = _bf16_bits(decoded * out[E].double())
+        unfolded = _bf16_bits(_bf16_bits(decoded * 2.0**126).view(torch.bfloat16).double() * scale[E].double())
+        folded = _bf16_bits(decoded * folded_scale[E].double())
         assert torch.equal(folded, unfolded) and torch.equal(folded, _bf16_bits(values * 2.0 ** (E - 127))), E
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX decodes need a CUDA device")
+def test_ptx_decodes_agree_on_a_gpu():
+    """Every byte under every E8M0 scale 0-128: the PTX decode, its folded twin and the portable one, bit for bit."""
+    w = torch.arange(256, dtype=torch.uint8).repeat(256, 2).cuda()
+    ws = (torch.arange(256) % 129).to(torch.uint8)[:, None].repeat(1, 32).cuda()  # rows: scales 0-128, 0-126
+    outs = {}
+    for math in ("ops", "asm", "asm-fold"):
+        even, odd = (torch.empty(256, 512, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        _pairs_kernel[(1,)](w, ws, even, odd, BLOCK_N=256, BLOCK_K=1024, MATH=math)
+        outs[math] = torch.cat([even, odd]).view(torch.int16)
+    assert torch.equal(outs["asm"], outs["ops"]) and torch.equal(outs["asm-fold"], outs["ops"])
+
+
+def test_fold_scale_refuses_larger_scales():
+    from mxrepack.kernels.dequant_mxfp4 import check_fold_scale
+
+    check_fold_scale(torch.tensor([0, 127, 128], dtype=torch.uint8))
+    with pytest.raises(ValueError, match="fold_scale needs E8M0 scales <= 128.*got 129"):
+        check_fold_scale(torch.tensor([0, 129], dtype=torch.uint8))
 
 
 def test_fold_scale_is_a_swapped_decode_only():

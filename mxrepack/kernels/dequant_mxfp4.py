@@ -81,9 +81,7 @@ def dot_bf16_mxfp4(
 # Packed bytes -> the bf16 pairs of an MMA's A operand, two codes of a byte at a time (``dequant_pairs``):
 # prmt puts bytes i and i+1 at bits 15..8 and 31..24, so each half's top nibble is a high (odd-k) code; then
 # ``(y & 0x80008000) | ((y & 0x70007000) >> 6)`` is the bf16 pair ``value * 2^-126`` (E2M1's 0.5 is bf16's
-# subnormal 2^-127), as Marlin decodes FP4; ``y << 4`` brings the low (even-k) codes up. Two exact packed
-# multiplies (fma with -0) make it the value (x 2^126) times the scale (bf16 2^(E-127), also subnormal at E = 0).
-# 12 instructions per 4 codes with the multiplies; the portable twin is ``_pairs_ops``.
+# subnormal 2^-127), as Marlin decodes FP4; ``y << 4`` brings the low (even-k) codes up.
 _DECODE_PAIRS = """
 prmt.b32 y, $2, 0, 0x1404;
 and.b32 t, y, 0x70007000;
@@ -94,6 +92,8 @@ and.b32 t, u, 0x70007000;
 shr.b32 t, t, 6;
 lop3.b32 $0, u, t, 0x80008000, 0xEC;
 """
+# Then two exact packed multiplies (fma with -0, which keeps a -0 code's sign) make it the value (x 2^126) times the
+# scale (bf16 2^(E-127), also subnormal at E = 0): 12 instructions per 4 codes; the portable twin is ``_pairs_ops``.
 PAIRS_ASM = tl.constexpr(
     "{\n.reg .b32 y, u, t, c, z;\nmov.b32 c, 0x7e807e80;\nmov.b32 z, 0x80008000;"
     + _DECODE_PAIRS
@@ -104,10 +104,11 @@ fma.rn.bf16x2 $1, $1, $3, z;
 }
 """
 )
-# The same with E2M1's 2^126 folded into the scale (``MATH="asm-fold"``): one packed multiply per pair of code pairs
-# instead of two (10 instructions per 4 codes), by the bf16 scale 2^(E-1), which exists for E <= 128 only (block
-# scales up to 2): the caller guarantees that of the weights (``MoeConfig.fold_scale``, ``LinearConfig.fold_scale``).
-# Exact, and the same bits: both round nothing (powers of two; the smallest product, 0.5 * 2^-127, is a bf16 subnormal).
+# The same with E2M1's 2^126 folded into the scale (``MATH="asm-fold"``): one packed multiply per code pair instead of
+# two (10 instructions per 4 codes), by the bf16 scale 2^(E-1), which exists for E <= 128 only (block scales up to 2;
+# past it the folded scale's bits wrap: 129 is inf, 130 -0, 131-255 negative): the weights must have no larger scale
+# (``MoeConfig.fold_scale``, ``LinearConfig.fold_scale``; the wrappers check outside CUDA graph capture). Exact, and
+# the same bits: both round nothing (powers of two; the smallest product, 0.5 * 2^-127, is a bf16 subnormal).
 PAIRS_ASM_FOLDED = tl.constexpr(
     "{\n.reg .b32 y, u, t, z;\nmov.b32 z, 0x80008000;"
     + _DECODE_PAIRS
@@ -120,7 +121,8 @@ fma.rn.bf16x2 $1, $1, $3, z;
 
 @triton.jit
 def e8m0_to_bf16_folded(s):
-    """E8M0 scale bytes s <= 128 -> bf16 2^(s - 1): the scale times E2M1's 2^126 (:data:`PAIRS_ASM_FOLDED`)."""
+    """E8M0 scale bytes s <= 128 -> bf16 2^(s - 1): the scale times E2M1's 2^126 (:data:`PAIRS_ASM_FOLDED`; larger s
+    wrap to inf, -0 and negative values)."""
     return ((s.to(tl.int16) + 126) << 7).to(tl.bfloat16, bitcast=True)
 
 
@@ -166,6 +168,7 @@ def dequant_pairs(w, ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MATH: tl.
             PAIRS_ASM_FOLDED, "=r,=r,r,r", [w, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2
         )
     else:
+        tl.static_assert(MATH == "ops", "dequant_pairs: MATH is asm, asm-fold or ops")
         even, odd = _pairs_ops(w, _per_byte(ws, BLOCK_N, BLOCK_K))
     return even, odd
 
@@ -219,6 +222,17 @@ def mma_done(acc):
 
 
 @functools.cache
+def check_fold_scale(*scales: torch.Tensor) -> None:
+    """``fold_scale``'s precondition (:data:`PAIRS_ASM_FOLDED`): every E8M0 scale <= 128. Checked where it costs
+    nothing but a synchronization (not while a CUDA graph is captured: the timed replays of a checked call)."""
+    if any(s.is_cuda for s in scales) and torch.cuda.is_current_stream_capturing():
+        return
+    for s in scales:
+        largest = int(s.view(torch.uint8).max()) if s.numel() else 0
+        if largest > 128:
+            raise ValueError(f"fold_scale needs E8M0 scales <= 128 (block scales up to 2), got {largest}")
+
+
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 

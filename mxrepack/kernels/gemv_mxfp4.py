@@ -681,9 +681,9 @@ def _gemv_f16x2_kernel(
 # docs/PERF_LOG.md): wide layers (lm_head) take the f16x2 path, 16 rows x 1024 k and 8 warps (0.1217 ms, 84% of
 # the copy roofline, 3.36x cuBLAS BF16); narrow ones (q/k/v/o: 5-8 us) the fp32 path, 8 rows x 512 k,
 # which needs no activation-preparing launch. At M = 2 (narrow layers only: use_gemv) both rows of x in one program,
-# each weight decoded once: H100 same-run sweep (docs/bench/dense_sweep_rows_h100_2026-11-25.json) qkv 0.0114 vs
-# 0.0120 ms for a program per row, o 0.0091 vs 0.0126; more rows per program lost to the split-K tile from M = 4
-# (qkv 0.0164 at 4 rows vs 0.0145).
+# each weight decoded once: H100 same-run sweep (docs/bench/dense_sweep_rows_h100_2026-11-25_46c88ad.json) qkv
+# 0.0114 vs 0.0120 ms for a program per row, o 0.0091 vs 0.0126; more rows per program lost to the split-K tile from
+# M = 4 (qkv 0.0164 at 4 rows vs 0.0145).
 WIDE = GemvConfig(16, 1024, 8, 1, "f16x2")
 NARROW = GemvConfig(8, 512, 4, 1, "asm", rows=2)
 

@@ -32,6 +32,7 @@ from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
     DEQUANT,
     DequantConfig,
+    check_fold_scale,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     linear_dequant_gemm,
@@ -295,6 +296,8 @@ def linear_mxfp4(
     cfg = config or pick_config(M, N, K, sm_count(x.device), mode)
     a_fmt = MODES[mode]
     swap = cfg.swap_ab and a_fmt == "bf16"
+    if swap and cfg.fold_scale:
+        check_fold_scale(w_scales)
     if swap:
         a, a_scales = split_pairs(x, triton.cdiv(K, 128) * 128), None
     elif a_fmt == "bf16":
@@ -334,7 +337,7 @@ def linear_mxfp4(
         MANUAL_DEQUANT=cfg.manual_dequant and a_fmt == "bf16",
         INTERPRETER=interpreter,
         SWAP_AB=swap,
-        MATH="ops" if interpreter or x.device.type != "cuda" else cfg.math,
+        MATH="ops" if interpreter or x.device.type != "cuda" else (cfg.math if swap else "asm"),
         WAIT_MMA=swap and not interpreter and mma_reads_registers_async(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -40,6 +40,7 @@ import triton.language as tl
 
 from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
+    check_fold_scale,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     load_split,
@@ -846,7 +847,9 @@ def _moe_scheduled(
     if swap and (Ip % 128 or Hp % 128):  # whole 128-column K tiles in split order: the loads have no K mask
         raise ValueError(f"swap_ab needs padded widths that are multiples of 128, got {Ip}/{Hp}")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    math = "ops" if interpreter or x.device.type != "cuda" else cfg.math
+    math = "ops" if interpreter or x.device.type != "cuda" else (cfg.math if swap else "asm")
+    if swap and cfg.fold_scale:
+        check_fold_scale(s13, s2)
     x = x.contiguous()
     if swap:
         a, a_s = split_pairs(x, Hp), None
