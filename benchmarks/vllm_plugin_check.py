@@ -97,6 +97,13 @@ CASES = {
     # the plugin's reader (--load-format mxrepack: threads, page-locked staging, tensors handed out on the GPU), on the
     # plugin's target and, for what the reader alone is worth, on the source with stock vLLM's own MoE method
     "sm80-fast": ("sm80", {"load_format": "mxrepack"}, "source-marlin", "bit-identical, mxrepack reader"),
+    "sm90-fast": ("sm90", {"load_format": "mxrepack"}, "source-triton", "bit-identical, mxrepack reader"),
+    "strided-fast": (
+        "strided",
+        {"load_format": "mxrepack"},
+        "strided",
+        "bit-identical to the same target through vLLM's reader",
+    ),
     "source-marlin-fast": (
         "source",
         {"moe_backend": "marlin", "load_format": "mxrepack"},
