@@ -9,8 +9,9 @@ The tensor is handed out on the GPU, as vLLM's ``fastsafetensors`` reader does; 
 parameter is then a device-to-device copy. Files come in vLLM's order (natural sort of the names), each file's tensors
 in the order of their bytes.
 
-Why a small ring and not whole tensors in page-locked memory: page-locking costs 0.4-0.6 s per GiB on the lent H100's
-host (``benchmarks/experiments/pin_probe.py``), more than reading the same GiB from the page cache.
+Why a small ring (256 MiB by default) and not whole tensors in page-locked memory: page-locking costs 0.4-0.95 s per
+GiB on the lent H100's host by method, 0.6 for torch's ``pin_memory`` used here (``benchmarks/experiments/
+pin_probe.py``), more than reading the same GiB from the page cache.
 Cost on the GPU: the tensor being read, and the one handed out before it while the consumer still holds it (vLLM's
 loops keep it until they ask for the next): at most twice the largest tensor (2 x 1.1 GiB for gpt-oss's embedding).
 The consumer uses each tensor on the CUDA stream that was current when it asked for it (vLLM's loaders do).
