@@ -3,7 +3,7 @@ plugin's reader (mxrepack.serve.reader: threads, page-locked staging slots, tens
 copied into a GPU tensor of its own as vLLM's weight loaders do; then every tensor compared with safetensors' bytes.
 Warm page cache, the same files, the same run. Not a test.
 
-    python benchmarks/weights_read.py --gib 8 --json out.json           # GPU machine
+    python benchmarks/weights_read.py --gib 8 --json out.json   # GPU machine (with vLLM: its threaded reader too)
 
 The synthetic shards hold gpt-oss-120b's tensor sizes in its order (per layer: attention BF16, the experts' MXFP4
 blocks and scales, biases; embedding and lm_head BF16 201088 x 2880), ``--gib`` of them in all.
@@ -137,6 +137,14 @@ def main() -> None:
     }
     print(json.dumps(meta), flush=True)
     cases = {"safetensors (vLLM's default reader)": lambda: safetensors_tensors(files)}
+    try:  # vLLM's own multithreaded reader (--model-loader-extra-config enable_multithread_load), where vLLM imports
+        from vllm.model_executor.model_loader.weight_utils import multi_thread_safetensors_weights_iterator
+
+        cases["vLLM multithreaded reader, 8 threads"] = lambda: multi_thread_safetensors_weights_iterator(
+            [str(f) for f in files], False, 8
+        )
+    except ImportError:
+        pass
     for threads in (4, 8, 16):
         for chunk_mib, slots in ((16, 16), (64, 8)):
             cases[f"mxrepack reader, {threads} threads, {slots} x {chunk_mib} MiB staging"] = (
