@@ -285,6 +285,10 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
             if getattr(cands["shipped"], "swap_ab", False):
                 folded = dataclasses.replace(cands["shipped"], fold_scale=True)
                 cands[folded.name()] = folded
+            if rows_per_expert >= 16:  # triton_kernels' tile: 128 tokens x 256 weight rows (gate + up), 8 warps
+                for st, fold in itertools.product((3, 4), (False, True)):
+                    cfg = MoeConfig(128, 128, 128, num_warps=8, num_stages=st, swap_ab=True, fold_scale=fold)
+                    cands[cfg.name()] = cfg
         for bm, bn, v in itertools.product(ms_, (64, 128), variants):
             # the swapped operands pipelined too: dequant_mxfp4.mma_done waits for each wgmma (triton#9433);
             # "swap-deep": 4 warps, 4 to 6 stages
