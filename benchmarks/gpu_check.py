@@ -21,7 +21,6 @@ Timings: ``triton.testing.do_bench`` medians (ms). The helpers shared with the o
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import platform
@@ -82,8 +81,7 @@ def dense(rows: list, bw: float, quick: bool) -> None:
                 ms = timer(lambda: linear_mxfp4(x, *nxt_q(), bias, mode))
                 sms = torch.cuda.get_device_properties(0).multi_processor_count
                 if mode == "w4a16" and use_gemv(M, N):
-                    cfg = pick_gemv_config(N, sms)
-                    cfg = dataclasses.replace(cfg, rows=cfg.rows if M > 1 else 0)  # one row runs as one
+                    cfg = pick_gemv_config(N, sms).launched(M)
                 elif mode == "w4a16" and use_dequant_gemm(M, N):
                     cfg = DEQUANT
                 else:

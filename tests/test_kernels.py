@@ -152,6 +152,8 @@ def test_gemv_matches_reference(N, K):
         assert rel(linear_mxfp4(x[:M], w, ws, bias), ref[:M]) <= 1e-2  # shape-chosen path, whichever it is
     assert pick_gemv_config(201088, cuda=False).decode == "f16x2-ops" and pick_gemv_config(5120).decode == "asm"
     assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(4, 2880)
+    # as launched: a row block never passes M, and one row is the one-row kernel
+    assert [GemvConfig(8, 128, 4, 1, "ops", rows=4).launched(m).rows for m in (1, 2, 3, 4, 9)] == [0, 2, 2, 4, 4]
     with pytest.raises(ValueError, match="rows=3"):
         GemvConfig(16, 128, 4, 1, "ops", rows=3)
     with pytest.raises(ValueError, match="rows=2"):  # the f16x2 path runs one row per program

@@ -66,6 +66,14 @@ class GemvConfig:
         if self.pdl and self.decode != "f16x2":
             raise ValueError(f"pdl={self.pdl} needs decode='f16x2' (CUDA, prepared activations), got {self.decode!r}")
 
+    def launched(self, m: int) -> GemvConfig:
+        """The configuration as it runs for ``m`` rows of x: a row block never passes m (the last block is shifted back
+        to end at m), and a block of one row is the one-row kernel (``rows`` 0)."""
+        rows = self.rows
+        while rows > m:
+            rows //= 2
+        return dataclasses.replace(self, rows=rows if rows > 1 else 0)
+
     def name(self) -> str:
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
         pdl = f"pdl{self.pdl}" if self.pdl else ""
@@ -736,10 +744,7 @@ def gemv_mxfp4(
             **cfg.launch_options(),
         )
         return out
-    rows = cfg.rows
-    while rows > M:  # a row block never passes M (the last block is shifted back to end at M)
-        rows //= 2
-    rows = rows if rows > 1 else 0
+    rows = cfg.launched(M).rows
     grid = (triton.cdiv(M, rows) if rows else M, triton.cdiv(N, cfg.block_n))
     _gemv_mxfp4_kernel[grid](
         x,
