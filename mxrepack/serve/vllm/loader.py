@@ -34,17 +34,18 @@ def register() -> None:
             finally:
                 self.load_config.load_format = load_format
 
-        def _vllm_reads(self, source, use_safetensors: bool) -> bool:
-            """The load needs more of vLLM's reader than reading every tensor of local safetensors files."""
+        def _vllm_reads(self, source) -> bool:
+            """The load needs more of vLLM's reader than reading every tensor of safetensors files."""
             return (
-                not use_safetensors
-                or self.load_config.safetensors_load_strategy not in (None, "lazy")
+                self.load_config.safetensors_load_strategy not in (None, "lazy")
                 or bool(getattr(self, "local_expert_ids", None))  # expert parallelism: this rank's experts only
                 or getattr(source, "is_unused_weight", None) is not None  # 0.33
                 or getattr(self, "_encoder_only_lm_prefixes", None) is not None  # 0.33
             )
 
         def _get_weights_iterator(self, source):
+            if self._vllm_reads(source):  # decided before file discovery, which vLLM's iterator does itself
+                return super()._get_weights_iterator(source)
             # 0.26 answers (folder, files, use_safetensors), 0.33 adds the index file
             _, files, use_safetensors, *_ = self._prepare_weights(
                 source.model_or_path,
@@ -53,7 +54,7 @@ def register() -> None:
                 source.fall_back_to_pt,
                 source.allow_patterns_overrides,
             )
-            if self._vllm_reads(source, use_safetensors):
+            if not use_safetensors:  # .bin / .pt weights
                 return super()._get_weights_iterator(source)
             threads = self.load_config.model_loader_extra_config.get("num_threads") or self.DEFAULT_NUM_THREADS
             if self.counter_before_loading_weights == 0.0:
