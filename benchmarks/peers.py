@@ -262,6 +262,14 @@ def repeat_bits(fn, runs: int = 20) -> dict:
     return {"runs": runs, "nonfinite_runs": bad, "runs_differing": differ}
 
 
+def same_bits_unfolded(run, cfg) -> dict:
+    """For a config with the scale folded (``fold_scale``): whether ``run(cfg)`` gives the bits of its unfolded twin,
+    as it must (both decodes are exact); nothing for any other config."""
+    if not getattr(cfg, "fold_scale", False):
+        return {}
+    return {"bits_equal_unfolded": torch.equal(run(cfg), run(dataclasses.replace(cfg, fold_scale=False)))}
+
+
 def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages, the integer-op
     dequant (``MoeConfig.manual_dequant``) and the swapped operands (``MoeConfig.swap_ab``); ``kind`` "swap" sweeps
@@ -306,11 +314,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 rec["ms"], rec["timing"] = time_it(lambda: moe_mxfp4(x, ids, wts, W, config=cfg), T)
                 if getattr(cfg, "swap_ab", False):  # the shipped choice may be the GEMV pair
                     rec |= repeat_bits(lambda: moe_mxfp4(x, ids, wts, W, config=cfg))
-                if getattr(cfg, "fold_scale", False):  # exact both ways: the same bits as the unfolded decode
-                    plain = dataclasses.replace(cfg, fold_scale=False)
-                    rec["bits_equal_unfolded"] = torch.equal(
-                        moe_mxfp4(x, ids, wts, W, config=cfg), moe_mxfp4(x, ids, wts, W, config=plain)
-                    )
+                rec |= same_bits_unfolded(lambda c: moe_mxfp4(x, ids, wts, W, config=c), cfg)
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(rec)
@@ -385,11 +389,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                     rec["ms"], rec["timing"] = time_it(lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", cfg), M)
                     if getattr(cfg, "swap_ab", False) or getattr(cfg, "rows", 0):
                         rec |= repeat_bits(lambda: linear_mxfp4(x, w, ws, None, "w4a16", cfg))
-                    if getattr(cfg, "fold_scale", False):  # exact both ways: the same bits as the unfolded decode
-                        plain = dataclasses.replace(cfg, fold_scale=False)
-                        rec["bits_equal_unfolded"] = torch.equal(
-                            linear_mxfp4(x, w, ws, None, "w4a16", cfg), linear_mxfp4(x, w, ws, None, "w4a16", plain)
-                        )
+                    rec |= same_bits_unfolded(lambda c: linear_mxfp4(x, w, ws, None, "w4a16", c), cfg)
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = f"{type(e).__name__}: {e}"[:300]
                 rows.append(rec)
