@@ -5,14 +5,16 @@ Warm page cache, the same files, the same run. Not a test.
 
     python benchmarks/weights_read.py --gib 8 --json out.json   # GPU machine (with vLLM: its threaded reader too)
 
-The synthetic shards hold gpt-oss-120b's tensor sizes in its order (per layer: attention BF16, the experts' MXFP4
-blocks and scales, biases; embedding and lm_head BF16 201088 x 2880), ``--gib`` of them in all.
+The synthetic shards hold gpt-oss-120b's checkpoint tensors in its order (``mxrepack.gptoss``: per layer attention
+BF16, router, the experts' MXFP4 blocks and scales, biases, norms; embedding and lm_head BF16 201088 x 2880), whole
+layers making ``--gib`` GiB. (Until b08b132's record: a hand-written subset with q/k/v fused.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -26,39 +28,33 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mxrepack import gptoss  # noqa: E402
+from mxrepack.repack.fixture import fixture_config  # noqa: E402
 from mxrepack.serve.reader import read_tensors  # noqa: E402
-
-H, I, E, V = 2880, 2880, 128, 201088
-LAYER = {  # name: (shape, dtype) of one gpt-oss-120b layer, experts fused as in the checkpoint
-    "self_attn.qkv.weight": ((5120, H), torch.bfloat16),
-    "self_attn.o_proj.weight": ((H, 4096), torch.bfloat16),
-    "mlp.experts.gate_up_proj_blocks": ((E, 2 * I, H // 32, 16), torch.uint8),
-    "mlp.experts.gate_up_proj_scales": ((E, 2 * I, H // 32), torch.uint8),
-    "mlp.experts.gate_up_proj_bias": ((E, 2 * I), torch.bfloat16),
-    "mlp.experts.down_proj_blocks": ((E, H, I // 32, 16), torch.uint8),
-    "mlp.experts.down_proj_scales": ((E, H, I // 32), torch.uint8),
-    "mlp.experts.down_proj_bias": ((E, H), torch.bfloat16),
-    "mlp.router.weight": ((E, H), torch.bfloat16),
-    "input_layernorm.weight": ((H,), torch.bfloat16),
-}
 
 
 def nbytes(shape, dtype) -> int:
-    n = dtype.itemsize
-    for d in shape:
-        n *= d
-    return n
+    return math.prod(shape) * dtype.itemsize
+
+
+def plan(gib: float) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """gpt-oss-120b's checkpoint tensors (``gptoss.expected_tensors``: names, shapes, dtypes, order), as many whole
+    layers as make ``gib`` GiB with the embedding, lm_head and final norm."""
+
+    def tensors(layers: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        dims = gptoss.Dims.from_config(fixture_config("120b", layers=layers))
+        return [(n, s, gptoss.KIND_DTYPES[k][0]) for n, (s, k) in gptoss.expected_tensors(dims).items()]
+
+    one = tensors(1)
+    layer = sum(nbytes(s, d) for n, s, d in one if n.startswith("model.layers."))
+    rest = sum(nbytes(s, d) for n, s, d in one) - layer
+    return tensors(max(1, math.ceil((gib * 2**30 - rest) / layer)))
 
 
 def make_shards(folder: Path, gib: float, shard_gib: float = 4.0) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    plan = [("model.embed_tokens.weight", (V, H), torch.bfloat16), ("lm_head.weight", (V, H), torch.bfloat16)]
-    layer = 0
-    while sum(nbytes(s, d) for _, s, d in plan) < gib * 2**30:
-        plan += [(f"model.layers.{layer}.{k}", s, d) for k, (s, d) in LAYER.items()]
-        layer += 1
     files, shard, size = [], {}, 0
-    for name, shape, dtype in plan + [(None, None, None)]:
+    for name, shape, dtype in plan(gib) + [(None, None, None)]:
         if name is None or (shard and size + nbytes(shape, dtype) > shard_gib * 2**30):
             path = folder / f"model-{len(files):05d}.safetensors"
             if not path.exists():
