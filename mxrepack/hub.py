@@ -216,7 +216,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     from mxrepack.layouts import get_layout
-    from mxrepack.serve.spec import FAST_LOAD, RUN_HERE, VLLM_SUPPORTED_TEXT, serving
+    from mxrepack.serve.spec import FAST_LOAD_FLAG, FAST_LOAD_WHY, RUN_HERE, VLLM_SUPPORTED_TEXT, serving
 
     target = manifest["target"]
     base = manifest["source"].get("repo_id")
@@ -267,7 +267,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
             + repo_id
             + "\n```\n\nNo `--quantization` flag: `config.json` declares `quant_method: mxrepack`, which a stock "
             f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
-            f"supports vLLM {VLLM_SUPPORTED_TEXT}. `{FAST_LOAD.split(':')[0]}`:{FAST_LOAD.split(':', 1)[1]}."
+            f"supports vLLM {VLLM_SUPPORTED_TEXT}. `{FAST_LOAD_FLAG}`: {FAST_LOAD_WHY}."
         )
     elif mode == "compressed-tensors":
         load = (

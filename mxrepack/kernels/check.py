@@ -242,11 +242,12 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
         **{k: "constexpr" for k in const},
         "M": "i32",
     }
-    one_row = {"gemv_mxfp4": ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const, "ROWS": 0})}
-    if not cfg.rows:
-        return one_row
-    # a multi-row configuration still runs one row per program when M = 1 (gemv_mxfp4): both are launched
-    return one_row | {"gemv_mxfp4_rows": ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const})}
+    # as launched: a multi-row configuration runs one row per program when M = 1 (GemvConfig.launched)
+    launched = {"gemv_mxfp4": cfg.launched(1)} | ({"gemv_mxfp4_rows": cfg} if cfg.rows else {})
+    return {
+        kernel: ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const, "ROWS": c.rows})
+        for kernel, c in launched.items()
+    }
 
 
 def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:

@@ -348,9 +348,10 @@ def serving(target_layout: str | None, quantization_config: str) -> tuple[str, s
 
 
 # The plugin's own reader (mxrepack.serve.vllm.loader), offered as an option: measured on vLLM 0.26 only (H100, sm80)
-FAST_LOAD = (
-    "--load-format mxrepack: the plugin's reader (threads, page-locked staging), optional; one run on an H100 with "
-    "vLLM 0.26 took 0.27x stock's weight phase (docs/SERVING.md), not yet run on vLLM 0.33"
+FAST_LOAD_FLAG = "--load-format mxrepack"
+FAST_LOAD_WHY = (
+    "the plugin's reader (threads, page-locked staging), optional; one run on an H100 with vLLM 0.26 took 0.27x "
+    "stock's weight phase (docs/SERVING.md), not yet run on vLLM 0.33"
 )
 
 
@@ -366,5 +367,5 @@ def serve_hint(out: str | Path, target_layout: str | None, quantization_config: 
     )
     lines.append(f"       MoE kernel: {kernel}; one GPU (tensor parallelism 1)")
     if quantization_config in ("mxrepack", "compressed-tensors"):
-        lines.append(f"       {FAST_LOAD}")
+        lines.append(f"       {FAST_LOAD_FLAG}: {FAST_LOAD_WHY}")
     return lines
