@@ -262,9 +262,13 @@ def test_ptx_decodes_agree_on_a_gpu():
 def test_fold_scale_refuses_larger_scales():
     from mxrepack.kernels.dequant_mxfp4 import check_fold_scale
 
-    check_fold_scale(torch.tensor([0, 127, 128], dtype=torch.uint8))
+    scales = torch.tensor([0, 127, 128], dtype=torch.uint8)
+    check_fold_scale(scales)
     with pytest.raises(ValueError, match="fold_scale needs E8M0 scales <= 128.*got 129"):
         check_fold_scale(torch.tensor([0, 129], dtype=torch.uint8))
+    scales[0] = 200  # checked on every call, not remembered per tensor
+    with pytest.raises(ValueError, match="got 200"):
+        check_fold_scale(scales)
 
 
 def test_fold_scale_is_a_swapped_decode_only():

@@ -221,7 +221,6 @@ def mma_done(acc):
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
-@functools.cache
 def check_fold_scale(*scales: torch.Tensor) -> None:
     """``fold_scale``'s precondition (:data:`PAIRS_ASM_FOLDED`): every E8M0 scale <= 128. Checked where it costs
     nothing but a synchronization (not while a CUDA graph is captured: the timed replays of a checked call)."""
@@ -233,6 +232,7 @@ def check_fold_scale(*scales: torch.Tensor) -> None:
             raise ValueError(f"fold_scale needs E8M0 scales <= 128 (block scales up to 2), got {largest}")
 
 
+@functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 

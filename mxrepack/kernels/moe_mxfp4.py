@@ -82,8 +82,9 @@ class MoeConfig:
     # second; the activations and the intermediate travel in split order (even then odd columns per K tile)
     swap_ab: bool = False
     # swap_ab on CUDA: E2M1's 2^126 folded into the scale, one packed multiply per code pair instead of two
-    # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2): the
-    # caller's guarantee. Not chosen by MOE_TILES (not measured yet: peers.py --sweep-kind fold)
+    # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2;
+    # dequant_mxfp4.check_fold_scale refuses others). Not chosen by MOE_TILES (not measured yet: peers.py --sweep-kind
+    # fold)
     fold_scale: bool = False
 
     def __post_init__(self):
