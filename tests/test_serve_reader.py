@@ -64,7 +64,7 @@ def test_a_shard_truncated_while_loading_names_file_and_tensor(shards):
     data = shards[1].read_bytes()
     shards[1].write_bytes(data[: len(data) // 2])
     with pytest.raises(
-        MxRepackError, match=r"model-00002-of-00002\.safetensors: truncated: tensor 'model\.layers\.1\."
+        MxRepackError, match=r"model-00002-of-00002\.safetensors: truncated while reading tensor 'model\.layers\.1\."
     ):
         list(tensors)
 

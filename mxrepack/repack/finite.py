@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from mxrepack.errors import MxRepackError
-from mxrepack.repack.safetensors_io import TensorInfo, map_range
+from mxrepack.repack.safetensors_io import TensorInfo, map_range, read_into
 
 # float dtype -> (same-width integer dtype, sign-clearing mask, smallest non-finite magnitude's bits)
 _BITS = {
@@ -169,12 +169,7 @@ def _read(info: TensorInfo, first_row: int, rows: int):
     try:
         for at in range(0, nbytes, step):
             n = min(step, nbytes - at)
-            view, done = memoryview(buf)[:n], 0
-            while done < n:
-                got = os.preadv(fd, [view[done:]], offset + at + done)
-                if got <= 0:
-                    raise MxRepackError(f"{info.file}: truncated while reading tensor '{info.name}'")
-                done += got
+            read_into(fd, info, memoryview(buf)[:n], offset + at)
             yield first_row + at // row_bytes, torch.from_numpy(buf[:n]).view(info.dtype)
     finally:
         os.close(fd)

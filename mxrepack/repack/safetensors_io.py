@@ -125,6 +125,17 @@ def map_range(fd: int, offset: int, nbytes: int) -> memoryview:
     return memoryview(m)[offset - start :]
 
 
+def read_into(fd: int, info: TensorInfo, view: memoryview, offset: int) -> None:
+    """Fill ``view`` with the bytes at ``offset`` (absolute) of ``info``'s file, open as ``fd``; a file cut short is a
+    one-line error naming it and the tensor."""
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise MxRepackError(f"{info.file}: truncated while reading tensor '{info.name}'")
+        done += got
+
+
 def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> torch.Tensor:
     """Read rows ``[start, stop)`` of dim 0 (the whole tensor by default) into a fresh tensor."""
     rows = info.shape[0] if info.shape else 1
@@ -135,12 +146,7 @@ def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> torc
     buf = np.empty(count, dtype=np.uint8)  # not zero-filled: every byte is read into below
     fd = os.open(info.file, os.O_RDONLY)
     try:
-        view, done = memoryview(buf), 0
-        while done < count:
-            got = os.preadv(fd, [view[done:]], info.start + start * info.row_bytes + done)
-            if got <= 0:
-                raise MxRepackError(f"{info.file}: truncated while reading tensor '{info.name}'")
-            done += got
+        read_into(fd, info, memoryview(buf), info.start + start * info.row_bytes)
     finally:
         os.close(fd)
     flat = torch.from_numpy(buf)

@@ -29,19 +29,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from mxrepack.errors import MxRepackError
-from mxrepack.repack.safetensors_io import TensorInfo, read_header
-
-
-def _read_into(info: TensorInfo, fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise MxRepackError(
-                f"{info.file}: truncated: tensor '{info.name}' could not be read ({len(view)} bytes at {offset})"
-            )
-        done += n
+from mxrepack.repack.safetensors_io import TensorInfo, read_header, read_into
 
 
 class _Staging:
@@ -72,7 +60,7 @@ class _Staging:
             if self.events[slot] is not None:
                 self.events[slot].synchronize()
             view = self.views[slot][: min(self.chunk, info.nbytes - start)]
-            pending.append((slot, start, pool.submit(_read_into, info, fd, view, info.start + start)))
+            pending.append((slot, start, pool.submit(read_into, fd, info, view, info.start + start)))
             if len(pending) == len(self.views):
                 self._copy_out(dst, *pending.popleft())
         while pending:
@@ -99,7 +87,7 @@ def _read_to_host(pool: ThreadPoolExecutor, fd: int, info: TensorInfo, chunk: in
     raw = torch.empty(info.nbytes, dtype=torch.uint8, device="cpu")
     view = memoryview(raw.numpy())
     starts = range(0, info.nbytes, chunk)
-    for r in [pool.submit(_read_into, info, fd, view[a : a + chunk], info.start + a) for a in starts]:
+    for r in [pool.submit(read_into, fd, info, view[a : a + chunk], info.start + a) for a in starts]:
         r.result()
     return raw
 
