@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -410,6 +411,13 @@ def main() -> None:
         help="only write the fixture and every case's checkpoint (CPU work, no vLLM): lets the vllm-kit "
         "dance's first device calls, which only carry kit parts, do it",
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the case list this many times, interleaved (one engine per case and round); each case's record "
+        "keeps every round's times and their medians, logprobs are compared in the first round",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -446,8 +454,14 @@ def main() -> None:
         results["device"] = torch.cuda.get_device_name()
     except Exception:  # noqa: BLE001
         pass
-    for name in args.cases.split(","):
+    names = args.cases.split(",")
+    for round_, name in [(r, n) for r in range(args.repeat) for n in names]:
         what, kwargs, baseline, expect = CASES[name]
+        if round_:
+            _repeat(name, work, results["cases"])
+            if args.json:
+                Path(args.json).write_text(json.dumps(_summary(results), indent=1))
+            continue
         try:
             model = _model(what, work, src, args.ct_site)
         except Exception as e:  # noqa: BLE001
@@ -495,6 +509,31 @@ def main() -> None:
         print(json.dumps(results["conversions"])[:3000], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(_summary(results), indent=1))
+
+
+_TIMES = ("ready_s", "weight_phase_s", "load_peak_gib")
+
+
+def _repeat(name: str, work: Path, cases: dict) -> None:
+    """A later round of one case: the same engine run again (same checkpoint, kwargs), only its times kept."""
+    rec = cases.get(name)
+    if not (rec and rec.get("ok")):
+        return
+    out = work / f"case-{name}-again.json"
+    out.unlink(missing_ok=True)
+    _subprocess(
+        ["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1])],
+        work / f"case-{name}-again.log",
+        {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    again = json.loads(out.read_text()) if out.exists() else {"ok": False}
+    runs = rec.setdefault("rounds", [{k: rec[k] for k in _TIMES if k in rec}])
+    runs.append({k: again[k] for k in _TIMES if k in again} if again.get("ok") else {"ok": False})
+    for k in _TIMES:
+        vals = [r[k] for r in runs if k in r]
+        if vals:
+            rec[f"median_{k}"] = statistics.median(vals)
+    print(f"== {name} (round {len(runs)}): {[{k: round(v, 3) for k, v in r.items()} for r in runs]}", flush=True)
 
 
 def _summary(results: dict) -> dict:
