@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import traceback
@@ -48,6 +49,7 @@ from common import (
     vllm_convert,
 )
 
+from mxrepack.kernels.dequant_mxfp4 import fits_fold  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
 
@@ -198,7 +200,8 @@ def moe(rows: list, quick: bool) -> None:
     W = moe_weights(E, H, I, HP, IP)
     for n in ("w13_bias", "w2_bias"):  # every implementation sees the same bf16-representable biases
         W[n] = W[n].bfloat16().float()
-    impls = {"mxrepack": (lambda x, ids, wts: moe_mxfp4(x, ids, wts, W), "strided, 2944 x 2944")}
+    fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])  # as the plugin asks at load
+    impls = {"mxrepack": (lambda x, ids, wts: moe_mxfp4(x, ids, wts, W, fold_scale=fold), "strided, 2944 x 2944")}
     for name, make in (("vllm_marlin", marlin_moe), ("triton_kernels", triton_kernels_moe)):
         try:
             impls[name] = make(W)
@@ -222,7 +225,7 @@ def moe(rows: list, quick: bool) -> None:
             "kind": "moe",
             "T": T,
             "experts_touched": int(ids.unique().numel()),
-            "mxrepack_config": pick_moe(T, K_TOP, E, H).name(),
+            "mxrepack_config": pick_moe(T, K_TOP, E, H, fold_scale=fold).name(),
         }
         for name, (fn, padding) in impls.items():
             try:
@@ -273,29 +276,36 @@ def same_bits_unfolded(run, cfg) -> dict:
 def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages, the integer-op
     dequant (``MoeConfig.manual_dequant``) and the swapped operands (``MoeConfig.swap_ab``); ``kind`` "swap" sweeps
-    only the latter beside the shipped choice, "fold" only the shipped swapped tile with the scale folded
-    (``MoeConfig.fold_scale``). mxrepack only, no peers (for choosing ``MOE_TILES``)."""
+    only the latter beside the shipped choice, "fold" the shipped swapped tile (folded where the weights fit:
+    ``MoeConfig.fold_scale``) beside its unfolded twin and triton_kernels' tile. mxrepack only, no peers (for choosing
+    ``MOE_TILES``)."""
     import itertools
 
     from mxrepack.kernels.moe_mxfp4 import MoeConfig
 
     W = moe_weights(E, H, I, HP, IP)
+    fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     for T in Ts:
         torch.manual_seed(T)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
         ref = moe_reference(x, ids, wts, W, H, HP, IP)
         rows_per_expert = T * K_TOP / E
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
-        cands = {"shipped": pick_moe(T, K_TOP, E, H)}
+        cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
         variants = ("swap",) if kind.startswith("swap") else ("plain", "manual", "swap")
-        if kind == "fold":  # the shipped swapped tile with E2M1's bias folded into the scale (rand_mx: scales <= 128)
+        if kind == "fold":  # the shipped swapped tile, folded (rand_mx: scales <= 128), and its unfolded twin
             variants, ms_ = (), ()
             if getattr(cands["shipped"], "swap_ab", False):
-                folded = dataclasses.replace(cands["shipped"], fold_scale=True)
-                cands[folded.name()] = folded
+                plain = dataclasses.replace(cands["shipped"], fold_scale=False)
+                cands[plain.name()] = plain
             if rows_per_expert >= 16:  # triton_kernels' tile: 128 tokens x 256 weight rows (gate + up), 8 warps
                 for st, fold in itertools.product((3, 4), (False, True)):
                     cfg = MoeConfig(128, 128, 128, num_warps=8, num_stages=st, swap_ab=True, fold_scale=fold)
+                    cands[cfg.name()] = cfg
+                # the shipped 64 x 128 on 8 warps: its gate_up on 4 warps spills (255 registers, 168-byte stack on
+                # sm_90a, local Triton 3.9), on 8 it holds 187 registers and no stack
+                for st in (3, 4):
+                    cfg = MoeConfig(64, 128, 128, num_warps=8, num_stages=st, swap_ab=True, fold_scale=fold)
                     cands[cfg.name()] = cfg
         for bm, bn, v in itertools.product(ms_, (64, 128), variants):
             # the swapped operands pipelined too: dequant_mxfp4.mma_done waits for each wgmma (triton#9433);
@@ -329,7 +339,8 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tuple[str, ...] = ()) -> None:
     """mxrepack's W4A16 dense paths at each M: the shipped choice against the GEMV, dequantize + cuBLAS and tile
     configurations (split-K, tile widths, the integer-op dequant); ``kind`` "rows": the multi-row GEMVs only, "fold":
-    the shipped swapped tile with the scale folded only. mxrepack only (for choosing the dispatch)."""
+    the shipped swapped tile (folded where the weight fits) beside its unfolded twin. mxrepack only (for choosing the
+    dispatch)."""
     import itertools
 
     from mxrepack.kernels.dequant_mxfp4 import DEQUANT
@@ -342,18 +353,19 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
         w, ws = rand_mx(N, K)
         wf = deq(w, ws)
         nxt_q = rotating(lambda: rand_mx(N, K), w.numel() + ws.numel())
+        fold = fits_fold(ws)  # rand_mx's scales: every rotated copy fits alike
         for M in Ms:
             x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
             ref = x.float() @ wf.T
             gemv = pick_gemv_config(N, sm_count(x.device))
             # the GEMV as shipped, and with one row of x per program (what M = 2 ran before NARROW's two rows)
             cands = {"shipped": None, "gemv": gemv, "gemv r0": dataclasses.replace(gemv, rows=0), "dequant": DEQUANT}
-            if kind == "fold":  # the shipped swapped tile, E2M1's bias folded into the scale (rand_mx: scales <= 128)
+            if kind == "fold":  # the shipped swapped tile, folded (rand_mx: scales <= 128), and its unfolded twin
                 cands = {"shipped": None}
-                tile = pick_config(M, N, K, sm_count(x.device))
+                tile = pick_config(M, N, K, sm_count(x.device), fold_scale=fold)
                 if tile.swap_ab and not use_gemv(M, N) and not use_dequant_gemm(M, N):
-                    folded = dataclasses.replace(tile, fold_scale=True)
-                    cands[folded.name()] = folded
+                    plain = dataclasses.replace(tile, fold_scale=False)
+                    cands[plain.name()] = plain
             # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them); "rows":
             # only these, over more tile shapes and warps
             tiles = ((8, 512), (16, 256))
@@ -385,10 +397,11 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             for label, cfg in cands.items():
                 rec = {"kind": "dense_sweep", "shape": name, "M": M, "config": label}
                 try:
-                    rec["rel_err"] = rel_err(linear_mxfp4(x, w, ws, None, "w4a16", cfg), ref)
-                    rec["ms"], rec["timing"] = time_it(lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", cfg), M)
+                    run = functools.partial(linear_mxfp4, mode="w4a16", config=cfg, fold_scale=fold)
+                    rec["rel_err"] = rel_err(run(x, w, ws), ref)
+                    rec["ms"], rec["timing"] = time_it(lambda: run(x, *nxt_q()), M)
                     if getattr(cfg, "swap_ab", False) or getattr(cfg, "rows", 0):
-                        rec |= repeat_bits(lambda: linear_mxfp4(x, w, ws, None, "w4a16", cfg))
+                        rec |= repeat_bits(lambda: run(x, w, ws))
                     rec |= same_bits_unfolded(lambda c: linear_mxfp4(x, w, ws, None, "w4a16", c), cfg)
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = f"{type(e).__name__}: {e}"[:300]
@@ -433,6 +446,7 @@ def dense(rows: list, quick: bool) -> None:
         wf = deq(w, ws)
         wbytes = w.numel() + ws.numel()
         nxt_q = rotating(lambda: rand_mx(N, K), wbytes)
+        fold = fits_fold(ws)  # as a loader asks once per weight; rand_mx's scales: every rotated copy fits alike
         nxt_b = rotating(lambda: torch.randn(N, K, device=DEV).to(torch.bfloat16), N * K * 2)
         try:
             marlin = marlin_linear(w, ws)
@@ -457,8 +471,8 @@ def dense(rows: list, quick: bool) -> None:
             rec: dict = {"kind": "dense" if M in DENSE_M else "prefill", "shape": name, "N": N, "K": K, "M": M}
             fns = {
                 "mxrepack": (
-                    lambda: linear_mxfp4(x, w, ws, None, "w4a16"),
-                    lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16"),
+                    lambda: linear_mxfp4(x, w, ws, None, "w4a16", fold_scale=fold),
+                    lambda: linear_mxfp4(x, *nxt_q(), None, "w4a16", fold_scale=fold),
                 ),
                 "cublas_bf16": (lambda: x @ wf.to(torch.bfloat16).T, lambda: x @ nxt_b().T),
             }

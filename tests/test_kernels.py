@@ -13,6 +13,7 @@ element a kernel fails to write shows up as NaN. Error bounds, relative Frobeniu
   the activations themselves, twice); a layout or indexing bug gives O(1).
 """
 
+import dataclasses
 import itertools
 import json
 import os
@@ -36,6 +37,7 @@ from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, p
 from mxrepack.kernels.moe_mxfp4 import (
     MOE_CONFIGS,
     MOE_GEMV,
+    MOE_TILES,
     MoeConfig,
     MoeGemvConfig,
     moe_mxfp4,
@@ -278,8 +280,52 @@ def test_fold_scale_is_a_swapped_decode_only():
         LinearConfig(16, 64, 128, fold_scale=True)
     folded = MoeConfig(16, 64, 128, swap_ab=True, fold_scale=True)
     assert folded.math == "asm-fold" and folded.name().endswith("sf") and MoeConfig(16, 64, 128).math == "asm"
-    # not shipped until measured (peers.py --sweep-kind fold)
+    # the tables hold the unfolded tiles: the dispatch folds them for weights whose scales fit
     assert not any(c.fold_scale for c in (*MOE_CONFIGS.values(), *CONFIGS.values()))
+
+
+def test_fits_fold_is_scales_up_to_2():
+    from mxrepack.kernels.dequant_mxfp4 import fits_fold
+
+    assert fits_fold(torch.tensor([0, 127, 128], dtype=torch.uint8), torch.empty(0, dtype=torch.uint8))
+    assert not fits_fold(torch.tensor([0, 127], dtype=torch.uint8), torch.tensor([129], dtype=torch.uint8))
+    assert fits_fold(torch.tensor([128], dtype=torch.uint8).view(torch.float8_e8m0fnu))  # vLLM's dtype for them
+    assert fits_fold()
+
+
+def test_the_dispatch_folds_the_swapped_tiles_of_weights_that_fit():
+    """``fold_scale`` (the weights fit, asked once at load) turns each swapped W4A16 tile the dispatch picks into
+    its folded twin; the GEMVs, the unswapped tiles and MXFP8/MXFP4 activations are left as they are."""
+    for tokens in (48, 64, 512, 4096, 65536):
+        plain = pick_moe_config(tokens, 4, 128)
+        folded = pick_moe_config(tokens, 4, 128, fold_scale=True)
+        assert folded == (dataclasses.replace(plain, fold_scale=True) if plain.swap_ab else plain)
+        assert pick_moe_config(tokens, 4, 128, "e4m3", fold_scale=True) == pick_moe_config(tokens, 4, 128, "e4m3")
+    assert pick_moe_config(65536, 4, 128, fold_scale=True) == MOE_TILES[-1][1]  # 128 x 128 unswapped
+    assert isinstance(pick_moe(8, 4, 128, 2880, fold_scale=True), MoeGemvConfig)
+    for M, N in ((4, 201088), (64, 201088), (4, 5120), (2048, 5120)):
+        plain, folded = pick_config(M, N, 2880), pick_config(M, N, 2880, fold_scale=True)
+        assert folded == (dataclasses.replace(plain, fold_scale=True) if plain.swap_ab else plain)
+        assert pick_config(M, N, 2880, mode="w4a8", fold_scale=True) == pick_config(M, N, 2880, mode="w4a8")
+    assert pick_config(4, 201088, 2880, fold_scale=True).fold_scale  # lm_head decode: DECODE_WIDE folded
+
+
+def test_a_folded_tile_is_checked_unless_the_caller_vouches_for_the_scales():
+    """A folded config chosen by hand is checked against the scales on every call; ``fold_scale=True`` is the
+    caller's answer from ``fits_fold`` at load, so nothing is checked per call."""
+    torch.manual_seed(0)
+    E, H, I, k, T = 4, 128, 128, 2, 8
+    _, w, _ = _strided_layer(E, H, I)
+    w["w2_weight_scale"].view(-1)[0] = 129
+    x = torch.randn(T, H).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)
+    wts = torch.softmax(torch.randn(T, k), -1)
+    folded = MoeConfig(16, 64, 128, swap_ab=True, fold_scale=True)
+    with pytest.raises(ValueError, match="got 129"):
+        moe_mxfp4(x, ids, wts, w, config=folded)
+    # off CUDA the decode is the portable one either way: the same result, and no check when vouched for
+    y = moe_mxfp4(x, ids, wts, w, config=folded, fold_scale=True)
+    assert torch.equal(y, moe_mxfp4(x, ids, wts, w, config=dataclasses.replace(folded, fold_scale=False)))
 
 
 def test_prefill_dequant_gemm_matches_reference():

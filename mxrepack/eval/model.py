@@ -208,6 +208,7 @@ class GptOssRunner:
 
     # -- Triton fast path -------------------------------------------------------------------------
     def _prepare_kernels(self) -> None:
+        from mxrepack.kernels.dequant_mxfp4 import fits_fold
         from mxrepack.layouts import get_layout
 
         strided = get_layout("strided")
@@ -221,6 +222,10 @@ class GptOssRunner:
         self.mx = {
             k: (fmt, v.to(self.device), s.to(self.device)) for k, (fmt, v, s) in self.w.mx.items() if fmt == "mxfp4"
         }
+        # which weights take the kernels' folded decode (asked once here: it synchronizes)
+        self._fold = {k: fits_fold(s) for k, (_, _, s) in self.mx.items()} | {
+            layer: fits_fold(w["w13_weight_scale"], w["w2_weight_scale"]) for layer, w in self._kernel_experts.items()
+        }
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         w = name + ".weight"
@@ -231,7 +236,13 @@ class GptOssRunner:
             from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
 
             _, v, s = self.mx[w]
-            y = linear_mxfp4(x.to(torch.bfloat16), v, s, bias.to(torch.float32) if bias is not None else None)
+            y = linear_mxfp4(
+                x.to(torch.bfloat16),
+                v,
+                s,
+                bias.to(torch.float32) if bias is not None else None,
+                fold_scale=self._fold[w],
+            )
             return y.to(self.dtype)
         y = x @ self.t[w].T
         return y + bias if bias is not None else y
@@ -279,7 +290,8 @@ class GptOssRunner:
         if self.use_kernels:
             from mxrepack.kernels.moe_mxfp4 import moe_mxfp4
 
-            y = moe_mxfp4(x.to(torch.bfloat16), ids.to(torch.int32), wts.float(), self._kernel_experts[layer])
+            experts = self._kernel_experts[layer]
+            y = moe_mxfp4(x.to(torch.bfloat16), ids.to(torch.int32), wts.float(), experts, fold_scale=self._fold[layer])
             return y.to(self.dtype)
         w = self.experts[layer]
         out = torch.zeros_like(x)

@@ -22,6 +22,7 @@ is needed -- and the result is inspected:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -345,13 +346,22 @@ def _no_mma(kernel: str) -> bool:
     return kernel.startswith("gemv_") or kernel == "dequant_mxfp4"
 
 
+def _with_folded(configs: dict, bf16: bool) -> dict:
+    """``configs`` and, for BF16 activations, each swapped one with the scale folded: what the dispatch runs for
+    weights whose scales fit (``pick_config`` / ``pick_moe_config`` with ``fold_scale``)."""
+    folded = {f"{n}+fold": dataclasses.replace(c, fold_scale=True) for n, c in configs.items() if bf16 and c.swap_ab}
+    return configs | folded
+
+
 def shipped_kernels():
     """(kernel, config name, mode, ASTSource, num_warps, num_stages) for every shipped configuration."""
     for mode in lin.MODES:
-        for name, cfg in lin.CONFIGS.items():
+        for name, cfg in _with_folded(lin.CONFIGS, lin.MODES[mode] == "bf16").items():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
     for act, mode in (("bf16", "w4a16"), ("e4m3", "w4a8"), ("e2m1", "w4a4")):
-        for name, cfg in (moe.MOE_CONFIGS if act == "bf16" else moe.MOE_CONFIGS_SCALED).items():
+        for name, cfg in _with_folded(
+            moe.MOE_CONFIGS if act == "bf16" else moe.MOE_CONFIGS_SCALED, act == "bf16"
+        ).items():
             for kernel, src in _moe_sources(act, cfg).items():
                 yield kernel, f"{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW)):

@@ -221,15 +221,25 @@ def mma_done(acc):
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
+def largest_scale(*scales: torch.Tensor) -> int:
+    """The largest E8M0 byte of ``scales`` (0 for none): one reduction and one synchronization per tensor."""
+    return max((int(s.view(torch.uint8).max()) for s in scales if s.numel()), default=0)
+
+
+def fits_fold(*scales: torch.Tensor) -> bool:
+    """Whether weights with these E8M0 scales take ``fold_scale``'s decode (:data:`PAIRS_ASM_FOLDED`): every scale
+    <= 128, i.e. block scales up to 2. Asked once per weight, where it is loaded (it synchronizes): the kernels'
+    ``fold_scale`` arguments take the answer."""
+    return largest_scale(*scales) <= 128
+
+
 def check_fold_scale(*scales: torch.Tensor) -> None:
-    """``fold_scale``'s precondition (:data:`PAIRS_ASM_FOLDED`): every E8M0 scale <= 128. Checked where it costs
-    nothing but a synchronization (not while a CUDA graph is captured: the timed replays of a checked call)."""
+    """``fold_scale``'s precondition, for a folded config chosen by hand (a caller's ``fold_scale`` argument is its
+    own answer from :func:`fits_fold`). Not while a CUDA graph is captured: the timed replays of a checked call."""
     if any(s.is_cuda for s in scales) and torch.cuda.is_current_stream_capturing():
         return
-    for s in scales:
-        largest = int(s.view(torch.uint8).max()) if s.numel() else 0
-        if largest > 128:
-            raise ValueError(f"fold_scale needs E8M0 scales <= 128 (block scales up to 2), got {largest}")
+    if (largest := largest_scale(*scales)) > 128:
+        raise ValueError(f"fold_scale needs E8M0 scales <= 128 (block scales up to 2), got {largest}")
 
 
 @functools.cache

@@ -21,6 +21,7 @@ The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -109,7 +110,10 @@ DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, m
 # 6be01f8.json, ..._deep_lm_head_h100_2026-11-25_2c2c09a.json): 0.175 vs 0.201 ms at M = 4 and 0.182-0.187 vs
 # 0.210-0.213 at M = 16 for the 2-warp mma.sync tile shipped before. On the split-K layers the swap lost on qkv
 # (0.0177 vs 0.0162 ms at M = 4) and tied on o (0.0142 vs 0.0145): they keep DECODE. MXFP8/MXFP4 activations keep
-# DECODE too.
+# DECODE too. For a weight whose scales fit (dequant_mxfp4.fits_fold), this tile and PREFILL_SMALL run with the
+# scale folded (``fold_scale``, pick_config), same bits: lm_head M = 4/16/64 0.1688/0.1746/0.2781 ms against
+# 0.1756/0.1860/0.2968 unfolded (H100, same run, peers.py --sweep-dense 4,16,64 --sweep-kind fold, 8860140,
+# docs/bench/dense_sweep_fold_h100_2026-11-25_8860140.json).
 DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=4, num_stages=3, swap_ab=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
 # Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, pipelined as
@@ -125,9 +129,17 @@ CONFIGS = {
 }
 
 
-def pick_config(M: int, N: int, K: int, sm_count: int = 132, mode: str = "w4a16") -> LinearConfig:
+def pick_config(
+    M: int, N: int, K: int, sm_count: int = 132, mode: str = "w4a16", fold_scale: bool = False
+) -> LinearConfig:
     """Decode for M <= 16 (on a layer whose N tiles fill the GPU: the swapped operands for W4A16, else one split;
-    otherwise split-K), prefill otherwise."""
+    otherwise split-K), prefill otherwise; a swapped W4A16 tile with the scale folded where ``fold_scale`` (the
+    weight's scales fit it: ``dequant_mxfp4.fits_fold``)."""
+    cfg = _pick_config(M, N, K, sm_count, mode)
+    return dataclasses.replace(cfg, fold_scale=True) if fold_scale and cfg.swap_ab and mode == "w4a16" else cfg
+
+
+def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConfig:
     if M <= 16:
         tiles = triton.cdiv(N, DECODE.block_n)
         if tiles >= 2 * sm_count:
@@ -269,11 +281,14 @@ def linear_mxfp4(
     mode: str = "w4a16",
     config: LinearConfig | GemvConfig | None = None,
     out: torch.Tensor | None = None,
+    fold_scale: bool = False,
 ) -> torch.Tensor:
     """``x [M, K]`` (bf16) times MXFP4 ``W [N, K]`` -> ``[M, N]`` bf16 (into ``out`` when given).
 
     ``config``: a :class:`LinearConfig` (tensor-core kernel), a :class:`GemvConfig` (W4A16 GEMV), a
-    :class:`DequantConfig` (W4A16 dequantize + cuBLAS), or None to choose by shape."""
+    :class:`DequantConfig` (W4A16 dequantize + cuBLAS), or None to choose by shape. ``fold_scale``: ``w_scales``
+    fit the folded decode, as ``dequant_mxfp4.fits_fold`` found where the weight was loaded; a chosen swapped tile
+    then folds (same bits, faster) and nothing is checked per call."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     M, K = x.shape
@@ -293,10 +308,10 @@ def linear_mxfp4(
         if mode != "w4a16":
             raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
         return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, config or DEQUANT)
-    cfg = config or pick_config(M, N, K, sm_count(x.device), mode)
+    cfg = config or pick_config(M, N, K, sm_count(x.device), mode, fold_scale)
     a_fmt = MODES[mode]
     swap = cfg.swap_ab and a_fmt == "bf16"
-    if swap and cfg.fold_scale:
+    if swap and cfg.fold_scale and not fold_scale:  # a folded tile chosen by hand: its precondition checked here
         check_fold_scale(w_scales)
     if swap:
         a, a_scales = split_pairs(x, triton.cdiv(K, 128) * 128), None

@@ -82,9 +82,8 @@ class MoeConfig:
     # second; the activations and the intermediate travel in split order (even then odd columns per K tile)
     swap_ab: bool = False
     # swap_ab on CUDA: E2M1's 2^126 folded into the scale, one packed multiply per code pair instead of two
-    # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2;
-    # dequant_mxfp4.check_fold_scale refuses others). Not chosen by MOE_TILES (not measured yet: peers.py --sweep-kind
-    # fold)
+    # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2:
+    # dequant_mxfp4.fits_fold); the dispatch folds the swapped MOE_TILES for weights that fit (pick_moe_config)
     fold_scale: bool = False
 
     def __post_init__(self):
@@ -123,6 +122,11 @@ class MoeConfig:
 # 1024 1.775 vs 1.941 (64 x 128, 3 stages), 4096 4.412 vs 5.113 for the dot_scaled 128 x 64 (64 x 128, 3 stages).
 # More stages lost (5-6: 1.007-1.079 at T = 128), 8 warps lost except at 128 x 128. Beyond 128 rows, 128 x 128 on
 # 8 warps (8.88 ms at T = 8192, docs/PERF_LOG.md stop 10; the swap not measured there).
+# For weights whose scales fit (dequant_mxfp4.fits_fold) the swapped tiles run with the scale folded
+# (``fold_scale``), same bits: T = 64/128/512/1024/4096 0.851/0.907/1.219/1.690/4.242 ms against 0.913/0.971/1.263/
+# 1.777/4.428 unfolded (H100, same run, peers.py --sweep-moe ... --sweep-kind fold, 8860140, docs/bench/
+# moe_sweep_fold_h100_2026-11-25_8860140.json). triton_kernels' 128 x 128 on 8 warps, swapped, lost there at every T
+# (2.38-4.56 ms folded).
 MOE_TILES = (
     (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=4, swap_ab=True)),
     (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=4, swap_ab=True)),
@@ -207,21 +211,31 @@ def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
     return MOE_GEMV if cuda else MOE_GEMV.portable()
 
 
-def pick_moe_config(tokens: int, topk: int, experts: int, activations: str = "bf16") -> MoeConfig:
+def pick_moe_config(
+    tokens: int, topk: int, experts: int, activations: str = "bf16", fold_scale: bool = False
+) -> MoeConfig:
     """The scheduled-tile shape for ``tokens`` routed to ``topk`` of ``experts`` (:data:`MOE_TILES`; for MXFP8/MXFP4
-    activations :data:`MOE_TILES_SCALED`)."""
+    activations :data:`MOE_TILES_SCALED`); a swapped tile with the scale folded where ``fold_scale`` (the weights'
+    scales fit it: ``dequant_mxfp4.fits_fold``)."""
     rows = tokens * topk / experts
-    return next(cfg for bound, cfg in (MOE_TILES if activations == "bf16" else MOE_TILES_SCALED) if rows <= bound)
+    cfg = next(cfg for bound, cfg in (MOE_TILES if activations == "bf16" else MOE_TILES_SCALED) if rows <= bound)
+    return dataclasses.replace(cfg, fold_scale=True) if fold_scale and cfg.swap_ab and activations == "bf16" else cfg
 
 
 def pick_moe(
-    tokens: int, topk: int, experts: int, hidden: int, activations: str = "bf16", cuda: bool = True
+    tokens: int,
+    topk: int,
+    experts: int,
+    hidden: int,
+    activations: str = "bf16",
+    cuda: bool = True,
+    fold_scale: bool = False,
 ) -> MoeConfig | MoeGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
     ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
     if activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
         return pick_moe_gemv_config(tokens * topk, cuda)
-    return pick_moe_config(tokens, topk, experts, activations)
+    return pick_moe_config(tokens, topk, experts, activations, fold_scale)
 
 
 def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
@@ -791,13 +805,16 @@ def moe_mxfp4(
     activations: str = "bf16",
     config: MoeConfig | MoeGemvConfig | GemvConfig | None = None,
     out: torch.Tensor | None = None,
+    fold_scale: bool = False,
 ) -> torch.Tensor:
     """One gpt-oss MoE block: ``x [T, H]`` bf16, ``topk_ids/topk_weights [T, k]`` -> ``[T, H]`` bf16.
 
     ``w``: the strided layout's tensors by suffix (``w13_weight``, ``w13_weight_scale``, ``w13_bias``,
     ``w2_weight``, ``w2_weight_scale``, ``w2_bias``). ``config``: a :class:`MoeConfig` (scheduled tiles),
     a :class:`MoeGemvConfig` (decode GEMV, BF16 activations; a single :class:`GemvConfig` serves both
-    kernels, :meth:`MoeGemvConfig.from_single`), or None to choose by shape.
+    kernels, :meth:`MoeGemvConfig.from_single`), or None to choose by shape. ``fold_scale``: ``w``'s scales fit the
+    folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
+    chosen swapped tiles then fold (same bits, faster) and nothing is checked per call.
     """
     if activations not in ("bf16", "e4m3", "e2m1"):
         raise ValueError(f"activations must be bf16, e4m3 or e2m1, got {activations!r}")
@@ -811,7 +828,7 @@ def moe_mxfp4(
         raise ValueError(
             f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer"
         )
-    cfg = config or pick_moe(T, k, E, H, activations, x.device.type == "cuda")
+    cfg = config or pick_moe(T, k, E, H, activations, x.device.type == "cuda", fold_scale)
     if isinstance(cfg, GemvConfig):
         cfg = MoeGemvConfig.from_single(cfg)
     gemv = isinstance(cfg, MoeGemvConfig)
@@ -826,6 +843,10 @@ def moe_mxfp4(
         )
         y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
         return y if out is None or y is out else out.copy_(y)
+    if (
+        cfg.fold_scale and activations == "bf16" and not fold_scale
+    ):  # a folded tile chosen by hand: its precondition checked here
+        check_fold_scale(s13, s2)
     y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
     result = y.view(T, k, H).sum(1)
     if out is None:
@@ -849,8 +870,6 @@ def _moe_scheduled(
         raise ValueError(f"swap_ab needs padded widths that are multiples of 128, got {Ip}/{Hp}")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     math = "ops" if interpreter or x.device.type != "cuda" else (cfg.math if swap else "asm")
-    if swap and cfg.fold_scale:
-        check_fold_scale(s13, s2)
     x = x.contiguous()
     if swap:
         a, a_s = split_pairs(x, Hp), None

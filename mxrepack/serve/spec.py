@@ -350,8 +350,8 @@ def serving(target_layout: str | None, quantization_config: str) -> tuple[str, s
 # The plugin's own reader (mxrepack.serve.vllm.loader), offered as an option: measured on vLLM 0.26 only (H100, sm80)
 FAST_LOAD_FLAG = "--load-format mxrepack"
 FAST_LOAD_WHY = (
-    "the plugin's reader (threads, page-locked staging), optional; one run on an H100 with vLLM 0.26 took 0.27x "
-    "stock's weight phase (docs/SERVING.md), not yet run on vLLM 0.33"
+    "the plugin's reader (threads, page-locked staging), optional; on an H100 with vLLM 0.26 the weight phase took "
+    "0.39x stock's (median of 4, docs/SERVING.md), not yet run on vLLM 0.33"
 )
 
 

@@ -236,11 +236,14 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         self._create_stored(layer, num_experts, extra_weight_attrs)
 
     def process_weights_after_loading(self, layer) -> None:
+        from mxrepack.kernels.dequant_mxfp4 import fits_fold
         from mxrepack.kernels.moe_mxfp4 import reserve_decode_counters
 
         self._check_loaded(layer)
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed
         reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1])
+        # whether these experts take the folded decode: asked once here (a synchronization), not per call
+        layer.mxrepack_fold_scale = fits_fold(layer.w13_weight_scale, layer.w2_weight_scale)
 
     def get_fused_moe_quant_config(self, layer):
         return None  # no vLLM modular kernel: apply() calls mxrepack's kernels
@@ -249,4 +252,4 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         from mxrepack.kernels.moe_mxfp4 import moe_mxfp4
 
         w = {name: getattr(layer, name) for name in self.spec.stored}
-        return moe_mxfp4(x, topk_ids, topk_weights, w)
+        return moe_mxfp4(x, topk_ids, topk_weights, w, fold_scale=layer.mxrepack_fold_scale)
