@@ -299,8 +299,8 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 plain = dataclasses.replace(cands["shipped"], fold_scale=False)
                 cands[plain.name()] = plain
             if rows_per_expert >= 16:  # triton_kernels' tile: 128 tokens x 256 weight rows (gate + up), 8 warps
-                for st, fold in itertools.product((3, 4), (False, True)):
-                    cfg = MoeConfig(128, 128, 128, num_warps=8, num_stages=st, swap_ab=True, fold_scale=fold)
+                for st, folded in itertools.product((3, 4), (False, True)):
+                    cfg = MoeConfig(128, 128, 128, num_warps=8, num_stages=st, swap_ab=True, fold_scale=folded)
                     cands[cfg.name()] = cfg
                 # the shipped 64 x 128 on 8 warps: its gate_up on 4 warps spills (255 registers, 168-byte stack on
                 # sm_90a, local Triton 3.9), on 8 it holds 187 registers and no stack
