@@ -339,8 +339,9 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tuple[str, ...] = ()) -> None:
     """mxrepack's W4A16 dense paths at each M: the shipped choice against the GEMV, dequantize + cuBLAS and tile
     configurations (split-K, tile widths, the integer-op dequant); ``kind`` "rows": the multi-row GEMVs only, "fold":
-    the shipped swapped tile (folded where the weight fits) beside its unfolded twin. mxrepack only (for choosing the
-    dispatch)."""
+    the shipped swapped tile (folded where the weight fits) beside its unfolded twin, "stream-k": the stream-K decode
+    (``LinearConfig.stream_k``) at 1-4 programs per SM beside the split-K tiles of the same shape. mxrepack only (for
+    choosing the dispatch)."""
     import itertools
 
     from mxrepack.kernels.dequant_mxfp4 import DEQUANT
@@ -366,12 +367,21 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                 if tile.swap_ab and not use_gemv(M, N) and not use_dequant_gemm(M, N):
                     plain = dataclasses.replace(tile, fold_scale=False)
                     cands[plain.name()] = plain
+            if kind == "stream-k":  # equal runs of (N tile, K tile) steps per program, against split-K's tiles
+                cands = {"shipped": None}
+                shapes_k = ((16, 64, 256, True), (16, 32, 256, True)) if M <= 16 else ((64, 64, 128, False),)
+                for (bm, bn, bk, manual), per_sm in itertools.product(shapes_k, (1, 2, 3, 4)):
+                    cfg = LinearConfig(bm, bn, bk, 1, 4, 3, manual, stream_k=per_sm)
+                    cands[cfg.name()] = cfg
+                for (bm, bn, bk, manual), split in itertools.product(shapes_k, (2, 4, 8)):
+                    cfg = LinearConfig(bm, bn, bk, split, 4, 3, manual)
+                    cands[cfg.name()] = cfg
             # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them); "rows":
             # only these, over more tile shapes and warps
             tiles = ((8, 512), (16, 256))
             if kind == "rows":
                 tiles = tuple(itertools.product(((8, 512), (16, 256), (32, 128), (16, 512)), (4, 8)))
-            for x_rows, tile in itertools.product((2, 4, 8, 16), tiles if kind != "fold" else ()):
+            for x_rows, tile in itertools.product((2, 4, 8, 16), tiles if kind not in ("fold", "stream-k") else ()):
                 (bn, bk), warps = tile if kind == "rows" else (tile, 4)
                 if x_rows <= M:
                     cfg = GemvConfig(bn, bk, warps, 1, "asm", rows=x_rows)
@@ -387,7 +397,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             if kind == "swap-deep":  # 4 warps, 3 to 5 stages
                 launches = ((4, 3), (4, 4), (4, 5))
                 grid = ((16,), (64, 128), (128,), (1, 2)) if M <= 16 else ((16, 32, 64), (64, 128), (128,), (1, 2))
-            if kind in ("rows", "fold"):
+            if kind in ("rows", "fold", "stream-k"):
                 launches = ()
             for bm, bn, bk, split, v, (warps, st) in itertools.product(
                 *grid, ("swap",) if kind.startswith("swap") else (False, True), launches
@@ -400,7 +410,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                     run = functools.partial(linear_mxfp4, mode="w4a16", config=cfg, fold_scale=fold)
                     rec["rel_err"] = rel_err(run(x, w, ws), ref)
                     rec["ms"], rec["timing"] = time_it(lambda: run(x, *nxt_q()), M)
-                    if getattr(cfg, "swap_ab", False) or getattr(cfg, "rows", 0):
+                    if any(getattr(cfg, f, 0) for f in ("swap_ab", "rows", "stream_k")):
                         rec |= repeat_bits(lambda: run(x, w, ws))
                     rec |= same_bits_unfolded(lambda c: linear_mxfp4(x, w, ws, None, "w4a16", c), cfg)
                 except Exception as e:  # noqa: BLE001
@@ -509,11 +519,11 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold"),
+        choices=("all", "swap", "swap-deep", "rows", "fold", "stream-k"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
-        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold) beside the "
-        "shipped choice",
+        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold) or the "
+        "stream-K decode (stream-k, dense only) beside the shipped choice",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
@@ -538,8 +548,8 @@ def main() -> None:
     meta["copy_roofline_GBps"] = copy_roofline() / 1e9
     print(json.dumps(meta), flush=True)
     rows = Record(meta, args.json)
-    if args.sweep_moe and args.sweep_kind == "rows":
-        ap.error("--sweep-kind rows is a dense sweep (the multi-row GEMV): use it with --sweep-dense")
+    if args.sweep_moe and args.sweep_kind in ("rows", "stream-k"):
+        ap.error(f"--sweep-kind {args.sweep_kind} is a dense sweep: use it with --sweep-dense")
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:

@@ -110,6 +110,32 @@ def test_linear_mxfp4_matches_reference(mode, config):
             assert torch.equal(linear_mxfp4(x, w, ws, bias, mode, cfg), y)
 
 
+@pytest.mark.parametrize("programs", [1, 2, 4, 7, 15])
+def test_stream_k_decode_matches_reference_however_the_steps_are_cut(monkeypatch, programs):
+    """Stream-K decode: 3 N tiles x 5 K tiles (N = 80, K = 288: the last of each partial) cut into ``programs``
+    equal runs: one program for everything, tiles cut once, several times, every step alone. Each cut tile's
+    partials are summed in K order by the last to arrive: the same bits on a second call, counters back at zero."""
+    import mxrepack.kernels.linear_mxfp4 as lin
+    from mxrepack.kernels.arrival import arrival_counters
+
+    monkeypatch.setattr(lin, "sm_count", lambda device: 1)  # programs = stream_k x SMs, capped at the 15 steps
+    N, K = 80, 288
+    w, ws = quantize_mxfp4(torch.randn(N, K) * 0.05)
+    bias = torch.randn(N).to(torch.bfloat16)
+    cfg = LinearConfig(16, 32, 64, manual_dequant=True, stream_k=programs)
+    for M in (1, 7, 16):
+        x = torch.randn(M, K).to(torch.bfloat16)
+        ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
+        y = linear_mxfp4(x, w, ws, bias, "w4a16", cfg)
+        assert rel(y, ref) <= 1e-2, (M, rel(y, ref))
+        assert torch.equal(linear_mxfp4(x, w, ws, bias, "w4a16", cfg), y)
+        assert not arrival_counters(x.device, 3, "linear")[:3].any()
+    with pytest.raises(ValueError, match="stream-K runs decode"):
+        linear_mxfp4(torch.randn(17, K).to(torch.bfloat16), w, ws, bias, "w4a16", cfg)
+    with pytest.raises(ValueError, match="split_k must be 1"):
+        LinearConfig(16, 32, 64, 2, stream_k=1)
+
+
 def test_linear_without_bias_and_config_choice():
     w, ws = quantize_mxfp4(torch.randn(64, 128))
     x = torch.randn(3, 128).to(torch.bfloat16)
@@ -478,6 +504,33 @@ def test_kernels_check_builds_for_sm12x_without_tma():
             assert r["shared_bytes"] <= 101376
             if r["mode"] == "w4a4":
                 assert any("kind::mxf4nvf4.block_scale" in m for m in r["mma"])
+
+
+_STREAM_K_BUILD = """
+import json, re, triton
+from mxrepack.kernels import check
+from mxrepack.kernels.linear_mxfp4 import DECODE_SPLIT, LinearConfig
+cfg = LinearConfig(DECODE_SPLIT.block_m, DECODE_SPLIT.block_n, DECODE_SPLIT.block_k, 1, DECODE_SPLIT.num_warps,
+                   DECODE_SPLIT.num_stages, DECODE_SPLIT.manual_dequant, stream_k=2)
+src = check._linear_source("w4a16", cfg)
+out = []
+for cap in (90, 121):
+    rec = check.check_one("linear_mxfp4", cfg.name(), "w4a16", src, cfg.num_warps, cfg.num_stages, cap)
+    ptx = triton.compile(check.specialized(src), target=check.GPUTarget("cuda", cap, 32),
+                         options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}).asm["ptx"]
+    out.append([rec["ok"], rec["error"], rec["shared_bytes"], "cp.async" in ptx])
+print(json.dumps(out))
+"""
+
+
+def test_stream_k_decode_builds_for_sm90a_and_sm121a():
+    """The stream-K decode (not shipped yet) passes the kernels check on sm_90a and sm_121a, and its K loop inside
+    the run-over-tiles loop is still software-pipelined (cp.async loads)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _STREAM_K_BUILD], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for ok, error, shared, pipelined in json.loads(proc.stdout.strip().splitlines()[-1]):
+        assert ok and error is None and shared <= 101376 and pipelined, (ok, error, shared, pipelined)
 
 
 _PIPELINED_SWAP = """

@@ -114,6 +114,9 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
         "MATH": cfg.math,
         "WAIT_MMA": False,  # per arch: for_arch
     }
+    if cfg.stream_k:  # the stream-K kernel: the same arguments less SPLIT_K
+        del sig["SPLIT_K"], const["SPLIT_K"]
+        return ASTSource(lin._linear_mxfp4_stream_k_kernel, sig, const)
     return ASTSource(lin._linear_mxfp4_kernel, sig, const)
 
 

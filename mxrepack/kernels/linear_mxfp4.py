@@ -74,10 +74,18 @@ class LinearConfig:
     swap_ab: bool = False
     # swap_ab on CUDA, weights with E8M0 scales <= 128 only: E2M1's 2^126 folded into the scale (MoeConfig.fold_scale)
     fold_scale: bool = False
+    # decode (M <= block_m) as stream-K (_linear_mxfp4_stream_k_kernel): this many programs per SM, each streaming an
+    # equal run of the layer's (N tile, K tile) steps; 0: one program per tile and split (split_k). Not chosen by
+    # pick_config (not measured yet: peers.py --sweep-dense ... --sweep-kind stream-k)
+    stream_k: int = 0
 
     def __post_init__(self):
         if self.fold_scale and not self.swap_ab:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
+        if self.stream_k < 0 or (self.stream_k and self.split_k != 1):
+            raise ValueError(
+                f"stream_k ({self.stream_k} programs per SM) replaces split_k: split_k must be 1, got {self.split_k}"
+            )
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
             raise ValueError(
                 f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
@@ -87,6 +95,7 @@ class LinearConfig:
     def name(self) -> str:
         return (
             f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
+            + (f"sk{self.stream_k}" if self.stream_k else "")
             + ("d" if self.manual_dequant else "")
             + ("x" if self.swap_ab else "")
             + ("f" if self.fold_scale else "")
@@ -195,17 +204,88 @@ def _linear_mxfp4_kernel(
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    rkb = tl.arange(0, BLOCK_K // 2)  # packed bytes
-    rks = tl.arange(0, BLOCK_K // 32)  # scale groups
     m_ok, n_ok = rm < M, rn < N
     k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
+    acc = _tile_k_range(
+        x_ptr,
+        xs_ptr,
+        w_ptr,
+        ws_ptr,
+        rm,
+        rn,
+        m_ok,
+        n_ok,
+        pid_k * per_split,
+        tl.minimum(k_tiles, (pid_k + 1) * per_split),
+        K,
+        stride_xm,
+        stride_xsm,
+        stride_wn,
+        stride_wsn,
+        A_FMT,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        MANUAL_DEQUANT,
+        INTERPRETER,
+        SWAP_AB,
+        MATH,
+        WAIT_MMA,
+    )
+    ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:  # partials [SPLIT_K, M, N]; the tile's last split to finish sums them in split order
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)  # int64: SPLIT_K * M * N may pass 2^31
+        counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
+        if last_to_arrive(counter, SPLIT_K):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for _ in range(SPLIT_K):
+                acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
+                part += M * N
+            _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+            tl.atomic_xchg(counter, 0)
+    else:
+        _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+
+
+@triton.jit
+def _tile_k_range(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    rm,
+    rn,
+    m_ok,
+    n_ok,
+    kt_lo,
+    kt_hi,
+    K,
+    stride_xm,
+    stride_xsm,
+    stride_wn,
+    stride_wsn,
+    A_FMT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MANUAL_DEQUANT: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    MATH: tl.constexpr,
+    WAIT_MMA: tl.constexpr,
+):
+    """The tile ``x[rm] @ W[rn].T`` over K tiles ``kt_lo <= kt < kt_hi``, as fp32 ``[BLOCK_M, BLOCK_N]``: the
+    one K loop of the split-K and the stream-K kernels."""
+    rk = tl.arange(0, BLOCK_K)
+    rkb = tl.arange(0, BLOCK_K // 2)  # packed bytes
+    rks = tl.arange(0, BLOCK_K // 32)  # scale groups
     if SWAP_AB:  # W @ x.T into [BLOCK_N, BLOCK_M]; x in split order, zero-padded to whole K tiles (split_pairs)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
+    for kt in range(kt_lo, kt_hi):
         k0 = kt * BLOCK_K
         kb_ok = (k0 // 2 + rkb) < K // 2
         ks_ok = (k0 // 32 + rks) < K // 32
@@ -249,20 +329,103 @@ def _linear_mxfp4_kernel(
             acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
     if SWAP_AB:
         acc = tl.trans(acc)
-    ok = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K > 1:  # partials [SPLIT_K, M, N]; the tile's last split to finish sums them in split order
-        part = part_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)  # int64: SPLIT_K * M * N may pass 2^31
-        counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
-        if last_to_arrive(counter, SPLIT_K):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for _ in range(SPLIT_K):
-                acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
-                part += M * N
-            _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
-            tl.atomic_xchg(counter, 0)
-    else:
-        _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+    return acc
+
+
+@triton.jit
+def _linear_mxfp4_stream_k_kernel(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xsm,
+    stride_wn,
+    stride_wsn,
+    stride_ym,
+    A_FMT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MANUAL_DEQUANT: tl.constexpr = False,
+    INTERPRETER: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False,
+    MATH: tl.constexpr = "asm",
+    WAIT_MMA: tl.constexpr = False,
+):
+    """Decode (M <= BLOCK_M) as stream-K: the layer's (N tile, K tile) steps, N tile by N tile, cut into one equal
+    run per program, so every program streams the same share of W whatever the tile count (split-K gives each SM two
+    or three programs of equal size: one SM in three or so does half as much again). A program writes a tile it
+    covers whole; a tile cut between programs gets one partial per program, in K order, and the last to arrive sums
+    them in that order (the same bits every run) and writes it."""
+    pid, programs = tl.program_id(0), tl.num_programs(0)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    steps = tl.cdiv(N, BLOCK_N) * k_tiles
+    u = pid * steps // programs
+    end = (pid + 1) * steps // programs
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = rm < M
+    while u < end:
+        tile = u // k_tiles
+        k_lo = u - tile * k_tiles
+        k_hi = tl.minimum(k_tiles, k_lo + end - u)
+        rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
+        acc = _tile_k_range(
+            x_ptr,
+            xs_ptr,
+            w_ptr,
+            ws_ptr,
+            rm,
+            rn,
+            m_ok,
+            n_ok,
+            k_lo,
+            k_hi,
+            K,
+            stride_xm,
+            stride_xsm,
+            stride_wn,
+            stride_wsn,
+            A_FMT,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            MANUAL_DEQUANT,
+            INTERPRETER,
+            SWAP_AB,
+            MATH,
+            WAIT_MMA,
+        )
+        ok = m_ok[:, None] & n_ok[None, :]
+        y = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+        if k_hi - k_lo == k_tiles:
+            _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS)
+        else:
+            # the programs whose runs hold the tile's first and last step (the run holding step s is
+            # ((s + 1) * programs - 1) // steps); this one's partial is the (pid - first)-th in K order
+            first = ((tile * k_tiles + 1) * programs - 1) // steps
+            last = (((tile + 1) * k_tiles) * programs - 1) // steps
+            # partials [tiles, k_tiles, BLOCK_M, BLOCK_N]: at most k_tiles per tile
+            part = part_ptr + (tile * k_tiles).to(tl.int64) * BLOCK_M * BLOCK_N
+            part += rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            tl.store(part + (pid - first) * BLOCK_M * BLOCK_N, acc)
+            if last_to_arrive(count_ptr + tile, last - first + 1):
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for _ in range(last - first + 1):
+                    acc += tl.load(part, cache_modifier=".cg")
+                    part += BLOCK_M * BLOCK_N
+                _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS)
+                tl.atomic_xchg(count_ptr + tile, 0)
+        u = (tile + 1) * k_tiles
 
 
 @triton.jit
@@ -319,14 +482,27 @@ def linear_mxfp4(
         a, a_scales = x.contiguous(), None
     else:
         a, a_scales = quantize_activations(x, a_fmt)
-    if cfg.split_k > 1:
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    if cfg.stream_k:
+        if M > cfg.block_m:
+            raise ValueError(f"stream-K runs decode, one row block: M = {M} > block_m {cfg.block_m}")
+        steps = tiles * triton.cdiv(K, cfg.block_k)
+        # no more programs than steps: every program's run is then non-empty, as each cut tile's count of
+        # partials assumes
+        grid = (min(steps, cfg.stream_k * sm_count(x.device)),)
+        part = torch.empty(steps * cfg.block_m * cfg.block_n, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device, tiles, "linear")
+    elif cfg.split_k > 1:
+        grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
         part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), "linear")
+        counters = arrival_counters(x.device, tiles, "linear")
     else:
+        grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), 1)
         part = counters = out  # unused
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
-    _linear_mxfp4_kernel[grid](
+    kernel = _linear_mxfp4_stream_k_kernel if cfg.stream_k else _linear_mxfp4_kernel
+    split = {} if cfg.stream_k else {"SPLIT_K": cfg.split_k}
+    kernel[grid](
         a,
         a_scales if a_scales is not None else w_scales,
         w_packed,
@@ -345,7 +521,7 @@ def linear_mxfp4(
         out.stride(0),
         A_FMT=a_fmt,
         HAS_BIAS=bias is not None,
-        SPLIT_K=cfg.split_k,
+        **split,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
