@@ -265,20 +265,23 @@ def repeat_bits(fn, runs: int = 20) -> dict:
     return {"runs": runs, "nonfinite_runs": bad, "runs_differing": differ}
 
 
-def same_bits_unfolded(run, cfg) -> dict:
-    """For a config with the scale folded (``fold_scale``): whether ``run(cfg)`` gives the bits of its unfolded twin,
-    as it must (both decodes are exact); nothing for any other config."""
-    if not getattr(cfg, "fold_scale", False):
-        return {}
-    return {"bits_equal_unfolded": torch.equal(run(cfg), run(dataclasses.replace(cfg, fold_scale=False)))}
+def same_bits_as_plain(run, cfg) -> dict:
+    """For a config that reorganizes exact work -- the scale folded (``fold_scale``: ``bits_equal_unfolded``) or
+    persistent programs (``persistent``: ``bits_equal_per_tile``) -- whether ``run(cfg)`` gives the bits of its twin
+    without it, as it must; nothing for any other config."""
+    rec = {}
+    for field, off, key in (("fold_scale", False, "bits_equal_unfolded"), ("persistent", 0, "bits_equal_per_tile")):
+        if getattr(cfg, field, off) != off:
+            rec[key] = torch.equal(run(cfg), run(dataclasses.replace(cfg, **{field: off})))
+    return rec
 
 
 def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages, the integer-op
     dequant (``MoeConfig.manual_dequant``) and the swapped operands (``MoeConfig.swap_ab``); ``kind`` "swap" sweeps
     only the latter beside the shipped choice, "fold" the shipped swapped tile (folded where the weights fit:
-    ``MoeConfig.fold_scale``) beside its unfolded twin and triton_kernels' tile. mxrepack only, no peers (for choosing
-    ``MOE_TILES``)."""
+    ``MoeConfig.fold_scale``) beside its unfolded twin and triton_kernels' tile, "persistent" the shipped tile as
+    1-4 persistent programs per SM (``MoeConfig.persistent``). mxrepack only, no peers (for choosing ``MOE_TILES``)."""
     import itertools
 
     from mxrepack.kernels.moe_mxfp4 import MoeConfig
@@ -307,6 +310,12 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 for st in (3, 4):
                     cfg = MoeConfig(64, 128, 128, num_warps=8, num_stages=st, swap_ab=True, fold_scale=fold)
                     cands[cfg.name()] = cfg
+        if kind == "persistent":  # the shipped tile as persistent programs, 1-4 per SM (MoeConfig.persistent)
+            variants, ms_ = (), ()
+            if isinstance(cands["shipped"], MoeConfig):
+                for per_sm in (1, 2, 3, 4):
+                    cfg = dataclasses.replace(cands["shipped"], persistent=per_sm)
+                    cands[cfg.name()] = cfg
         for bm, bn, v in itertools.product(ms_, (64, 128), variants):
             # the swapped operands pipelined too: dequant_mxfp4.mma_done waits for each wgmma (triton#9433);
             # "swap-deep": 4 warps, 4 to 6 stages
@@ -324,7 +333,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 rec["ms"], rec["timing"] = time_it(lambda: moe_mxfp4(x, ids, wts, W, config=cfg), T)
                 if getattr(cfg, "swap_ab", False):  # the shipped choice may be the GEMV pair
                     rec |= repeat_bits(lambda: moe_mxfp4(x, ids, wts, W, config=cfg))
-                rec |= same_bits_unfolded(lambda c: moe_mxfp4(x, ids, wts, W, config=c), cfg)
+                rec |= same_bits_as_plain(lambda c: moe_mxfp4(x, ids, wts, W, config=c), cfg)
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(rec)
@@ -412,7 +421,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                     rec["ms"], rec["timing"] = time_it(lambda: run(x, *nxt_q()), M)
                     if any(getattr(cfg, f, 0) for f in ("swap_ab", "rows", "stream_k")):
                         rec |= repeat_bits(lambda: run(x, w, ws))
-                    rec |= same_bits_unfolded(lambda c: linear_mxfp4(x, w, ws, None, "w4a16", c), cfg)
+                    rec |= same_bits_as_plain(lambda c: linear_mxfp4(x, w, ws, None, "w4a16", c), cfg)
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = f"{type(e).__name__}: {e}"[:300]
                 rows.append(rec)
@@ -519,11 +528,12 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold", "stream-k"),
+        choices=("all", "swap", "swap-deep", "rows", "fold", "stream-k", "persistent"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
         "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold) or the "
-        "stream-K decode (stream-k, dense only) beside the shipped choice",
+        "stream-K decode (stream-k, dense only) or the shipped MoE tiles as persistent programs (persistent, MoE "
+        "only) beside the shipped choice",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
@@ -550,6 +560,8 @@ def main() -> None:
     rows = Record(meta, args.json)
     if args.sweep_moe and args.sweep_kind in ("rows", "stream-k"):
         ap.error(f"--sweep-kind {args.sweep_kind} is a dense sweep: use it with --sweep-dense")
+    if args.sweep_dense and args.sweep_kind == "persistent":
+        ap.error("--sweep-kind persistent is a MoE sweep: use it with --sweep-moe")
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:

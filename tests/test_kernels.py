@@ -406,6 +406,28 @@ def _strided_layer(E, H, I):
     return dims, pack(get_layout("strided")), pack(get_layout("mxfp4"))
 
 
+@pytest.mark.parametrize("programs", [1, 2, 5])
+def test_persistent_moe_tiles_give_the_per_tile_bits(monkeypatch, programs):
+    """Persistent programs (``MoeConfig.persistent``: each walks (block, N tile) tiles, blocks fastest) compute every
+    tile as the one-program-per-tile grid does: the same bits, whether one program walks all tiles, a few share
+    them or the count does not divide them; the padding blocks past the real ones (expert -1) are never walked."""
+    import mxrepack.kernels.moe_mxfp4 as moe
+
+    monkeypatch.setattr(moe, "sm_count", lambda device: 1)  # programs = persistent x SMs
+    E, H, I, k = 4, 288, 96, 2
+    _, strided, _ = _strided_layer(E, H, I)
+    for T in (1, 9):
+        x = torch.randn(T, H).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)
+        wts = torch.softmax(torch.randn(T, k), -1)
+        for cfg in (MoeConfig(16, 64, 128, swap_ab=True), MoeConfig(16, 32, 256)):
+            per_tile = moe_mxfp4(x, ids, wts, strided, config=cfg)
+            walked = moe_mxfp4(x, ids, wts, strided, config=dataclasses.replace(cfg, persistent=programs))
+            assert torch.equal(walked, per_tile), (T, cfg)
+    with pytest.raises(ValueError, match="programs per SM"):
+        MoeConfig(16, 64, 128, persistent=-1)
+
+
 @pytest.mark.parametrize("activations,bound", [("bf16", 1e-2), ("e4m3", 0.15), ("e2m1", 0.4)])
 def test_moe_mxfp4_matches_reference(activations, bound):
     E, H, I, k = 4, 288, 96, 2  # 288 and 96: padded to 384 and 128 inside the strided layout
@@ -506,31 +528,37 @@ def test_kernels_check_builds_for_sm12x_without_tma():
                 assert any("kind::mxf4nvf4.block_scale" in m for m in r["mma"])
 
 
-_STREAM_K_BUILD = """
-import json, re, triton
-from mxrepack.kernels import check
-from mxrepack.kernels.linear_mxfp4 import DECODE_SPLIT, LinearConfig
-cfg = LinearConfig(DECODE_SPLIT.block_m, DECODE_SPLIT.block_n, DECODE_SPLIT.block_k, 1, DECODE_SPLIT.num_warps,
-                   DECODE_SPLIT.num_stages, DECODE_SPLIT.manual_dequant, stream_k=2)
-src = check._linear_source("w4a16", cfg)
+_LEVERS_BUILD = """
+import dataclasses, json, triton
+from mxrepack.kernels import check, moe_mxfp4 as moe
+from mxrepack.kernels.linear_mxfp4 import DECODE_SPLIT
+stream_k = dataclasses.replace(DECODE_SPLIT, split_k=1, stream_k=2)
+persistent = dataclasses.replace(moe.MOE_TILES[0][1], fold_scale=True, persistent=2)
+sources = [("linear_mxfp4", stream_k, check._linear_source("w4a16", stream_k))]
+sources += [(name, persistent, src) for name, src in check._moe_sources("bf16", persistent).items()]
 out = []
-for cap in (90, 121):
-    rec = check.check_one("linear_mxfp4", cfg.name(), "w4a16", src, cfg.num_warps, cfg.num_stages, cap)
-    ptx = triton.compile(check.specialized(src), target=check.GPUTarget("cuda", cap, 32),
-                         options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}).asm["ptx"]
-    out.append([rec["ok"], rec["error"], rec["shared_bytes"], "cp.async" in ptx])
+for name, cfg, src in sources:
+    for cap in (90, 121):
+        rec = check.check_one(name, cfg.name(), "w4a16", src, cfg.num_warps, cfg.num_stages, cap)
+        ptx = triton.compile(check.specialized(check.for_arch(src, cap)), target=check.GPUTarget("cuda", cap, 32),
+                             options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}).asm["ptx"]
+        out.append([name, cap, rec["ok"], rec["error"], rec["shared_bytes"], "cp.async" in ptx,
+                    check.wgmma_left_in_flight(ptx)])
 print(json.dumps(out))
 """
 
 
-def test_stream_k_decode_builds_for_sm90a_and_sm121a():
-    """The stream-K decode (not shipped yet) passes the kernels check on sm_90a and sm_121a, and its K loop inside
-    the run-over-tiles loop is still software-pipelined (cp.async loads)."""
+def test_unshipped_levers_build_for_sm90a_and_sm121a():
+    """The levers built but not chosen by any dispatch yet -- the stream-K decode (``LinearConfig.stream_k``) and
+    the persistent MoE tiles (``MoeConfig.persistent``, swapped and folded) -- pass the kernels check on sm_90a and
+    sm_121a, keep their K loops software-pipelined (cp.async) and, on sm_90a, leave no wgmma in flight."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _STREAM_K_BUILD], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", _LEVERS_BUILD], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for ok, error, shared, pipelined in json.loads(proc.stdout.strip().splitlines()[-1]):
-        assert ok and error is None and shared <= 101376 and pipelined, (ok, error, shared, pipelined)
+    records = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(records) == 6
+    for name, cap, ok, error, shared, pipelined, in_flight in records:
+        assert ok and error is None and shared <= 101376 and pipelined and not in_flight, (name, cap, error)
 
 
 _PIPELINED_SWAP = """

@@ -131,6 +131,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "SWAP_AB": cfg.swap_ab and act == "bf16",
         "MATH": cfg.math,
         "WAIT_MMA": False,  # per arch: for_arch
+        "PERSISTENT": bool(cfg.persistent),
     }
     gate_up = {
         "x_ptr": _A_TYPE[act],
@@ -143,6 +144,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "blk_e_ptr": "*i32",
         "blk_s_ptr": "*i32",
         "blk_end_ptr": "*i32",
+        "n_blocks_ptr": "*i32",
         "H": "i32",
         "Hp": "i32",
         "Ip": "i32",
@@ -170,6 +172,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "blk_e_ptr": "*i32",
         "blk_s_ptr": "*i32",
         "blk_end_ptr": "*i32",
+        "n_blocks_ptr": "*i32",
         "H": "i32",
         "Hp": "i32",
         "Ip": "i32",
