@@ -521,19 +521,24 @@ def _repeat(name: str, work: Path, cases: dict) -> None:
         return
     out = work / f"case-{name}-again.json"
     out.unlink(missing_ok=True)
+    log = work / f"case-{name}-again.log"
     _subprocess(
         ["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1])],
-        work / f"case-{name}-again.log",
+        log,
         {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
-    again = json.loads(out.read_text()) if out.exists() else {"ok": False}
+    again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
     runs = rec.setdefault("rounds", [{k: rec[k] for k in _TIMES if k in rec}])
-    runs.append({k: again[k] for k in _TIMES if k in again} if again.get("ok") else {"ok": False})
+    if again.get("ok"):
+        runs.append({k: again[k] for k in _TIMES if k in again})
+    else:  # kept with its reason: the medians are of the rounds that ran
+        runs.append({"error": again.get("error", "failed"), "log": str(log)})
     for k in _TIMES:
         vals = [r[k] for r in runs if k in r]
         if vals:
             rec[f"median_{k}"] = statistics.median(vals)
-    print(f"== {name} (round {len(runs)}): {[{k: round(v, 3) for k, v in r.items()} for r in runs]}", flush=True)
+    shown = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in runs]
+    print(f"== {name} (round {len(runs)}): {shown}", flush=True)
 
 
 def _summary(results: dict) -> dict:

@@ -107,7 +107,8 @@ fma.rn.bf16x2 $1, $1, $3, z;
 # The same with E2M1's 2^126 folded into the scale (``MATH="asm-fold"``): one packed multiply per code pair instead of
 # two (10 instructions per 4 codes), by the bf16 scale 2^(E-1), which exists for E <= 128 only (block scales up to 2;
 # past it the folded scale's bits wrap: 129 is inf, 130 -0, 131-255 negative): the weights must have no larger scale
-# (``MoeConfig.fold_scale``, ``LinearConfig.fold_scale``; the wrappers check outside CUDA graph capture). Exact, and
+# (:func:`fits_fold`, asked once per weight where it is loaded, chooses it; a folded config passed by hand is checked
+# per call outside CUDA graph capture: :func:`check_fold_scale`). Exact, and
 # the same bits: both round nothing (powers of two; the smallest product, 0.5 * 2^-127, is a bf16 subnormal).
 PAIRS_ASM_FOLDED = tl.constexpr(
     "{\n.reg .b32 y, u, t, z;\nmov.b32 z, 0x80008000;"

@@ -82,7 +82,9 @@ class LinearConfig:
     def __post_init__(self):
         if self.fold_scale and not self.swap_ab:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
-        if self.stream_k < 0 or (self.stream_k and self.split_k != 1):
+        if self.stream_k < 0:
+            raise ValueError(f"stream_k counts programs per SM, got {self.stream_k}")
+        if self.stream_k and self.split_k != 1:
             raise ValueError(
                 f"stream_k ({self.stream_k} programs per SM) replaces split_k: split_k must be 1, got {self.split_k}"
             )
@@ -411,18 +413,19 @@ def _linear_mxfp4_stream_k_kernel(
             _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS)
         else:
             # the programs whose runs hold the tile's first and last step (the run holding step s is
-            # ((s + 1) * programs - 1) // steps); this one's partial is the (pid - first)-th in K order
-            first = ((tile * k_tiles + 1) * programs - 1) // steps
-            last = (((tile + 1) * k_tiles) * programs - 1) // steps
-            # partials [tiles, k_tiles, BLOCK_M, BLOCK_N]: at most k_tiles per tile
-            part = part_ptr + (tile * k_tiles).to(tl.int64) * BLOCK_M * BLOCK_N
-            part += rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            tl.store(part + (pid - first) * BLOCK_M * BLOCK_N, acc)
-            if last_to_arrive(count_ptr + tile, last - first + 1):
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for _ in range(last - first + 1):
-                    acc += tl.load(part, cache_modifier=".cg")
-                    part += BLOCK_M * BLOCK_N
+            # ((s + 1) * programs - 1) // steps, in int64: steps * programs may pass 2^31)
+            first = ((tile.to(tl.int64) * k_tiles + 1) * programs - 1) // steps
+            last = (((tile.to(tl.int64) + 1) * k_tiles) * programs - 1) // steps
+            # two partial slots per program [programs, 2, BLOCK_M, BLOCK_N]: a cut piece that starts the tile ends
+            # its program's run (slot 1), any other starts it (slot 0); so the tile's pieces in K order are
+            # first's slot 1, then slot 0 of first + 1 .. last
+            tile_part = rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            slot = 2 * pid + (k_lo == 0).to(tl.int32)
+            tl.store(part_ptr + slot.to(tl.int64) * BLOCK_M * BLOCK_N + tile_part, acc)
+            if last_to_arrive(count_ptr + tile, (last - first + 1).to(tl.int32)):
+                acc = tl.load(part_ptr + (2 * first + 1) * BLOCK_M * BLOCK_N + tile_part, cache_modifier=".cg")
+                for p in range(first + 1, last + 1):
+                    acc += tl.load(part_ptr + (2 * p) * BLOCK_M * BLOCK_N + tile_part, cache_modifier=".cg")
                 _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS)
                 tl.atomic_xchg(count_ptr + tile, 0)
         u = (tile + 1) * k_tiles
@@ -490,7 +493,7 @@ def linear_mxfp4(
         # no more programs than steps: every program's run is then non-empty, as each cut tile's count of
         # partials assumes
         grid = (min(steps, cfg.stream_k * sm_count(x.device)),)
-        part = torch.empty(steps * cfg.block_m * cfg.block_n, dtype=torch.float32, device=x.device)
+        part = torch.empty(2 * grid[0] * cfg.block_m * cfg.block_n, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, tiles, "linear")
     elif cfg.split_k > 1:
         grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)

@@ -242,7 +242,8 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         self._check_loaded(layer)
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed
         reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1])
-        # whether these experts take the folded decode: asked once here (a synchronization), not per call
+        # whether these experts take the folded decode: asked once here (a synchronization), not per call. Scales
+        # written into the parameters after this (not through vLLM's loading, which ends here again) go unchecked
         layer.mxrepack_fold_scale = fits_fold(layer.w13_weight_scale, layer.w2_weight_scale)
 
     def get_fused_moe_quant_config(self, layer):
