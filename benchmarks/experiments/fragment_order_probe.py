@@ -1,0 +1,153 @@
+"""Probe for the next `strided` variant: MXFP4 bytes stored in the order of the MMA's A fragments, decoded into one
+dot per 128-code K tile. One warpgroup (4 warps x 16 weight rows) times a few tokens, W decoded in registers as the
+swapped kernels do. No GPU: the interpreter checks the byte order and the in-kernel reshape against
+``mxrepack.quant.dequantize_mxfp4`` (with a portable decode), and the PTX decode is compiled for sm_90a and sm_121a
+and its main loop counted (``sass_vs_triton_kernels.loop_counts``).
+
+    TRITON_INTERPRET=1 python benchmarks/experiments/fragment_order_probe.py check
+    python benchmarks/experiments/fragment_order_probe.py sass
+
+The order (one 16-row block, one K tile of 64 bytes a row): lane 4 g + t holds, for each k16 step s, the bytes
+(g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4), 32 bytes in all: two 16-byte loads. A 32-bit word decodes to the
+four bf16 pairs that lane's A fragment holds for step s (low nibble, high nibble of each byte: k and k+1); the
+kernel's join, reshape and permute back to [rows, 128] are a relabelling Triton lowers without moving data on
+sm_90a. Scales: per lane the 8 bytes (group j, row half c) it needs, index 2 j + c.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+ROWS = 64  # weight rows per program: 4 warps x 16
+
+
+def fragment_order(w: torch.Tensor) -> torch.Tensor:
+    """Packed bytes ``[N, K/2]`` (N % 16 == 0, K % 128 == 0) -> ``[N/16, K/128, 32 lanes, 32 bytes]``."""
+    N, KH = w.shape
+    x = w.reshape(N // 16, 2, 8, KH // 64, 8, 2, 4)  # block, row half c, g, K tile, s, kh (+4 bytes), t
+    return x.permute(0, 3, 2, 6, 4, 1, 5).reshape(N // 16, KH // 64, 32, 32).contiguous()
+
+
+def scale_order(ws: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales ``[N, K/32]`` -> ``[N/16, K/128, 32 lanes, 8]``: scale (g + 8 c, j) at 2 j + c."""
+    N, G = ws.shape
+    x = ws.reshape(N // 16, 2, 8, G // 4, 4)[:, :, :, :, None, :].expand(N // 16, 2, 8, G // 4, 4, 4)
+    return x.permute(0, 3, 2, 4, 5, 1).reshape(N // 16, G // 4, 32, 8).contiguous()
+
+
+# a word (bytes b0..b3) -> $0..$3 = (lo b_i, hi b_i) as bf16 pairs, times the folded scale ($5 for b0/b1, row g; $6
+# for b2/b3, row g + 8): prmt puts the byte's low nibble (from the word shifted by 4) at bits 15..12 and its high
+# nibble at 31..28, then the decode of dequant_mxfp4.PAIRS_ASM_FOLDED
+_WORD = "".join(
+    f"""prmt.b32 y, z, $4, {hex(0x4000 + 0x1010 * i)};
+and.b32 t, y, 0x70007000;
+shr.b32 t, t, 6;
+lop3.b32 ${i}, y, t, 0x80008000, 0xEC;
+fma.rn.bf16x2 ${i}, ${i}, ${5 + i // 2}, m;
+"""
+    for i in range(4)
+)
+WORD_FOLDED = tl.constexpr("{\n.reg .b32 z, y, t, m;\nmov.b32 m, 0x80008000;\nshl.b32 z, $4, 4;\n" + _WORD + "}")
+
+
+@triton.jit
+def _code(c):
+    return (((c & 8) << 28) | ((c & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
+
+
+@triton.jit
+def _decode_words(wb, sb, BLOCKS: tl.constexpr, ASM: tl.constexpr):
+    """Bytes ``[BLOCKS, 32, 32]`` and per-byte folded scales -> (r0, r1): per word, r0 = lo b0, hi b0, lo b1, hi b1
+    (row g), r1 the same of b2, b3 (row g + 8)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            WORD_FOLDED, "=r,=r,=r,=r,r,r,r", [wb, sb], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
+    w = tl.reshape(wb.to(tl.int32), (BLOCKS, 32, 8, 2, 2))  # word s, row half c, kh
+    s = tl.reshape(sb.to(tl.float32), (BLOCKS, 32, 8, 2, 2)) / 8.507059173023462e37
+    v = tl.reshape(tl.join(_code(w & 15) * s, _code(w >> 4) * s), (BLOCKS, 32, 8, 2, 4))  # (kh, nibble) -> 4
+    r0, r1 = tl.split(tl.permute(v, (0, 1, 2, 4, 3)))
+    return tl.reshape(r0, (BLOCKS, 32, 32)).to(tl.bfloat16), tl.reshape(r1, (BLOCKS, 32, 32)).to(tl.bfloat16)
+
+
+@triton.jit
+def _w_tile(w_ptr, s_ptr, block0, kt, k_tiles, BLOCKS: tl.constexpr, ASM: tl.constexpr):
+    """W's rows of ``BLOCKS`` 16-row blocks over K tile ``kt`` as bf16 ``[16 BLOCKS, 128]`` in natural order."""
+    at = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles + kt) * 32 + tl.arange(0, 32)[None, :, None]
+    wb = tl.load(w_ptr + at * 32 + tl.arange(0, 32)[None, None, :])
+    sc = tl.load(s_ptr + at * 8 + tl.arange(0, 8)[None, None, :])
+    sf = ((sc.to(tl.int16) + 126) << 7).to(tl.bfloat16, bitcast=True)  # 2^(E - 1): E2M1's 2^126 folded in
+    sf = tl.broadcast_to(tl.reshape(sf, (BLOCKS, 32, 4, 1, 2, 1)), (BLOCKS, 32, 4, 2, 2, 2))  # j, s % 2, c, kh
+    r0, r1 = _decode_words(wb, tl.reshape(sf, (BLOCKS, 32, 32)), BLOCKS, ASM)
+    x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 8, 2, 2, 2))  # block, g, t, s, kh, kl, c
+    x = tl.permute(x, (0, 6, 1, 3, 4, 2, 5))  # block, c, g | s, kh, t, kl
+    return tl.reshape(x, (16 * BLOCKS, 128))
+
+
+@triton.jit
+def probe_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, stride_x, M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
+    """``y[rows, M] = W[rows] @ x.T``, W fragment-ordered, one dot per K tile (fp32 operands under the interpreter)."""
+    pid = tl.program_id(0)
+    k_tiles = K // 128
+    rm = tl.arange(0, M)
+    acc = tl.zeros((16 * BLOCKS, M), dtype=tl.float32)
+    for kt in range(0, k_tiles):
+        w = _w_tile(w_ptr, s_ptr, pid * BLOCKS, kt, k_tiles, BLOCKS, ASM)
+        a = tl.load(x_ptr + rm[:, None] * stride_x + kt * 128 + tl.arange(0, 128)[None, :])
+        if ASM:
+            acc = tl.dot(w, tl.trans(a), acc)
+        else:
+            acc = tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), acc)
+    rn = pid * 16 * BLOCKS + tl.arange(0, 16 * BLOCKS)
+    tl.store(y_ptr + rn[:, None] * M + rm[None, :], acc)
+
+
+def check() -> None:
+    from mxrepack.quant import dequantize_mxfp4
+
+    torch.manual_seed(0)
+    N, K, M = 128, 256, 16
+    w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8)
+    ws = torch.randint(119, 124, (N, K // 32), dtype=torch.uint8)
+    x = torch.randn(M, K).to(torch.bfloat16)
+    ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T
+    y = torch.empty(N, M, dtype=torch.float32)
+    grid = (N // ROWS,)
+    probe_kernel[grid](x, fragment_order(w), scale_order(ws), y, K, x.stride(0), M=M, BLOCKS=ROWS // 16, ASM=False)
+    print(f"relative error against dequantize_mxfp4: {((y.T - ref).norm() / ref.norm()).item():.2e}")
+
+
+def sass() -> None:
+    from sass_vs_triton_kernels import loop_counts
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mxrepack.kernels import check as kcheck
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32", "K": "i32", "stride_x": "i32"}
+    sig |= {"M": "constexpr", "BLOCKS": "constexpr", "ASM": "constexpr"}
+    for cap in (90, 121):
+        src = kcheck.specialized(ASTSource(probe_kernel, sig, {"M": 16, "BLOCKS": ROWS // 16, "ASM": True}))
+        k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options={"num_warps": 4, "num_stages": 3})
+        waits = [
+            line.split()[0].split(".")[1] + (" " + line.split()[-1] if "wait" in line else "")
+            for line in (raw.strip() for raw in k.asm["ptx"].splitlines())
+            if line.startswith("wgmma.") and "group" in line
+        ]
+        c = loop_counts(k.asm["cubin"])
+        print(
+            f"sm_{cap}a: loop {c['loop']} instructions for 64 codes a thread, {c['registers']} registers, stack "
+            f"{c['stack_bytes']}, wgmma groups {waits}, top {list(c['loop_ops'].items())[:10]}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    {"check": check, "sass": sass}[sys.argv[1]]()
