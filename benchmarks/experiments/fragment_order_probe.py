@@ -5,6 +5,7 @@ swapped kernels do. No GPU: the interpreter checks the byte order and the in-ker
 and its main loop counted (``sass_vs_triton_kernels.loop_counts``).
 
     TRITON_INTERPRET=1 python benchmarks/experiments/fragment_order_probe.py check
+    python benchmarks/experiments/fragment_order_probe.py emulate    # the PTX decode's bit placement, in Python
     python benchmarks/experiments/fragment_order_probe.py sass
 
 The order (one 16-row block, one K tile of 64 bytes a row): lane 4 g + t holds, for each k16 step s, the bytes
@@ -124,6 +125,34 @@ def check() -> None:
     print(f"relative error against dequantize_mxfp4: {((y.T - ref).norm() / ref.norm()).item():.2e}")
 
 
+def emulate(trials: int = 20000) -> None:
+    """The PTX decode's byte selection and bit placement, emulated on random words: each of its four outputs must be
+    (low nibble, high nibble) of byte i as bf16 codes (times 2^-126, before the scale)."""
+    import random
+    import struct
+
+    fp4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+    def prmt(a: int, b: int, sel: int) -> int:
+        pool = [(a >> 8 * i) & 0xFF for i in range(4)] + [(b >> 8 * i) & 0xFF for i in range(4)]
+        return sum(pool[(sel >> 4 * i) & 7] << 8 * i for i in range(4))
+
+    def value(half: int) -> float:  # a bf16 code pattern times 2^126
+        return struct.unpack("<f", struct.pack("<I", half << 16))[0] * 2.0**126
+
+    wrong = 0
+    for _ in range(trials):
+        word = random.getrandbits(32)
+        shifted = (word << 4) & 0xFFFFFFFF
+        for i in range(4):
+            y = prmt(shifted, word, 0x4000 + 0x1010 * i)
+            out = (y & 0x80008000) | ((y & 0x70007000) >> 6)
+            byte = (word >> 8 * i) & 0xFF
+            want = [(-1 if c & 8 else 1) * fp4[c & 7] for c in (byte & 15, byte >> 4)]
+            wrong += [value(out & 0xFFFF), value(out >> 16)] != want
+    print(f"{trials} words: {wrong} outputs differ")
+
+
 def sass() -> None:
     from sass_vs_triton_kernels import loop_counts
     from triton.backends.compiler import GPUTarget
@@ -150,4 +179,4 @@ def sass() -> None:
 
 
 if __name__ == "__main__":
-    {"check": check, "sass": sass}[sys.argv[1]]()
+    {"check": check, "emulate": emulate, "sass": sass}[sys.argv[1]]()
