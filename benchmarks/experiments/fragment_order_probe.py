@@ -26,6 +26,8 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mxrepack.kernels.dequant_mxfp4 import e2m1_to_fp32, e8m0_to_bf16_folded  # noqa: E402
+
 ROWS = 64  # weight rows per program: 4 warps x 16
 
 
@@ -59,11 +61,6 @@ WORD_FOLDED = tl.constexpr("{\n.reg .b32 z, y, t, m;\nmov.b32 m, 0x80008000;\nsh
 
 
 @triton.jit
-def _code(c):
-    return (((c & 8) << 28) | ((c & 7) << 22)).to(tl.float32, bitcast=True) * 8.507059173023462e37
-
-
-@triton.jit
 def _decode_words(wb, sb, BLOCKS: tl.constexpr, ASM: tl.constexpr):
     """Bytes ``[BLOCKS, 32, 32]`` and per-byte folded scales -> (r0, r1): per word, r0 = lo b0, hi b0, lo b1, hi b1
     (row g), r1 the same of b2, b3 (row g + 8)."""
@@ -73,7 +70,8 @@ def _decode_words(wb, sb, BLOCKS: tl.constexpr, ASM: tl.constexpr):
         )
     w = tl.reshape(wb.to(tl.int32), (BLOCKS, 32, 8, 2, 2))  # word s, row half c, kh
     s = tl.reshape(sb.to(tl.float32), (BLOCKS, 32, 8, 2, 2)) / 8.507059173023462e37
-    v = tl.reshape(tl.join(_code(w & 15) * s, _code(w >> 4) * s), (BLOCKS, 32, 8, 2, 4))  # (kh, nibble) -> 4
+    v = tl.join(e2m1_to_fp32(w & 15) * s, e2m1_to_fp32(w >> 4) * s)
+    v = tl.reshape(v, (BLOCKS, 32, 8, 2, 4))  # (kh, nibble) -> 4
     r0, r1 = tl.split(tl.permute(v, (0, 1, 2, 4, 3)))
     return tl.reshape(r0, (BLOCKS, 32, 32)).to(tl.bfloat16), tl.reshape(r1, (BLOCKS, 32, 32)).to(tl.bfloat16)
 
@@ -84,7 +82,7 @@ def _w_tile(w_ptr, s_ptr, block0, kt, k_tiles, BLOCKS: tl.constexpr, ASM: tl.con
     at = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles + kt) * 32 + tl.arange(0, 32)[None, :, None]
     wb = tl.load(w_ptr + at * 32 + tl.arange(0, 32)[None, None, :])
     sc = tl.load(s_ptr + at * 8 + tl.arange(0, 8)[None, None, :])
-    sf = ((sc.to(tl.int16) + 126) << 7).to(tl.bfloat16, bitcast=True)  # 2^(E - 1): E2M1's 2^126 folded in
+    sf = e8m0_to_bf16_folded(sc)  # 2^(E - 1): E2M1's 2^126 folded in
     sf = tl.broadcast_to(tl.reshape(sf, (BLOCKS, 32, 4, 1, 2, 1)), (BLOCKS, 32, 4, 2, 2, 2))  # j, s % 2, c, kh
     r0, r1 = _decode_words(wb, tl.reshape(sf, (BLOCKS, 32, 32)), BLOCKS, ASM)
     x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 8, 2, 2, 2))  # block, g, t, s, kh, kl, c

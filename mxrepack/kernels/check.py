@@ -22,7 +22,6 @@ is needed -- and the result is inspected:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 
@@ -355,7 +354,7 @@ def _no_mma(kernel: str) -> bool:
 def _with_folded(configs: dict, bf16: bool) -> dict:
     """``configs`` and, for BF16 activations, each swapped one with the scale folded: what the dispatch runs for
     weights whose scales fit (``pick_config`` / ``pick_moe_config`` with ``fold_scale``)."""
-    folded = {f"{n}+fold": dataclasses.replace(c, fold_scale=True) for n, c in configs.items() if bf16 and c.swap_ab}
+    folded = {f"{n}+fold": f for n, c in configs.items() if (f := dq.with_fold(c, bf16, True)) is not c}
     return configs | folded
 
 

@@ -14,6 +14,7 @@ Dequantization is exact: every E2M1 value times a power of two 2^-127..2^127 is 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -232,6 +233,13 @@ def fits_fold(*scales: torch.Tensor) -> bool:
     <= 128, i.e. block scales up to 2. Asked once per weight, where it is loaded (it synchronizes): the kernels'
     ``fold_scale`` arguments take the answer."""
     return largest_scale(*scales) <= 128
+
+
+def with_fold(cfg, bf16_activations: bool, scales_fit: bool):
+    """A tile config (``LinearConfig`` / ``MoeConfig``) as the dispatch runs it: folded where it decodes W in
+    registers (``swap_ab``) for BF16 activations and the weights' scales fit (:func:`fits_fold`'s answer); the
+    config itself otherwise."""
+    return dataclasses.replace(cfg, fold_scale=True) if scales_fit and bf16_activations and cfg.swap_ab else cfg
 
 
 def check_fold_scale(*scales: torch.Tensor) -> None:

@@ -21,7 +21,6 @@ The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -40,6 +39,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     load_split,
     mma_reads_registers_async,
     split_pairs,
+    with_fold,
 )
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
@@ -146,8 +146,7 @@ def pick_config(
     """Decode for M <= 16 (on a layer whose N tiles fill the GPU: the swapped operands for W4A16, else one split;
     otherwise split-K), prefill otherwise; a swapped W4A16 tile with the scale folded where ``fold_scale`` (the
     weight's scales fit it: ``dequant_mxfp4.fits_fold``)."""
-    cfg = _pick_config(M, N, K, sm_count, mode)
-    return dataclasses.replace(cfg, fold_scale=True) if fold_scale and cfg.swap_ab and mode == "w4a16" else cfg
+    return with_fold(_pick_config(M, N, K, sm_count, mode), mode == "w4a16", fold_scale)
 
 
 def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConfig:
@@ -485,7 +484,8 @@ def linear_mxfp4(
         a, a_scales = x.contiguous(), None
     else:
         a, a_scales = quantize_activations(x, a_fmt)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
+    tiles = grid[0] * grid[1]
     if cfg.stream_k:
         if M > cfg.block_m:
             raise ValueError(f"stream-K runs decode, one row block: M = {M} > block_m {cfg.block_m}")
@@ -496,11 +496,9 @@ def linear_mxfp4(
         part = torch.empty(2 * grid[0] * cfg.block_m * cfg.block_n, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, tiles, "linear")
     elif cfg.split_k > 1:
-        grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
         part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, tiles, "linear")
     else:
-        grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), 1)
         part = counters = out  # unused
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     kernel = _linear_mxfp4_stream_k_kernel if cfg.stream_k else _linear_mxfp4_kernel

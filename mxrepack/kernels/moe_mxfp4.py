@@ -47,6 +47,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     mma_reads_registers_async,
     split_column,
     split_pairs,
+    with_fold,
 )
 from mxrepack.kernels.gemv_mxfp4 import (
     GemvConfig,
@@ -228,7 +229,7 @@ def pick_moe_config(
     scales fit it: ``dequant_mxfp4.fits_fold``)."""
     rows = tokens * topk / experts
     cfg = next(cfg for bound, cfg in (MOE_TILES if activations == "bf16" else MOE_TILES_SCALED) if rows <= bound)
-    return dataclasses.replace(cfg, fold_scale=True) if fold_scale and cfg.swap_ab and activations == "bf16" else cfg
+    return with_fold(cfg, activations == "bf16", fold_scale)
 
 
 def pick_moe(
@@ -1084,9 +1085,7 @@ def moe_mxfp4(
         )
         y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
         return y if out is None or y is out else out.copy_(y)
-    if (
-        cfg.fold_scale and activations == "bf16" and not fold_scale
-    ):  # a folded tile chosen by hand: its precondition checked here
+    if cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand: checked
         check_fold_scale(s13, s2)
     y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
     result = y.view(T, k, H).sum(1)
