@@ -145,6 +145,10 @@ def test_linear_without_bias_and_config_choice():
     assert not pick_config(4, 201088, 2880, mode="w4a8").swap_ab  # the swap decodes W for bf16 activations only
     assert pick_config(1, 512, 2880).split_k > 1 and not pick_config(1, 512, 2880).swap_ab  # k/v proj: split K
     assert pick_config(4096, 4096, 2880).block_m == 128
+    # 17-64 rows on q/k/v/o: split-K tiles to about two programs per SM, not dequantize + cuBLAS; lm_head keeps its tile
+    assert (pick_config(64, 2880, 4096).split_k, pick_config(32, 5120, 2880).split_k) == (8, 4)
+    assert not use_dequant_gemm(64, 2880) and use_dequant_gemm(65, 2880) and not use_dequant_gemm(64, 201088)
+    assert pick_config(64, 201088, 2880).split_k == 1 and pick_config(64, 2880, 4096, mode="w4a8").split_k == 1
     with pytest.raises(ValueError, match="do not fit"):
         linear_mxfp4(x, w[:, :10], ws)
 
@@ -369,7 +373,7 @@ def test_prefill_dequant_gemm_matches_reference():
         assert y is out and not torch.isnan(y).any()
         assert rel(y, ref) <= 1e-2
     assert use_dequant_gemm(2048, 201088) and not use_dequant_gemm(128, 201088)
-    assert use_dequant_gemm(64, 5120) and not use_dequant_gemm(16, 5120)
+    assert use_dequant_gemm(128, 5120) and not use_dequant_gemm(64, 5120)
     with pytest.raises(ValueError, match="W4A16 only"):
         linear_mxfp4(x, w, ws, None, "w4a4", cfg)
 

@@ -7,6 +7,7 @@ and its main loop counted (``sass_vs_triton_kernels.loop_counts``).
     TRITON_INTERPRET=1 python benchmarks/experiments/fragment_order_probe.py check
     python benchmarks/experiments/fragment_order_probe.py emulate    # the PTX decode's bit placement, in Python
     python benchmarks/experiments/fragment_order_probe.py sass
+    python benchmarks/experiments/fragment_order_probe.py time [OUT.json]   # GPU: against the shipped swapped tiles
 
 The order (one 16-row block, one K tile of 64 bytes a row): lane 4 g + t holds, for each k16 step s, the bytes
 (g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4), 32 bytes in all: two 16-byte loads. A 32-bit word decodes to the
@@ -17,6 +18,7 @@ sm_90a. Scales: per lane the 8 bytes (group j, row half c) it needs, index 2 j +
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -176,5 +178,98 @@ def sass() -> None:
         )
 
 
+def time(out: str | None = None) -> None:
+    """GPU. A dense stand-in for the MoE's gate_up at T >= 512 (tokens per expert M = 32-128 against many 64-128 row
+    weight tiles, K = 2944): the probe (fragment order, one dot per K tile, no masks) against ``linear_mxfp4``'s
+    swapped tiles on the same weights in natural order, folded as shipped, and overlap_probe's natural-order loops (its
+    variants: 0 the shipped two dots + mma_done, 2 and 4 one dot per K tile; no masks either). All read W once per token
+    tile."""
+    import itertools
+    import json
+
+    import overlap_probe  # beside this script: the natural-order loops (two dots, or one per K tile)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from common import deq, rand_mx
+    from triton.testing import do_bench
+
+    from mxrepack.kernels.linear_mxfp4 import LinearConfig, linear_mxfp4
+
+    torch.manual_seed(0)
+    N, K = 5760 * 32, 2944  # 32 experts' gate_up rows: 265 MB of codes, past L2
+    w, ws = rand_mx(N, K)
+    ws.clamp_(max=128)  # the folded decode's precondition (fits_fold)
+    wf, sf = fragment_order(w), scale_order(ws)
+    rows = []
+    for M in (32, 64, 128):
+        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        ref = x.float() @ deq(w[:4096], ws[:4096]).T  # the first rows: enough to see a wrong order
+        flops = 2 * M * N * K
+        cands = {}
+        for blocks, warps, stages in ((4, 4, 3), (4, 4, 4), (8, 8, 3), (8, 8, 4)):
+            y = torch.empty(N, M, dtype=torch.float32, device="cuda")
+
+            def run(y=y, blocks=blocks, warps=warps, stages=stages):
+                probe_kernel[(N // (16 * blocks),)](
+                    x, wf, sf, y, K, x.stride(0), M=M, BLOCKS=blocks, ASM=True, num_warps=warps, num_stages=stages
+                )
+                return y
+
+            cands[f"probe rows{16 * blocks} w{warps} st{stages}"] = (run, lambda y: y.T[:, :4096])
+        for variant, (bn, warps) in itertools.product((0, 2, 4), ((64, 4), (128, 4), (128, 8))):
+            y = torch.empty(N, M, dtype=torch.float32, device="cuda")
+
+            def run(y=y, variant=variant, bn=bn, warps=warps):  # natural order: overlap_probe's loop
+                overlap_probe.probe[(N // bn,)](
+                    x,
+                    w,
+                    ws,
+                    y,
+                    K,
+                    x.stride(0),
+                    w.stride(0),
+                    ws.stride(0),
+                    y.stride(0),
+                    BLOCK_M=M,
+                    BLOCK_N=bn,
+                    VARIANT=variant,
+                    num_warps=warps,
+                    num_stages=3,
+                )
+                return y
+
+            cands[f"natural V{variant} rows{bn} w{warps} st3"] = (run, lambda y: y.T[:, :4096])
+        for bm, bn, warps, stages in ((M, 64, 4, 3), (M, 128, 4, 3), (M, 128, 4, 4), (M, 128, 8, 3)):
+            if bm > 128:
+                continue
+            cfg = LinearConfig(bm, bn, 128, 1, warps, stages, swap_ab=True, fold_scale=True)
+            cands[f"shipped kernel {cfg.name()}"] = (
+                functools.partial(linear_mxfp4, x, w, ws, None, "w4a16", cfg, fold_scale=True),
+                lambda y: y[:, :4096].float(),
+            )
+        for label, (run, view) in cands.items():
+            rec = {"M": M, "candidate": label}
+            try:
+                got = view(run())
+                rec["rel_err"] = float((got - ref).norm() / ref.norm())
+                rec["ms"] = do_bench(run, warmup=25, rep=200)
+                rec["tflops"] = flops / rec["ms"] / 1e9
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
+                rec["error"] = f"{type(e).__name__}: {e}"[:300]
+            rows.append(rec)
+            print(
+                f"M={M:4d} {label:40s} "
+                + (
+                    f"{rec['ms']:.4f} ms {rec['tflops']:6.1f} TFLOP/s err {rec['rel_err']:.1e}"
+                    if "ms" in rec
+                    else rec["error"]
+                ),
+                flush=True,
+            )
+    if out:
+        meta = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "N": N, "K": K}
+        Path(out).write_text(json.dumps({**meta, "rows": rows}, indent=1))
+
+
 if __name__ == "__main__":
-    {"check": check, "emulate": emulate, "sass": sass}[sys.argv[1]]()
+    {"check": check, "emulate": emulate, "sass": sass, "time": time}[sys.argv[1]](*sys.argv[2:])

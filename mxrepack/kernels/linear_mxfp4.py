@@ -21,6 +21,7 @@ The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -50,9 +51,10 @@ MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
 def use_dequant_gemm(M: int, N: int) -> bool:
     """W4A16 shapes that dequantize W slab by slab and multiply with cuBLAS (dequant_mxfp4) instead of the
     tile kernel: past decode the GEMM is math-bound and Hopper has no BF16 x E2M1 tensor-core MMA to do it
-    in one kernel. H100, graph-timed (docs/PERF_LOG.md): from 64 rows on q/k/v/o, from 256 on lm_head (at 64-128
-    rows its 1.2 GB BF16 round trip still costs more than the tile kernel's upcasts)."""
-    return M >= 256 or (M > 16 and N < 65536)
+    in one kernel. H100, graph-timed (docs/PERF_LOG.md): past 64 rows on q/k/v/o (at 17-64 rows split-K's
+    :data:`MID_SPLIT` tiles win: ``_pick_config``), from 256 on lm_head (at 64-128 rows its 1.2 GB BF16 round trip
+    still costs more than the tile kernel's upcasts)."""
+    return M >= 256 or (M > 64 and N < 65536)
 
 
 def use_gemv(M: int, N: int) -> bool:
@@ -127,6 +129,12 @@ DECODE_SPLIT = LinearConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=3, m
 # docs/bench/dense_sweep_fold_h100_2026-11-25_8860140.json).
 DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=4, num_stages=3, swap_ab=True)
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
+# W4A16 at 17-64 rows on a layer too narrow to fill the GPU (q/k/v/o), split-K to about two programs per SM as in
+# decode (this is qkv's 4 splits; o takes 8): against the dequantize + cuBLAS path shipped before, H100, same run,
+# peers.py --sweep-dense 24,32,48,64 --sweep-kind stream-k --sweep-shapes qkv,o (127bdda, docs/bench/
+# dense_sweep_mid_h100_2026-11-25_127bdda.json): o 0.0153-0.0157 ms against 0.0192-0.0203 at M = 24-64 (8 splits;
+# 4: 0.0173-0.0180), qkv 0.0176-0.0180 against 0.0196-0.0202 (4 splits; 8: 0.0185-0.0195)
+MID_SPLIT = LinearConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)
 # Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, pipelined as
 # DECODE_WIDE, 0.298 vs 0.367 ms at M = 64 for the integer-op dequant shipped before (same sweeps; 64 x 64: 0.362).
 # MXFP8/MXFP4 activations take tl.dot_scaled in the same tile.
@@ -137,6 +145,7 @@ CONFIGS = {
     "decode_wide": DECODE_WIDE,
     "prefill": PREFILL,
     "prefill_small": PREFILL_SMALL,
+    "mid_split": MID_SPLIT,
 }
 
 
@@ -149,26 +158,26 @@ def pick_config(
     return with_fold(_pick_config(M, N, K, sm_count, mode), mode == "w4a16", fold_scale)
 
 
+def _two_per_sm(tile: LinearConfig, N: int, K: int, sm_count: int) -> LinearConfig:
+    """``tile`` split over K to about two programs per SM (whole K tiles each). With the splits summed in-kernel
+    (arrival counters), H100 same-run sweep (peers.py --sweep-dense 4,16,64 --sweep-shapes qkv,o, 6259f2a, docs/bench/
+    dense_sweep_splitk_fused_h100_2026-11-25_6259f2a.json): o M = 4 0.0116 ms at 8 splits vs 0.0137 at 16 (about four
+    per SM, the rule before), qkv 0.0144 at 4 vs 0.0153 at 8."""
+    tiles = triton.cdiv(N, tile.block_n)
+    k_tiles = triton.cdiv(K, tile.block_k)
+    return dataclasses.replace(
+        tile, split_k=max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(2 * sm_count, tiles))))
+    )
+
+
 def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConfig:
+    narrow = triton.cdiv(N, DECODE.block_n) < 2 * sm_count  # too few N tiles to fill the GPU without split-K
     if M <= 16:
-        tiles = triton.cdiv(N, DECODE.block_n)
-        if tiles >= 2 * sm_count:
+        if not narrow:
             return DECODE_WIDE if mode == "w4a16" else DECODE
-        # split-K to about two programs per SM: with the splits summed in-kernel (arrival counters), H100 same-run
-        # sweep (peers.py --sweep-dense 4,16,64 --sweep-shapes qkv,o, 6259f2a, docs/bench/
-        # dense_sweep_splitk_fused_h100_2026-11-25_6259f2a.json): o M = 4 0.0116 ms at 8 splits vs 0.0137 at 16
-        # (about four per SM, the rule before), qkv 0.0144 at 4 vs 0.0153 at 8
-        k_tiles = triton.cdiv(K, DECODE.block_k)
-        split = max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(2 * sm_count, tiles))))
-        return LinearConfig(
-            DECODE.block_m,
-            DECODE.block_n,
-            DECODE.block_k,
-            split,
-            DECODE.num_warps,
-            DECODE.num_stages,
-            DECODE.manual_dequant,
-        )
+        return _two_per_sm(DECODE, N, K, sm_count)
+    if M <= MID_SPLIT.block_m and narrow and mode == "w4a16":
+        return _two_per_sm(MID_SPLIT, N, K, sm_count)
     return PREFILL if M >= 1024 else PREFILL_SMALL
 
 
