@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mxrepack.kernels.dequant_mxfp4 import e2m1_to_fp32, e8m0_to_bf16_folded  # noqa: E402
 
 ROWS = 64  # weight rows per program: 4 warps x 16
+NATURAL = False  # time: also overlap_probe's natural-order loops (they lost: fragment_order_time_h100_..._call2.json)
 
 
 def fragment_order(w: torch.Tensor) -> torch.Tensor:
@@ -110,6 +111,74 @@ def probe_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, stride_x, M: tl.constexpr, BLOCK
     tl.store(y_ptr + rn[:, None] * M + rm[None, :], acc)
 
 
+# The group order: a per-row permutation of each 64-byte K tile, p' = 16 j + 4 t + 2 s' + kh holding natural byte
+# 16 j + 8 s' + 4 kh + t (group j, quad lane t, k16 step 2 j + s', k half kh). A group's 16 bytes stay together (one
+# scale, as a GEMV wants them), and lane t of a quad finds its fragment bytes of group j in one 32-bit word.
+# Right under the interpreter, wrong on the GPU (relative error 1.2, fragment_order_time_h100_..._call3.json): an
+# inline-asm call with pack=4 gets four consecutive *registers*, and in the layout Triton derives from the MMA operand
+# register bit 1 is row + 8, so a call sees bytes (g, kh 0), (g, kh 1), (g + 8, kh 0), (g + 8, kh 1) -- the fragment
+# order's word, not this one's. Any order fed to a packed asm decode must be the operand layout's register order.
+def group_order(w: torch.Tensor) -> torch.Tensor:
+    """Packed bytes ``[N, K/2]`` (K % 128 == 0) -> the same shape, each row's 64-byte K tiles in the group order."""
+    N, KH = w.shape
+    x = w.reshape(N, KH // 64, 4, 2, 2, 4)  # K tile, j, s', kh, t
+    return x.permute(0, 1, 2, 5, 3, 4).reshape(N, KH).contiguous()
+
+
+@triton.jit
+def _decode_row_words(wb, sb, R: tl.constexpr, ASM: tl.constexpr):
+    """Bytes ``[R, 64]`` (words of bytes (s', kh) = (0, 0), (0, 1), (1, 0), (1, 1)) and per-byte folded scales ->
+    (r0, r1) ``[R, 64]``: per word, r0 = lo, hi of its bytes 0 and 1 (s' = 0), r1 of bytes 2 and 3 (s' = 1)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            WORD_FOLDED, "=r,=r,=r,=r,r,r,r", [wb, sb], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
+    w = tl.reshape(wb.to(tl.int32), (R, 16, 2, 2))  # word, s', kh
+    s = tl.reshape(sb.to(tl.float32), (R, 16, 2, 2)) / 8.507059173023462e37
+    v = tl.join(e2m1_to_fp32(w & 15) * s, e2m1_to_fp32(w >> 4) * s)  # word, s', kh, nibble
+    r0, r1 = tl.split(tl.permute(v, (0, 1, 3, 4, 2)))
+    return tl.reshape(r0, (R, 64)).to(tl.bfloat16), tl.reshape(r1, (R, 64)).to(tl.bfloat16)
+
+
+@triton.jit
+def group_probe_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    K,
+    stride_x,
+    M: tl.constexpr,
+    R: tl.constexpr,
+    ASM: tl.constexpr,
+    AHEAD: tl.constexpr = 0,
+):
+    """``y[rows, M] = W[rows] @ x.T``, W's rows in the group order, one dot per K tile. ``AHEAD``: the scales are
+    loaded one K tile ahead by hand (the pipeline does not copy them: 2 bytes a thread)."""
+    rn = tl.program_id(0) * R + tl.arange(0, R)
+    rm = tl.arange(0, M)
+    acc = tl.zeros((R, M), dtype=tl.float32)
+    s_ptrs = s_ptr + tl.multiple_of(rn * (K // 32), 4)[:, None] + tl.arange(0, 4)[None, :]
+    sc_next = tl.load(s_ptrs)
+    for kt in range(0, K // 128):
+        wb = tl.load(w_ptr + rn[:, None] * (K // 2) + kt * 64 + tl.arange(0, 64)[None, :])
+        if AHEAD:
+            sc = sc_next
+            sc_next = tl.load(s_ptrs + (kt + 1) * 4, mask=kt + 1 < K // 128, other=0)
+        else:
+            sc = tl.load(s_ptrs + kt * 4)
+        sf = tl.reshape(tl.broadcast_to(e8m0_to_bf16_folded(sc)[:, :, None], (R, 4, 16)), (R, 64))
+        r0, r1 = _decode_row_words(wb, sf, R, ASM)
+        v = tl.reshape(tl.join(r0, r1), (R, 4, 4, 2, 2, 2))  # j, t, kh, nibble, s'
+        w = tl.reshape(tl.permute(v, (0, 1, 5, 3, 2, 4)), (R, 128))  # j, s', kh, t, nibble: natural K
+        a = tl.load(x_ptr + rm[:, None] * stride_x + kt * 128 + tl.arange(0, 128)[None, :])
+        if ASM:
+            acc = tl.dot(w, tl.trans(a), acc)
+        else:
+            acc = tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), acc)
+    tl.store(y_ptr + rn[:, None] * M + rm[None, :], acc)
+
+
 def check() -> None:
     from mxrepack.quant import dequantize_mxfp4
 
@@ -123,6 +192,9 @@ def check() -> None:
     grid = (N // ROWS,)
     probe_kernel[grid](x, fragment_order(w), scale_order(ws), y, K, x.stride(0), M=M, BLOCKS=ROWS // 16, ASM=False)
     print(f"relative error against dequantize_mxfp4: {((y.T - ref).norm() / ref.norm()).item():.2e}")
+    y = torch.empty(N, M, dtype=torch.float32)
+    group_probe_kernel[(N // 32,)](x, group_order(w), ws, y, K, x.stride(0), M=M, R=32, ASM=False)
+    print(f"group order, relative error against dequantize_mxfp4: {((y.T - ref).norm() / ref.norm()).item():.2e}")
 
 
 def emulate(trials: int = 20000) -> None:
@@ -199,14 +271,14 @@ def time(out: str | None = None) -> None:
     N, K = 5760 * 32, 2944  # 32 experts' gate_up rows: 265 MB of codes, past L2
     w, ws = rand_mx(N, K)
     ws.clamp_(max=128)  # the folded decode's precondition (fits_fold)
-    wf, sf = fragment_order(w), scale_order(ws)
+    wf, sf, wg = fragment_order(w), scale_order(ws), group_order(w)
     rows = []
     for M in (32, 64, 128):
         x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         ref = x.float() @ deq(w[:4096], ws[:4096]).T  # the first rows: enough to see a wrong order
         flops = 2 * M * N * K
         cands = {}
-        for blocks, warps, stages in ((4, 4, 3), (4, 4, 4), (8, 8, 3), (8, 8, 4)):
+        for blocks, warps, stages in ((4, 4, 3), (8, 8, 3)):
             y = torch.empty(N, M, dtype=torch.float32, device="cuda")
 
             def run(y=y, blocks=blocks, warps=warps, stages=stages):
@@ -217,6 +289,8 @@ def time(out: str | None = None) -> None:
 
             cands[f"probe rows{16 * blocks} w{warps} st{stages}"] = (run, lambda y: y.T[:, :4096])
         for variant, (bn, warps) in itertools.product((0, 2, 4), ((64, 4), (128, 4), (128, 8))):
+            if not NATURAL:
+                break
             y = torch.empty(N, M, dtype=torch.float32, device="cuda")
 
             def run(y=y, variant=variant, bn=bn, warps=warps):  # natural order: overlap_probe's loop
@@ -239,7 +313,17 @@ def time(out: str | None = None) -> None:
                 return y
 
             cands[f"natural V{variant} rows{bn} w{warps} st3"] = (run, lambda y: y.T[:, :4096])
-        for bm, bn, warps, stages in ((M, 64, 4, 3), (M, 128, 4, 3), (M, 128, 4, 4), (M, 128, 8, 3)):
+        for r, warps, stages, ahead in ((64, 4, 3, 0), (64, 4, 3, 1), (64, 4, 4, 1), (128, 8, 3, 0), (128, 8, 3, 1)):
+            y = torch.empty(N, M, dtype=torch.float32, device="cuda")
+
+            def run(y=y, r=r, warps=warps, stages=stages, ahead=ahead):
+                group_probe_kernel[(N // r,)](
+                    x, wg, ws, y, K, x.stride(0), M=M, R=r, ASM=True, AHEAD=ahead, num_warps=warps, num_stages=stages
+                )
+                return y
+
+            cands[f"group rows{r} w{warps} st{stages}" + (" ahead" if ahead else "")] = (run, lambda y: y.T[:, :4096])
+        for bm, bn, warps, stages in ((M, 64, 4, 3), (M, 128, 4, 3), (M, 128, 8, 3)):
             if bm > 128:
                 continue
             cfg = LinearConfig(bm, bn, 128, 1, warps, stages, swap_ab=True, fold_scale=True)
