@@ -266,22 +266,19 @@ def repeat_bits(fn, runs: int = 20) -> dict:
 
 
 def same_bits_as_plain(run, cfg) -> dict:
-    """For a config that reorganizes exact work -- the scale folded (``fold_scale``: ``bits_equal_unfolded``) or
-    persistent programs (``persistent``: ``bits_equal_per_tile``) -- whether ``run(cfg)`` gives the bits of its twin
-    without it, as it must; nothing for any other config."""
-    rec = {}
-    for field, off, key in (("fold_scale", False, "bits_equal_unfolded"), ("persistent", 0, "bits_equal_per_tile")):
-        if getattr(cfg, field, off) != off:
-            rec[key] = torch.equal(run(cfg), run(dataclasses.replace(cfg, **{field: off})))
-    return rec
+    """For a config with the scale folded (``fold_scale``, exact work reorganized): whether ``run(cfg)`` gives the
+    bits of its unfolded twin, as it must (``bits_equal_unfolded``); nothing for any other config."""
+    if not getattr(cfg, "fold_scale", False):
+        return {}
+    return {"bits_equal_unfolded": torch.equal(run(cfg), run(dataclasses.replace(cfg, fold_scale=False)))}
 
 
 def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages, the integer-op
     dequant (``MoeConfig.manual_dequant``) and the swapped operands (``MoeConfig.swap_ab``); ``kind`` "swap" sweeps
     only the latter beside the shipped choice, "fold" the shipped swapped tile (folded where the weights fit:
-    ``MoeConfig.fold_scale``) beside its unfolded twin and triton_kernels' tile, "persistent" the shipped tile as
-    1-4 persistent programs per SM (``MoeConfig.persistent``). mxrepack only, no peers (for choosing ``MOE_TILES``)."""
+    ``MoeConfig.fold_scale``) beside its unfolded twin and triton_kernels' tile. mxrepack only, no peers (for
+    choosing ``MOE_TILES``)."""
     import itertools
 
     from mxrepack.kernels.moe_mxfp4 import MoeConfig
@@ -309,12 +306,6 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 # sm_90a, local Triton 3.9), on 8 it holds 187 registers and no stack
                 for st in (3, 4):
                     cfg = MoeConfig(64, 128, 128, num_warps=8, num_stages=st, swap_ab=True, fold_scale=fold)
-                    cands[cfg.name()] = cfg
-        if kind == "persistent":  # the shipped tile as persistent programs, 1-4 per SM (MoeConfig.persistent)
-            variants, ms_ = (), ()
-            if isinstance(cands["shipped"], MoeConfig):
-                for per_sm in (1, 2, 3, 4):
-                    cfg = dataclasses.replace(cands["shipped"], persistent=per_sm)
                     cands[cfg.name()] = cfg
         for bm, bn, v in itertools.product(ms_, (64, 128), variants):
             # the swapped operands pipelined too: dequant_mxfp4.mma_done waits for each wgmma (triton#9433);
@@ -351,9 +342,8 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tuple[str, ...] = ()) -> None:
     """mxrepack's W4A16 dense paths at each M: the shipped choice against the GEMV, dequantize + cuBLAS and tile
     configurations (split-K, tile widths, the integer-op dequant); ``kind`` "rows": the multi-row GEMVs only, "fold":
-    the shipped swapped tile (folded where the weight fits) beside its unfolded twin, "stream-k": the stream-K decode
-    (``LinearConfig.stream_k``) at 1-4 programs per SM beside the split-K tiles of the same shape. mxrepack only (for
-    choosing the dispatch)."""
+    the shipped swapped tile (folded where the weight fits) beside its unfolded twin. mxrepack only (for choosing the
+    dispatch)."""
     import itertools
 
     from mxrepack.kernels.dequant_mxfp4 import DEQUANT
@@ -379,21 +369,12 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                 if tile.swap_ab and not use_gemv(M, N) and not use_dequant_gemm(M, N):
                     plain = dataclasses.replace(tile, fold_scale=False)
                     cands[plain.name()] = plain
-            if kind == "stream-k":  # equal runs of (N tile, K tile) steps per program, against split-K's tiles
-                cands = {"shipped": None}
-                shapes_k = ((16, 64, 256, True), (16, 32, 256, True)) if M <= 16 else ((64, 64, 128, False),)
-                for (bm, bn, bk, manual), per_sm in itertools.product(shapes_k, (1, 2, 3, 4)):
-                    cfg = LinearConfig(bm, bn, bk, 1, 4, 3, manual, stream_k=per_sm)
-                    cands[cfg.name()] = cfg
-                for (bm, bn, bk, manual), split in itertools.product(shapes_k, (2, 4, 8)):
-                    cfg = LinearConfig(bm, bn, bk, split, 4, 3, manual)
-                    cands[cfg.name()] = cfg
             # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them); "rows":
             # only these, over more tile shapes and warps
             tiles = ((8, 512), (16, 256))
             if kind == "rows":
                 tiles = tuple(itertools.product(((8, 512), (16, 256), (32, 128), (16, 512)), (4, 8)))
-            for x_rows, tile in itertools.product((2, 4, 8, 16), tiles if kind not in ("fold", "stream-k") else ()):
+            for x_rows, tile in itertools.product((2, 4, 8, 16), tiles if kind != "fold" else ()):
                 (bn, bk), warps = tile if kind == "rows" else (tile, 4)
                 if x_rows <= M:
                     cfg = GemvConfig(bn, bk, warps, 1, "asm", rows=x_rows)
@@ -409,7 +390,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             if kind == "swap-deep":  # 4 warps, 3 to 5 stages
                 launches = ((4, 3), (4, 4), (4, 5))
                 grid = ((16,), (64, 128), (128,), (1, 2)) if M <= 16 else ((16, 32, 64), (64, 128), (128,), (1, 2))
-            if kind in ("rows", "fold", "stream-k"):
+            if kind in ("rows", "fold"):
                 launches = ()
             for bm, bn, bk, split, v, (warps, st) in itertools.product(
                 *grid, ("swap",) if kind.startswith("swap") else (False, True), launches
@@ -427,7 +408,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                     rec["rel_err"] = rel_err(run(x, w, ws), ref)
                     rec["ms"], rec["timing"] = time_it(lambda: run(x, *nxt_q()), M)
                     chosen = cfg if cfg is not None else shipped
-                    if any(getattr(chosen, f, 0) for f in ("swap_ab", "rows", "stream_k")):
+                    if any(getattr(chosen, f, 0) for f in ("swap_ab", "rows")):
                         rec |= repeat_bits(lambda: run(x, w, ws))
                     rec |= same_bits_as_plain(
                         lambda c: linear_mxfp4(x, w, ws, None, "w4a16", c, fold_scale=fold), chosen
@@ -538,12 +519,11 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold", "stream-k", "persistent"),
+        choices=("all", "swap", "swap-deep", "rows", "fold"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
-        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold) or the "
-        "stream-K decode (stream-k, dense only) or the shipped MoE tiles as persistent programs (persistent, MoE "
-        "only) beside the shipped choice",
+        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold) beside the "
+        "shipped choice",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
@@ -568,10 +548,8 @@ def main() -> None:
     meta["copy_roofline_GBps"] = copy_roofline() / 1e9
     print(json.dumps(meta), flush=True)
     rows = Record(meta, args.json)
-    if args.sweep_moe and args.sweep_kind in ("rows", "stream-k"):
-        ap.error(f"--sweep-kind {args.sweep_kind} is a dense sweep: use it with --sweep-dense")
-    if args.sweep_dense and args.sweep_kind == "persistent":
-        ap.error("--sweep-kind persistent is a MoE sweep: use it with --sweep-moe")
+    if args.sweep_moe and args.sweep_kind == "rows":
+        ap.error("--sweep-kind rows is a dense sweep: use it with --sweep-dense")
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:

@@ -110,32 +110,6 @@ def test_linear_mxfp4_matches_reference(mode, config):
             assert torch.equal(linear_mxfp4(x, w, ws, bias, mode, cfg), y)
 
 
-@pytest.mark.parametrize("programs", [1, 2, 4, 7, 15])
-def test_stream_k_decode_matches_reference_however_the_steps_are_cut(monkeypatch, programs):
-    """Stream-K decode: 3 N tiles x 5 K tiles (N = 80, K = 288: the last of each partial) cut into ``programs``
-    equal runs: one program for everything, tiles cut once, several times, every step alone. Each cut tile's
-    partials are summed in K order by the last to arrive: the same bits on a second call, counters back at zero."""
-    import mxrepack.kernels.linear_mxfp4 as lin
-    from mxrepack.kernels.arrival import arrival_counters
-
-    monkeypatch.setattr(lin, "sm_count", lambda device: 1)  # programs = stream_k x SMs, capped at the 15 steps
-    N, K = 80, 288
-    w, ws = quantize_mxfp4(torch.randn(N, K) * 0.05)
-    bias = torch.randn(N).to(torch.bfloat16)
-    cfg = LinearConfig(16, 32, 64, manual_dequant=True, stream_k=programs)
-    for M in (1, 7, 16):
-        x = torch.randn(M, K).to(torch.bfloat16)
-        ref = x.float() @ dequantize_mxfp4(w, ws, torch.float32).T + bias.float()
-        y = linear_mxfp4(x, w, ws, bias, "w4a16", cfg)
-        assert rel(y, ref) <= 1e-2, (M, rel(y, ref))
-        assert torch.equal(linear_mxfp4(x, w, ws, bias, "w4a16", cfg), y)
-        assert not arrival_counters(x.device, 3, "linear")[:3].any()
-    with pytest.raises(ValueError, match="stream-K runs decode"):
-        linear_mxfp4(torch.randn(17, K).to(torch.bfloat16), w, ws, bias, "w4a16", cfg)
-    with pytest.raises(ValueError, match="split_k must be 1"):
-        LinearConfig(16, 32, 64, 2, stream_k=1)
-
-
 def test_linear_without_bias_and_config_choice():
     w, ws = quantize_mxfp4(torch.randn(64, 128))
     x = torch.randn(3, 128).to(torch.bfloat16)
@@ -410,27 +384,6 @@ def _strided_layer(E, H, I):
     return dims, pack(get_layout("strided")), pack(get_layout("mxfp4"))
 
 
-def test_persistent_moe_tiles_give_the_per_tile_bits(monkeypatch):
-    """Persistent programs (``MoeConfig.persistent``: each walks (block, N tile) tiles, blocks fastest) compute every
-    tile as the one-program-per-tile grid does: the same bits, whether one program walks all tiles or a count that
-    does not divide them shares them; the padding blocks past the real ones (expert -1) are never walked."""
-    import mxrepack.kernels.moe_mxfp4 as moe
-
-    monkeypatch.setattr(moe, "sm_count", lambda device: 1)  # programs = persistent x SMs
-    E, H, I, k, T = 4, 288, 96, 2, 9
-    _, strided, _ = _strided_layer(E, H, I)
-    x = torch.randn(T, H).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)
-    wts = torch.softmax(torch.randn(T, k), -1)
-    for cfg in (MoeConfig(16, 64, 128, swap_ab=True), MoeConfig(16, 32, 256)):
-        per_tile = moe_mxfp4(x, ids, wts, strided, config=cfg)
-        for programs in (1, 5):
-            walked = moe_mxfp4(x, ids, wts, strided, config=dataclasses.replace(cfg, persistent=programs))
-            assert torch.equal(walked, per_tile), (programs, cfg)
-    with pytest.raises(ValueError, match="programs per SM"):
-        MoeConfig(16, 64, 128, persistent=-1)
-
-
 @pytest.mark.parametrize("activations,bound", [("bf16", 1e-2), ("e4m3", 0.15), ("e2m1", 0.4)])
 def test_moe_mxfp4_matches_reference(activations, bound):
     E, H, I, k = 4, 288, 96, 2  # 288 and 96: padded to 384 and 128 inside the strided layout
@@ -529,39 +482,6 @@ def test_kernels_check_builds_for_sm12x_without_tma():
             assert r["shared_bytes"] <= 101376
             if r["mode"] == "w4a4":
                 assert any("kind::mxf4nvf4.block_scale" in m for m in r["mma"])
-
-
-_LEVERS_BUILD = """
-import dataclasses, json, triton
-from mxrepack.kernels import check, moe_mxfp4 as moe
-from mxrepack.kernels.linear_mxfp4 import DECODE_SPLIT
-stream_k = dataclasses.replace(DECODE_SPLIT, split_k=1, stream_k=2)
-persistent = dataclasses.replace(moe.MOE_TILES[0][1], fold_scale=True, persistent=2)
-sources = [("linear_mxfp4", stream_k, check._linear_source("w4a16", stream_k))]
-sources += [(name, persistent, src) for name, src in check._moe_sources("bf16", persistent).items()]
-out = []
-for name, cfg, src in sources:
-    for cap in (90, 121):
-        rec = check.check_one(name, cfg.name(), "w4a16", src, cfg.num_warps, cfg.num_stages, cap)
-        ptx = triton.compile(check.specialized(check.for_arch(src, cap)), target=check.GPUTarget("cuda", cap, 32),
-                             options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}).asm["ptx"]
-        out.append([name, cap, rec["ok"], rec["error"], rec["shared_bytes"], "cp.async" in ptx,
-                    check.wgmma_left_in_flight(ptx)])
-print(json.dumps(out))
-"""
-
-
-def test_unshipped_levers_build_for_sm90a_and_sm121a():
-    """The levers built but not chosen by any dispatch yet -- the stream-K decode (``LinearConfig.stream_k``) and
-    the persistent MoE tiles (``MoeConfig.persistent``, swapped and folded) -- pass the kernels check on sm_90a and
-    sm_121a, keep their K loops software-pipelined (cp.async) and, on sm_90a, leave no wgmma in flight."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _LEVERS_BUILD], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    records = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(records) == 6
-    for name, cap, ok, error, shared, pipelined, in_flight in records:
-        assert ok and error is None and shared <= 101376 and pipelined and not in_flight, (name, cap, error)
 
 
 _PIPELINED_SWAP = """

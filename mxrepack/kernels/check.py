@@ -113,9 +113,6 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
         "MATH": cfg.math,
         "WAIT_MMA": False,  # per arch: for_arch
     }
-    if cfg.stream_k:  # the stream-K kernel: the same arguments less SPLIT_K
-        del sig["SPLIT_K"], const["SPLIT_K"]
-        return ASTSource(lin._linear_mxfp4_stream_k_kernel, sig, const)
     return ASTSource(lin._linear_mxfp4_kernel, sig, const)
 
 
@@ -130,7 +127,6 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "SWAP_AB": cfg.swap_ab and act == "bf16",
         "MATH": cfg.math,
         "WAIT_MMA": False,  # per arch: for_arch
-        "PERSISTENT": bool(cfg.persistent),
     }
     gate_up = {
         "x_ptr": _A_TYPE[act],
@@ -143,7 +139,6 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "blk_e_ptr": "*i32",
         "blk_s_ptr": "*i32",
         "blk_end_ptr": "*i32",
-        "n_blocks_ptr": "*i32",
         "H": "i32",
         "Hp": "i32",
         "Ip": "i32",
@@ -171,7 +166,6 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "blk_e_ptr": "*i32",
         "blk_s_ptr": "*i32",
         "blk_end_ptr": "*i32",
-        "n_blocks_ptr": "*i32",
         "H": "i32",
         "Hp": "i32",
         "Ip": "i32",

@@ -76,20 +76,10 @@ class LinearConfig:
     swap_ab: bool = False
     # swap_ab on CUDA, weights with E8M0 scales <= 128 only: E2M1's 2^126 folded into the scale (MoeConfig.fold_scale)
     fold_scale: bool = False
-    # decode (M <= block_m) as stream-K (_linear_mxfp4_stream_k_kernel): this many programs per SM, each streaming an
-    # equal run of the layer's (N tile, K tile) steps; 0: one program per tile and split (split_k). Not chosen by
-    # pick_config (not measured yet: peers.py --sweep-dense ... --sweep-kind stream-k)
-    stream_k: int = 0
 
     def __post_init__(self):
         if self.fold_scale and not self.swap_ab:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
-        if self.stream_k < 0:
-            raise ValueError(f"stream_k counts programs per SM, got {self.stream_k}")
-        if self.stream_k and self.split_k != 1:
-            raise ValueError(
-                f"stream_k ({self.stream_k} programs per SM) replaces split_k: split_k must be 1, got {self.split_k}"
-            )
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
             raise ValueError(
                 f"swap_ab reads one 128-code K tile per step and decodes W itself: block_k must be 128 "
@@ -99,7 +89,6 @@ class LinearConfig:
     def name(self) -> str:
         return (
             f"m{self.block_m}n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}st{self.num_stages}"
-            + (f"sk{self.stream_k}" if self.stream_k else "")
             + ("d" if self.manual_dequant else "")
             + ("x" if self.swap_ab else "")
             + ("f" if self.fold_scale else "")
@@ -131,9 +120,10 @@ DECODE_WIDE = LinearConfig(16, 64, 128, split_k=1, num_warps=4, num_stages=3, sw
 PREFILL = LinearConfig(128, 128, 128, num_warps=8, num_stages=3)
 # W4A16 at 17-64 rows on a layer too narrow to fill the GPU (q/k/v/o), split-K to about two programs per SM as in
 # decode (this is qkv's 4 splits; o takes 8): against the dequantize + cuBLAS path shipped before, H100, same run,
-# peers.py --sweep-dense 24,32,48,64 --sweep-kind stream-k --sweep-shapes qkv,o (127bdda, docs/bench/
-# dense_sweep_mid_h100_2026-11-25_127bdda.json): o 0.0153-0.0157 ms against 0.0192-0.0203 at M = 24-64 (8 splits;
-# 4: 0.0173-0.0180), qkv 0.0176-0.0180 against 0.0196-0.0202 (4 splits; 8: 0.0185-0.0195)
+# peers.py --sweep-dense 24,32,48,64 --sweep-kind stream-k --sweep-shapes qkv,o at 127bdda (its split-K tiles; the
+# kind went with the stream-K decode, which lost), docs/bench/dense_sweep_mid_h100_2026-11-25_127bdda.json: o
+# 0.0153-0.0157 ms against 0.0192-0.0203 at M = 24-64 (8 splits; 4: 0.0173-0.0180), qkv 0.0176-0.0180 against
+# 0.0196-0.0202 (4 splits; 8: 0.0185-0.0195)
 MID_SPLIT = LinearConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)
 # Between decode and the dequantize + cuBLAS path (lm_head at 17-255 rows): the swapped operands, pipelined as
 # DECODE_WIDE, 0.298 vs 0.367 ms at M = 64 for the integer-op dequant shipped before (same sweeps; 64 x 64: 0.362).
@@ -287,7 +277,7 @@ def _tile_k_range(
     WAIT_MMA: tl.constexpr,
 ):
     """The tile ``x[rm] @ W[rn].T`` over K tiles ``kt_lo <= kt < kt_hi``, as fp32 ``[BLOCK_M, BLOCK_N]``: the
-    one K loop of the split-K and the stream-K kernels."""
+    K loop of one split of ``_linear_mxfp4_kernel``."""
     rk = tl.arange(0, BLOCK_K)
     rkb = tl.arange(0, BLOCK_K // 2)  # packed bytes
     rks = tl.arange(0, BLOCK_K // 32)  # scale groups
@@ -340,103 +330,6 @@ def _tile_k_range(
     if SWAP_AB:
         acc = tl.trans(acc)
     return acc
-
-
-@triton.jit
-def _linear_mxfp4_stream_k_kernel(
-    x_ptr,
-    xs_ptr,
-    w_ptr,
-    ws_ptr,
-    b_ptr,
-    y_ptr,
-    part_ptr,
-    count_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_xsm,
-    stride_wn,
-    stride_wsn,
-    stride_ym,
-    A_FMT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    MANUAL_DEQUANT: tl.constexpr = False,
-    INTERPRETER: tl.constexpr = False,
-    SWAP_AB: tl.constexpr = False,
-    MATH: tl.constexpr = "asm",
-    WAIT_MMA: tl.constexpr = False,
-):
-    """Decode (M <= BLOCK_M) as stream-K: the layer's (N tile, K tile) steps, N tile by N tile, cut into one equal
-    run per program, so every program streams the same share of W whatever the tile count (split-K gives each SM two
-    or three programs of equal size: one SM in three or so does half as much again). A program writes a tile it
-    covers whole; a tile cut between programs gets one partial per program, in K order, and the last to arrive sums
-    them in that order (the same bits every run) and writes it."""
-    pid, programs = tl.program_id(0), tl.num_programs(0)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    steps = tl.cdiv(N, BLOCK_N) * k_tiles
-    u = pid * steps // programs
-    end = (pid + 1) * steps // programs
-    rm = tl.arange(0, BLOCK_M)
-    m_ok = rm < M
-    while u < end:
-        tile = u // k_tiles
-        k_lo = u - tile * k_tiles
-        k_hi = tl.minimum(k_tiles, k_lo + end - u)
-        rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = rn < N
-        acc = _tile_k_range(
-            x_ptr,
-            xs_ptr,
-            w_ptr,
-            ws_ptr,
-            rm,
-            rn,
-            m_ok,
-            n_ok,
-            k_lo,
-            k_hi,
-            K,
-            stride_xm,
-            stride_xsm,
-            stride_wn,
-            stride_wsn,
-            A_FMT,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            MANUAL_DEQUANT,
-            INTERPRETER,
-            SWAP_AB,
-            MATH,
-            WAIT_MMA,
-        )
-        ok = m_ok[:, None] & n_ok[None, :]
-        y = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-        if k_hi - k_lo == k_tiles:
-            _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS)
-        else:
-            # the programs whose runs hold the tile's first and last step (the run holding step s is
-            # ((s + 1) * programs - 1) // steps, in int64: steps * programs may pass 2^31)
-            first = ((tile.to(tl.int64) * k_tiles + 1) * programs - 1) // steps
-            last = (((tile.to(tl.int64) + 1) * k_tiles) * programs - 1) // steps
-            # two partial slots per program [programs, 2, BLOCK_M, BLOCK_N]: a cut piece that starts the tile ends
-            # its program's run (slot 1), any other starts it (slot 0); so the tile's pieces in K order are
-            # first's slot 1, then slot 0 of first + 1 .. last
-            tile_part = rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            slot = 2 * pid + (k_lo == 0).to(tl.int32)
-            tl.store(part_ptr + slot.to(tl.int64) * BLOCK_M * BLOCK_N + tile_part, acc)
-            if last_to_arrive(count_ptr + tile, (last - first + 1).to(tl.int32)):
-                acc = tl.load(part_ptr + (2 * first + 1) * BLOCK_M * BLOCK_N + tile_part, cache_modifier=".cg")
-                for p in range(first + 1, last + 1):
-                    acc += tl.load(part_ptr + (2 * p) * BLOCK_M * BLOCK_N + tile_part, cache_modifier=".cg")
-                _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS)
-                tl.atomic_xchg(count_ptr + tile, 0)
-        u = (tile + 1) * k_tiles
 
 
 @triton.jit
@@ -495,24 +388,13 @@ def linear_mxfp4(
         a, a_scales = quantize_activations(x, a_fmt)
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
     tiles = grid[0] * grid[1]
-    if cfg.stream_k:
-        if M > cfg.block_m:
-            raise ValueError(f"stream-K runs decode, one row block: M = {M} > block_m {cfg.block_m}")
-        steps = tiles * triton.cdiv(K, cfg.block_k)
-        # no more programs than steps: every program's run is then non-empty, as each cut tile's count of
-        # partials assumes
-        grid = (min(steps, cfg.stream_k * sm_count(x.device)),)
-        part = torch.empty(2 * grid[0] * cfg.block_m * cfg.block_n, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, tiles, "linear")
-    elif cfg.split_k > 1:
+    if cfg.split_k > 1:
         part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, tiles, "linear")
     else:
         part = counters = out  # unused
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    kernel = _linear_mxfp4_stream_k_kernel if cfg.stream_k else _linear_mxfp4_kernel
-    split = {} if cfg.stream_k else {"SPLIT_K": cfg.split_k}
-    kernel[grid](
+    _linear_mxfp4_kernel[grid](
         a,
         a_scales if a_scales is not None else w_scales,
         w_packed,
@@ -531,7 +413,7 @@ def linear_mxfp4(
         out.stride(0),
         A_FMT=a_fmt,
         HAS_BIAS=bias is not None,
-        **split,
+        SPLIT_K=cfg.split_k,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,

@@ -56,7 +56,6 @@ from mxrepack.kernels.gemv_mxfp4 import (
     gemv_rows_f16x2,
     pack_groups,
     prepare_x,
-    sm_count,
 )
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
@@ -87,17 +86,10 @@ class MoeConfig:
     # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2:
     # dequant_mxfp4.fits_fold); the dispatch folds the swapped MOE_TILES for weights that fit (pick_moe_config)
     fold_scale: bool = False
-    # persistent programs, this many per SM, each walking (block, N tile) tiles with its K loops flattened into one
-    # software pipeline (tl.range flatten, as triton_kernels' persistent matmul): loads keep flowing across tile
-    # boundaries instead of filling and draining a pipeline per tile (23 K steps for gate_up at 120b). 0: one program
-    # per tile. Not chosen by MOE_TILES (not measured yet: peers.py --sweep-moe ... --sweep-kind persistent)
-    persistent: int = 0
 
     def __post_init__(self):
         if self.fold_scale and not self.swap_ab:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
-        if self.persistent < 0:
-            raise ValueError(f"persistent counts programs per SM, got {self.persistent}")
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
@@ -112,7 +104,6 @@ class MoeConfig:
             + ("d" if self.manual_dequant else "")
             + ("s" if self.swap_ab else "")
             + ("f" if self.fold_scale else "")
-            + (f"p{self.persistent}" if self.persistent else "")
         )
 
     @property
@@ -381,7 +372,6 @@ def _gate_up_kernel(
     blk_e_ptr,
     blk_s_ptr,
     blk_end_ptr,
-    n_blocks_ptr,
     H,
     Hp,
     Ip,
@@ -404,89 +394,47 @@ def _gate_up_kernel(
     SWAP_AB: tl.constexpr = False,
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
-    PERSISTENT: tl.constexpr = False,
 ):
-    # Two call sites of one tile: the per-tile grid's stays as it was measured (walking one tile in a loop of one
-    # trip, one call site for both, changed the shipped kernels' SASS: 5-13% more instructions, other registers)
-    if PERSISTENT:  # grid (programs,): each walks (block, N tile) tiles, blocks fastest as the grid below orders them
-        blocks = tl.load(n_blocks_ptr)
-        for t in tl.range(tl.program_id(0), blocks * tl.cdiv(Ip, BLOCK_N), tl.num_programs(0), flatten=True):
-            _gate_up_tile(
-                t % blocks,
-                t // blocks,
-                tl.load(blk_e_ptr + t % blocks),
-                x_ptr,
-                xs_ptr,
-                w_ptr,
-                ws_ptr,
-                b_ptr,
-                h_ptr,
-                order_ptr,
-                blk_s_ptr,
-                blk_end_ptr,
-                H,
-                Hp,
-                Ip,
-                TOPK,
-                stride_x,
-                stride_xs,
-                stride_we,
-                stride_wn,
-                stride_wse,
-                stride_wsn,
-                stride_h,
-                alpha,
-                limit,
-                A_FMT,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                MANUAL_DEQUANT,
-                INTERPRETER,
-                SWAP_AB,
-                MATH,
-                WAIT_MMA,
-            )
-    else:  # grid (blocks, N tiles)
-        pid_b, pid_n = tl.program_id(0), tl.program_id(1)
-        e = tl.load(blk_e_ptr + pid_b)
-        if e >= 0:
-            _gate_up_tile(
-                pid_b,
-                pid_n,
-                e,
-                x_ptr,
-                xs_ptr,
-                w_ptr,
-                ws_ptr,
-                b_ptr,
-                h_ptr,
-                order_ptr,
-                blk_s_ptr,
-                blk_end_ptr,
-                H,
-                Hp,
-                Ip,
-                TOPK,
-                stride_x,
-                stride_xs,
-                stride_we,
-                stride_wn,
-                stride_wse,
-                stride_wsn,
-                stride_h,
-                alpha,
-                limit,
-                A_FMT,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                MANUAL_DEQUANT,
-                INTERPRETER,
-                SWAP_AB,
-                MATH,
-                WAIT_MMA,
-            )
+    # grid (blocks, N tiles)
+    pid_b, pid_n = tl.program_id(0), tl.program_id(1)
+    e = tl.load(blk_e_ptr + pid_b)
+    if e >= 0:
+        _gate_up_tile(
+            pid_b,
+            pid_n,
+            e,
+            x_ptr,
+            xs_ptr,
+            w_ptr,
+            ws_ptr,
+            b_ptr,
+            h_ptr,
+            order_ptr,
+            blk_s_ptr,
+            blk_end_ptr,
+            H,
+            Hp,
+            Ip,
+            TOPK,
+            stride_x,
+            stride_xs,
+            stride_we,
+            stride_wn,
+            stride_wse,
+            stride_wsn,
+            stride_h,
+            alpha,
+            limit,
+            A_FMT,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            MANUAL_DEQUANT,
+            INTERPRETER,
+            SWAP_AB,
+            MATH,
+            WAIT_MMA,
+        )
 
 
 @triton.jit
@@ -580,7 +528,6 @@ def _down_kernel(
     blk_e_ptr,
     blk_s_ptr,
     blk_end_ptr,
-    n_blocks_ptr,
     H,
     Hp,
     Ip,
@@ -600,83 +547,44 @@ def _down_kernel(
     SWAP_AB: tl.constexpr = False,
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
-    PERSISTENT: tl.constexpr = False,
 ):
-    if PERSISTENT:  # as the gate_up kernel's
-        blocks = tl.load(n_blocks_ptr)
-        for t in tl.range(tl.program_id(0), blocks * tl.cdiv(Hp, BLOCK_N), tl.num_programs(0), flatten=True):
-            _down_tile(
-                t % blocks,
-                t // blocks,
-                tl.load(blk_e_ptr + t % blocks),
-                h_ptr,
-                hs_ptr,
-                w_ptr,
-                ws_ptr,
-                b_ptr,
-                y_ptr,
-                order_ptr,
-                wts_ptr,
-                blk_s_ptr,
-                blk_end_ptr,
-                H,
-                Hp,
-                Ip,
-                stride_h,
-                stride_hs,
-                stride_we,
-                stride_wn,
-                stride_wse,
-                stride_wsn,
-                stride_y,
-                A_FMT,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                MANUAL_DEQUANT,
-                INTERPRETER,
-                SWAP_AB,
-                MATH,
-                WAIT_MMA,
-            )
-    else:
-        pid_b, pid_n = tl.program_id(0), tl.program_id(1)
-        e = tl.load(blk_e_ptr + pid_b)
-        if e >= 0:
-            _down_tile(
-                pid_b,
-                pid_n,
-                e,
-                h_ptr,
-                hs_ptr,
-                w_ptr,
-                ws_ptr,
-                b_ptr,
-                y_ptr,
-                order_ptr,
-                wts_ptr,
-                blk_s_ptr,
-                blk_end_ptr,
-                H,
-                Hp,
-                Ip,
-                stride_h,
-                stride_hs,
-                stride_we,
-                stride_wn,
-                stride_wse,
-                stride_wsn,
-                stride_y,
-                A_FMT,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                MANUAL_DEQUANT,
-                INTERPRETER,
-                SWAP_AB,
-                MATH,
-                WAIT_MMA,
-            )
+    pid_b, pid_n = tl.program_id(0), tl.program_id(1)
+    e = tl.load(blk_e_ptr + pid_b)
+    if e >= 0:
+        _down_tile(
+            pid_b,
+            pid_n,
+            e,
+            h_ptr,
+            hs_ptr,
+            w_ptr,
+            ws_ptr,
+            b_ptr,
+            y_ptr,
+            order_ptr,
+            wts_ptr,
+            blk_s_ptr,
+            blk_end_ptr,
+            H,
+            Hp,
+            Ip,
+            stride_h,
+            stride_hs,
+            stride_we,
+            stride_wn,
+            stride_wse,
+            stride_wsn,
+            stride_y,
+            A_FMT,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            MANUAL_DEQUANT,
+            INTERPRETER,
+            SWAP_AB,
+            MATH,
+            WAIT_MMA,
+        )
 
 
 @triton.jit
@@ -1130,15 +1038,8 @@ def _moe_scheduled(
         WAIT_MMA=swap and not interpreter and mma_reads_registers_async(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        PERSISTENT=bool(cfg.persistent),
     )
-    if cfg.persistent:  # the real blocks, counted on the device (no sync): the programs walk only those
-        n_blocks = (blk_e >= 0).sum(dtype=torch.int32).reshape(1)
-        programs = cfg.persistent * sm_count(x.device)
-        grid_gate_up, grid_down = (min(programs, nb * (Ip // cfg.block_n)),), (min(programs, nb * (Hp // cfg.block_n)),)
-    else:
-        n_blocks = blk_e  # unused
-        grid_gate_up, grid_down = (nb, Ip // cfg.block_n), (nb, Hp // cfg.block_n)
+    grid_gate_up, grid_down = (nb, Ip // cfg.block_n), (nb, Hp // cfg.block_n)
     _gate_up_kernel[grid_gate_up](
         a,
         a_s if a_s is not None else s13,
@@ -1150,7 +1051,6 @@ def _moe_scheduled(
         blk_e,
         blk_s,
         blk_end,
-        n_blocks,
         H,
         Hp,
         Ip,
@@ -1183,7 +1083,6 @@ def _moe_scheduled(
         blk_e,
         blk_s,
         blk_end,
-        n_blocks,
         H,
         Hp,
         Ip,
