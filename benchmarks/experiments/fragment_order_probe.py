@@ -15,7 +15,8 @@ four bf16 pairs that lane's A fragment holds for step s (low nibble, high nibble
 kernel's join, reshape and permute back to [rows, 128] are a relabelling Triton lowers without moving data on
 sm_90a. Scales: per lane the 8 bytes (group j, row half c) it needs, index 2 j + c -- repeated for the 4 lanes of a
 quad (``scale_order``: 4x the scale bytes, which a layout cannot afford), or read from row-major scales as a layout
-would store them (``NATURAL_SCALES``). The GEMV a layout would also need (T <= 32 reads the same bytes):
+would store them today (``SCALES`` "rows": 3x slower on the H100), or in the quad order (``quad_scale_order``,
+``SCALES`` "quad": 1x the bytes, 8 contiguous a lane). The GEMV a layout would also need (T <= 32 reads the same bytes):
 :func:`frag_gemv_kernel`, two rows per lane word, the quad's lanes summed after the K loop.
 """
 
@@ -43,6 +44,14 @@ def fragment_order(w: torch.Tensor) -> torch.Tensor:
     N, KH = w.shape
     x = w.reshape(N // 16, 2, 8, KH // 64, 8, 2, 4)  # block, row half c, g, K tile, s, kh (+4 bytes), t
     return x.permute(0, 3, 2, 6, 4, 1, 5).reshape(N // 16, KH // 64, 32, 32).contiguous()
+
+
+def quad_scale_order(ws: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales ``[N, K/32]`` -> ``[N/16, K/128, 64]``: per 16-row block and K tile, scale (g + 8 c, j) at
+    8 g + 2 j + c -- the 8 bytes the 4 lanes of quad g all need, once."""
+    N, G = ws.shape
+    x = ws.reshape(N // 16, 2, 8, G // 4, 4)  # block, c, g, K tile, j
+    return x.permute(0, 3, 2, 4, 1).reshape(N // 16, G // 4, 64).contiguous()
 
 
 def scale_order(ws: torch.Tensor) -> torch.Tensor:
@@ -94,14 +103,20 @@ def _lane_scales(s_ptr, block0, kt, k_tiles, BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(w_ptr, s_ptr, block0, kt, k_tiles, BLOCKS: tl.constexpr, ASM: tl.constexpr, NATURAL_SCALES: tl.constexpr):
+def _w_tile(w_ptr, s_ptr, block0, kt, k_tiles, BLOCKS: tl.constexpr, ASM: tl.constexpr, SCALES: tl.constexpr):
     """W's rows of ``BLOCKS`` 16-row blocks over K tile ``kt`` as bf16 ``[16 BLOCKS, 128]`` in natural order.
-    ``NATURAL_SCALES``: scales row-major ``[N, K/32]`` (what a layout can store); else in :func:`scale_order` (each
-    repeated for the 4 lanes that need it: 4x the bytes, but 8 contiguous bytes a lane the pipeline can copy)."""
+    ``SCALES``: "lane", in :func:`scale_order` (each repeated for the 4 lanes that need it: 4x the bytes, 8 contiguous
+    a lane the pipeline can copy); "rows", row-major ``[N, K/32]`` (as layouts store them today); "quad", in
+    :func:`quad_scale_order` (1x the bytes, the 4 lanes of a quad pointing at the same 8)."""
     at = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles + kt) * 32 + tl.arange(0, 32)[None, :, None]
     wb = tl.load(w_ptr + at * 32 + tl.arange(0, 32)[None, None, :])
-    if NATURAL_SCALES:
+    if SCALES == "rows":
         sc = _lane_scales(s_ptr, block0, kt, k_tiles, BLOCKS)
+    elif SCALES == "quad":
+        quad = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles + kt) * 64 + 8 * (tl.arange(0, 32) // 4)[
+            None, :, None
+        ]
+        sc = tl.load(s_ptr + quad + tl.arange(0, 8)[None, None, :])
     else:
         sc = tl.load(s_ptr + at * 8 + tl.arange(0, 8)[None, None, :])
     sf = e8m0_to_bf16_folded(sc)  # 2^(E - 1): E2M1's 2^126 folded in
@@ -123,7 +138,7 @@ def probe_kernel(
     M: tl.constexpr,
     BLOCKS: tl.constexpr,
     ASM: tl.constexpr,
-    NATURAL_SCALES: tl.constexpr = False,
+    SCALES: tl.constexpr = "lane",
 ):
     """``y[rows, M] = W[rows] @ x.T``, W fragment-ordered, one dot per K tile (fp32 operands under the interpreter)."""
     pid = tl.program_id(0)
@@ -131,7 +146,7 @@ def probe_kernel(
     rm = tl.arange(0, M)
     acc = tl.zeros((16 * BLOCKS, M), dtype=tl.float32)
     for kt in range(0, k_tiles):
-        w = _w_tile(w_ptr, s_ptr, pid * BLOCKS, kt, k_tiles, BLOCKS, ASM, NATURAL_SCALES)
+        w = _w_tile(w_ptr, s_ptr, pid * BLOCKS, kt, k_tiles, BLOCKS, ASM, SCALES)
         a = tl.load(x_ptr + rm[:, None] * stride_x + kt * 128 + tl.arange(0, 128)[None, :])
         if ASM:
             acc = tl.dot(w, tl.trans(a), acc)
@@ -307,8 +322,11 @@ def _word_sums_dup(w, x):
 
 
 @triton.jit
-def frag_gemv_dup_kernel(xd_ptr, xe_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: tl.constexpr):
-    """:func:`frag_gemv_f16x2_kernel` with :data:`GROUP_F16X2_DUP` on duplicated activations (:func:`prepare_dup`)."""
+def frag_gemv_dup_kernel(
+    xd_ptr, xe_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: tl.constexpr, QUAD_SCALES: tl.constexpr = False
+):
+    """:func:`frag_gemv_f16x2_kernel` with :data:`GROUP_F16X2_DUP` on duplicated activations (:func:`prepare_dup`).
+    ``QUAD_SCALES``: scales in :func:`quad_scale_order` (one 8-byte load a lane and K tile), else row-major."""
     block0 = tl.program_id(0) * BLOCKS
     k_tiles = K // 128
     lane = tl.arange(0, 32)[None, :, None]
@@ -320,6 +338,8 @@ def frag_gemv_dup_kernel(xd_ptr, xe_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.cons
     x_ptrs = xd_ptr + (32 * j + 2 * (lane % 4))[:, :, :, None] + 8 * (khn // 2) + khn % 2
     row = (block0 + tl.arange(0, BLOCKS))[:, None, None] * 16 + lane // 4
     s_ptrs = s_ptr + row * (k_tiles * 4) + j
+    cj = tl.arange(0, 8)[None, None, :]  # 2 j + c
+    q_ptrs = s_ptr + ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles) * 64 + 8 * (lane // 4) + cj
     acc0 = tl.zeros((BLOCKS, 32, 4), dtype=tl.float32)
     acc1 = tl.zeros((BLOCKS, 32, 4), dtype=tl.float32)
     for kt in range(0, k_tiles):
@@ -342,8 +362,12 @@ def frag_gemv_dup_kernel(xd_ptr, xe_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.cons
             b0, b1 = _word_sums_dup(w1, xb)
             d0, d1 = a0 + b0, a1 + b1
         f = tl.load(xe_ptr + kt * 4 + j)
-        acc0 += d0 * (e8m0_to_fp32(tl.load(s_ptrs + kt * 4).to(tl.int32)) * f)
-        acc1 += d1 * (e8m0_to_fp32(tl.load(s_ptrs + 8 * (k_tiles * 4) + kt * 4).to(tl.int32)) * f)
+        if QUAD_SCALES:
+            s0, s1 = tl.split(tl.reshape(tl.load(q_ptrs + kt * 64), (BLOCKS, 32, 4, 2)))
+        else:
+            s0, s1 = tl.load(s_ptrs + kt * 4), tl.load(s_ptrs + 8 * (k_tiles * 4) + kt * 4)
+        acc0 += d0 * (e8m0_to_fp32(s0.to(tl.int32)) * f)
+        acc1 += d1 * (e8m0_to_fp32(s1.to(tl.int32)) * f)
     y0 = tl.sum(tl.reshape(acc0, (BLOCKS, 8, 16)), axis=2)
     y1 = tl.sum(tl.reshape(acc1, (BLOCKS, 8, 16)), axis=2)
     rows = (block0 + tl.arange(0, BLOCKS))[:, None] * 16 + tl.arange(0, 8)[None, :]
@@ -383,10 +407,12 @@ def check() -> None:
     probe_kernel[grid](x, fragment_order(w), scale_order(ws), y, K, x.stride(0), M=M, BLOCKS=ROWS // 16, ASM=False)
     print(f"relative error against dequantize_mxfp4: {((y.T - ref).norm() / ref.norm()).item():.2e}")
     y = torch.empty(N, M, dtype=torch.float32)
-    probe_kernel[grid](
-        x, fragment_order(w), ws, y, K, x.stride(0), M=M, BLOCKS=ROWS // 16, ASM=False, NATURAL_SCALES=True
-    )
+    probe_kernel[grid](x, fragment_order(w), ws, y, K, x.stride(0), M=M, BLOCKS=ROWS // 16, ASM=False, SCALES="rows")
     print(f"row-major scales, relative error: {((y.T - ref).norm() / ref.norm()).item():.2e}")
+    probe_kernel[grid](
+        x, fragment_order(w), quad_scale_order(ws), y, K, x.stride(0), M=M, BLOCKS=ROWS // 16, ASM=False, SCALES="quad"
+    )
+    print(f"quad-ordered scales, relative error: {((y.T - ref).norm() / ref.norm()).item():.2e}")
     yg = torch.empty(N, dtype=torch.float32)
     frag_gemv_kernel[(N // 32,)](x[0], fragment_order(w), ws, yg, K, BLOCKS=2, DECODE="ops")
     print(f"GEMV, relative error: {((yg - ref[0]).norm() / ref[0].norm()).item():.2e}")
@@ -397,6 +423,11 @@ def check() -> None:
     frag_gemv_dup_kernel[(N // 32,)](xd, xe, fragment_order(w), ws, yg, K, BLOCKS=2, MATH="ops")
     err = ((yg - ref[0]).norm() / ref[0].norm()).item()
     print(f"f16x2 GEMV, duplicated activations (portable twin), relative error: {err:.2e}")
+    frag_gemv_dup_kernel[(N // 32,)](
+        xd, xe, fragment_order(w), quad_scale_order(ws), yg, K, BLOCKS=2, MATH="ops", QUAD_SCALES=True
+    )
+    err = ((yg - ref[0]).norm() / ref[0].norm()).item()
+    print(f"the same, quad-ordered scales, relative error: {err:.2e}")
 
 
 def emulate(trials: int = 20000) -> None:
@@ -461,10 +492,10 @@ def sass() -> None:
 def time(out: str | None = None) -> None:
     """GPU. (1) A dense stand-in for the MoE's gate_up at T >= 512 (tokens per expert M = 32-128 against many 64-128
     row weight tiles, K = 2944): the probe (fragment order, one dot per K tile, no masks) with its scales repeated per
-    lane or row-major, against ``linear_mxfp4``'s swapped tiles on the same weights in natural order, folded as shipped.
-    (2) One token (M = 1) over lm_head-sized weights: :func:`frag_gemv_kernel` and :func:`frag_gemv_f16x2_kernel`
-    against the shipped GEMVs on the same weights in natural order (the dispatch's choice, f16x2, and its fp32 "asm"
-    twin)."""
+    lane, in the quad order or row-major, against ``linear_mxfp4``'s swapped tiles on the same weights in natural
+    order, folded as shipped. (2) One token (M = 1) over lm_head-sized weights: :func:`frag_gemv_kernel`,
+    :func:`frag_gemv_f16x2_kernel` and :func:`frag_gemv_dup_kernel` (row-major or quad-ordered scales) against the
+    shipped GEMVs on the same weights in natural order (the dispatch's choice, f16x2, and its fp32 "asm" twin)."""
     import dataclasses
     import json
 
@@ -485,6 +516,9 @@ def time(out: str | None = None) -> None:
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
             rec["error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(rec)
+        if out:  # after every row: a run stopped at its time limit keeps what it measured
+            meta = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "K": K}
+            Path(out).write_text(json.dumps({**meta, "rows": rows}, indent=1))
         shown = (
             f"{rec['ms']:.4f} ms {rec['tflops']:6.1f} TFLOP/s err {rec['rel_err']:.1e}" if "ms" in rec else rec["error"]
         )
@@ -495,33 +529,33 @@ def time(out: str | None = None) -> None:
     N, K = 5760 * 32, 2944  # 32 experts' gate_up rows: 265 MB of codes, past L2
     w, ws = rand_mx(N, K)
     ws.clamp_(max=128)  # the folded decode's precondition (fits_fold)
-    wf, sf = fragment_order(w), scale_order(ws)
+    wf, sf, sq = fragment_order(w), scale_order(ws), quad_scale_order(ws)
     for M in (32, 64, 128):
         x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         ref = x.float() @ deq(w[:4096], ws[:4096]).T  # the first rows: enough to see a wrong order
-        for (blocks, warps), natural in itertools.product(((4, 4), (8, 8)), (False, True)):
+        for (blocks, warps), order in (((4, 4), "lane"), ((4, 4), "quad"), ((8, 8), "quad"), ((4, 4), "rows")):
             y = torch.empty(N, M, dtype=torch.float32, device="cuda")
 
-            def run(y=y, blocks=blocks, warps=warps, natural=natural):
+            def run(y=y, blocks=blocks, warps=warps, order=order):
                 probe_kernel[(N // (16 * blocks),)](
                     x,
                     wf,
-                    ws if natural else sf,
+                    {"lane": sf, "quad": sq, "rows": ws}[order],
                     y,
                     K,
                     x.stride(0),
                     M=M,
                     BLOCKS=blocks,
                     ASM=True,
-                    NATURAL_SCALES=natural,
+                    SCALES=order,
                     num_warps=warps,
                     num_stages=3,
                 )
                 return y
 
-            label = f"probe rows{16 * blocks} w{warps} st3 " + ("row-major scales" if natural else "lane scales")
+            label = f"probe rows{16 * blocks} w{warps} st3 {order} scales"
             measure(rows, label, run, lambda y: y.T[:, :4096], ref, 2 * M * N * K, M)
-        for bn, warps in ((64, 4), (128, 4), (128, 8)):
+        for bn, warps in ((64, 4), (128, 8)):
             cfg = LinearConfig(M, bn, 128, 1, warps, 3, swap_ab=True, fold_scale=True)
             run = functools.partial(linear_mxfp4, x, w, ws, None, "w4a16", cfg, fold_scale=True)
             measure(rows, f"shipped kernel {cfg.name()}", run, lambda y: y[:, :4096].float(), ref, 2 * M * N * K, M)
@@ -531,7 +565,7 @@ def time(out: str | None = None) -> None:
     x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
     ref = x.float() @ deq(w[:4096], ws[:4096]).T
     y = torch.empty(N, dtype=torch.float32, device="cuda")
-    for blocks, warps in ((2, 2), (4, 4), (8, 4), (8, 8)):
+    for blocks, warps in ((4, 4),):
 
         def run(blocks=blocks, warps=warps):
             frag_gemv_kernel[(N // (16 * blocks),)](x, wf, ws, y, K, BLOCKS=blocks, DECODE="asm", num_warps=warps)
@@ -539,7 +573,7 @@ def time(out: str | None = None) -> None:
 
         measure(rows, f"fragment GEMV blocks{blocks} w{warps}", run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
     xp, xe = prepare_pairs(x[0])  # not timed (the shipped f16x2 GEMV's timed call includes its prepare_x launch)
-    for blocks, warps in ((2, 2), (4, 4), (8, 4), (8, 8)):
+    for blocks, warps in ((4, 4),):
 
         def run(blocks=blocks, warps=warps):
             frag_gemv_f16x2_kernel[(N // (16 * blocks),)](
@@ -550,23 +584,21 @@ def time(out: str | None = None) -> None:
         label = f"fragment GEMV f16x2 blocks{blocks} w{warps}"
         measure(rows, label, run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
     xd, xe = prepare_dup(x[0])  # not timed either
-    for blocks, warps in ((2, 2), (4, 4), (8, 4)):
+    sq = quad_scale_order(ws)
+    for (blocks, warps), quad in itertools.product(((4, 4), (8, 4), (8, 8)), (False, True)):
 
-        def run(blocks=blocks, warps=warps):
+        def run(blocks=blocks, warps=warps, quad=quad):
             frag_gemv_dup_kernel[(N // (16 * blocks),)](
-                xd, xe, wf, ws, y, K, BLOCKS=blocks, MATH="asm", num_warps=warps
+                xd, xe, wf, sq if quad else ws, y, K, BLOCKS=blocks, MATH="asm", QUAD_SCALES=quad, num_warps=warps
             )
             return y
 
-        label = f"fragment GEMV f16x2 dup blocks{blocks} w{warps}"
+        label = f"fragment GEMV f16x2 dup blocks{blocks} w{warps} " + ("quad" if quad else "rows") + " scales"
         measure(rows, label, run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
     shipped = pick_gemv_config(N, sm_count(x.device))
     for cfg in (shipped, dataclasses.replace(shipped, decode="asm", prefetch=1, pdl=0)):
         run = functools.partial(linear_mxfp4, x, w, ws, None, "w4a16", cfg)
         measure(rows, f"shipped GEMV {cfg.name()}", run, lambda y: y[:, :4096].float(), ref, 2 * N * K, 1)
-    if out:
-        meta = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "K": K}
-        Path(out).write_text(json.dumps({**meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
