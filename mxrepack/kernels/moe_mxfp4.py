@@ -395,87 +395,12 @@ def _gate_up_kernel(
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
 ):
-    # grid (blocks, N tiles)
+    """Grid (row blocks, N tiles): block ``pid_b`` (expert ``e``'s sorted rows; padding blocks, expert -1, return) x
+    the ``pid_n``-th BLOCK_N intermediate columns: gate and up over the whole K, SwiGLU, stored in the intermediate."""
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
-    if e >= 0:
-        _gate_up_tile(
-            pid_b,
-            pid_n,
-            e,
-            x_ptr,
-            xs_ptr,
-            w_ptr,
-            ws_ptr,
-            b_ptr,
-            h_ptr,
-            order_ptr,
-            blk_s_ptr,
-            blk_end_ptr,
-            H,
-            Hp,
-            Ip,
-            TOPK,
-            stride_x,
-            stride_xs,
-            stride_we,
-            stride_wn,
-            stride_wse,
-            stride_wsn,
-            stride_h,
-            alpha,
-            limit,
-            A_FMT,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            MANUAL_DEQUANT,
-            INTERPRETER,
-            SWAP_AB,
-            MATH,
-            WAIT_MMA,
-        )
-
-
-@triton.jit
-def _gate_up_tile(
-    pid_b,
-    pid_n,
-    e,
-    x_ptr,
-    xs_ptr,
-    w_ptr,
-    ws_ptr,
-    b_ptr,
-    h_ptr,
-    order_ptr,
-    blk_s_ptr,
-    blk_end_ptr,
-    H,
-    Hp,
-    Ip,
-    TOPK,
-    stride_x,
-    stride_xs,
-    stride_we,
-    stride_wn,
-    stride_wse,
-    stride_wsn,
-    stride_h,
-    alpha,
-    limit,
-    A_FMT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    MANUAL_DEQUANT: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    MATH: tl.constexpr,
-    WAIT_MMA: tl.constexpr,
-):
-    """Block ``pid_b`` (expert ``e``'s sorted rows) x the ``pid_n``-th BLOCK_N intermediate columns: gate and up
-    over the whole K, SwiGLU, stored in the intermediate."""
+    if e < 0:
+        return
     start, end = tl.load(blk_s_ptr + pid_b), tl.load(blk_end_ptr + pid_b)
     pos = start + tl.arange(0, BLOCK_M)  # sorted positions
     row_ok = pos < end
@@ -548,82 +473,12 @@ def _down_kernel(
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
 ):
+    """Grid (row blocks, N tiles): block ``pid_b`` (expert ``e``'s sorted rows; padding blocks return) x the
+    ``pid_n``-th BLOCK_N output columns: each assignment's weighted output row, stored at its index (t * k + slot)."""
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
-    if e >= 0:
-        _down_tile(
-            pid_b,
-            pid_n,
-            e,
-            h_ptr,
-            hs_ptr,
-            w_ptr,
-            ws_ptr,
-            b_ptr,
-            y_ptr,
-            order_ptr,
-            wts_ptr,
-            blk_s_ptr,
-            blk_end_ptr,
-            H,
-            Hp,
-            Ip,
-            stride_h,
-            stride_hs,
-            stride_we,
-            stride_wn,
-            stride_wse,
-            stride_wsn,
-            stride_y,
-            A_FMT,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            MANUAL_DEQUANT,
-            INTERPRETER,
-            SWAP_AB,
-            MATH,
-            WAIT_MMA,
-        )
-
-
-@triton.jit
-def _down_tile(
-    pid_b,
-    pid_n,
-    e,
-    h_ptr,
-    hs_ptr,
-    w_ptr,
-    ws_ptr,
-    b_ptr,
-    y_ptr,
-    order_ptr,
-    wts_ptr,
-    blk_s_ptr,
-    blk_end_ptr,
-    H,
-    Hp,
-    Ip,
-    stride_h,
-    stride_hs,
-    stride_we,
-    stride_wn,
-    stride_wse,
-    stride_wsn,
-    stride_y,
-    A_FMT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    MANUAL_DEQUANT: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    MATH: tl.constexpr,
-    WAIT_MMA: tl.constexpr,
-):
-    """Block ``pid_b`` (expert ``e``'s sorted rows) x the ``pid_n``-th BLOCK_N output columns: each assignment's
-    weighted output row, stored at its index (t * k + slot)."""
+    if e < 0:
+        return
     start, end = tl.load(blk_s_ptr + pid_b), tl.load(blk_end_ptr + pid_b)
     pos = start + tl.arange(0, BLOCK_M)
     row_ok = pos < end
