@@ -192,97 +192,11 @@ def frag_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, DECODE
     tl.store(y_ptr + rows + 8, y1)
 
 
-def _group_f16x2_text() -> str:
-    """PTX for one scale group of one lane: words $2, $3 (k16 steps 2 j, 2 j + 1; bytes (g, kh 0), (g, kh 1),
-    (g + 8, kh 0), (g + 8, kh 1)), activation pairs $4, $5 (step 2 j, kh 0 / 1) and $6, $7 (step 2 j + 1) ->
-    $0, $1: the unscaled sums of rows g and g + 8 (E2M1 * 2^-14 times the prepared activations, fp16 products)."""
-    lines = ["{", ".reg .b32 z, y, t, p0, p1, p2, p3, a, b;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
-    for word, (x0, x1) in ((2, (4, 5)), (3, (6, 7))):
-        lines.append(f"shl.b32 z, ${word}, 4;")
-        for i in range(4):  # byte i: its low nibble to bits 15..12, its high nibble to 31..28, then fp16 bits 11..9
-            lines.append(
-                f"prmt.b32 y, z, ${word}, {hex(0x4000 + 0x1010 * i)}; and.b32 t, y, 0x70007000; "
-                f"shr.b32 t, t, 3; lop3.b32 p{i}, y, t, 0x80008000, 0xEC;"
-            )
-        first = word == 2
-        lines += [
-            f"mul.rn.f16x2 a, p0, ${x0};" if first else f"fma.rn.f16x2 a, p0, ${x0}, a;",
-            f"fma.rn.f16x2 a, p1, ${x1}, a;",
-            f"mul.rn.f16x2 b, p2, ${x0};" if first else f"fma.rn.f16x2 b, p2, ${x0}, b;",
-            f"fma.rn.f16x2 b, p3, ${x1}, b;",
-        ]
-    for out, acc in ((0, "a"), (1, "b")):
-        lines += [
-            f"mov.b32 {{lo, hi}}, {acc};",
-            "cvt.f32.f16 f0, lo;",
-            "cvt.f32.f16 f1, hi;",
-            f"add.f32 ${out}, f0, f1;",
-        ]
-    return "\n".join(lines + ["}"])
-
-
-GROUP_F16X2 = tl.constexpr(_group_f16x2_text())
-
-
-@triton.jit
-def _word_sums(w, x0, x1):
-    """Portable twin of one word of :data:`GROUP_F16X2` (fp32 math): rows g and g + 8 of one k16 step."""
-    v = _decode_ops(w)  # code j at bits 4 j: byte j // 2 = 2 c + kh, nibble j % 2
-    a, b, c, d = _fp16_half(x0, False), _fp16_half(x0, True), _fp16_half(x1, False), _fp16_half(x1, True)
-    return v[0] * a + v[1] * b + v[2] * c + v[3] * d, v[4] * a + v[5] * b + v[6] * c + v[7] * d
-
-
-@triton.jit
-def _group_sums(w0, w1, xa0, xa1, xb0, xb1, MATH: tl.constexpr):
-    if MATH == "asm":
-        d0, d1 = tl.inline_asm_elementwise(
-            GROUP_F16X2,
-            "=r,=r,r,r,r,r,r,r",
-            [w0, w1, xa0, xa1, xb0, xb1],
-            dtype=(tl.float32, tl.float32),
-            is_pure=True,
-            pack=1,
-        )
-    else:
-        a0, a1 = _word_sums(w0, xa0, xa1)
-        b0, b1 = _word_sums(w1, xb0, xb1)
-        d0, d1 = a0 + b0, a1 + b1
-    return d0, d1
-
-
-@triton.jit
-def frag_gemv_f16x2_kernel(xp_ptr, xe_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: tl.constexpr):
-    """:func:`frag_gemv_kernel` on prepared activations (:func:`prepare_pairs`: fp16 pairs, a factor per group of 32)
-    with packed fp16 math, as the shipped f16x2 GEMV: per lane and scale group, two words into two rows' sums."""
-    block0 = tl.program_id(0) * BLOCKS
-    k_tiles = K // 128
-    lane = tl.arange(0, 32)[None, :, None]
-    j = tl.arange(0, 4)[None, None, :]
-    words = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles) * 256 + lane * 8 + 2 * j
-    w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + words
-    x_ptrs = xp_ptr + 16 * j + lane % 4  # pair 8 s + 4 kh + t, s = 2 j (+ 1)
-    row = (block0 + tl.arange(0, BLOCKS))[:, None, None] * 16 + lane // 4
-    s_ptrs = s_ptr + row * (k_tiles * 4) + j
-    acc0 = tl.zeros((BLOCKS, 32, 4), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCKS, 32, 4), dtype=tl.float32)
-    for kt in range(0, k_tiles):
-        w0, w1 = tl.load(w_ptrs + kt * 256), tl.load(w_ptrs + kt * 256 + 1)
-        xk = x_ptrs + kt * 64
-        d0, d1 = _group_sums(w0, w1, tl.load(xk), tl.load(xk + 4), tl.load(xk + 8), tl.load(xk + 12), MATH)
-        f = tl.load(xe_ptr + kt * 4 + j)
-        acc0 += d0 * (e8m0_to_fp32(tl.load(s_ptrs + kt * 4).to(tl.int32)) * f)
-        acc1 += d1 * (e8m0_to_fp32(tl.load(s_ptrs + 8 * (k_tiles * 4) + kt * 4).to(tl.int32)) * f)
-    # E2M1 * 2^-14 times x * 2^(14 - e), times 2^e: no factor left
-    y0 = tl.sum(tl.reshape(acc0, (BLOCKS, 8, 16)), axis=2)
-    y1 = tl.sum(tl.reshape(acc1, (BLOCKS, 8, 16)), axis=2)
-    rows = (block0 + tl.arange(0, BLOCKS))[:, None] * 16 + tl.arange(0, 8)[None, :]
-    tl.store(y_ptr + rows, y0)
-    tl.store(y_ptr + rows + 8, y1)
-
-
-# The same with the shipped f16x2 GEMV's 11-instruction decode (gemv_mxfp4._group_dot_f16x2_asm_text): it makes pairs
-# of codes (j, j + 4) of a word, here bytes (c 0, kh) and (c 1, kh) -- the same k of rows g and g + 8. Times the
-# activation duplicated into both halves, one fp16 accumulator carries row g in its low half and row g + 8 in its high.
+# The same in packed fp16, with the shipped f16x2 GEMV's 11-instruction decode (gemv_mxfp4._group_dot_f16x2_asm_text):
+# it makes pairs of codes (j, j + 4) of a word, here bytes (c 0, kh) and (c 1, kh) -- the same k of rows g and g + 8.
+# Times the activation duplicated into both halves, one fp16 accumulator carries row g in its low half and row g + 8 in
+# its high. (Plain pairs (x[k], x[k + 1]) with a per-byte decode took 0.1702 ms on lm_head at M = 1 against this one's
+# 0.1538: fragment_order_time_h100_2026-11-25_91700b3_call4.json; removed.)
 def _group_f16x2_dup_text() -> str:
     """PTX for one scale group of one lane: words $2, $3 (steps 2 j, 2 j + 1), duplicated activations $4..$7 (step 2 j:
     (kh, nibble) = (0, 0), (0, 1), (1, 0), (1, 1)) and $8..$11 (step 2 j + 1) -> $0, $1 rows g and g + 8, unscaled."""
@@ -325,7 +239,8 @@ def _word_sums_dup(w, x):
 def frag_gemv_dup_kernel(
     xd_ptr, xe_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: tl.constexpr, QUAD_SCALES: tl.constexpr = False
 ):
-    """:func:`frag_gemv_f16x2_kernel` with :data:`GROUP_F16X2_DUP` on duplicated activations (:func:`prepare_dup`).
+    """:func:`frag_gemv_kernel` with packed fp16 math (:data:`GROUP_F16X2_DUP`) on duplicated, prepared activations
+    (:func:`prepare_dup`), as the shipped f16x2 GEMV: per lane and scale group, two words into one accumulator.
     ``QUAD_SCALES``: scales in :func:`quad_scale_order` (one 8-byte load a lane and K tile), else row-major."""
     block0 = tl.program_id(0) * BLOCKS
     k_tiles = K // 128
@@ -376,21 +291,13 @@ def frag_gemv_dup_kernel(
 
 
 def prepare_dup(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """As :func:`prepare_pairs`, each fp16 activation duplicated into both halves of an int32 ``[K]``."""
+    """One bf16 row ``[K]`` -> (each activation as fp16, duplicated into both halves of an int32 ``[K]``, each group of
+    32 scaled by 2^(14 - e), e the exponent of its largest magnitude; the factors 2^e ``[K/32]`` fp32), as
+    ``gemv_mxfp4.prepare_x`` scales them."""
     g = x.float().view(-1, 32)
     e = torch.frexp(g.abs().amax(1))[1] - 1
     h = (g * torch.exp2(14 - e.float())[:, None]).half().view(torch.int16).view(-1).int() & 0xFFFF
     return (h | (h << 16)).contiguous(), torch.exp2(e.float()).contiguous()
-
-
-def prepare_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One bf16 row ``[K]`` -> (fp16 pairs (x[2 i], x[2 i + 1]) as int32 ``[K/2]``, each group of 32 scaled by
-    2^(14 - e), e the exponent of its largest magnitude; the factors 2^e ``[K/32]`` fp32), as ``gemv_mxfp4.prepare_x``
-    scales them (its slot order is the natural GEMV's; here pairs stay in K order)."""
-    g = x.float().view(-1, 32)
-    e = torch.frexp(g.abs().amax(1))[1] - 1  # largest magnitude in [2^e, 2^(e + 1))
-    h = (g * torch.exp2(14 - e.float())[:, None]).half().view(torch.int16).view(-1, 2).int() & 0xFFFF
-    return (h[:, 0] | (h[:, 1] << 16)).contiguous(), torch.exp2(e.float()).contiguous()
 
 
 def check() -> None:
@@ -416,9 +323,6 @@ def check() -> None:
     yg = torch.empty(N, dtype=torch.float32)
     frag_gemv_kernel[(N // 32,)](x[0], fragment_order(w), ws, yg, K, BLOCKS=2, DECODE="ops")
     print(f"GEMV, relative error: {((yg - ref[0]).norm() / ref[0].norm()).item():.2e}")
-    xp, xe = prepare_pairs(x[0])
-    frag_gemv_f16x2_kernel[(N // 32,)](xp, xe, fragment_order(w), ws, yg, K, BLOCKS=2, MATH="ops")
-    print(f"f16x2 GEMV (portable twin), relative error: {((yg - ref[0]).norm() / ref[0].norm()).item():.2e}")
     xd, xe = prepare_dup(x[0])
     frag_gemv_dup_kernel[(N // 32,)](xd, xe, fragment_order(w), ws, yg, K, BLOCKS=2, MATH="ops")
     err = ((yg - ref[0]).norm() / ref[0].norm()).item()
@@ -431,9 +335,9 @@ def check() -> None:
 
 
 def emulate(trials: int = 20000) -> None:
-    """The PTX decodes' byte selection and bit placement, emulated on random words: each of their four outputs must be
-    (low nibble, high nibble) of byte i, as bf16 codes times 2^-126 (the tile's, before the scale) and as fp16 codes
-    times 2^-14 (the f16x2 GEMV's)."""
+    """The PTX decode's byte selection and bit placement, emulated on random words: each of its four outputs must be
+    (low nibble, high nibble) of byte i as bf16 codes (times 2^-126, before the scale). The GEMV's decode is the shipped
+    f16x2 GEMV's, tested there."""
     import random
     import struct
 
@@ -446,9 +350,6 @@ def emulate(trials: int = 20000) -> None:
     def value(half: int) -> float:  # a bf16 code pattern times 2^126
         return struct.unpack("<f", struct.pack("<I", half << 16))[0] * 2.0**126
 
-    def value16(half: int) -> float:  # an fp16 code pattern times 2^14
-        return struct.unpack("<e", struct.pack("<H", half))[0] * 2.0**14
-
     wrong = 0
     for _ in range(trials):
         word = random.getrandbits(32)
@@ -456,12 +357,10 @@ def emulate(trials: int = 20000) -> None:
         for i in range(4):
             y = prmt(shifted, word, 0x4000 + 0x1010 * i)
             out = (y & 0x80008000) | ((y & 0x70007000) >> 6)
-            out16 = (y & 0x80008000) | ((y & 0x70007000) >> 3)
             byte = (word >> 8 * i) & 0xFF
             want = [(-1 if c & 8 else 1) * fp4[c & 7] for c in (byte & 15, byte >> 4)]
             wrong += [value(out & 0xFFFF), value(out >> 16)] != want
-            wrong += [value16(out16 & 0xFFFF), value16(out16 >> 16)] != want
-    print(f"{trials} words: {wrong} of {8 * trials} outputs differ")
+    print(f"{trials} words: {wrong} of {4 * trials} outputs differ")
 
 
 def sass() -> None:
@@ -494,7 +393,7 @@ def time(out: str | None = None) -> None:
     row weight tiles, K = 2944): the probe (fragment order, one dot per K tile, no masks) with its scales repeated per
     lane, in the quad order or row-major, against ``linear_mxfp4``'s swapped tiles on the same weights in natural
     order, folded as shipped. (2) One token (M = 1) over lm_head-sized weights: :func:`frag_gemv_kernel`,
-    :func:`frag_gemv_f16x2_kernel` and :func:`frag_gemv_dup_kernel` (row-major or quad-ordered scales) against the
+    and :func:`frag_gemv_dup_kernel` (row-major or quad-ordered scales) against the
     shipped GEMVs on the same weights in natural order (the dispatch's choice, f16x2, and its fp32 "asm" twin)."""
     import dataclasses
     import json
@@ -572,18 +471,7 @@ def time(out: str | None = None) -> None:
             return y
 
         measure(rows, f"fragment GEMV blocks{blocks} w{warps}", run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
-    xp, xe = prepare_pairs(x[0])  # not timed (the shipped f16x2 GEMV's timed call includes its prepare_x launch)
-    for blocks, warps in ((4, 4),):
-
-        def run(blocks=blocks, warps=warps):
-            frag_gemv_f16x2_kernel[(N // (16 * blocks),)](
-                xp, xe, wf, ws, y, K, BLOCKS=blocks, MATH="asm", num_warps=warps
-            )
-            return y
-
-        label = f"fragment GEMV f16x2 blocks{blocks} w{warps}"
-        measure(rows, label, run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
-    xd, xe = prepare_dup(x[0])  # not timed either
+    xd, xe = prepare_dup(x[0])  # not timed (the shipped f16x2 GEMV's timed call includes its prepare_x launch)
     sq = quad_scale_order(ws)
     for (blocks, warps), quad in itertools.product(((4, 4), (8, 4), (8, 8)), (False, True)):
 
