@@ -82,10 +82,10 @@ def dense(rows: list, bw: float, quick: bool) -> None:
                 sms = torch.cuda.get_device_properties(0).multi_processor_count
                 if mode == "w4a16" and use_gemv(M, N):
                     cfg = pick_gemv_config(N, sms).launched(M)
-                elif mode == "w4a16" and use_dequant_gemm(M, N):
+                elif mode == "w4a16" and use_dequant_gemm(M, N, sms):
                     cfg = DEQUANT
                 else:
-                    cfg = pick_config(M, N, K, sms)
+                    cfg = pick_config(M, N, K, sms, mode)
                 rec = {
                     "kind": "dense",
                     "shape": name,

@@ -366,7 +366,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             if kind == "fold":  # the shipped swapped tile, folded (rand_mx: scales <= 128), and its unfolded twin
                 cands = {"shipped": None}
                 tile = pick_config(M, N, K, sm_count(x.device), fold_scale=fold)
-                if tile.swap_ab and not use_gemv(M, N) and not use_dequant_gemm(M, N):
+                if tile.swap_ab and not use_gemv(M, N) and not use_dequant_gemm(M, N, sm_count(x.device)):
                     plain = dataclasses.replace(tile, fold_scale=False)
                     cands[plain.name()] = plain
             # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them); "rows":
@@ -400,7 +400,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                 cands[cfg.name()] = cfg
             # the tile the dispatch runs for "shipped" (None where it takes the GEMV or dequantize + cuBLAS)
             shipped = pick_config(M, N, K, sm_count(x.device), fold_scale=fold)
-            shipped = None if use_gemv(M, N) or use_dequant_gemm(M, N) else shipped
+            shipped = None if use_gemv(M, N) or use_dequant_gemm(M, N, sm_count(x.device)) else shipped
             for label, cfg in cands.items():
                 rec = {"kind": "dense_sweep", "shape": name, "M": M, "config": label}
                 try:

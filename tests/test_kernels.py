@@ -122,6 +122,8 @@ def test_linear_without_bias_and_config_choice():
     # 17-64 rows on q/k/v/o: split-K tiles to about two programs per SM, not dequantize + cuBLAS; lm_head keeps its tile
     assert (pick_config(64, 2880, 4096).split_k, pick_config(32, 5120, 2880).split_k) == (8, 4)
     assert not use_dequant_gemm(64, 2880) and use_dequant_gemm(65, 2880) and not use_dequant_gemm(64, 201088)
+    # a layer between (too wide for split-K, under 65536 rows) keeps dequantize + cuBLAS, as do q/k/v/o on 20 SMs
+    assert use_dequant_gemm(32, 20000) and use_dequant_gemm(32, 5120, sm_count=20) and not use_dequant_gemm(16, 20000)
     assert pick_config(64, 201088, 2880).split_k == 1 and pick_config(64, 2880, 4096, mode="w4a8").split_k == 1
     with pytest.raises(ValueError, match="do not fit"):
         linear_mxfp4(x, w[:, :10], ws)

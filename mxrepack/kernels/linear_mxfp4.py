@@ -13,9 +13,10 @@ One kernel, two schedules: prefill tiles M and N; decode (M <= 16) uses a 16-row
 that a narrow layer (k/v: N = 512) still puts enough CTAs in flight to stream the weights at full
 bandwidth; each split stores its fp32 partial and the last split of a tile to finish sums them in split
 order, adds the bias and writes the output (:mod:`mxrepack.kernels.arrival`: one launch, the same bits
-every run). W4A16 with few rows (:func:`use_gemv`) goes to the CUDA-core GEMV of
-:mod:`mxrepack.kernels.gemv_mxfp4` instead, and W4A16 past decode (:func:`use_dequant_gemm`) dequantizes
-W a slab at a time and calls cuBLAS (:mod:`mxrepack.kernels.dequant_mxfp4`).
+every run). W4A16 at 17-64 rows on a narrow layer splits K too (64-row tiles). W4A16 with few rows
+(:func:`use_gemv`) goes to the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` instead, and W4A16 past
+decode otherwise (:func:`use_dequant_gemm`) dequantizes W a slab at a time and calls cuBLAS
+(:mod:`mxrepack.kernels.dequant_mxfp4`).
 The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 """
 
@@ -48,13 +49,20 @@ from mxrepack.kernels.mx_quant import quantize_activations
 MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
 
 
-def use_dequant_gemm(M: int, N: int) -> bool:
+def fills_gpu(N: int, sm_count: int = 132) -> bool:
+    """Enough 64-row N tiles to fill the GPU (two per SM) without split-K: lm_head, not q/k/v/o."""
+    return triton.cdiv(N, DECODE.block_n) >= 2 * sm_count
+
+
+def use_dequant_gemm(M: int, N: int, sm_count: int = 132) -> bool:
     """W4A16 shapes that dequantize W slab by slab and multiply with cuBLAS (dequant_mxfp4) instead of the
     tile kernel: past decode the GEMM is math-bound and Hopper has no BF16 x E2M1 tensor-core MMA to do it
-    in one kernel. H100, graph-timed (docs/PERF_LOG.md): past 64 rows on q/k/v/o (at 17-64 rows split-K's
-    :data:`MID_SPLIT` tiles win: ``_pick_config``), from 256 on lm_head (at 64-128 rows its 1.2 GB BF16 round trip
-    still costs more than the tile kernel's upcasts)."""
-    return M >= 256 or (M > 64 and N < 65536)
+    in one kernel. H100, graph-timed (docs/PERF_LOG.md): from 17 rows on layers under 65536 rows, but not at 17-64
+    rows on a layer that does not :func:`fills_gpu` (q/k/v/o), where split-K's :data:`MID_SPLIT` tiles win; from 256
+    on lm_head (at 64-128 rows its 1.2 GB BF16 round trip still costs more than the tile kernel's upcasts)."""
+    if M <= 16:
+        return False
+    return M >= 256 or (N < 65536 and not (M <= MID_SPLIT.block_m and not fills_gpu(N, sm_count)))
 
 
 def use_gemv(M: int, N: int) -> bool:
@@ -142,9 +150,11 @@ CONFIGS = {
 def pick_config(
     M: int, N: int, K: int, sm_count: int = 132, mode: str = "w4a16", fold_scale: bool = False
 ) -> LinearConfig:
-    """Decode for M <= 16 (on a layer whose N tiles fill the GPU: the swapped operands for W4A16, else one split;
-    otherwise split-K), prefill otherwise; a swapped W4A16 tile with the scale folded where ``fold_scale`` (the
-    weight's scales fit it: ``dequant_mxfp4.fits_fold``)."""
+    """The tile for M rows: decode for M <= 16 (on a layer that :func:`fills_gpu`: the swapped operands for W4A16,
+    else one split; otherwise split-K), :data:`MID_SPLIT` split-K for W4A16 at 17-64 rows on a layer that does not,
+    prefill otherwise; a swapped W4A16 tile with the scale folded where ``fold_scale`` (the weight's scales fit it:
+    ``dequant_mxfp4.fits_fold``). W4A16 shapes that :func:`use_gemv` or :func:`use_dequant_gemm` take do not come
+    here."""
     return with_fold(_pick_config(M, N, K, sm_count, mode), mode == "w4a16", fold_scale)
 
 
@@ -161,12 +171,11 @@ def _two_per_sm(tile: LinearConfig, N: int, K: int, sm_count: int) -> LinearConf
 
 
 def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConfig:
-    narrow = triton.cdiv(N, DECODE.block_n) < 2 * sm_count  # too few N tiles to fill the GPU without split-K
     if M <= 16:
-        if not narrow:
+        if fills_gpu(N, sm_count):
             return DECODE_WIDE if mode == "w4a16" else DECODE
         return _two_per_sm(DECODE, N, K, sm_count)
-    if M <= MID_SPLIT.block_m and narrow and mode == "w4a16":
+    if M <= MID_SPLIT.block_m and not fills_gpu(N, sm_count) and mode == "w4a16":
         return _two_per_sm(MID_SPLIT, N, K, sm_count)
     return PREFILL if M >= 1024 else PREFILL_SMALL
 
@@ -371,7 +380,9 @@ def linear_mxfp4(
         if mode != "w4a16":
             raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
         return gemv_mxfp4(x, w_packed, w_scales, bias, out, config)
-    if isinstance(config, DequantConfig) or (config is None and mode == "w4a16" and use_dequant_gemm(M, N)):
+    if isinstance(config, DequantConfig) or (
+        config is None and mode == "w4a16" and use_dequant_gemm(M, N, sm_count(x.device))
+    ):
         if mode != "w4a16":
             raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
         return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, config or DEQUANT)
