@@ -385,8 +385,8 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             # the swapped operands (one 128-code K tile per step): mma.sync on 2 warps, wgmma on 4 or 8 (pipelined:
             # dequant_mxfp4.mma_done waits for each wgmma, triton#9433)
             launches = ((4, 3),) if kind != "swap" else ((2, 3), (4, 1), (4, 3), (4, 4))
-            if kind == "swap":
-                grid = ((16,), (64, 128), (128,), (1, 2, 4)) if M <= 16 else ((32, 64), (64, 128), (128,), (1, 2))
+            if kind == "swap":  # up to 8 splits: on q/k/v/o at 17-64 rows split-K's 64 x 64 tiles took 4-8 (MID_SPLIT)
+                grid = ((16,) if M <= 16 else (32, 64), (64, 128), (128,), (1, 2, 4, 8))
             if kind == "swap-deep":  # 4 warps, 3 to 5 stages
                 launches = ((4, 3), (4, 4), (4, 5))
                 grid = ((16,), (64, 128), (128,), (1, 2)) if M <= 16 else ((16, 32, 64), (64, 128), (128,), (1, 2))
