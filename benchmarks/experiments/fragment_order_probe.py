@@ -23,7 +23,6 @@ would store them today (``SCALES`` "rows": 3x slower on the H100), or in the qua
 from __future__ import annotations
 
 import functools
-import itertools
 import sys
 from pathlib import Path
 
@@ -236,29 +235,62 @@ def _word_sums_dup(w, x):
 
 
 @triton.jit
+def _frag_words(w_ptrs, ONE_LOAD: tl.constexpr):
+    """A K tile's words of k16 steps 2 j and 2 j + 1, per lane and j."""
+    if ONE_LOAD:
+        w0, w1 = tl.split(tl.load(w_ptrs))
+    else:
+        w0, w1 = tl.load(w_ptrs), tl.load(w_ptrs + 1)
+    return w0, w1
+
+
+@triton.jit
 def frag_gemv_dup_kernel(
-    xd_ptr, xe_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: tl.constexpr, QUAD_SCALES: tl.constexpr = False
+    xd_ptr,
+    xe_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    K,
+    BLOCKS: tl.constexpr,
+    MATH: tl.constexpr,
+    QUAD_SCALES: tl.constexpr = False,
+    AHEAD: tl.constexpr = False,
+    ONE_LOAD: tl.constexpr = False,
 ):
     """:func:`frag_gemv_kernel` with packed fp16 math (:data:`GROUP_F16X2_DUP`) on duplicated, prepared activations
     (:func:`prepare_dup`), as the shipped f16x2 GEMV: per lane and scale group, two words into one accumulator.
-    ``QUAD_SCALES``: scales in :func:`quad_scale_order` (one 8-byte load a lane and K tile), else row-major."""
+    ``QUAD_SCALES``: scales in :func:`quad_scale_order` (one 8-byte load a lane and K tile), else row-major.
+    ``AHEAD``: the next K tile's words loaded before this one is multiplied (the shipped GEMV's prefetch: at M = 1 the
+    bytes in flight per SM decide the time). ``ONE_LOAD``: a lane's 8 words as one contiguous load split in registers
+    (Triton then moves the decode's results through shared memory: 8 STS a step on sm_90a), else as two strided loads of
+    the even and the odd words (what call 4 timed)."""
     block0 = tl.program_id(0) * BLOCKS
     k_tiles = K // 128
-    lane = tl.arange(0, 32)[None, :, None]
     j = tl.arange(0, 4)[None, None, :]
-    words = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles) * 256 + lane * 8 + 2 * j
-    w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + words
+    lane_words = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles) * 256 + tl.arange(0, 32)[None, :, None] * 8
+    if ONE_LOAD:  # a lane's 8 words (k16 steps s = 2 j + odd) as [.., 4, 2]: 32 contiguous bytes, split in registers
+        w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + tl.reshape(
+            lane_words[:, :, :, None] + tl.arange(0, 8), (BLOCKS, 32, 4, 2)
+        )
+    else:  # the even words; the odd ones are the next
+        w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + lane_words + 2 * j
     # activation k = 16 s + 8 kh + 2 t + nibble, s = 2 j (+ 1): per lane and group 8 values, (kh, nibble) innermost
     khn = tl.arange(0, 4)[None, None, None, :]
-    x_ptrs = xd_ptr + (32 * j + 2 * (lane % 4))[:, :, :, None] + 8 * (khn // 2) + khn % 2
-    row = (block0 + tl.arange(0, BLOCKS))[:, None, None] * 16 + lane // 4
+    x_ptrs = xd_ptr + (32 * j + 2 * (tl.arange(0, 32)[None, :, None] % 4))[:, :, :, None] + 8 * (khn // 2) + khn % 2
+    row = (block0 + tl.arange(0, BLOCKS))[:, None, None] * 16 + tl.arange(0, 32)[None, :, None] // 4
     s_ptrs = s_ptr + row * (k_tiles * 4) + j
-    cj = tl.arange(0, 8)[None, None, :]  # 2 j + c
-    q_ptrs = s_ptr + ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles) * 64 + 8 * (lane // 4) + cj
+    quad = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles) * 64 + 8 * (tl.arange(0, 32)[None, :, None] // 4)
+    q_ptrs = s_ptr + quad + tl.arange(0, 8)[None, None, :]  # 2 j + c
     acc0 = tl.zeros((BLOCKS, 32, 4), dtype=tl.float32)
     acc1 = tl.zeros((BLOCKS, 32, 4), dtype=tl.float32)
+    w0_next, w1_next = _frag_words(w_ptrs, ONE_LOAD)
     for kt in range(0, k_tiles):
-        w0, w1 = tl.load(w_ptrs + kt * 256), tl.load(w_ptrs + kt * 256 + 1)
+        if AHEAD:
+            w0, w1 = w0_next, w1_next
+            w0_next, w1_next = _frag_words(w_ptrs + tl.minimum(kt + 1, k_tiles - 1) * 256, ONE_LOAD)  # last: again
+        else:
+            w0, w1 = _frag_words(w_ptrs + kt * 256, ONE_LOAD)
         xa = tl.load(x_ptrs + kt * 128)  # [1, 32, 4, 4]
         xb = tl.load(x_ptrs + kt * 128 + 16)
         if MATH == "asm":
@@ -328,10 +360,10 @@ def check() -> None:
     err = ((yg - ref[0]).norm() / ref[0].norm()).item()
     print(f"f16x2 GEMV, duplicated activations (portable twin), relative error: {err:.2e}")
     frag_gemv_dup_kernel[(N // 32,)](
-        xd, xe, fragment_order(w), quad_scale_order(ws), yg, K, BLOCKS=2, MATH="ops", QUAD_SCALES=True
+        xd, xe, fragment_order(w), quad_scale_order(ws), yg, K, BLOCKS=2, MATH="ops", QUAD_SCALES=True, AHEAD=True
     )
     err = ((yg - ref[0]).norm() / ref[0].norm()).item()
-    print(f"the same, quad-ordered scales, relative error: {err:.2e}")
+    print(f"the same, quad-ordered scales, words loaded a K tile ahead, relative error: {err:.2e}")
 
 
 def emulate(trials: int = 20000) -> None:
@@ -473,15 +505,29 @@ def time(out: str | None = None) -> None:
         measure(rows, f"fragment GEMV blocks{blocks} w{warps}", run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
     xd, xe = prepare_dup(x[0])  # not timed (the shipped f16x2 GEMV's timed call includes its prepare_x launch)
     sq = quad_scale_order(ws)
-    for (blocks, warps), quad in itertools.product(((4, 4), (8, 4), (8, 8)), (False, True)):
+    dup = (((4, 4), False, False, False), ((8, 4), False, False, False), ((4, 4), True, False, False))
+    dup += (((8, 4), True, True, True), ((8, 8), True, True, True))
+    for (blocks, warps), quad, ahead, one in dup:
 
-        def run(blocks=blocks, warps=warps, quad=quad):
+        def run(blocks=blocks, warps=warps, quad=quad, ahead=ahead, one=one):
             frag_gemv_dup_kernel[(N // (16 * blocks),)](
-                xd, xe, wf, sq if quad else ws, y, K, BLOCKS=blocks, MATH="asm", QUAD_SCALES=quad, num_warps=warps
+                xd,
+                xe,
+                wf,
+                sq if quad else ws,
+                y,
+                K,
+                BLOCKS=blocks,
+                MATH="asm",
+                QUAD_SCALES=quad,
+                AHEAD=ahead,
+                ONE_LOAD=one,
+                num_warps=warps,
             )
             return y
 
         label = f"fragment GEMV f16x2 dup blocks{blocks} w{warps} " + ("quad" if quad else "rows") + " scales"
+        label += (" ahead" if ahead else "") + (" one load" if one else "")
         measure(rows, label, run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
     shipped = pick_gemv_config(N, sm_count(x.device))
     for cfg in (shipped, dataclasses.replace(shipped, decode="asm", prefetch=1, pdl=0)):
