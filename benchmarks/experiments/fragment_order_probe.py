@@ -13,7 +13,9 @@ The order (one 16-row block, one K tile of 64 bytes a row): lane 4 g + t holds, 
 (g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4), 32 bytes in all: two 16-byte loads. A 32-bit word decodes to the
 four bf16 pairs that lane's A fragment holds for step s (low nibble, high nibble of each byte: k and k+1); the
 kernel's join, reshape and permute back to [rows, 128] are a relabelling Triton lowers without moving data on
-sm_90a. Scales: per lane the 8 bytes (group j, row half c) it needs, index 2 j + c -- repeated for the 4 lanes of a
+sm_90a. It is wgmma's order (kWidth 2): compiled for sm_121a (mma.sync, kWidth 8) the packed decode receives other
+bytes than this order's words, so that build computes the wrong product; ``mma2_order_probe.py`` has the order for
+mma.sync and the packing check. Scales: per lane the 8 bytes (group j, row half c) it needs, index 2 j + c -- repeated for the 4 lanes of a
 quad (``scale_order``: 4x the scale bytes, which a layout cannot afford), or read from row-major scales as a layout
 would store them today (``SCALES`` "rows": 3x slower on the H100), or in the quad order (``quad_scale_order``,
 ``SCALES`` "quad": 1x the bytes, 8 contiguous a lane). The GEMV a layout would also need (T <= 32 reads the same bytes):
