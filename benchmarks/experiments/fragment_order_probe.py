@@ -15,10 +15,12 @@ four bf16 pairs that lane's A fragment holds for step s (low nibble, high nibble
 kernel's join, reshape and permute back to [rows, 128] are a relabelling Triton lowers without moving data on
 sm_90a. It is wgmma's order (kWidth 2): compiled for sm_121a (mma.sync, kWidth 8) the packed decode receives other
 bytes than this order's words, so that build computes the wrong product; ``mma2_order_probe.py`` has the order for
-mma.sync and the packing check. Scales: per lane the 8 bytes (group j, row half c) it needs, index 2 j + c -- repeated for the 4 lanes of a
-quad (``scale_order``: 4x the scale bytes, which a layout cannot afford), or read from row-major scales as a layout
-would store them today (``SCALES`` "rows": 3x slower on the H100), or in the quad order (``quad_scale_order``,
-``SCALES`` "quad": 1x the bytes, 8 contiguous a lane). The GEMV a layout would also need (T <= 32 reads the same bytes):
+mma.sync and the packing check.
+
+Scales: per lane the 8 bytes (group j, row half c) it needs, index 2 j + c -- repeated for the 4 lanes of a quad
+(``scale_order``: 4x the scale bytes, which a layout cannot afford), or read from row-major scales as a layout would
+store them today (``SCALES`` "rows": 3x slower on the H100), or in the quad order (``quad_scale_order``, ``SCALES``
+"quad": 1x the bytes, 8 contiguous a lane). The GEMV a layout would also need (T <= 32 reads the same bytes):
 :func:`frag_gemv_kernel`, two rows per lane word, the quad's lanes summed after the K loop.
 """
 
