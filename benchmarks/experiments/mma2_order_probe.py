@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fragment_order_probe import _decode_words, fragment_order, quad_scale_order  # noqa: E402
+from fragment_order_probe import _w_tile as fragment_w_tile  # noqa: E402
 
 from mxrepack.kernels.dequant_mxfp4 import e8m0_to_bf16_folded  # noqa: E402
 
@@ -59,20 +60,16 @@ def _scales(s_ptr, block0, kt, k_tiles, BLOCKS: tl.constexpr):
 @triton.jit
 def _w_tile(w_ptr, s_ptr, block0, kt, k_tiles, BLOCKS: tl.constexpr, ASM: tl.constexpr, ORDER: tl.constexpr):
     """``[16 BLOCKS, 128]`` bf16 in natural (row, k) order from ``ORDER``-ordered bytes ("mma2" or "frag")."""
+    if ORDER != "mma2":  # fragment_order_probe's order (wgmma, kWidth 2), quad scales
+        return fragment_w_tile(w_ptr, s_ptr, block0, kt, k_tiles, BLOCKS, ASM, "quad")
     at = ((block0 + tl.arange(0, BLOCKS))[:, None, None] * k_tiles + kt) * 32 + tl.arange(0, 32)[None, :, None]
     wb = tl.load(w_ptr + at * 32 + tl.arange(0, 32)[None, None, :])
     sf = _scales(s_ptr, block0, kt, k_tiles, BLOCKS)
-    if ORDER == "mma2":
-        sf = tl.broadcast_to(tl.reshape(sf, (BLOCKS, 32, 4, 2, 1)), (BLOCKS, 32, 4, 2, 4))  # q, c, e
-        r0, r1 = _decode_words(wb, tl.reshape(sf, (BLOCKS, 32, 32)), BLOCKS, ASM)
-        # r_J at (b, 4 g + t, 8 q + 4 c + e) = code (16 b + 8 c + g, 32 q + 8 t + 4 J + e)
-        x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 4, 2, 4, 2))  # b, g, t, q, c, e, J
-        x = tl.permute(x, (0, 4, 1, 3, 2, 6, 5))  # b, c, g | q, t, J, e
-    else:  # fragment_order_probe's order (wgmma, kWidth 2)
-        sf = tl.broadcast_to(tl.reshape(sf, (BLOCKS, 32, 4, 1, 2, 1)), (BLOCKS, 32, 4, 2, 2, 2))
-        r0, r1 = _decode_words(wb, tl.reshape(sf, (BLOCKS, 32, 32)), BLOCKS, ASM)
-        x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 8, 2, 2, 2))
-        x = tl.permute(x, (0, 6, 1, 3, 4, 2, 5))
+    sf = tl.broadcast_to(tl.reshape(sf, (BLOCKS, 32, 4, 2, 1)), (BLOCKS, 32, 4, 2, 4))  # q, c, e
+    r0, r1 = _decode_words(wb, tl.reshape(sf, (BLOCKS, 32, 32)), BLOCKS, ASM)
+    # r_J at (b, 4 g + t, 8 q + 4 c + e) = code (16 b + 8 c + g, 32 q + 8 t + 4 J + e)
+    x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 4, 2, 4, 2))  # b, g, t, q, c, e, J
+    x = tl.permute(x, (0, 4, 1, 3, 2, 6, 5))  # b, c, g | q, t, J, e
     return tl.reshape(x, (16 * BLOCKS, 128))
 
 
