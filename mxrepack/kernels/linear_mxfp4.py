@@ -62,7 +62,7 @@ def use_dequant_gemm(M: int, N: int, sm_count: int = 132) -> bool:
     on lm_head (at 64-128 rows its 1.2 GB BF16 round trip still costs more than the tile kernel's upcasts)."""
     if M <= 16:
         return False
-    return M >= 256 or (N < 65536 and not (M <= MID_SPLIT.block_m and not fills_gpu(N, sm_count)))
+    return M >= 256 or (N < 65536 and (M > MID_SPLIT.block_m or fills_gpu(N, sm_count)))
 
 
 def use_gemv(M: int, N: int) -> bool:
@@ -213,88 +213,17 @@ def _linear_mxfp4_kernel(
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok, n_ok = rm < M, rn < N
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    acc = _tile_k_range(
-        x_ptr,
-        xs_ptr,
-        w_ptr,
-        ws_ptr,
-        rm,
-        rn,
-        m_ok,
-        n_ok,
-        pid_k * per_split,
-        tl.minimum(k_tiles, (pid_k + 1) * per_split),
-        K,
-        stride_xm,
-        stride_xsm,
-        stride_wn,
-        stride_wsn,
-        A_FMT,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        MANUAL_DEQUANT,
-        INTERPRETER,
-        SWAP_AB,
-        MATH,
-        WAIT_MMA,
-    )
-    ok = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K > 1:  # partials [SPLIT_K, M, N]; the tile's last split to finish sums them in split order
-        part = part_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)  # int64: SPLIT_K * M * N may pass 2^31
-        counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
-        if last_to_arrive(counter, SPLIT_K):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for _ in range(SPLIT_K):
-                acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
-                part += M * N
-            _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
-            tl.atomic_xchg(counter, 0)
-    else:
-        _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
-
-
-@triton.jit
-def _tile_k_range(
-    x_ptr,
-    xs_ptr,
-    w_ptr,
-    ws_ptr,
-    rm,
-    rn,
-    m_ok,
-    n_ok,
-    kt_lo,
-    kt_hi,
-    K,
-    stride_xm,
-    stride_xsm,
-    stride_wn,
-    stride_wsn,
-    A_FMT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    MANUAL_DEQUANT: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    MATH: tl.constexpr,
-    WAIT_MMA: tl.constexpr,
-):
-    """The tile ``x[rm] @ W[rn].T`` over K tiles ``kt_lo <= kt < kt_hi``, as fp32 ``[BLOCK_M, BLOCK_N]``: the
-    K loop of one split of ``_linear_mxfp4_kernel``."""
     rk = tl.arange(0, BLOCK_K)
     rkb = tl.arange(0, BLOCK_K // 2)  # packed bytes
     rks = tl.arange(0, BLOCK_K // 32)  # scale groups
+    m_ok, n_ok = rm < M, rn < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
     if SWAP_AB:  # W @ x.T into [BLOCK_N, BLOCK_M]; x in split order, zero-padded to whole K tiles (split_pairs)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(kt_lo, kt_hi):
+    for kt in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
         k0 = kt * BLOCK_K
         kb_ok = (k0 // 2 + rkb) < K // 2
         ks_ok = (k0 // 32 + rks) < K // 32
@@ -338,7 +267,20 @@ def _tile_k_range(
             acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
     if SWAP_AB:
         acc = tl.trans(acc)
-    return acc
+    ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:  # partials [SPLIT_K, M, N]; the tile's last split to finish sums them in split order
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)  # int64: SPLIT_K * M * N may pass 2^31
+        counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
+        if last_to_arrive(counter, SPLIT_K):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for _ in range(SPLIT_K):
+                acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
+                part += M * N
+            _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+            tl.atomic_xchg(counter, 0)
+    else:
+        _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
 
 
 @triton.jit
