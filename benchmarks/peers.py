@@ -266,7 +266,7 @@ def repeat_bits(fn, runs: int = 20) -> dict:
 
 
 def same_bits_as_plain(run, cfg) -> dict:
-    """For a config with the scale folded (``fold_scale``, exact work reorganized): whether ``run(cfg)`` gives the
+    """For a config with the scale folded (``fold_scale``, an exact decode): whether ``run(cfg)`` gives the
     bits of its unfolded twin, as it must (``bits_equal_unfolded``); nothing for any other config."""
     if not getattr(cfg, "fold_scale", False):
         return {}
