@@ -196,12 +196,30 @@ def time_it(fn, n: int) -> tuple[float, str]:
         return do_bench(fn, warmup=10, rep=100), "eager (capture failed)"
 
 
+def wgmma_here() -> bool:
+    """Whether this GPU runs the strided layout's wgmma order (Hopper)."""
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def wgmma_layer(W: dict) -> dict:
+    """``W`` (the strided layout, rows order) in the wgmma order: the same weights, another byte order."""
+    from mxrepack.layouts import strided
+
+    return strided.from_row_major(strided.to_row_major(W), order="wgmma")
+
+
 def moe(rows: list, quick: bool) -> None:
     W = moe_weights(E, H, I, HP, IP)
     for n in ("w13_bias", "w2_bias"):  # every implementation sees the same bf16-representable biases
         W[n] = W[n].bfloat16().float()
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])  # as the plugin asks at load
     impls = {"mxrepack": (lambda x, ids, wts: moe_mxfp4(x, ids, wts, W, fold_scale=fold), "strided, 2944 x 2944")}
+    if wgmma_here():  # the same layer in the strided layout's wgmma order (Hopper's MMA fragment): sm_90 only
+        Wg = wgmma_layer(W)
+        impls["mxrepack_wgmma"] = (
+            lambda x, ids, wts: moe_mxfp4(x, ids, wts, Wg, fold_scale=fold, order="wgmma"),
+            "strided order wgmma, 2944 x 2944",
+        )
     for name, make in (("vllm_marlin", marlin_moe), ("triton_kernels", triton_kernels_moe)):
         try:
             impls[name] = make(W)
@@ -226,6 +244,7 @@ def moe(rows: list, quick: bool) -> None:
             "T": T,
             "experts_touched": int(ids.unique().numel()),
             "mxrepack_config": pick_moe(T, K_TOP, E, H, fold_scale=fold).name(),
+            "mxrepack_wgmma_config": pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma").name(),
         }
         for name, (fn, padding) in impls.items():
             try:
@@ -234,9 +253,10 @@ def moe(rows: list, quick: bool) -> None:
                 rec[f"{name}_padding"] = padding
             except Exception as e:  # noqa: BLE001
                 rec[f"{name}_error"] = f"{type(e).__name__}: {e}"[:800]
-        peers = [rec[f"{p}_ms"] for p in impls if p != "mxrepack" and f"{p}_ms" in rec]
-        if peers and "mxrepack_ms" in rec:
-            rec["mxrepack_vs_best_peer"] = min(peers) / rec["mxrepack_ms"]  # > 1: mxrepack faster
+        peers = [rec[f"{p}_ms"] for p in impls if not p.startswith("mxrepack") and f"{p}_ms" in rec]
+        for ours in (p for p in impls if p.startswith("mxrepack") and f"{p}_ms" in rec):
+            if peers:
+                rec[f"{ours}_vs_best_peer"] = min(peers) / rec[f"{ours}_ms"]  # > 1: mxrepack faster
         rows.append(rec)
         print(
             "moe T=%5d " % T
@@ -244,8 +264,8 @@ def moe(rows: list, quick: bool) -> None:
                 f"{n} {rec.get(f'{n}_ms', float('nan')):.4f} ms (err {rec.get(f'{n}_rel_err', float('nan')):.1e})"
                 for n in impls
             )
-            + (
-                f"  mxrepack vs best peer x{rec['mxrepack_vs_best_peer']:.2f}" if "mxrepack_vs_best_peer" in rec else ""
+            + "".join(
+                f"  {n} vs best peer x{rec[f'{n}_vs_best_peer']:.2f}" for n in impls if f"{n}_vs_best_peer" in rec
             ),
             flush=True,
         )
@@ -285,6 +305,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
+    Wg = wgmma_layer(W) if kind == "wgmma" else None
     for T in Ts:
         torch.manual_seed(T)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
@@ -292,7 +313,13 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         rows_per_expert = T * K_TOP / E
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
-        variants = ("swap",) if kind.startswith("swap") else ("plain", "manual", "swap")
+        if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
+            cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
+            for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):
+                warps = 4
+                cfg = MoeConfig(bm, bn, 128, warps, st, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait)
+                cands[cfg.name()] = cfg
+        variants = ("swap",) if kind.startswith("swap") else () if kind == "wgmma" else ("plain", "manual", "swap")
         if kind == "fold":  # the shipped swapped tile, folded (rand_mx: scales <= 128), and its unfolded twin
             variants, ms_ = (), ()
             if getattr(cands["shipped"], "swap_ab", False):
@@ -321,13 +348,15 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         for name, cfg in cands.items():
             rec = {"kind": "moe_sweep", "T": T, "config": name if name != "shipped" else f"shipped {cfg.name()}"}
             # the weights' scales fit the fold (asked once above): no per-call check of the folded configs
-            run = functools.partial(moe_mxfp4, fold_scale=fold)
+            wgmma = getattr(cfg, "order", "rows") == "wgmma"
+            run = functools.partial(moe_mxfp4, fold_scale=fold, order="wgmma" if wgmma else "rows")
+            Wc = Wg if wgmma else W
             try:
-                rec["rel_err"] = rel_err(run(x, ids, wts, W, config=cfg), ref)
-                rec["ms"], rec["timing"] = time_it(lambda: run(x, ids, wts, W, config=cfg), T)
+                rec["rel_err"] = rel_err(run(x, ids, wts, Wc, config=cfg), ref)
+                rec["ms"], rec["timing"] = time_it(lambda: run(x, ids, wts, Wc, config=cfg), T)
                 if getattr(cfg, "swap_ab", False):  # the shipped choice may be the GEMV pair
-                    rec |= repeat_bits(lambda: run(x, ids, wts, W, config=cfg))
-                rec |= same_bits_as_plain(lambda c: run(x, ids, wts, W, config=c), cfg)
+                    rec |= repeat_bits(lambda: run(x, ids, wts, Wc, config=cfg))
+                rec |= same_bits_as_plain(lambda c: run(x, ids, wts, Wc, config=c), cfg)
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(rec)
@@ -519,11 +548,11 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold"),
+        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
-        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold) beside the "
-        "shipped choice",
+        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold), or the tiles "
+        "of the strided layout's wgmma order (wgmma, MoE only, Hopper) beside the shipped choice",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")

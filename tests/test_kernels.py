@@ -48,7 +48,7 @@ from mxrepack.kernels.moe_mxfp4 import (
 )
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.kernels.reference import layout_moe_reference, mxfp4_linear
-from mxrepack.layouts import ExpertDims, get_layout
+from mxrepack.layouts import ExpertDims, get_layout, make_layout
 from mxrepack.quant import FP4_VALUES, dequantize_mxfp4, dequantize_mxfp8, quantize_mxfp4, quantize_mxfp8
 
 
@@ -370,7 +370,7 @@ def test_moe_schedule_covers_every_assignment_once():
     assert blk_e.numel() == 8 and (blk_e >= 0).sum() == 6
 
 
-def _strided_layer(E, H, I):
+def _strided_layer(E, H, I, order="rows"):
     gu, gus = quantize_mxfp4(torch.randn(E, 2 * I, H) * 0.05)
     dn, dns = quantize_mxfp4(torch.randn(E, H, I) * 0.05)
     parts = {
@@ -383,7 +383,7 @@ def _strided_layer(E, H, I):
     }
     dims = ExpertDims(E, H, I)
     pack = lambda layout: {o.suffix: o.pack(**{n: parts[n] for n in o.inputs}) for o in layout.outputs(dims)}  # noqa: E731
-    return dims, pack(get_layout("strided")), pack(get_layout("mxfp4"))
+    return dims, pack(make_layout("strided", {"order": order})), pack(get_layout("mxfp4"))
 
 
 @pytest.mark.parametrize("activations,bound", [("bf16", 1e-2), ("e4m3", 0.15), ("e2m1", 0.4)])
@@ -447,6 +447,67 @@ def test_moe_mxfp4_matches_reference(activations, bound):
     assert not any(pick_moe_config(T, 4, 128, act).swap_ab for T in (64, 1024) for act in ("e4m3", "e2m1"))
     assert isinstance(pick_moe(32, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(33, 4, 128, 2880), MoeConfig)
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
+
+
+def test_moe_wgmma_order_matches_reference():
+    """The strided layout's wgmma order (Hopper's A-fragment byte order) through the scheduled tiles that read it
+    (portable decode here; the PTX one is compiled in the kernels check and run by the GPU test below): every T takes
+    the tiles, gate and up rows one operand, the intermediate in natural order. A config for the other order, other
+    activations, or a GPU without wgmma is refused."""
+    E, H, I, k = 4, 288, 96, 2
+    dims, wgmma, native = _strided_layer(E, H, I, order="wgmma")
+    _, rows, _ = _strided_layer(E, H, I)  # other random weights: only for the refusals
+    for T in (1, 9):
+        x = torch.randn(T, H).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+        wts = torch.softmax(torch.randn(T, k), -1)
+        ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
+        for cfg in (
+            None,
+            MoeConfig(16, 32, 128, swap_ab=True, order="wgmma"),
+            MoeConfig(32, 64, 128, swap_ab=True, order="wgmma", wait_mma=False),
+        ):
+            out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
+            y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, out=out, order="wgmma")
+            assert y is out and not torch.isnan(y).any()
+            assert rel(y, ref) <= 1e-2, (T, cfg, rel(y, ref))
+    assert pick_moe(1, 4, 128, 2880, order="wgmma").order == "wgmma"  # no GEMV reads this order
+    tiles = [pick_moe_config(T, 4, 128, order="wgmma") for T in (1, 64, 512, 1024, 4096, 8192)]
+    assert all(c.order == "wgmma" for c in tiles) and [c.block_m for c in tiles] == sorted(c.block_m for c in tiles)
+    with pytest.raises(ValueError, match="reads the rows order"):
+        moe_mxfp4(x, ids, wts, wgmma, "bf16", MoeConfig(16, 64, 128, swap_ab=True), order="wgmma")
+    with pytest.raises(ValueError, match="reads the wgmma order"):
+        moe_mxfp4(x, ids, wts, rows, "bf16", MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"))
+    with pytest.raises(ValueError, match="BF16 activations only"):
+        moe_mxfp4(x, ids, wts, wgmma, "e4m3", order="wgmma")
+    with pytest.raises(ValueError, match="order must be rows or wgmma"):
+        moe_mxfp4(x, ids, wts, rows, order="mma_sync")
+    with pytest.raises(ValueError, match="16 rows at a time"):
+        MoeConfig(16, 24, 128, swap_ab=True, order="wgmma")
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="the wgmma order's PTX decode feeds Hopper's wgmma",
+)
+def test_moe_wgmma_order_on_hopper():
+    """On an H100/H200: the wgmma order's tiles with the PTX decode (scales folded and not; each wgmma waited for,
+    and one kept in flight while the next K tile decodes) against the reference at gpt-oss-like widths, and the same
+    bits on every repeat (a register race shows as non-finite or differing outputs)."""
+    E, H, I, k = 8, 2880, 2880, 4
+    dims, wgmma, native = _strided_layer(E, H, I, order="wgmma")
+    wgmma = {n: t.cuda() for n, t in wgmma.items()}
+    for T in (1, 5, 64):
+        x = torch.randn(T, H).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+        wts = torch.softmax(torch.randn(T, k), -1)
+        ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
+        x, ids, wts = x.cuda(), ids.cuda(), wts.cuda()
+        for bm, wait, fold in itertools.product((16, 64), (True, False), (True, False)):
+            cfg = MoeConfig(bm, 64, 128, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait)
+            y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma")
+            assert rel(y.cpu(), ref) <= 1e-2, (T, cfg.name(), rel(y.cpu(), ref))
+            assert all(torch.equal(moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma"), y) for _ in range(5))
 
 
 def test_kernels_check_builds_for_sm12x_without_tma():

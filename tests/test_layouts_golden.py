@@ -83,7 +83,7 @@ def test_trtllm_matches_vllm_flashinfer(golden):
 
 
 # Every registered layout at its defaults, and the option sets the recipes and goldens use besides.
-LAYOUT_VARIANTS = ["marlin-fp8", "triton-blackwell-scales", "triton-hopper-vllm"]
+LAYOUT_VARIANTS = ["marlin-fp8", "triton-blackwell-scales", "triton-hopper-vllm", "strided-wgmma"]
 ALL_LAYOUTS = sorted(LAYOUTS) + LAYOUT_VARIANTS
 
 
@@ -96,6 +96,8 @@ def _layout(name):
         return make_layout("triton-hopper", {"value": "plain", "scale": "blackwell"})
     if name == "triton-hopper-vllm":  # the sm90 target: scale groups padded to 4 as vLLM does on sm90
         return make_layout("triton-hopper", {"scale_groups_multiple": 4})
+    if name == "strided-wgmma":  # the sm_90 kernels' byte order
+        return make_layout("strided", {"order": "wgmma"})
     return get_layout(name)
 
 
@@ -360,3 +362,114 @@ def test_strided_rows_are_k_tiled_program_blocks():
     back = strided.from_row_major(rm)
     assert all(torch.equal(back[n], out[n]) for n in out)
     assert torch.equal(rm["w13_weight"][0, Ip + 5, :80], w13[0, 11])  # up row 5 in the [gate | up] form
+
+
+def _wgmma_chunk(rows: torch.Tensor) -> torch.Tensor:
+    """16 rows x 64 bytes -> wgmma's A-fragment order, by the definition (fragment_order_probe.fragment_order): byte
+    8s + 4kh + t of row 8c + g at 32 (4g + t) + 4s + 2c + kh."""
+    out = torch.empty(1024, dtype=torch.uint8)
+    for c in range(2):
+        for g in range(8):
+            for s in range(8):
+                for kh in range(2):
+                    for t in range(4):
+                        out[32 * (4 * g + t) + 4 * s + 2 * c + kh] = rows[8 * c + g, 8 * s + 4 * kh + t]
+    return out
+
+
+def _wgmma_scale_piece(scales: torch.Tensor) -> torch.Tensor:
+    """16 rows x 4 scale groups -> the 64 bytes of the wgmma order: scale (row 8c + g, group j) at 8g + 2j + c."""
+    out = torch.empty(64, dtype=torch.uint8)
+    for c in range(2):
+        for g in range(8):
+            for j in range(4):
+                out[8 * g + 2 * j + c] = scales[8 * c + g, j]
+    return out
+
+
+def _padded(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    out = torch.zeros(rows, cols, dtype=x.dtype)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out
+
+
+def test_strided_wgmma_order_is_the_fragment_order_of_each_chunk():
+    """order wgmma: every 16-row x 64-byte chunk of a K tile holds its bytes in wgmma's A-fragment order, and its 64
+    scales in the quad order, checked against the definition on the source rows (the partial K tile, an up block
+    and padding rows included); the shapes are those of the order rows."""
+    from mxrepack.layouts import make_layout
+
+    dims = ExpertDims(2, 160, 96)  # padded to 256 / 128: w2 two K tiles of 64 bytes (the second partial)
+    parts = _random_parts(2, 160, 96, 7)
+    layout = make_layout("strided", {"order": "wgmma"})
+    out = _pack(layout, parts, dims)
+    rows_out = _pack(get_layout("strided"), parts, dims)
+    assert {n: x.shape for n, x in out.items()} == {n: x.shape for n, x in rows_out.items()}
+    assert torch.equal(out["w13_bias"], rows_out["w13_bias"]) and torch.equal(out["w2_bias"], rows_out["w2_bias"])
+    Ip, Hp = 128, 256
+    w2 = parts["down_proj_blocks"].flatten(2)  # [E, 160, 48]
+    s2 = parts["down_proj_scales"]  # [E, 160, 3]
+    chunks2 = out["w2_weight"].reshape(2, Hp // 16, Ip // 128, 1024)  # [E, row tile, K tile, chunk]
+    pieces2 = out["w2_weight_scale"].reshape(2, Hp // 16, Ip // 128, 64)
+    for e, tile in ((0, 0), (1, 3), (1, 9), (0, 12)):  # tile 12: hidden 192.. is padding
+        rows = _padded(w2[e, 16 * tile : 16 * tile + 16], 16, Ip // 2)
+        srows = _padded(s2[e, 16 * tile : 16 * tile + 16], 16, Ip // 32)
+        assert torch.equal(chunks2[e, tile, 0], _wgmma_chunk(rows))
+        assert torch.equal(pieces2[e, tile, 0], _wgmma_scale_piece(srows))
+    w13 = parts["gate_up_proj_blocks"].flatten(2)  # [E, 2I, 80] gate/up interleaved
+    s13 = parts["gate_up_proj_scales"]  # [E, 2I, 5]
+    chunks13 = out["w13_weight"].reshape(2, Ip // 32, Hp // 128, 4, 1024)  # [E, row tile, K tile, 16-row block]
+    pieces13 = out["w13_weight_scale"].reshape(2, Ip // 32, Hp // 128, 4, 64)
+    # row tile 1, K tile 1 (bytes 64..79 real), block 3: up rows 48..63 = interleaved rows 97, 99, .., 127
+    rows = _padded(w13[1, 97:128:2, 64:], 16, 64)
+    assert torch.equal(chunks13[1, 1, 1, 3], _wgmma_chunk(rows))
+    assert torch.equal(pieces13[1, 1, 1, 3], _wgmma_scale_piece(_padded(s13[1, 97:128:2, 4:], 16, 4)))
+    # row tile 0, K tile 0, block 1: gate rows 16..31 = interleaved rows 32, 34, .., 62
+    assert torch.equal(chunks13[0, 0, 0, 1], _wgmma_chunk(w13[0, 32:64:2, :64]))
+    assert torch.equal(pieces13[0, 0, 0, 1], _wgmma_scale_piece(s13[0, 32:64:2, :4]))
+    assert not chunks13[:, 3].any() and not pieces13[:, 3].any()  # intermediate 96..127 is padding
+    # the torch permutation the GPUs run gives the CPU loop's bytes, both ways
+    from mxrepack.layouts import strided
+
+    k_tiled = rows_out["w13_weight"]
+    assert torch.equal(strided._wgmma_chunks_torch(k_tiled, inverse=False), out["w13_weight"])
+    assert torch.equal(strided._wgmma_chunks_torch(out["w13_weight"], inverse=True), k_tiled)
+    assert torch.equal(strided.wgmma_order(k_tiled), out["w13_weight"])
+
+
+def test_strided_wgmma_round_trip_and_row_major_helpers():
+    """order wgmma unpacks to the source exactly at gpt-oss-like widths that are not multiples of 128 (2880 / 2880
+    scaled down: 288 / 160), for any expert range; the benchmarks' row-major helpers take the order and invert each
+    other, and from_row_major(order="wgmma") gives the layout's pack."""
+    from mxrepack.layouts import make_layout, strided
+
+    dims = ExpertDims(3, 288, 160)
+    parts = _random_parts(3, 288, 160, 11)
+    layout = make_layout("strided", {"order": "wgmma"})
+    assert layout.order == "wgmma" and get_layout("strided").order == "rows"
+    out = _pack(layout, parts, dims)
+    back = layout.unpack(out, dims)
+    assert all(torch.equal(back[k], parts[k]) for k in parts)
+    part = layout.unpack({k: v[1:2] for k, v in out.items()}, dims)
+    assert all(torch.equal(part[k], parts[k][1:2]) for k in parts)
+    rows_out = _pack(get_layout("strided"), parts, dims)
+    rm = strided.to_row_major(rows_out)
+    assert torch.equal(strided.to_row_major(out, order="wgmma")["w2_weight_scale"], rows_out["w2_weight_scale"])
+    wg = strided.from_row_major(rm, order="wgmma")
+    assert all(torch.equal(wg[n], out[n]) for n in out)
+    again = strided.to_row_major(wg, order="wgmma")
+    assert all(torch.equal(again[n], rm[n]) for n in rm)
+    assert all(torch.equal(strided.from_row_major(rm)[n], rows_out[n]) for n in rows_out)  # the default: rows
+    assert "sm_90" in layout.description and "sm_12x" in layout.description
+
+
+def test_strided_order_option_is_checked():
+    from mxrepack.layouts import make_layout
+
+    with pytest.raises(MxRepackError, match=r"strided option order='bogus': expected one of rows, wgmma") as e:
+        make_layout("strided", {"order": "bogus"})
+    assert "\n" not in str(e.value)
+    from mxrepack.layouts import strided
+
+    with pytest.raises(MxRepackError, match="order='mma'"):
+        strided.from_row_major({}, order="mma")

@@ -237,3 +237,32 @@ def test_compressed_tensors_experts_reassemble_into_vllms_gpt_oss_mxfp4_paramete
             torch.zeros(3, 8, dtype=torch.uint8),
             "model.layers.0.mlp.experts.0.up_proj.weight_packed",
         )
+
+
+def test_strided_order_is_read_from_the_config(tiny, tmp_path):
+    """A recipe's strided ``order: wgmma`` is recorded in config.json and parsed into the spec (the plugin passes it
+    to the kernels); a config without the option is the order rows (every output written before it); an order this
+    mxrepack does not know is one line at parse time."""
+    from mxrepack.layouts import strided
+    from mxrepack.serve.spec import STRIDED_ORDERS
+
+    assert STRIDED_ORDERS == strided.ORDERS
+    recipe = tmp_path / "wgmma.yaml"
+    recipe.write_text(
+        "name: h100-wgmma\ndescription: d\nexperts: {layout: strided, options: {order: wgmma}}\n"
+        "dense: {format: bf16}\nconfig: {quantization_config: mxrepack}\n"
+    )
+    out = repack(str(tiny), None, tmp_path / "o", recipe_file=str(recipe)).out
+    spec = check_checkpoint(out)
+    assert (spec.layout, spec.strided_order, spec.expert_options) == ("strided", "wgmma", {"order": "wgmma"})
+    manifest = json.loads((out / "mxrepack.json").read_text())
+    assert manifest["target"]["recipe"]["experts"]["options"] == {"order": "wgmma"}  # what verify and eval unpack by
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["groups"]["experts"]["options"] == {"order": "wgmma"}
+    experts = config["quantization_config"]["groups"]["experts"]
+    experts.pop("options")
+    assert ServeSpec.from_config(config).strided_order == "rows"
+    experts["options"] = {"order": "mma2"}
+    with pytest.raises(MxRepackError, match=r"experts\.options\.order is 'mma2': .*rows, wgmma") as e:
+        ServeSpec.from_config(config)
+    assert "\n" not in str(e.value)

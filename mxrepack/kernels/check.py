@@ -23,6 +23,7 @@ is needed -- and the result is inspected:
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 import triton
@@ -126,7 +127,8 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "INTERPRETER": False,
         "SWAP_AB": cfg.swap_ab and act == "bf16",
         "MATH": cfg.math,
-        "WAIT_MMA": False,  # per arch: for_arch
+        "WAIT_MMA": cfg.order == "wgmma" and cfg.wait_mma,  # the rows order: per arch (for_arch)
+        "ORDER": cfg.order,
     }
     gate_up = {
         "x_ptr": _A_TYPE[act],
@@ -363,6 +365,9 @@ def shipped_kernels():
         ).items():
             for kernel, src in _moe_sources(act, cfg).items():
                 yield kernel, f"{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
+    for name, cfg in _with_folded(moe.MOE_CONFIGS_WGMMA, True).items():  # built for sm_90a only (run_check)
+        for kernel, src in _moe_sources("bf16", cfg).items():
+            yield kernel, f"wgmma {name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW)):
         for kernel, src in _gemv_sources(cfg).items():
             yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
@@ -385,7 +390,7 @@ def specialized(src: ASTSource) -> ASTSource:
 def for_arch(src: ASTSource, cap: int) -> ASTSource:
     """``src`` as launched on compute capability ``cap``: a swapped-operand kernel waits for its MMAs on Hopper only
     (``WAIT_MMA``, as ``dequant_mxfp4.mma_reads_registers_async`` decides at launch)."""
-    if "WAIT_MMA" not in src.signature:
+    if "WAIT_MMA" not in src.signature or _constant(src, "ORDER") == "wgmma":  # sm_90 only: as its config says
         return src
     wait = bool(_constant(src, "SWAP_AB")) and cap // 10 == 9
     names = list(src.signature)
@@ -442,6 +447,10 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
         # registers while it still reads them (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md
         # stop 19). dequant_mxfp4.mma_done makes Triton wait for each one.
         problems.append("swapped operands on a wgmma left in flight: a register race (see dequant_mxfp4.mma_done)")
+    if _constant(src, "ORDER") == "wgmma" and not wgmma_words_packed(compiled.asm["ttgir"]):
+        # the decode's inline PTX takes a word's 4 bytes as 4 consecutive registers: true of the layout Triton derives
+        # from wgmma's A operand (kWidth 2), which it chooses, so each build is checked
+        problems.append("the wgmma order's decode does not receive whole words (Triton chose another layout)")
     if _no_mma(kernel):
         if rec["mma"]:
             problems.append("MMA instructions in a CUDA-core kernel")
@@ -450,6 +459,36 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     rec["ok"] = not problems
     rec["error"] = "; ".join(problems) or None
     return rec
+
+
+def wgmma_words_packed(ttgir: str) -> bool:
+    """Whether every inline-asm decode of bytes (``tt.elementwise_inline_asm`` on an i8 tensor) receives bytes 0..3 of
+    one 32-bit memory word in its registers 0..3: its layout's first two register bases step the innermost dimension
+    by 1 and 2, and no other basis moves a byte's position within its word. What ``pack=4`` assumes."""
+    layouts = {m.group(1): m.group(2) for m in re.finditer(r"^(#\w+) = (.*)$", ttgir, re.M)}
+    found = False
+    for line in ttgir.splitlines():
+        if "tt.elementwise_inline_asm" not in line:
+            continue
+        m = re.search(r":\s*\(?tensor<([0-9x]+)xi8, (#[\w.]+)", line.split('"')[-1])
+        if m is None:
+            continue
+        found = True
+        rank, enc = len(m.group(1).split("x")), layouts[m.group(2)]
+        if "ttg.linear" in enc:
+            bases = {
+                k: json.loads(re.search(k + r" = (\[.*?\]\]|\[\])", enc).group(1)) for k in ("register", "lane", "warp")
+            }
+            unit = [[0] * (rank - 1) + [1], [0] * (rank - 1) + [2]]
+            rest = bases["register"][2:] + bases["lane"] + bases["warp"]
+            if bases["register"][:2] != unit or any(b[-1] % 4 for b in rest):
+                return False
+        else:
+            size = json.loads(re.search(r"sizePerThread = (\[[^\]]*\])", enc).group(1))
+            order = json.loads(re.search(r"order = (\[[^\]]*\])", enc).group(1))
+            if size[-1] < 4 or size[-1] % 4 or order[0] != rank - 1:
+                return False
+    return found
 
 
 _WGMMA_FLOW = re.compile(
@@ -487,7 +526,13 @@ def run_check(caps: list[int] | None = None, kernels: list[str] | None = None, j
     unknown = [c for c in caps if c not in ARCHS]
     if unknown:
         raise ValueError(f"unknown compute capability {unknown[0]}; known: {', '.join(map(str, ARCHS))}")
-    work = [(i, cap) for i, k in enumerate(_shipped()) if not kernels or k[0] in kernels for cap in caps]
+    work = [
+        (i, cap)
+        for i, k in enumerate(_shipped())
+        if not kernels or k[0] in kernels
+        for cap in caps
+        if cap // 10 == 9 or _constant(k[3], "ORDER") != "wgmma"  # the wgmma order is Hopper's fragment
+    ]
     jobs = jobs or os.cpu_count() or 1
     if jobs == 1:
         return [_check_index(i, cap) for i, cap in work]

@@ -223,6 +223,116 @@ def mma_done(acc):
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
+# The ``strided`` layout's wgmma order (``mxrepack.layouts.strided``, ``order: wgmma``): in each 1 KB chunk of 16
+# stored rows and one 128-code K tile, lane 4 g + t of a warp holds 32 bytes, whose word s (k16 step s) is the bytes
+# (g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4): the four bf16 pairs of that lane's register A fragment of
+# Hopper's wgmma for step s (Triton's kWidth 2). A word decodes in 5 instructions a byte: prmt puts the byte's low
+# nibble (from the word shifted by 4) at bits 15..12 and its high nibble at 31..28, then the pair decode of
+# ``_DECODE_PAIRS`` and the scale multiply(s); rows g and g + 8 take their own scale ($5, $6). With every lane's bytes
+# in its own fragment, a K tile's W is one MMA operand that needs no shuffle, and the MMA runs while the next tile is
+# decoded (the swapped step on the rows order decodes even and odd codes into two dots and waits for each:
+# :func:`mma_done`). On sm_12x (``mma.sync``, kWidth 8) a lane's fragment is other bytes: these kernels are sm_90's.
+def _word_asm(multiplies: str) -> str:
+    lines = ["{", ".reg .b32 z, y, t, m, c;", "mov.b32 m, 0x80008000;", "mov.b32 c, 0x7e807e80;", "shl.b32 z, $4, 4;"]
+    for i in range(4):
+        lines += [
+            f"prmt.b32 y, z, $4, {hex(0x4000 + 0x1010 * i)};",
+            "and.b32 t, y, 0x70007000;",
+            "shr.b32 t, t, 6;",
+            f"lop3.b32 ${i}, y, t, 0x80008000, 0xEC;",
+        ]
+        lines += [line.format(out=f"${i}", scale=f"${5 + i // 2}") for line in multiplies.splitlines()]
+    return "\n".join(lines + ["}"])
+
+
+# unfolded: times E2M1's 2^126 (c), then the scale (bf16 2^(E-127)); folded: times the scale 2^(E-1) (E <= 128)
+WORD_ASM = tl.constexpr(_word_asm("fma.rn.bf16x2 {out}, {out}, c, m;\nfma.rn.bf16x2 {out}, {out}, {scale}, m;"))
+WORD_ASM_FOLDED = tl.constexpr(_word_asm("fma.rn.bf16x2 {out}, {out}, {scale}, m;"))
+
+
+@triton.jit
+def _wgmma_words(wb, sc, BLOCKS: tl.constexpr, MATH: tl.constexpr):
+    """Lane bytes ``[BLOCKS, 32, 32]`` and the lane's E8M0 scales ``[BLOCKS, 32, 8]`` (at 2 j + c: group j, row
+    g + 8 c) -> (r0, r1) bf16 ``[BLOCKS, 32, 32]``: per word, r0 = (low, high code) of its bytes 0 and 1 (row g), r1
+    of bytes 2 and 3 (row g + 8)."""
+    if MATH == "ops":  # the portable twin: fp32 values, the same arrangement
+        w = tl.reshape(wb.to(tl.int32), (BLOCKS, 32, 4, 2, 2, 2))  # j, s % 2, c, kh
+        s = e8m0_to_fp32(tl.reshape(sc.to(tl.int32), (BLOCKS, 32, 4, 1, 2, 1)))
+        v = tl.join(e2m1_to_fp32(w & 15) * s, e2m1_to_fp32(w >> 4) * s)  # [.., j, s % 2, c, kh, nibble]
+        v = tl.reshape(v, (BLOCKS, 32, 8, 2, 4))  # s, c, (kh, nibble)
+        r0, r1 = tl.split(tl.permute(v, (0, 1, 2, 4, 3)))
+        r0, r1 = tl.reshape(r0, (BLOCKS, 32, 32)), tl.reshape(r1, (BLOCKS, 32, 32))
+    elif MATH == "asm-fold":  # one scale per byte, in the lane's byte order 4 s + 2 c + kh (s = 2 j + s % 2)
+        sf = _per_lane_byte(e8m0_to_bf16_folded(sc), BLOCKS)
+        r0, r1 = tl.inline_asm_elementwise(
+            WORD_ASM_FOLDED, "=r,=r,=r,=r,r,r,r", [wb, sf], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
+    else:
+        tl.static_assert(MATH == "asm", "wgmma decode: MATH is asm, asm-fold or ops")
+        sf = _per_lane_byte(e8m0_to_bf16(sc), BLOCKS)
+        r0, r1 = tl.inline_asm_elementwise(
+            WORD_ASM, "=r,=r,=r,=r,r,r,r", [wb, sf], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
+    return r0, r1
+
+
+@triton.jit
+def _per_lane_byte(s, BLOCKS: tl.constexpr):
+    """A lane's 8 scales ``[BLOCKS, 32, 8]`` (2 j + c) -> one per byte ``[BLOCKS, 32, 32]`` (4 s + 2 c + kh)."""
+    s = tl.broadcast_to(tl.reshape(s, (BLOCKS, 32, 4, 1, 2, 1)), (BLOCKS, 32, 4, 2, 2, 2))
+    return tl.reshape(s, (BLOCKS, 32, 32))
+
+
+@triton.jit
+def wgmma_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr):
+    """W's rows of ``BLOCKS`` 16-row blocks over one K tile, in the wgmma order, as ``[16 BLOCKS, 128]`` in natural
+    order (row 16 i + r of block i, code k): ``w_off`` / ``s_off`` ``[BLOCKS]``, the byte offsets of each block's 1 KB
+    weight chunk and 64-byte scale piece (scales ``[g][j][c]``, the 8 a quad of lanes needs contiguous). The decoded
+    pairs are relabelled to natural order by a join, reshape and permute that Triton lowers without moving data on
+    sm_90a (each lane's values are its own A fragment)."""
+    lane = tl.arange(0, 32)[None, :, None]
+    wb = tl.load(w_ptr + w_off[:, None, None] + lane * 32 + tl.arange(0, 32)[None, None, :])
+    sc = tl.load(s_ptr + s_off[:, None, None] + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
+    r0, r1 = _wgmma_words(wb, sc, BLOCKS, MATH)
+    x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 8, 2, 2, 2))  # block, g, t, s, kh, kl, c
+    x = tl.permute(x, (0, 6, 1, 3, 4, 2, 5))  # block, c, g | s, kh, t, kl
+    return tl.reshape(x, (16 * BLOCKS, 128))
+
+
+@triton.jit
+def dot_w_wgmma(
+    w_ptr,
+    s_ptr,
+    w_off,
+    s_off,
+    a,
+    acc,
+    BLOCKS: tl.constexpr,
+    MATH: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    WAIT_MMA: tl.constexpr = False,
+):
+    """``acc + W @ a.T`` as ``[16 BLOCKS, M]`` for one K tile: W from the wgmma order (:func:`wgmma_tile`), ``a`` the
+    tokens' ``[M, 128]`` activations in natural order. One dot per K tile. ``WAIT_MMA``: wait for it before the next
+    decode (:func:`mma_done`); without, Triton keeps one wgmma group in flight while the next K tile is decoded."""
+    w = wgmma_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH)
+    if INTERPRETER:  # fp32 operands: Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
+        return tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), acc)
+    acc = tl.dot(w, tl.trans(a), acc)
+    if WAIT_MMA:
+        acc = mma_done(acc)
+    return acc
+
+
+@triton.jit
+def wgmma_chunks(r0, stride_wn, stride_wsn, TILE_ROWS: tl.constexpr):
+    """For 16-row blocks starting at stored rows ``r0`` of a K-tiled matrix (``TILE_ROWS`` rows per row tile, row
+    strides ``stride_wn`` bytes of weights and ``stride_wsn`` of scales): the offsets of their weight chunks and scale
+    pieces in K tile 0; K tile kt adds ``kt * TILE_ROWS * 64`` and ``kt * TILE_ROWS * 4``."""
+    local = r0 % TILE_ROWS
+    return (r0 - local) * stride_wn + local * 64, (r0 - local) * stride_wsn + local * 4
+
+
 def largest_scale(*scales: torch.Tensor) -> int:
     """The largest E8M0 byte of ``scales`` (0 for none): one reduction and one synchronization per tensor."""
     return max((int(s.view(torch.uint8).max()) for s in scales if s.numel()), default=0)

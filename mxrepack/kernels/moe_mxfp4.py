@@ -43,10 +43,12 @@ from mxrepack.kernels.dequant_mxfp4 import (
     check_fold_scale,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
+    dot_w_wgmma,
     load_split,
     mma_reads_registers_async,
     split_column,
     split_pairs,
+    wgmma_chunks,
     with_fold,
 )
 from mxrepack.kernels.gemv_mxfp4 import (
@@ -86,10 +88,23 @@ class MoeConfig:
     # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2:
     # dequant_mxfp4.fits_fold); the dispatch folds the swapped MOE_TILES for weights that fit (pick_moe_config)
     fold_scale: bool = False
+    # the weights' byte order (the strided layout's ``order``): "rows", or "wgmma" -- each K tile of W decoded from
+    # wgmma's fragment order into one dot, the activations in natural order (sm_90 only; swapped operands)
+    order: str = "rows"
+    # the wgmma order on Hopper: wait for each K tile's wgmma before the next decode (dequant_mxfp4.mma_done), as the
+    # rows order's swapped tiles always do; False keeps one in flight while the next tile is decoded
+    wait_mma: bool = True
 
     def __post_init__(self):
         if self.fold_scale and not self.swap_ab:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
+        if self.order not in ("rows", "wgmma"):
+            raise ValueError(f"order must be rows or wgmma, got {self.order!r}")
+        if self.order == "wgmma" and not (self.swap_ab and self.block_n % 16 == 0):
+            raise ValueError(
+                f"the wgmma order is read by the swapped tiles, 16 rows at a time: swap_ab and block_n % 16 == 0, "
+                f"got swap_ab={self.swap_ab}, block_n={self.block_n}"
+            )
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
@@ -104,6 +119,8 @@ class MoeConfig:
             + ("d" if self.manual_dequant else "")
             + ("s" if self.swap_ab else "")
             + ("f" if self.fold_scale else "")
+            + ("-wgmma" if self.order == "wgmma" else "")
+            + ("-overlap" if self.order == "wgmma" and not self.wait_mma else "")
         )
 
     @property
@@ -143,7 +160,21 @@ MOE_TILES_SCALED = (
     (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
     (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)),
 )
+# Weights in the wgmma order (the strided layout's ``order: wgmma``, sm_90): every T takes these tiles (no GEMV reads
+# that order yet). Gate_up runs 2 x block_n weight rows (gate and up) as one operand. H100, 120b shapes, CUDA graphs,
+# folded, each wgmma waited for (``wait_mma``), same run as the rows order's shipped choice (``peers.py --sweep-moe
+# 16,128,1024,4096 --sweep-kind wgmma``, 2026-11-26, docs/bench/moe_sweep_wgmma_h100_2026-11-26_de469b5wip.json):
+# T = 128 16 x 64 on 3 stages 0.858 ms (rows order 0.901), T = 1024 64 x 64 on 3 stages 1.438 (1.682), T = 4096
+# 64 x 128 on 3 stages 3.807 (4.228); 4 stages and 128-token tiles lost. T = 16: 0.419 against the rows order's GEMV
+# 0.325 -- below 33 tokens the rows order's decode GEMV is faster. Keeping one wgmma in flight (``wait_mma=False``)
+# took 0.847 / 1.388 / 4.059 ms: 1-3.5% at T = 128-1024, slower at 4096, and it fails the kernels check's race test.
+MOE_TILES_WGMMA = (
+    (16, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
+    (64, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
+    (float("inf"), MoeConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
+)
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
+MOE_CONFIGS_WGMMA = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_WGMMA}
 MOE_CONFIGS_SCALED = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_SCALED}
 
 
@@ -213,13 +244,14 @@ def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
 
 
 def pick_moe_config(
-    tokens: int, topk: int, experts: int, activations: str = "bf16", fold_scale: bool = False
+    tokens: int, topk: int, experts: int, activations: str = "bf16", fold_scale: bool = False, order: str = "rows"
 ) -> MoeConfig:
     """The scheduled-tile shape for ``tokens`` routed to ``topk`` of ``experts`` (:data:`MOE_TILES`; for MXFP8/MXFP4
-    activations :data:`MOE_TILES_SCALED`); a swapped tile with the scale folded where ``fold_scale`` (the weights'
-    scales fit it: ``dequant_mxfp4.fits_fold``)."""
+    activations :data:`MOE_TILES_SCALED`; weights in the wgmma ``order`` :data:`MOE_TILES_WGMMA`); a swapped tile with
+    the scale folded where ``fold_scale`` (the weights' scales fit it: ``dequant_mxfp4.fits_fold``)."""
     rows = tokens * topk / experts
-    cfg = next(cfg for bound, cfg in (MOE_TILES if activations == "bf16" else MOE_TILES_SCALED) if rows <= bound)
+    tiles = MOE_TILES_WGMMA if order == "wgmma" else MOE_TILES if activations == "bf16" else MOE_TILES_SCALED
+    cfg = next(cfg for bound, cfg in tiles if rows <= bound)
     return with_fold(cfg, activations == "bf16", fold_scale)
 
 
@@ -231,12 +263,14 @@ def pick_moe(
     activations: str = "bf16",
     cuda: bool = True,
     fold_scale: bool = False,
+    order: str = "rows",
 ) -> MoeConfig | MoeGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
-    ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
-    if activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
+    ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments, the rows order), else the scheduled
+    tiles."""
+    if order == "rows" and activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
         return pick_moe_gemv_config(tokens * topk, cuda)
-    return pick_moe_config(tokens, topk, experts, activations, fold_scale)
+    return pick_moe_config(tokens, topk, experts, activations, fold_scale, order)
 
 
 def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
@@ -361,6 +395,41 @@ def _swiglu(gate, up, alpha, limit):
 
 
 @triton.jit
+def _gate_up_wgmma(
+    x_ptr,
+    w_e,
+    s_e,
+    tok,
+    row_ok,
+    pid_n,
+    H,
+    Hp,
+    stride_x,
+    stride_wn,
+    stride_wsn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MATH: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    WAIT_MMA: tl.constexpr,
+):
+    """Gate and up ``[BLOCK_N, BLOCK_M]`` of intermediate rows ``pid_n * BLOCK_N ..`` from W in the wgmma order: both
+    projections' rows one ``[2 BLOCK_N, 128]`` operand (blocks i < NB gate, NB + i up), so each K tile is one dot that
+    runs while the next is decoded; x in natural order, masked past H."""
+    NB: tl.constexpr = BLOCK_N // 16
+    blk = tl.arange(0, 2 * NB)
+    w_off, s_off = wgmma_chunks(_w13_rows(pid_n * BLOCK_N + 16 * (blk % NB), blk // NB), stride_wn, stride_wsn, 64)
+    acc = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(0, Hp // 128):  # kt, not k0 // 128: see _load_w
+        rk = kt * 128 + tl.arange(0, 128)
+        a = tl.load(x_ptr + tok[:, None] * stride_x + rk[None, :], mask=row_ok[:, None] & (rk < H)[None, :], other=0.0)
+        acc = dot_w_wgmma(
+            w_e, s_e, w_off + kt * (64 * 64), s_off + kt * (64 * 4), a, acc, 2 * NB, MATH, INTERPRETER, WAIT_MMA
+        )
+    return tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,
     xs_ptr,
@@ -394,9 +463,12 @@ def _gate_up_kernel(
     SWAP_AB: tl.constexpr = False,
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
+    ORDER: tl.constexpr = "rows",
 ):
     """Grid (row blocks, N tiles): block ``pid_b`` (expert ``e``'s sorted rows; padding blocks, expert -1, return) x
-    the ``pid_n``-th BLOCK_N intermediate columns: gate and up over the whole K, SwiGLU, stored in the intermediate."""
+    the ``pid_n``-th BLOCK_N intermediate columns: gate and up over the whole K, SwiGLU, stored in the intermediate.
+    ``ORDER`` "wgmma": W in the wgmma order, gate and up rows one ``[2 BLOCK_N, 128]`` operand of one dot per K tile,
+    x in natural order (masked past H), the intermediate stored in natural order."""
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -408,28 +480,53 @@ def _gate_up_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    if SWAP_AB:  # W @ x.T into [BLOCK_N, BLOCK_M]; x split (even | odd columns per K tile) and padded to Hp
-        gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if ORDER == "wgmma":
+        gate, up = _gate_up_wgmma(
+            x_ptr,
+            w_e,
+            s_e,
+            tok,
+            row_ok,
+            pid_n,
+            H,
+            Hp,
+            stride_x,
+            stride_wn,
+            stride_wsn,
+            BLOCK_M,
+            BLOCK_N,
+            MATH,
+            INTERPRETER,
+            WAIT_MMA,
+        )
     else:
-        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, Hp, BLOCK_K):
-        if SWAP_AB:
-            a_even, a_odd = load_split(x_ptr, tok, row_ok, k0, stride_x, BLOCK_K)
+        if SWAP_AB:  # W @ x.T into [BLOCK_N, BLOCK_M]; x split (even | odd columns per K tile) and padded to Hp
+            gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
-            a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
-        wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-        wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
-        if SWAP_AB:
-            gate = dot_w_mxfp4(wg, sg, a_even, a_odd, gate, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
-            up = dot_w_mxfp4(wu, su, a_even, a_odd, up, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
-        else:
-            gate = _dot(
-                a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, gate, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
-            )
-            up = _dot(a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, up, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER)
-    if SWAP_AB:
+            gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, Hp, BLOCK_K):
+            if SWAP_AB:
+                a_even, a_odd = load_split(x_ptr, tok, row_ok, k0, stride_x, BLOCK_K)
+            else:
+                a = _load_a(x_ptr, tok, row_ok, k0, H, stride_x, A_FMT, BLOCK_K)
+            wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+            wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
+            if SWAP_AB:
+                gate = dot_w_mxfp4(wg, sg, a_even, a_odd, gate, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
+                up = dot_w_mxfp4(wu, su, a_even, a_odd, up, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
+            else:
+                gate = _dot(
+                    a, xs_ptr, tok, row_ok, k0, H, stride_xs, wg, sg, gate, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
+                )
+                up = _dot(
+                    a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, up, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
+                )
+    if ORDER == "wgmma":
+        gate, up = tl.trans(gate), tl.trans(up)
+        col = rn
+    elif SWAP_AB:
         gate, up = tl.trans(gate), tl.trans(up)
         col = split_column(rn)  # the down kernel reads the intermediate in split order too
     else:
@@ -472,9 +569,11 @@ def _down_kernel(
     SWAP_AB: tl.constexpr = False,
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
+    ORDER: tl.constexpr = "rows",
 ):
     """Grid (row blocks, N tiles): block ``pid_b`` (expert ``e``'s sorted rows; padding blocks return) x the
-    ``pid_n``-th BLOCK_N output columns: each assignment's weighted output row, stored at its index (t * k + slot)."""
+    ``pid_n``-th BLOCK_N output columns: each assignment's weighted output row, stored at its index (t * k + slot).
+    ``ORDER`` "wgmma": W in the wgmma order, one dot per K tile, the intermediate in natural order."""
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
@@ -489,18 +588,38 @@ def _down_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, Ip, BLOCK_K):
-        if SWAP_AB:
-            a_even, a_odd = load_split(h_ptr, pos, row_ok, k0, stride_h, BLOCK_K)
-        else:
-            a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
-        w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
-        if SWAP_AB:
-            acc = dot_w_mxfp4(w, s, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
-        else:
-            acc = _dot(
-                a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
+    if ORDER == "wgmma":
+        w_off, s_off = wgmma_chunks(
+            pid_n * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), stride_wn, stride_wsn, _DOWN_ROWS
+        )
+        for kt in range(0, Ip // 128):
+            rk = kt * 128 + tl.arange(0, 128)
+            a = tl.load(h_ptr + pos[:, None] * stride_h + rk[None, :], mask=row_ok[:, None], other=0.0)
+            acc = dot_w_wgmma(
+                w_e,
+                s_e,
+                w_off + kt * (_DOWN_ROWS * 64),
+                s_off + kt * (_DOWN_ROWS * 4),
+                a,
+                acc,
+                BLOCK_N // 16,
+                MATH,
+                INTERPRETER,
+                WAIT_MMA,
             )
+    else:
+        for k0 in range(0, Ip, BLOCK_K):
+            if SWAP_AB:
+                a_even, a_odd = load_split(h_ptr, pos, row_ok, k0, stride_h, BLOCK_K)
+            else:
+                a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
+            w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
+            if SWAP_AB:
+                acc = dot_w_mxfp4(w, s, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
+            else:
+                acc = _dot(
+                    a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
+                )
     if SWAP_AB:
         acc = tl.trans(acc)
     acc += tl.load(b_ptr + e * Hp + rn)[None, :]
@@ -802,6 +921,23 @@ def _moe_gemv(
     return out
 
 
+def check_order(order: str, activations: str, device: torch.device) -> None:
+    """Whether weights in byte ``order`` can run here: "rows" anywhere; "wgmma" with BF16 activations, on Hopper
+    (sm_90, whose wgmma fragment the order is: on sm_8x/sm_12x ``mma.sync`` would decode other bytes) or off CUDA
+    (the interpreter's portable decode)."""
+    if order not in ("rows", "wgmma"):
+        raise ValueError(f"order must be rows or wgmma, got {order!r}")
+    if order == "wgmma":
+        if activations != "bf16":
+            raise ValueError(f"the wgmma order is read with BF16 activations only, got {activations}")
+        if device.type == "cuda" and not mma_reads_registers_async(device):
+            cap = torch.cuda.get_device_capability(device)
+            raise ValueError(
+                f"the wgmma order is Hopper's (sm_90) MMA fragment; this GPU is sm_{cap[0]}{cap[1]}, where it would "
+                "decode the wrong bytes: repack with the strided layout's order rows"
+            )
+
+
 def moe_mxfp4(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -811,6 +947,7 @@ def moe_mxfp4(
     config: MoeConfig | MoeGemvConfig | GemvConfig | None = None,
     out: torch.Tensor | None = None,
     fold_scale: bool = False,
+    order: str = "rows",
 ) -> torch.Tensor:
     """One gpt-oss MoE block: ``x [T, H]`` bf16, ``topk_ids/topk_weights [T, k]`` -> ``[T, H]`` bf16.
 
@@ -819,10 +956,13 @@ def moe_mxfp4(
     a :class:`MoeGemvConfig` (decode GEMV, BF16 activations; a single :class:`GemvConfig` serves both
     kernels, :meth:`MoeGemvConfig.from_single`), or None to choose by shape. ``fold_scale``: ``w``'s scales fit the
     folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
-    chosen swapped tiles then fold (same bits, faster) and nothing is checked per call.
+    chosen swapped tiles then fold (same bits, faster) and nothing is checked per call. ``order``: the weights' byte
+    order (the strided layout's option): "rows", or "wgmma" (BF16 activations, Hopper or the interpreter only; the
+    scheduled wgmma tiles at every T).
     """
     if activations not in ("bf16", "e4m3", "e2m1"):
         raise ValueError(f"activations must be bf16, e4m3 or e2m1, got {activations!r}")
+    check_order(order, activations, x.device)
     T, H = x.shape
     k = topk_ids.shape[1]
     w13, s13, b13 = w["w13_weight"], w["w13_weight_scale"], w["w13_bias"]
@@ -833,10 +973,14 @@ def moe_mxfp4(
         raise ValueError(
             f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer"
         )
-    cfg = config or pick_moe(T, k, E, H, activations, x.device.type == "cuda", fold_scale)
+    cfg = config or pick_moe(T, k, E, H, activations, x.device.type == "cuda", fold_scale, order)
     if isinstance(cfg, GemvConfig):
         cfg = MoeGemvConfig.from_single(cfg)
     gemv = isinstance(cfg, MoeGemvConfig)
+    if (cfg.order if not gemv else "rows") != order:
+        raise ValueError(
+            f"config {cfg.name()} reads the {'rows' if gemv else cfg.order} order, the weights are {order}"
+        )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
     ip_tile, hp_tile = (cfg.gate_up.block_n, cfg.down.block_n) if gemv else (cfg.block_n, cfg.block_n)
@@ -869,12 +1013,15 @@ def _moe_scheduled(
     nb = blk_e.numel()
     manual = cfg.manual_dequant and activations == "bf16"
     swap = cfg.swap_ab and activations == "bf16"
+    wgmma = cfg.order == "wgmma"
     if swap and (Ip % 128 or Hp % 128):  # whole 128-column K tiles in split order: the loads have no K mask
         raise ValueError(f"swap_ab needs padded widths that are multiples of 128, got {Ip}/{Hp}")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     math = "ops" if interpreter or x.device.type != "cuda" else (cfg.math if swap else "asm")
     x = x.contiguous()
-    if swap:
+    if wgmma:  # natural order: the wgmma order's operand is W's K tile in natural order
+        a, a_s = x, None
+    elif swap:
         a, a_s = split_pairs(x, Hp), None
     elif activations == "bf16":
         a, a_s = x, None
@@ -890,7 +1037,8 @@ def _moe_scheduled(
         INTERPRETER=interpreter,
         SWAP_AB=swap,
         MATH=math,
-        WAIT_MMA=swap and not interpreter and mma_reads_registers_async(x.device),
+        WAIT_MMA=swap and (cfg.wait_mma or not wgmma) and not interpreter and mma_reads_registers_async(x.device),
+        ORDER=cfg.order,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

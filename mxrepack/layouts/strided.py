@@ -1,4 +1,4 @@
-"""``strided``: the layout mxrepack's own Triton kernels consume (``mxrepack.kernels``), safe on sm_12x.
+"""``strided``: the layout mxrepack's own Triton kernels consume (``mxrepack.kernels``), in one of two byte orders.
 
 Plain packed bytes, nothing a TMA descriptor or a swizzled shared-memory atom would need:
 
@@ -13,13 +13,25 @@ Plain packed bytes, nothing a TMA descriptor or a swizzled shared-memory atom wo
   contiguous block, and a program's whole slice one contiguous range: on H100 this took the MoE decode
   from 53% / 66% / 37% of the copy roofline to 59% / 83% / 46% at T = 1 / 8 / 64 over row-major rows
   1472 bytes apart (docs/PERF_LOG.md, stop 12);
-* scales ``[E, rows, K/32]`` raw E8M0 bytes, row-major, rows in the same order as the weights';
+* scales ``[E, rows, K/32]`` raw E8M0 bytes, rows in the same order as the weights';
 * biases float32 (the kernels add them to the fp32 accumulator), rows ``[gate(0:Ip) | up(Ip:2Ip)]`` and
   w2's rows in order (a kernel indexes them by output row).
+
+Option ``order`` (:data:`ORDERS`), the order of the bytes inside those blocks:
+
+* ``"rows"`` (the default, and every output written before the option): each K tile's R rows in order, 64
+  bytes each; scales row-major. Read by the kernels on every GPU they build for (sm80 and newer, sm_12x
+  included);
+* ``"wgmma"``: each contiguous 1024-byte chunk of the above (16 rows x 64 bytes of one K tile) in the order of
+  Hopper wgmma's register A fragments (:func:`wgmma_order`: lane ``4g + t``'s 32 bytes together, one 32-bit word
+  per k16 step), and the scales tiled the same way, each chunk's 64 scales together in the quad order
+  (:func:`wgmma_scales`). For the sm_90 kernels only: on sm_12x the ``mma.sync`` fragment is another order, and
+  these bytes decode wrong there. The shapes are the same as ``"rows"``', only the byte order differs.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mxrepack.errors import MxRepackError
@@ -33,11 +45,16 @@ from mxrepack.layouts.base import (
     pad_rows_cols,
     round_up,
 )
+from mxrepack.layouts.bitops import BLOCK_BYTES, delta_swap, delta_swap_pair, for_each_block
 
 UPSTREAM = "mxrepack.kernels (moe_mxfp4 / linear_mxfp4 Triton kernels)"
 GATE_UP_TILE = 32  # intermediate rows per w13 row tile: 32 gate rows, then the same 32 up rows
 DOWN_TILE_ROWS = 16  # w2 rows per row tile
 K_TILE_BYTES = 64  # packed bytes of one K tile (128 codes, four scale groups)
+ORDERS = ("rows", "wgmma")  # the byte orders of option ``order`` (mxrepack.serve.spec.STRIDED_ORDERS repeats them)
+CHUNK_BYTES = 1024  # 16 rows x one K tile: the unit inside which the wgmma order permutes the bytes
+# rows per row tile of each scale tensor (the weights': the wgmma order tiles the scales as the weights)
+SCALE_ROWS_PER_TILE = {"w13_weight_scale": 2 * GATE_UP_TILE, "w2_weight_scale": DOWN_TILE_ROWS}
 
 
 def k_tiled(rows: torch.Tensor, tiles: int, k_bytes: int) -> torch.Tensor:
@@ -83,13 +100,131 @@ def gate_up_untiled(x: torch.Tensor) -> torch.Tensor:
     return x.view(E, N // (2 * GATE_UP_TILE), 2, GATE_UP_TILE, c).transpose(2, 3).reshape(E, N, c)
 
 
-def from_row_major(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The layout's tensors from padded row-major ones: w13 rows ``[gate | up]``, every row's bytes in order
-    (how benchmarks build random layers on the GPU; biases are the same in both)."""
+def check_order(order) -> str:
+    """``order`` if it is one of :data:`ORDERS`, else a one-line :class:`MxRepackError`."""
+    if order not in ORDERS:
+        raise MxRepackError(f"strided option order={order!r}: expected one of {', '.join(ORDERS)}")
+    return order
+
+
+def wgmma_order(k_tiled: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """K-tiled bytes (:func:`k_tiled`'s, any shape, whole 1024-byte chunks in memory order) -> the same bytes in
+    wgmma's A-fragment order: in each chunk (16 rows x 64 bytes of one K tile), byte ``8s + 4kh + t`` of row
+    ``8c + g`` goes to ``32 (4g + t) + 4s + 2c + kh`` -- lane ``4g + t``'s 32 bytes, its word ``s`` holding bytes
+    (g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4) (``benchmarks/experiments/fragment_order_probe.py``'s
+    ``fragment_order``, per chunk). ``out`` (same shape, may be ``k_tiled`` itself) receives them where given."""
+    return _wgmma_chunks(k_tiled, out, inverse=False)
+
+
+def k_tiled_from_wgmma(stored: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of :func:`wgmma_order`: wgmma-ordered bytes -> K-tiled bytes."""
+    return _wgmma_chunks(stored, out, inverse=True)
+
+
+def _wgmma_chunks(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) -> torch.Tensor:
+    if x.dtype != torch.uint8 or x.numel() % CHUNK_BYTES:
+        raise ValueError(f"wgmma order: {x.dtype} {list(x.shape)} is not whole {CHUNK_BYTES}-byte chunks of bytes")
+    if x.device.type != "cpu":  # a GPU moves single bytes at memory speed
+        y = _wgmma_chunks_torch(x, inverse)
+        return y if out is None else out.copy_(y)
+    if out is not None and not out.is_contiguous():
+        raise ValueError("wgmma order: out must be contiguous")
+    return _wgmma_chunks_cpu(x, out, inverse)
+
+
+def _wgmma_chunks_torch(x: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """:func:`_wgmma_chunks` as one torch permutation of single bytes (GPUs; the CPU path's twin)."""
+    if inverse:  # (g, t, s, c, kh) -> (c, g, s, kh, t)
+        return x.reshape(-1, 8, 4, 8, 2, 2).permute(0, 4, 1, 3, 5, 2).reshape(x.shape)
+    return x.reshape(-1, 2, 8, 8, 2, 4).permute(0, 2, 5, 3, 1, 4).reshape(x.shape)  # (c, g, s, kh, t) -> (g, t, ...)
+
+
+def _wgmma_chunks_cpu(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) -> torch.Tensor:
+    """:func:`_wgmma_chunks` on the CPU without single-byte copies (torch's permutation of bytes ran at 0.24 GB/s on
+    the 2-core dev VM, this at 1.3-2.7 GB/s, a plain copy's speed): in source order the chunk's 64-bit words are
+    ``(c, g, s)``, each 8 bytes ``(kh, t)``, and the order is two exchanges of address bits of a byte -- kh with t's
+    low bit inside each word, c with t's high bit between the chunk's halves (delta swaps,
+    :mod:`mxrepack.layouts.bitops`) -- and a gather of whole 32-bit words, ``(c, g, s, kh) -> (g, c, kh, s)``. Run a
+    block of chunks at a time (the block in L2 through every pass), blocks over the cores; ``out`` may be ``x``
+    (each block is read whole before it is written)."""
+    src = x.contiguous().numpy().reshape(-1, CHUNK_BYTES)
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dst = out.numpy().reshape(-1, CHUNK_BYTES)
+    n = src.shape[0]
+    per_block = min(n, BLOCK_BYTES // CHUNK_BYTES)
+
+    def work(i: int, scratch: tuple[np.ndarray, np.ndarray]) -> None:
+        a, b = i * per_block, min(n, (i + 1) * per_block)
+        w, t = (s[: b - a] for s in scratch)
+        words = w.view(np.uint32).reshape(-1, 2, 8, 8, 2)  # (c, g, s, kh) in source order
+        gathered = words.transpose(0, 2, 1, 4, 3)  # (g, c, kh, s)
+        if inverse:
+            gathered[...] = src[a:b].view(np.uint32).reshape(-1, 8, 2, 2, 8)
+        else:
+            np.copyto(w, src[a:b].view(np.uint64))
+        delta_swap(w, t, 24, 0x00000000FF00FF00)  # bytes (kh, t) = (0, 1|3) <-> (1, 0|2)
+        delta_swap_pair(w[:, :64], w[:, 64:], t[:, :64], 16, 0x0000FFFF0000FFFF)  # c = 1, t < 2 <-> c = 0, t >= 2
+        if inverse:
+            np.copyto(dst[a:b].view(np.uint64), w)
+        else:
+            dst[a:b].view(np.uint32).reshape(-1, 8, 2, 2, 8)[...] = gathered
+
+    def scratch() -> tuple[np.ndarray, np.ndarray]:
+        return np.empty((per_block, CHUNK_BYTES // 8), np.uint64), np.empty((per_block, CHUNK_BYTES // 8), np.uint64)
+
+    if n:
+        for_each_block(-(-n // per_block), work, scratch)
+    return out.view(x.shape)
+
+
+def wgmma_scales(scales: torch.Tensor, rows_per_tile: int) -> torch.Tensor:
+    """Row-major E8M0 scales ``[E, N, G]`` (rows in the stored order, ``G = Kp/32``) -> the same shape in the wgmma
+    order: tiled as the weights (row tiles of ``rows_per_tile`` rows, in each the K tiles, in each the 16-row
+    blocks: ``[E, N/R, G/4, R/16, 64]``), each block's 64 scales with (row ``8c + g``, group ``j`` of the K tile) at
+    ``8g + 2j + c`` -- the 8 that quad g's lanes all need, together."""
+    E, N, G = scales.shape
+    R = rows_per_tile
+    words = _aligned(scales).view(torch.int32).view(E, N // R, R // 16, 2, 8, G // 4)  # (c, g, K tile), bytes j
+    pairs = words.permute(0, 1, 5, 2, 4, 3).contiguous().view(torch.int64)  # (K tile, block, g), bytes (c, j)
+    pairs = _byte_swap(pairs, 16, 0x00000000FFFF0000)  # (c, j1, j0) -> (j1, c, j0)
+    pairs = _byte_swap(pairs, 8, 0x0000FF000000FF00)  # -> (j1, j0, c)
+    return pairs.view(torch.uint8).view(E, N, G)
+
+
+def scales_from_wgmma(stored: torch.Tensor, rows_per_tile: int) -> torch.Tensor:
+    """Inverse of :func:`wgmma_scales`: ``[E, N, G]`` wgmma-ordered -> row-major."""
+    E, N, G = stored.shape
+    R = rows_per_tile
+    pairs = _byte_swap(_aligned(stored).reshape(-1).view(torch.int64), 8, 0x0000FF000000FF00)
+    pairs = _byte_swap(pairs, 16, 0x00000000FFFF0000)
+    words = pairs.view(torch.int32).view(E, N // R, G // 4, R // 16, 8, 2)  # (K tile, block, g, c), bytes j
+    return words.permute(0, 1, 3, 5, 4, 2).contiguous().view(torch.uint8).view(E, N, G)
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """``x`` contiguous and starting on a 64-bit word, as viewing its bytes as words needs (copied if not: an expert
+    range of a tensor whose experts are not whole words apart)."""
+    x = x.contiguous()
+    return x.clone() if x.storage_offset() % 8 else x
+
+
+def _byte_swap(x: torch.Tensor, shift: int, mask: int) -> torch.Tensor:
+    """int64 words with the bits of ``mask`` exchanged with those ``shift`` places above them (a delta swap; the
+    arithmetic right shift's sign bits fall outside ``mask``)."""
+    t = ((x >> shift) ^ x) & mask
+    return x ^ t ^ (t << shift)
+
+
+def from_row_major(stored: dict[str, torch.Tensor], order: str = "rows") -> dict[str, torch.Tensor]:
+    """The layout's tensors, in byte order ``order``, from padded row-major ones: w13 rows ``[gate | up]``, every
+    row's bytes in order (how benchmarks build random layers on the GPU; biases are the same in both). Needs w13's
+    weights and scales and w2's weights; w2's scales (the same row-major in the order ``"rows"``) where present."""
+    check_order(order)
     w13, s13, w2 = stored["w13_weight"], stored["w13_weight_scale"], stored["w2_weight"]
     E, N2, kb = w13.shape
     Ip, Hp = N2 // 2, w2.shape[1]
-    return stored | {
+    out = stored | {
         "w13_weight": k_tiled(
             gate_up_from_halves(w13).view(E, Ip // GATE_UP_TILE, GATE_UP_TILE, 2, kb), Ip // GATE_UP_TILE, kb
         ),
@@ -98,54 +233,85 @@ def from_row_major(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             w2.view(E, Hp // DOWN_TILE_ROWS, DOWN_TILE_ROWS, 1, w2.shape[2]), Hp // DOWN_TILE_ROWS, w2.shape[2]
         ),
     }
+    if order == "wgmma":
+        for name in ("w13_weight", "w2_weight"):
+            out[name] = wgmma_order(out[name], out=out[name])  # k_tiled's output is ours to overwrite
+        for name, rows in SCALE_ROWS_PER_TILE.items():
+            if name in out:
+                out[name] = wgmma_scales(out[name], rows)
+    return out
 
 
-def to_row_major(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`from_row_major`: each matrix row-major, w13 rows ``[gate | up]`` (for references)."""
+def to_row_major(stored: dict[str, torch.Tensor], order: str = "rows") -> dict[str, torch.Tensor]:
+    """Inverse of :func:`from_row_major` (the same ``order``): each matrix row-major, w13 rows ``[gate | up]`` (for
+    references); w2's scales converted where present."""
+    check_order(order)
     E, N2, kb = stored["w13_weight"].shape
+    w13, w2 = stored["w13_weight"], stored["w2_weight"]
+    scales = {name: stored[name] for name in SCALE_ROWS_PER_TILE if name in stored}
+    if order == "wgmma":
+        w13, w2 = k_tiled_from_wgmma(w13), k_tiled_from_wgmma(w2)
+        scales = {name: scales_from_wgmma(x, SCALE_ROWS_PER_TILE[name]) for name, x in scales.items()}
     halves = {
-        name: gate_up_halves_padded(x, N2 // 2, x.shape[2])
-        for name, x in (
-            ("w13_weight", k_untiled(stored["w13_weight"], (GATE_UP_TILE, 2)).reshape(E, N2, kb)),
-            ("w13_weight_scale", gate_up_untiled(stored["w13_weight_scale"])),
-        )
+        "w13_weight": gate_up_halves_padded(k_untiled(w13, (GATE_UP_TILE, 2)).reshape(E, N2, kb), N2 // 2, kb),
+        "w13_weight_scale": gate_up_halves_padded(
+            gate_up_untiled(scales["w13_weight_scale"]), N2 // 2, scales["w13_weight_scale"].shape[2]
+        ),
     }
-    w2 = stored["w2_weight"]
-    return stored | halves | {"w2_weight": k_untiled(w2, (DOWN_TILE_ROWS, 1)).reshape(w2.shape)}
+    return stored | scales | halves | {"w2_weight": k_untiled(w2, (DOWN_TILE_ROWS, 1)).reshape(w2.shape)}
 
 
 class StridedLayout(ExpertLayout):
     name = "strided"
     description = (
-        "mxrepack Triton kernels (sm_12x-safe, no TMA): packed FP4 in row tiles (w13: 32 gate then 32 up "
-        "rows; w2: 16 rows), each K-tiled [rows/R, Kp/128, R, 64]; row-major E8M0 scales in the same row "
-        "order; hidden/intermediate padded to the tile; fp32 biases [gate|up]"
+        "mxrepack Triton kernels (no TMA): packed FP4 in row tiles (w13: 32 gate then 32 up rows; w2: 16 rows), "
+        "each K-tiled [rows/R, Kp/128, R, 64]; E8M0 scales [rows, K/32] in the same row order; hidden/intermediate "
+        "padded to the tile; fp32 biases [gate|up]"
     )
+    ORDER_DESCRIPTIONS = {
+        "rows": "; order rows: each K tile's rows in order, scales row-major (sm80 and newer, sm_12x included)",
+        "wgmma": (
+            "; order wgmma: each 16-row x 64-byte piece of a K tile in Hopper wgmma's A-fragment order, the scales "
+            "tiled likewise, 64 per piece in quad order (sm_90 H100/H200 only: sm_12x's mma.sync fragment differs, "
+            "these bytes decode wrong there)"
+        ),
+    }
 
-    def __init__(self, tile: int = 128):
+    def __init__(self, tile: int = 128, order: str = "rows"):
         if not isinstance(tile, int) or tile % 128 or tile <= 0:
             # whole 128-code K tiles, and whole row tiles (intermediate % 32, hidden % 16)
             raise MxRepackError(f"strided option tile={tile!r}: expected a positive multiple of 128")
         self.tile = tile
+        self.order = check_order(order)
+        self.description = StridedLayout.description + self.ORDER_DESCRIPTIONS[order]
 
     def padded(self, d: ExpertDims) -> tuple[int, int]:
         return round_up(d.hidden, self.tile), round_up(d.intermediate, self.tile)
 
     def outputs(self, d: ExpertDims) -> list[OutputSpec]:
         Hp, Ip = self.padded(d)
+        wgmma = self.order == "wgmma"
 
         def fp32_column(bias):
             return bias.to(torch.float32).unsqueeze(-1)
 
+        def ordered(tiled):  # k_tiled's output, reordered in place
+            return wgmma_order(tiled, out=tiled) if wgmma else tiled
+
+        def ordered_scales(rows, name):
+            return wgmma_scales(rows, SCALE_ROWS_PER_TILE[name]) if wgmma else rows
+
         def w13(gate_up_proj_blocks):
             x = gate_up_proj_blocks.flatten(2)  # [E, 2I, H/2], gate/up rows interleaved
             E, I2, kb = x.shape
-            return k_tiled(x.reshape(E, I2 // 2 // GATE_UP_TILE, GATE_UP_TILE, 2, kb), Ip // GATE_UP_TILE, Hp // 2)
+            rows = x.reshape(E, I2 // 2 // GATE_UP_TILE, GATE_UP_TILE, 2, kb)
+            return ordered(k_tiled(rows, Ip // GATE_UP_TILE, Hp // 2))
 
         def w2(down_proj_blocks):
             x = down_proj_blocks.flatten(2)  # [E, H, I/2]
             E, H, kb = x.shape
-            return k_tiled(x.reshape(E, H // DOWN_TILE_ROWS, DOWN_TILE_ROWS, 1, kb), Hp // DOWN_TILE_ROWS, Ip // 2)
+            rows = x.reshape(E, H // DOWN_TILE_ROWS, DOWN_TILE_ROWS, 1, kb)
+            return ordered(k_tiled(rows, Hp // DOWN_TILE_ROWS, Ip // 2))
 
         return packed_expert_outputs(
             d,
@@ -153,12 +319,16 @@ class StridedLayout(ExpertLayout):
             Ip,
             {
                 "w13_weight": w13,
-                "w13_weight_scale": lambda gate_up_proj_scales: gate_up_tiles(gate_up_proj_scales, Ip, Hp // 32),
+                "w13_weight_scale": lambda gate_up_proj_scales: ordered_scales(
+                    gate_up_tiles(gate_up_proj_scales, Ip, Hp // 32), "w13_weight_scale"
+                ),
                 "w13_bias": lambda gate_up_proj_bias: gate_up_halves_padded(
                     fp32_column(gate_up_proj_bias), Ip, 1
                 ).squeeze(-1),
                 "w2_weight": w2,
-                "w2_weight_scale": lambda down_proj_scales: pad_rows_cols(down_proj_scales, Hp, Ip // 32),
+                "w2_weight_scale": lambda down_proj_scales: ordered_scales(
+                    pad_rows_cols(down_proj_scales, Hp, Ip // 32), "w2_weight_scale"
+                ),
                 "w2_bias": lambda down_proj_bias: pad_rows_cols(fp32_column(down_proj_bias), Hp, 1).squeeze(-1),
             },
             torch.float32,
@@ -166,15 +336,21 @@ class StridedLayout(ExpertLayout):
         )
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
-        w13 = k_untiled(stored["w13_weight"], (GATE_UP_TILE, 2))  # [E, Ip/32, 32, 2, Hp/2]
-        w2 = k_untiled(stored["w2_weight"], (DOWN_TILE_ROWS, 1))
+        w13, w2 = stored["w13_weight"], stored["w2_weight"]
+        s13, s2 = stored["w13_weight_scale"], stored["w2_weight_scale"]
+        if self.order == "wgmma":
+            w13, w2 = k_tiled_from_wgmma(w13), k_tiled_from_wgmma(w2)
+            s13 = scales_from_wgmma(s13, SCALE_ROWS_PER_TILE["w13_weight_scale"])
+            s2 = scales_from_wgmma(s2, SCALE_ROWS_PER_TILE["w2_weight_scale"])
+        w13 = k_untiled(w13, (GATE_UP_TILE, 2))  # [E, Ip/32, 32, 2, Hp/2]
+        w2 = k_untiled(w2, (DOWN_TILE_ROWS, 1))
         E = w13.shape[0]
         return {
             "gate_up_proj_blocks": w13.reshape(E, -1, w13.shape[-1] // 16, 16),
-            "gate_up_proj_scales": gate_up_untiled(stored["w13_weight_scale"]),
+            "gate_up_proj_scales": gate_up_untiled(s13),
             "gate_up_proj_bias": gate_up_from_halves(stored["w13_bias"].unsqueeze(-1)).squeeze(-1).to(torch.bfloat16),
             "down_proj_blocks": w2.reshape(E, -1, w2.shape[-1] // 16, 16),
-            "down_proj_scales": stored["w2_weight_scale"],
+            "down_proj_scales": s2,
             "down_proj_bias": stored["w2_bias"].to(torch.bfloat16),
         }
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mxrepack.errors import MxRepackError
 
 QUANT_METHOD = "mxrepack"
+# the byte orders of the strided layout's option ``order`` (mxrepack.layouts.strided.ORDERS; repeated here, as reading
+# a config needs no torch)
+STRIDED_ORDERS = ("rows", "wgmma")
 VLLM_SUPPORTED = ((0, 26), (0, 34))  # [from, below): 0.26 ran on the lent H100; 0.33 is what GB10 users run
 VLLM_SUPPORTED_TEXT = "0.26 to 0.33"
 
@@ -103,6 +106,7 @@ class ServeSpec:
     hidden: tuple[int, int]  # (logical, padded)
     intermediate: tuple[int, int]
     dense_modules: frozenset[str]  # checkpoint module names stored as MXFP4 (q/k/v/o projections, lm_head)
+    expert_options: dict = field(default_factory=dict)  # the expert layout's options (groups.experts.options)
 
     @classmethod
     def from_config(cls, config: dict) -> ServeSpec:
@@ -135,6 +139,15 @@ class ServeSpec:
                 f"quantization_config.groups.experts: missing or malformed {e} "
                 "(expected stored shapes and hidden/intermediate padding)"
             ) from None
+        options = experts.get("options") or {}
+        if not isinstance(options, dict):
+            raise MxRepackError(f"quantization_config.groups.experts.options is {options!r}, not a mapping")
+        order = options.get("order", "rows")
+        if layout == "strided" and order not in STRIDED_ORDERS:
+            raise MxRepackError(
+                f"quantization_config.groups.experts.options.order is {order!r}: this mxrepack serves the strided "
+                f"orders {', '.join(STRIDED_ORDERS)} (written by a newer mxrepack?)"
+            )
         missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(
             stored
         )
@@ -150,12 +163,18 @@ class ServeSpec:
                 )
             modules = frozenset(dense.get("modules") or ())
             _check_fused_qkv(modules)
-        return cls(str(qc.get("target", "?")), layout, stored, hidden, intermediate, modules)
+        return cls(str(qc.get("target", "?")), layout, stored, hidden, intermediate, modules, dict(options))
 
     @property
     def backend(self) -> ExpertBackend:
         """The engine backend (and kernel) the stored expert layout was written for."""
         return EXPERT_BACKENDS[self.layout]
+
+    @property
+    def strided_order(self) -> str:
+        """The byte order of ``strided`` experts (option ``order``; ``"rows"`` where the config records none, as
+        every output written before the option): ``"wgmma"`` is for sm_90 only."""
+        return self.expert_options.get("order", "rows")
 
     @property
     def lm_head_quantized(self) -> bool:

@@ -223,7 +223,8 @@ def _retype(layer: torch.nn.Module, name: str, dtype: torch.dtype) -> None:
 
 
 class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
-    """The ``strided`` layout on :func:`mxrepack.kernels.moe_mxfp4.moe_mxfp4` (BF16 activations)."""
+    """The ``strided`` layout on :func:`mxrepack.kernels.moe_mxfp4.moe_mxfp4` (BF16 activations), in the byte order
+    the checkpoint records (``ServeSpec.strided_order``; the wgmma order refused off sm_90 at load)."""
 
     def __init__(self, moe, spec: ServeSpec):
         super().__init__(moe)
@@ -240,6 +241,13 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         from mxrepack.kernels.moe_mxfp4 import reserve_decode_counters
 
         self._check_loaded(layer)
+        if self.spec.strided_order == "wgmma":
+            cap = torch.cuda.get_device_capability(layer.w2_weight.device)
+            if cap[0] != 9:
+                raise MxRepackError(
+                    f"this checkpoint's experts are in the strided layout's wgmma order, for sm_90 (H100/H200) only; "
+                    f"this GPU is sm_{cap[0]}{cap[1]}: repack with experts.options {{order: rows}} for it"
+                )
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed
         reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1])
         # whether these experts take the folded decode: asked once here (a synchronization), not per call. Scales
@@ -253,4 +261,6 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         from mxrepack.kernels.moe_mxfp4 import moe_mxfp4
 
         w = {name: getattr(layer, name) for name in self.spec.stored}
-        return moe_mxfp4(x, topk_ids, topk_weights, w, fold_scale=layer.mxrepack_fold_scale)
+        return moe_mxfp4(
+            x, topk_ids, topk_weights, w, fold_scale=layer.mxrepack_fold_scale, order=self.spec.strided_order
+        )
