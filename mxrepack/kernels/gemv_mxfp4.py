@@ -642,6 +642,193 @@ def gemv_rows_f16x2(
     return tl.sum(acc, axis=1)
 
 
+# The strided layout's wgmma order (``mxrepack.layouts.strided``, ``order: wgmma``) read by a GEMV. A lane's 32-bit
+# word s holds bytes (g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4) of one 16-row block and K tile: two rows at
+# the same four k, so the f16x2 decode's pairs (codes j, j + 4 of a word) are rows g and g + 8 at one k, multiplied
+# by that activation duplicated into both halves, and one packed accumulator carries both rows. A thread takes half
+# a lane's 32 bytes (one 16-byte load; a warp's loads are 512 contiguous bytes, whole lines): words 4h..4h+3, which
+# are 8 codes of each row in scale groups 2h and 2h+1, and scales its own two group sums; the four lanes of a row
+# meet once, after the K loop. (Threads mapped to whole scale groups read 8-byte pieces of 8 lines a load and were
+# 1.4x slower: benchmarks/experiments/fragment_order_probe.py, which timed this form at 0.1471 ms over lm_head-sized
+# weights against 0.1339 for the rows order's f16x2 GEMV, its preparing launch included.)
+def _group_f16x2_dup_text() -> str:
+    """PTX for one scale group of one lane: words $2, $3 (steps 2 j, 2 j + 1), duplicated activations $4..$7 (step
+    2 j: (kh, nibble) = (0, 0), (0, 1), (1, 0), (1, 1)) and $8..$11 (step 2 j + 1) -> $0, $1 rows g and g + 8,
+    unscaled. The word decode is :func:`_group_dot_f16x2_asm_text`'s; each decoded pair is (row g, row g + 8)."""
+    lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a;", ".reg .b16 lo, hi;"]
+    for word, x in ((2, 4), (3, 8)):
+        lines += [
+            f"mov.b32 q, ${word};",
+            "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
+            "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
+            "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
+            "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;",
+        ]
+        # pair p holds codes (3 - p, 7 - p): p0 (kh 1, nibble 1), p1 (1, 0), p2 (0, 1), p3 (0, 0)
+        for pair, slot in ((3, 0), (2, 1), (1, 2), (0, 3)):
+            first = word == 2 and pair == 3
+            lines.append(
+                f"mul.rn.f16x2 a, p{pair}, ${x + slot};" if first else f"fma.rn.f16x2 a, p{pair}, ${x + slot}, a;"
+            )
+    lines += ["mov.b32 {lo, hi}, a;", "cvt.f32.f16 $0, lo;", "cvt.f32.f16 $1, hi;", "}"]
+    return "\n".join(lines)
+
+
+GROUP_F16X2_DUP = tl.constexpr(_group_f16x2_dup_text())
+
+
+@triton.jit
+def _group_sums_dup(wa, wb, xa, xb, MATH: tl.constexpr):
+    """Rows g and g + 8 of one scale group, unscaled: words ``wa``, ``wb`` (steps 2 j, 2 j + 1) and their duplicated
+    activations ``xa``, ``xb`` (4 tensors each, (kh, nibble) order)."""
+    if MATH == "asm":
+        xa = (
+            tl.broadcast_to(xa[0], wa.shape),
+            tl.broadcast_to(xa[1], wa.shape),
+            tl.broadcast_to(xa[2], wa.shape),
+            tl.broadcast_to(xa[3], wa.shape),
+        )
+        xb = (
+            tl.broadcast_to(xb[0], wa.shape),
+            tl.broadcast_to(xb[1], wa.shape),
+            tl.broadcast_to(xb[2], wa.shape),
+            tl.broadcast_to(xb[3], wa.shape),
+        )
+        lo, hi = tl.inline_asm_elementwise(
+            GROUP_F16X2_DUP,
+            "=r,=r" + ",r" * 10,
+            [wa, wb, xa[0], xa[1], xa[2], xa[3], xb[0], xb[1], xb[2], xb[3]],
+            dtype=(tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
+    else:  # the portable twin, fp32 math
+        va, vb = _decode_ops(wa), _decode_ops(wb)
+        lo = tl.zeros(wa.shape, dtype=tl.float32)
+        hi = tl.zeros(wa.shape, dtype=tl.float32)
+        for slot in tl.static_range(4):
+            a, b = _fp16_half(xa[slot], False), _fp16_half(xb[slot], False)
+            lo += va[slot] * a + vb[slot] * b
+            hi += va[4 + slot] * a + vb[4 + slot] * b
+    return lo, hi
+
+
+@triton.jit
+def _wgmma_order_words(w_ptrs, w_off, kt, W_STEP: tl.constexpr, BLOCKS: tl.constexpr):
+    """A K tile's words ``[BLOCKS, 8 g, 8 (t, h), 4]`` (``w_ptrs`` the lanes' words of a chunk, ``w_off`` its bytes)."""
+    return tl.load(w_ptrs + tl.reshape(w_off // 4 + kt * (W_STEP // 4), (BLOCKS, 1, 1, 1)))
+
+
+@triton.jit
+def gemv_rows_wgmma(
+    xd_ptr,
+    xe_ptr,
+    w_ptr,
+    s_ptr,
+    w_off,
+    s_off,
+    K,
+    BLOCKS: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
+    MATH: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    """``W[rows] @ x`` for ``BLOCKS`` 16-row blocks of a K-tiled matrix in the wgmma order (``w_off`` / ``s_off``: each
+    block's weight chunk and scale piece in K tile 0, ``dequant_mxfp4.wgmma_chunks``; ``TILE_ROWS`` rows per row
+    tile), from one row of activations prepared by :func:`prepare_x_dup` (``K`` a multiple of 128) -> ``[16 BLOCKS]``
+    fp32, block i's rows 16 i .. 16 i + 15. ``PREFETCH``: the next K tile's words in flight while this one is
+    multiplied; ``PDL``: the activations may still be written by the kernel launched before (wait for it once the
+    first weights are requested)."""
+    W_STEP: tl.constexpr = TILE_ROWS * 64
+    S_STEP: tl.constexpr = TILE_ROWS * 4
+    th = tl.arange(0, 8)  # 2 t + h: lane t of the row's quad, half h of its 32 bytes
+    # int32 words: lane (4 g + t) at 8 (4 g + t), its half h at + 4 h; as [BLOCKS, 8 g, 8 (t, h), 4]
+    lane_words = (4 * tl.arange(0, 8)[:, None, None] + th[None, :, None] // 2) * 8 + 4 * (th[None, :, None] % 2)
+    w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + (lane_words + tl.arange(0, 4)[None, None, :])[None]
+    # scales (quad order, 8 g + 2 j + c) of groups 2 h, 2 h + 1: 4 contiguous bytes (j', c)
+    q = 8 * tl.arange(0, 8)[:, None, None] + 4 * (th[None, :, None] % 2) + tl.arange(0, 4)[None, None, :]
+    q_ptrs = s_ptr + tl.reshape(s_off, (BLOCKS, 1, 1, 1)) + q[None]
+    # activations of group 2 h + j': lane t's 8 at 32 (2 h + j') + 8 t (+ 4 for step 2 j + 1)
+    x_ptrs = xd_ptr + (th % 2) * 64 + 8 * (th // 2)
+    e_ptrs = xe_ptr + 2 * (th % 2)
+    acc0 = tl.zeros((BLOCKS, 8, 8), dtype=tl.float32)  # rows g
+    acc1 = tl.zeros((BLOCKS, 8, 8), dtype=tl.float32)  # rows g + 8
+    k_tiles = K // 128
+    w_next = _wgmma_order_words(w_ptrs, w_off, 0, W_STEP, BLOCKS)
+    if PDL:
+        gdc_wait()
+    for kt in range(0, k_tiles):
+        if PREFETCH:
+            w = w_next
+            w_next = _wgmma_order_words(w_ptrs, w_off, tl.minimum(kt + 1, k_tiles - 1), W_STEP, BLOCKS)
+        else:
+            w = _wgmma_order_words(w_ptrs, w_off, kt, W_STEP, BLOCKS)
+        words = _split4(tl.reshape(w, (BLOCKS * 8, 8, 4)), BLOCKS * 8, 8)
+        sc = _split4(tl.reshape(tl.load(q_ptrs + kt * S_STEP), (BLOCKS * 8, 8, 4)), BLOCKS * 8, 8)
+        for jj in tl.static_range(2):
+            xk = x_ptrs + kt * 128 + 32 * jj
+            xa = _split4(tl.load(xk[:, None] + tl.arange(0, 4)[None, :])[None], 1, 8)
+            xb = _split4(tl.load(xk[:, None] + 4 + tl.arange(0, 4)[None, :])[None], 1, 8)
+            lo, hi = _group_sums_dup(words[2 * jj], words[2 * jj + 1], xa, xb, MATH)
+            f = tl.load(e_ptrs + kt * 4 + jj)[None, :]
+            acc0 += tl.reshape(lo, (BLOCKS, 8, 8)) * tl.reshape(
+                e8m0_to_fp32(sc[2 * jj].to(tl.int32)) * f, (BLOCKS, 8, 8)
+            )
+            acc1 += tl.reshape(hi, (BLOCKS, 8, 8)) * tl.reshape(
+                e8m0_to_fp32(sc[2 * jj + 1].to(tl.int32)) * f, (BLOCKS, 8, 8)
+            )
+    y = tl.join(tl.sum(acc0, axis=2), tl.sum(acc1, axis=2))  # [BLOCKS, 8 g, 2 c]
+    return tl.reshape(tl.permute(y, (0, 2, 1)), (16 * BLOCKS,))
+
+
+@triton.jit
+def pack_groups_dup(v, GB: tl.constexpr):
+    """v [GB, 32] fp32 -> (duplicated fp16 [GB, 32] int32 in the wgmma GEMV's order, factors [GB] fp32): each group
+    rescaled by 2^(14 - e) as :func:`pack_groups` does, each value in both fp16 halves, position 8 t + 4 odd + 2 kh +
+    nibble holding value 16 odd + 2 t + 8 kh + nibble (lane t's 8 values of the group together)."""
+    eb = tl.max(tl.abs(v), axis=1).to(tl.int32, bitcast=True) >> 23
+    eb = tl.maximum(eb, 14)
+    factor = ((268 - eb) << 23).to(tl.float32, bitcast=True)
+    bits = (v * factor[:, None]).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    bits = tl.reshape(tl.permute(tl.reshape(bits, (GB, 2, 2, 4, 2)), (0, 3, 1, 2, 4)), (GB, 32))  # odd, kh, t, n
+    return (bits << 16) | bits, (eb << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _prepare_x_dup_kernel(
+    x_ptr, xd_ptr, xe_ptr, K, stride_xm, stride_dm, stride_em, GB: tl.constexpr, PDL: tl.constexpr = 0
+):
+    """x [M, K] bf16 -> xd [M, Kp] int32 (:func:`pack_groups_dup`, zero past K), xe [M, Kp/32] fp32."""
+    if PDL:
+        gdc_launch_dependents()
+    m = tl.program_id(0)
+    g = tl.program_id(1) * GB + tl.arange(0, GB)
+    k = g[:, None] * 32 + tl.arange(0, 32)[None, :]
+    xv = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0)
+    pairs, factors = pack_groups_dup(xv.to(tl.float32), GB)
+    tl.store(xe_ptr + m * stride_em + g, factors)
+    tl.store(xd_ptr + m * stride_dm + k, pairs)
+
+
+def prepare_x_dup(x: torch.Tensor, width: int, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` bf16 -> (duplicated fp16 ``[M, width]`` int32, group factors ``[M, width/32]`` fp32) for
+    :func:`gemv_rows_wgmma`, zero-padded to ``width`` (a multiple of 128, >= K). ``pdl``: the GEMV that follows is
+    launched with programmatic dependent launch."""
+    M, K = x.shape
+    if width % 128 or width < K:
+        raise ValueError(f"prepared width {width} must be a multiple of 128 and at least {K}")
+    xd = torch.empty(M, width, dtype=torch.int32, device=x.device)
+    xe = torch.empty(M, width // 32, dtype=torch.float32, device=x.device)
+    _prepare_x_dup_kernel[(M, width // 32 // PREPARE_GROUPS_DUP)](
+        x, xd, xe, K, x.stride(0), xd.stride(0), xe.stride(0), GB=PREPARE_GROUPS_DUP, PDL=int(pdl)
+    )
+    return xd, xe
+
+
+PREPARE_GROUPS_DUP = 4  # groups of 32 per program: 4 divides width / 32 for every multiple of 128
+
+
 @triton.jit
 def _gemv_f16x2_kernel(
     xp_ptr,

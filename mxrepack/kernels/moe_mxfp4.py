@@ -56,8 +56,11 @@ from mxrepack.kernels.gemv_mxfp4 import (
     gdc_launch_dependents,
     gemv_rows,
     gemv_rows_f16x2,
+    gemv_rows_wgmma,
     pack_groups,
+    pack_groups_dup,
     prepare_x,
+    prepare_x_dup,
 )
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
@@ -237,10 +240,19 @@ class MoeGemvConfig:
 MOE_GEMV = MoeGemvConfig(GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(16, 512, 4, 1, "f16x2", pdl=1))
 
 
-def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
-    """The decode GEMV configs for ``assignments`` = T * k (portable, without PTX, off CUDA). One pair serves
-    every T the GEMV path takes (:data:`GEMV_MAX_ASSIGNMENTS`); the argument stays for the next measurement."""
-    return MOE_GEMV if cuda else MOE_GEMV.portable()
+# The wgmma order's decode GEMVs (``gemv_mxfp4.gemv_rows_wgmma``): one 128-code K tile a step, 16-row blocks, a thread
+# per half lane. gate_up: 32 intermediate rows (2 gate + 2 up blocks, 256 threads); down: 32 rows on 4 warps. The
+# shapes of the stand-in's best (benchmarks/experiments/fragment_order_probe.py: 4 blocks on 8 warps, the next K tile
+# in flight).
+MOE_GEMV_WGMMA = MoeGemvConfig(GemvConfig(32, 128, 8, 1, "f16x2", pdl=1), GemvConfig(32, 128, 4, 1, "f16x2", pdl=1))
+
+
+def pick_moe_gemv_config(assignments: int, cuda: bool = True, order: str = "rows") -> MoeGemvConfig:
+    """The decode GEMV configs for ``assignments`` = T * k (portable, without PTX, off CUDA) and the weights' byte
+    ``order``. One pair per order serves every T the GEMV path takes (:data:`GEMV_MAX_ASSIGNMENTS`); the argument
+    stays for the next measurement."""
+    cfg = MOE_GEMV_WGMMA if order == "wgmma" else MOE_GEMV
+    return cfg if cuda else cfg.portable()
 
 
 def pick_moe_config(
@@ -266,10 +278,9 @@ def pick_moe(
     order: str = "rows",
 ) -> MoeConfig | MoeGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
-    ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments, the rows order), else the scheduled
-    tiles."""
-    if order == "rows" and activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
-        return pick_moe_gemv_config(tokens * topk, cuda)
+    ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
+    if activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
+        return pick_moe_gemv_config(tokens * topk, cuda, order)
     return pick_moe_config(tokens, topk, experts, activations, fold_scale, order)
 
 
@@ -700,11 +711,14 @@ def _gate_up_gemv_f16x2_kernel(
     MATH: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = 0,
+    ORDER: tl.constexpr = "rows",
 ):
     """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
     prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
     stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
-    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
+    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``). ``ORDER``
+    "wgmma": W in the wgmma order (``gemv_mxfp4.gemv_rows_wgmma``), x and the intermediate prepared by
+    ``prepare_x_dup`` / ``pack_groups_dup`` (padded to whole K tiles)."""
     if PDL:
         gdc_launch_dependents()
     p = tl.program_id(0)
@@ -714,18 +728,45 @@ def _gate_up_gemv_f16x2_kernel(
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     # gate rows and up rows in one pass: one stream of weight loads, not two in turn. With 32 rows (the
     # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
-    r2 = tl.arange(0, 2 * BLOCK_N)
-    rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
-    y = gemv_rows_f16x2(
-        xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL, _GU_ROWS
-    )
+    if ORDER == "wgmma":  # blocks i < NB: gate rows of intermediate rows pid * BLOCK_N + 16 i ..; NB + i: up
+        NB: tl.constexpr = BLOCK_N // 16
+        blk = tl.arange(0, 2 * NB)
+        w_off, s_off = wgmma_chunks(
+            _w13_rows(tl.program_id(1) * BLOCK_N + 16 * (blk % NB), blk // NB), stride_wn, stride_wsn, _GU_ROWS
+        )
+        y = gemv_rows_wgmma(
+            xp_row, xe_row, w_e, s_e, w_off, s_off, 2 * stride_wn, 2 * NB, _GU_ROWS, MATH, PREFETCH, PDL
+        )
+    else:
+        r2 = tl.arange(0, 2 * BLOCK_N)
+        rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
+        y = gemv_rows_f16x2(
+            xp_row,
+            xe_row,
+            w_e,
+            s_e,
+            rows,
+            H,
+            stride_wn,
+            stride_wsn,
+            2 * BLOCK_N,
+            BLOCK_K,
+            MATH,
+            PREFETCH,
+            PDL,
+            _GU_ROWS,
+        )
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
     GB: tl.constexpr = BLOCK_N // 32
-    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
-    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
+    if ORDER == "wgmma":
+        dup, factors = pack_groups_dup(tl.reshape(h, (GB, 32)), GB)
+        tl.store(hp_ptr + p * stride_hp + g[:, None] * 32 + tl.arange(0, 32)[None, :], dup)
+    else:
+        pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
+        tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
     tl.store(he_ptr + p * stride_he + g, factors)
 
 
@@ -759,19 +800,39 @@ def _down_gemv_kernel(
     PREPARED: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = 0,
+    ORDER: tl.constexpr = "rows",
 ):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
     the result does not depend on which finished last, writes the bf16 output and resets its counter.
     ``PREPARED``: h comes as fp16 pairs + group factors (``h_ptr``, ``he_ptr``) for the f16x2 GEMV, with
     ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode. ``PDL``
-    (prepared only): launched while the gate_up kernel runs."""
+    (prepared only): launched while the gate_up kernel runs. ``ORDER`` "wgmma" (prepared): W in the wgmma order,
+    the intermediate as ``pack_groups_dup`` wrote it."""
     p = tl.program_id(0)
     tile = tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    if PREPARED:
+    if ORDER == "wgmma":
+        w_off, s_off = wgmma_chunks(
+            tile * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), stride_wn, stride_wsn, _DOWN_ROWS
+        )
+        y = gemv_rows_wgmma(
+            h_ptr + p * stride_h,
+            he_ptr + p * stride_he,
+            w_e,
+            s_e,
+            w_off,
+            s_off,
+            Ip,
+            BLOCK_N // 16,
+            _DOWN_ROWS,
+            DECODE,
+            PREFETCH,
+            PDL,
+        )
+    elif PREPARED:
         y = gemv_rows_f16x2(
             h_ptr + p * stride_h,
             he_ptr + p * stride_he,
@@ -814,9 +875,10 @@ def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
 
 
 def _moe_gemv(
-    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor
+    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor, order: str = "rows"
 ) -> torch.Tensor:
-    """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel."""
+    """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel. ``order``
+    "wgmma": the weights in that order, x and the intermediate prepared duplicated (``prepare_x_dup``)."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
@@ -825,9 +887,11 @@ def _moe_gemv(
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
+    wgmma = order == "wgmma"
     if cfg.prepared:
-        xp, xe = prepare_x(x, pdl=bool(gu.pdl))
-        h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
+        xp, xe = prepare_x_dup(x, Hp, pdl=bool(gu.pdl)) if wgmma else prepare_x(x, pdl=bool(gu.pdl))
+        # fp16 pairs, or (wgmma) each value duplicated
+        h = torch.empty(T * k, Ip if wgmma else Ip // 2, dtype=torch.int32, device=x.device)
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
         _gate_up_gemv_f16x2_kernel[(T * k, Ip // gu.block_n)](
             xp,
@@ -856,6 +920,7 @@ def _moe_gemv(
             MATH=gu.math,
             PREFETCH=gu.prefetch,
             PDL=gu.pdl,
+            ORDER=order,
             **gu.launch_options(),
         )
     else:
@@ -916,6 +981,7 @@ def _moe_gemv(
         PREPARED=d.prepared,
         PREFETCH=d.prefetch,
         PDL=d.pdl,
+        ORDER=order,
         **d.launch_options(),
     )
     return out
@@ -977,9 +1043,15 @@ def moe_mxfp4(
     if isinstance(cfg, GemvConfig):
         cfg = MoeGemvConfig.from_single(cfg)
     gemv = isinstance(cfg, MoeGemvConfig)
-    if (cfg.order if not gemv else "rows") != order:
+    if not gemv and cfg.order != order:
+        raise ValueError(f"config {cfg.name()} reads the {cfg.order} order, the weights are {order}")
+    if (
+        gemv
+        and order == "wgmma"
+        and not (cfg.prepared and cfg.gate_up.block_n % 32 == 0 and cfg.down.block_n % 16 == 0)
+    ):
         raise ValueError(
-            f"config {cfg.name()} reads the {'rows' if gemv else cfg.order} order, the weights are {order}"
+            f"the wgmma order's GEMVs are f16x2 ones on 16-row blocks (gate_up whole groups of 32), got {cfg.name()}"
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
@@ -990,7 +1062,7 @@ def moe_mxfp4(
         target = (
             out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
         )
-        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
+        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target, order)
         return y if out is None or y is out else out.copy_(y)
     if cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand: checked
         check_fold_scale(s13, s2)
