@@ -474,8 +474,8 @@ def test_moe_wgmma_order_matches_reference():
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, out=out, order="wgmma")
             assert y is out and not torch.isnan(y).any()
             assert rel(y, ref) <= 1e-2, (T, cfg, rel(y, ref))
-    assert pick_moe(32, 4, 128, 2880, order="wgmma") == MOE_GEMV_WGMMA  # as the rows order: GEMVs to T * k = 128
-    assert pick_moe(33, 4, 128, 2880, order="wgmma").order == "wgmma"
+    assert pick_moe(2, 4, 128, 2880, order="wgmma") == MOE_GEMV_WGMMA  # GEMVs to T * k = 8, then the tiles
+    assert pick_moe(3, 4, 128, 2880, order="wgmma").order == "wgmma"
     with pytest.raises(ValueError, match="16-row blocks"):
         moe_mxfp4(x, ids, wts, wgmma, "bf16", GemvConfig(16, 128, 4, 1, "ops"), order="wgmma")
     tiles = [pick_moe_config(T, 4, 128, order="wgmma") for T in (1, 64, 512, 1024, 4096, 8192)]

@@ -241,10 +241,15 @@ MOE_GEMV = MoeGemvConfig(GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(1
 
 
 # The wgmma order's decode GEMVs (``gemv_mxfp4.gemv_rows_wgmma``): one 128-code K tile a step, 16-row blocks, a thread
-# per half lane. gate_up: 32 intermediate rows (2 gate + 2 up blocks, 256 threads); down: 32 rows on 4 warps. The
-# shapes of the stand-in's best (benchmarks/experiments/fragment_order_probe.py: 4 blocks on 8 warps, the next K tile
-# in flight).
-MOE_GEMV_WGMMA = MoeGemvConfig(GemvConfig(32, 128, 8, 1, "f16x2", pdl=1), GemvConfig(32, 128, 4, 1, "f16x2", pdl=1))
+# per half lane. H100, 120b shapes, CUDA graphs, same run as the rows order's GEMVs (``peers.py --sweep-moe 1,4,16,32
+# --sweep-kind wgmma``, 2026-11-26, docs/bench/moe_sweep_wgmma_gemv_h100_2026-11-26_*.json): best of 9 shapes gate_up
+# 32 intermediate rows on 4 warps, down 16 rows on 2 warps, T = 1 0.0688 ms -- against 0.0292 for the rows order's
+# GEMVs, and 0.1156 for the wgmma tile; at T = 4 the tile is faster (0.1737 against 0.1769; rows order 0.0873), at
+# T = 16 / 32 0.417 / 0.612 against 0.534 / 1.013. So the wgmma order's decode takes the GEMVs to T * k = 8 only.
+# Its threads hold half the bytes in flight of the rows order's GEMV (one K tile a step, 16 bytes a thread): the
+# next thing to try is two K tiles a step.
+MOE_GEMV_WGMMA = MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2", pdl=1), GemvConfig(16, 128, 2, 1, "f16x2", pdl=1))
+WGMMA_GEMV_MAX_ASSIGNMENTS = 8
 
 
 def pick_moe_gemv_config(assignments: int, cuda: bool = True, order: str = "rows") -> MoeGemvConfig:
@@ -279,7 +284,8 @@ def pick_moe(
 ) -> MoeConfig | MoeGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
     ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
-    if activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
+    limit = WGMMA_GEMV_MAX_ASSIGNMENTS if order == "wgmma" else GEMV_MAX_ASSIGNMENTS
+    if activations == "bf16" and tokens * topk <= limit and hidden % 32 == 0:
         return pick_moe_gemv_config(tokens * topk, cuda, order)
     return pick_moe_config(tokens, topk, experts, activations, fold_scale, order)
 
