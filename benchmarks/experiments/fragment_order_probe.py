@@ -47,7 +47,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mxrepack.kernels.dequant_mxfp4 import e2m1_to_fp32, e8m0_to_bf16_folded, e8m0_to_fp32  # noqa: E402
-from mxrepack.kernels.gemv_mxfp4 import _decode, _decode_ops, _fp16_half, _split4  # noqa: E402
+from mxrepack.kernels.gemv_mxfp4 import GROUP_F16X2_DUP, _decode, _decode_ops, _fp16_half, _split4  # noqa: E402
 
 ROWS = 64  # weight rows per program: 4 warps x 16
 
@@ -261,29 +261,7 @@ def frag_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, DECODE
 # Times the activation duplicated into both halves, one fp16 accumulator carries row g in its low half and row g + 8 in
 # its high. (Plain pairs (x[k], x[k + 1]) with a per-byte decode took 0.1702 ms on lm_head at M = 1 against this one's
 # 0.1538: fragment_order_time_h100_2026-11-25_91700b3_call4.json; removed.)
-def _group_f16x2_dup_text() -> str:
-    """PTX for one scale group of one lane: words $2, $3 (steps 2 j, 2 j + 1), duplicated activations $4..$7 (step 2 j:
-    (kh, nibble) = (0, 0), (0, 1), (1, 0), (1, 1)) and $8..$11 (step 2 j + 1) -> $0, $1 rows g and g + 8, unscaled."""
-    lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a;", ".reg .b16 lo, hi;"]
-    for word, x in ((2, 4), (3, 8)):
-        lines += [
-            f"mov.b32 q, ${word};",
-            "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
-            "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
-            "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
-            "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;",
-        ]
-        # pair p holds codes (3 - p, 7 - p): p0 (kh 1, nibble 1), p1 (1, 0), p2 (0, 1), p3 (0, 0)
-        for pair, slot in ((3, 0), (2, 1), (1, 2), (0, 3)):
-            first = word == 2 and pair == 3
-            lines.append(
-                f"mul.rn.f16x2 a, p{pair}, ${x + slot};" if first else f"fma.rn.f16x2 a, p{pair}, ${x + slot}, a;"
-            )
-    lines += ["mov.b32 {lo, hi}, a;", "cvt.f32.f16 $0, lo;", "cvt.f32.f16 $1, hi;", "}"]
-    return "\n".join(lines)
-
-
-GROUP_F16X2_DUP = tl.constexpr(_group_f16x2_dup_text())
+# GROUP_F16X2_DUP, the PTX of one lane's scale group (rows g and g + 8), is the product's: gemv_mxfp4's.
 
 
 @triton.jit
