@@ -46,8 +46,8 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mxrepack.kernels.dequant_mxfp4 import e2m1_to_fp32, e8m0_to_bf16_folded, e8m0_to_fp32  # noqa: E402
-from mxrepack.kernels.gemv_mxfp4 import GROUP_F16X2_DUP, _decode, _decode_ops, _fp16_half, _split4  # noqa: E402
+from mxrepack.kernels.dequant_mxfp4 import e2m1_to_fp32, e8m0_to_bf16_folded, e8m0_to_fp32, wgmma_chunks  # noqa: E402
+from mxrepack.kernels.gemv_mxfp4 import GROUP_F16X2_DUP, _decode, _decode_ops, _fp16_half, _split4, gemv_rows_wgmma  # noqa: E402,E501
 
 ROWS = 64  # weight rows per program: 4 warps x 16
 
@@ -695,60 +695,14 @@ def frag_gemv_lane_kernel(
     MATH: tl.constexpr,
     PREFETCH: tl.constexpr = 1,
 ):
-    """``y[rows] = W[rows] @ x`` on :func:`fragment_order`'s bytes, one element per (block, g | t, h) and K tile (every
-    tensor ``[BLOCKS * 8, 8, ..]``, one layout, nothing moved between threads in the loop); scales in
-    :func:`quad_scale_order`, activations from :func:`prepare_group_dup`; ``BLOCKS`` 16-row blocks a program, one K
-    tile a step; ``PREFETCH``: the next K tile's words in flight while this one is multiplied."""
-    block0 = tl.program_id(0) * BLOCKS
-    k_tiles = K // 128
-    bg = block0 * 8 + tl.arange(0, BLOCKS * 8)[:, None, None]  # block * 8 + g
-    th = tl.arange(0, 8)[None, :, None]  # 2 t + h
-    four = tl.arange(0, 4)[None, None, :]
-    # lane 4 g + t's half h: int32 words (bg // 8 * k_tiles * 32 + 4 (bg % 8) + t) * 8 + 4 h + 0..3
-    w_ptrs = w_ptr.to(tl.pointer_type(tl.int32)) + ((bg // 8) * k_tiles * 32 + 4 * (bg % 8)) * 8 + 4 * th + four
-    q_ptrs = s_ptr + (bg // 8) * k_tiles * 64 + 8 * (bg % 8) + 4 * (th % 2) + four  # (j', c) of groups 2 h + j'
-    x_ptrs = xd_ptr + (th % 2) * 64 + 8 * (th // 2) + four  # group 2 h + j' at + 32 j'; lane t's 8: + 0, + 4
-    e_ptrs = xe_ptr + 2 * (tl.arange(0, 8)[None, :] % 2)  # [1, 8]: group 2 h (+ 1 for j' = 1)
-    acc0 = tl.zeros((BLOCKS * 8, 8), dtype=tl.float32)  # row g
-    acc1 = tl.zeros((BLOCKS * 8, 8), dtype=tl.float32)  # row g + 8
-    w_next = tl.load(w_ptrs)
-    for kt in range(0, k_tiles):
-        if PREFETCH:
-            w = w_next
-            w_next = tl.load(w_ptrs + tl.minimum(kt + 1, k_tiles - 1) * 256)
-        else:
-            w = tl.load(w_ptrs + kt * 256)
-        words = _split4(w, BLOCKS * 8, 8)  # steps 4 h + 0..3: group 2 h (words 0, 1), 2 h + 1 (words 2, 3)
-        sc = _split4(tl.load(q_ptrs + kt * 64), BLOCKS * 8, 8)  # (j', c): 2 j' + c
-        for jj in tl.static_range(2):
-            xa = _split4(tl.load(x_ptrs + kt * 128 + 32 * jj), 1, 8)  # step 2 j (odd 0): (kh, nibble)
-            xb = _split4(tl.load(x_ptrs + kt * 128 + 32 * jj + 4), 1, 8)  # odd 1
-            wa, wb = words[2 * jj], words[2 * jj + 1]
-            if MATH == "asm":
-                d0, d1 = tl.inline_asm_elementwise(
-                    GROUP_F16X2_DUP,
-                    "=r,=r" + ",r" * 10,
-                    [wa, wb, xa[0], xa[1], xa[2], xa[3], xb[0], xb[1], xb[2], xb[3]],
-                    dtype=(tl.float32, tl.float32),
-                    is_pure=True,
-                    pack=1,
-                )
-            else:  # the portable twin, fp32 math
-                va, vb = _decode_ops(wa), _decode_ops(wb)
-                d0 = tl.zeros((BLOCKS * 8, 8), dtype=tl.float32)
-                d1 = tl.zeros((BLOCKS * 8, 8), dtype=tl.float32)
-                for slot in tl.static_range(4):
-                    xa_s, xb_s = _fp16_half(xa[slot], False), _fp16_half(xb[slot], False)
-                    d0 += va[slot] * xa_s + vb[slot] * xb_s
-                    d1 += va[4 + slot] * xa_s + vb[4 + slot] * xb_s
-            f = tl.load(e_ptrs + kt * 4 + jj)
-            acc0 += d0 * (e8m0_to_fp32(sc[2 * jj].to(tl.int32)) * f)
-            acc1 += d1 * (e8m0_to_fp32(sc[2 * jj + 1].to(tl.int32)) * f)
-    y0 = tl.sum(tl.reshape(acc0, (BLOCKS, 8, 8)), axis=2)
-    y1 = tl.sum(tl.reshape(acc1, (BLOCKS, 8, 8)), axis=2)
-    rows = (block0 + tl.arange(0, BLOCKS))[:, None] * 16 + tl.arange(0, 8)[None, :]
-    tl.store(y_ptr + rows, y0)
-    tl.store(y_ptr + rows + 8, y1)
+    """``y[rows] = W[rows] @ x`` on :func:`fragment_order`'s bytes, one element per (block, g | t, h) and K tile: the
+    product's ``gemv_mxfp4.gemv_rows_wgmma`` since it shipped (it was written here first), on the block-major bytes
+    ``fragment_order`` makes, which are the strided layout's wgmma order with 16-row tiles; scales in
+    :func:`quad_scale_order`, activations from :func:`prepare_group_dup`."""
+    r0 = tl.program_id(0) * 16 * BLOCKS + 16 * tl.arange(0, BLOCKS)
+    w_off, s_off = wgmma_chunks(r0, K // 2, K // 32, 16)
+    y = gemv_rows_wgmma(xd_ptr, xe_ptr, w_ptr, s_ptr, w_off, s_off, K, BLOCKS, 16, MATH, PREFETCH)
+    tl.store(y_ptr + tl.program_id(0) * 16 * BLOCKS + tl.arange(0, 16 * BLOCKS), y)
 
 
 # On :func:`k_permuted` bytes a lane is a GEMV element as it lies: lane 4 g + t's 32 bytes (two 16-byte loads, a warp's
