@@ -36,6 +36,7 @@ from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import (
     MOE_CONFIGS,
+    MOE_CONFIGS_WGMMA,
     MOE_GEMV,
     MOE_GEMV_WGMMA,
     MOE_TILES,
@@ -467,8 +468,8 @@ def test_moe_wgmma_order_matches_reference():
         for cfg in (
             None,  # the decode GEMVs at these T
             MoeGemvConfig(GemvConfig(64, 128, 4, 1, "f16x2-ops", prefetch=0), GemvConfig(16, 128, 4, 1, "f16x2-ops")),
-            MoeConfig(16, 32, 128, swap_ab=True, order="wgmma"),
-            MoeConfig(32, 64, 128, swap_ab=True, order="wgmma", wait_mma=False),
+            MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"),
+            MoeConfig(32, 128, 128, swap_ab=True, order="wgmma", wait_mma=False),
         ):
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, out=out, order="wgmma")
@@ -488,8 +489,12 @@ def test_moe_wgmma_order_matches_reference():
         moe_mxfp4(x, ids, wts, wgmma, "e4m3", order="wgmma")
     with pytest.raises(ValueError, match="order must be rows or wgmma"):
         moe_mxfp4(x, ids, wts, rows, order="mma_sync")
-    with pytest.raises(ValueError, match="16 rows at a time"):
-        MoeConfig(16, 24, 128, swap_ab=True, order="wgmma")
+    with pytest.raises(ValueError, match="64-row operands"):  # down's 32 rows would be an mma.sync operand on sm_90
+        MoeConfig(16, 32, 128, swap_ab=True, order="wgmma")
+    with pytest.raises(ValueError, match="wgmma order's tiles only"):
+        MoeConfig(16, 64, 128, swap_ab=True, wait_mma=False)
+    with pytest.raises(ValueError, match="one 128-code K tile a step"):
+        moe_mxfp4(x, ids, wts, wgmma, "bf16", MOE_GEMV_WGMMA.each(prefetch=2).portable(), order="wgmma")
 
 
 @pytest.mark.skipif(
@@ -509,19 +514,45 @@ def test_moe_wgmma_order_on_hopper():
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
         x, ids, wts = x.cuda(), ids.cuda(), wts.cuda()
-        configs = [MOE_GEMV_WGMMA, MOE_GEMV_WGMMA.each(pdl=0)]
+        configs = [None, MOE_GEMV_WGMMA, MOE_GEMV_WGMMA.each(pdl=0), *MOE_CONFIGS_WGMMA.values()]
         for bm, wait, fold in itertools.product((16, 64), (True, False), (True, False)):
             configs.append(MoeConfig(bm, 64, 128, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait))
         for cfg in configs:
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma")
-            assert rel(y.cpu(), ref) <= 1e-2, (T, cfg.name(), rel(y.cpu(), ref))
+            assert rel(y.cpu(), ref) <= 1e-2, (T, cfg, rel(y.cpu(), ref))
             assert all(torch.equal(moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma"), y) for _ in range(5))
+
+
+_TTGIR_ASM = (
+    '%r:2 = tt.elementwise_inline_asm "{ prmt.b32 y, z, $4, 0x4000; }" {constraints = "=r,=r,=r,=r,r,r,r", '
+    "packed_element = 4 : i32, pure = true} %wb, %sf : tensor<4x32x32xi8, {enc}>, tensor<4x32x32xbf16, {enc}>"
+)
+
+
+@pytest.mark.parametrize(
+    "layout,packed",
+    [
+        ("#ttg.blocked<{sizePerThread = [1, 1, 16], threadsPerWarp = [1, 2, 16], order = [2, 1, 0]}>", True),
+        ("#ttg.blocked<{sizePerThread = [1, 1, 2], threadsPerWarp = [1, 2, 16], order = [2, 1, 0]}>", False),
+        ("#ttg.linear<{register = [[0, 0, 1], [0, 0, 2], [0, 0, 4]], lane = [[0, 1, 0]], warp = [[1, 0, 0]]}>", True),
+        ("#ttg.linear<{register = [[0, 0, 1], [0, 8, 0], [0, 0, 2]], lane = [[0, 1, 0]], warp = [[1, 0, 0]]}>", False),
+        ("#ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 8}>", False),  # a layout the check cannot read: refused
+    ],
+)
+def test_wgmma_words_packed_reads_the_decode_layout(layout, packed):
+    """The wgmma order's packing test on the TTGIR text: a decode receiving a word's 4 bytes in 4 consecutive
+    registers passes; a register basis that moves a byte within its word, too few bytes a thread, or an unreadable
+    layout fails; a kernel without such a decode fails too (nothing to vouch for)."""
+    from mxrepack.kernels.dequant_mxfp4 import wgmma_words_packed
+
+    assert wgmma_words_packed(f"#enc = {layout}\n" + _TTGIR_ASM.replace("{enc}", "#enc")) is packed
+    assert not wgmma_words_packed(f"#enc = {layout}\n%x = arith.addi %a, %b : tensor<4xi32, #enc>")
 
 
 def test_kernels_check_builds_for_sm12x_without_tma():
     """The sm_12x proof: every shipped configuration AOT-compiles for sm_90a/100a/120a/121a with Triton's
-    ptxas, fits 101376 bytes of shared memory, has no TMA, and W4A4 uses the native FP4 MMA on sm_12x
-    (the decode GEMVs' inline PTX included)."""
+    ptxas (the wgmma order's kernels for sm_90a only: Hopper's fragment), fits 101376 bytes of shared memory, has no
+    TMA, and W4A4 uses the native FP4 MMA on sm_12x (the decode GEMVs' inline PTX included)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, "-m", "mxrepack.cli", "kernels", "check", "--json"],

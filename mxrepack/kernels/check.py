@@ -23,7 +23,6 @@ is needed -- and the result is inspected:
 from __future__ import annotations
 
 import functools
-import json
 import re
 
 import triton
@@ -454,7 +453,7 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     if (
         _constant(src, "ORDER") == "wgmma"
         and _constant(src, "SWAP_AB")
-        and not wgmma_words_packed(compiled.asm["ttgir"])
+        and not dq.wgmma_words_packed(compiled.asm["ttgir"])
     ):
         # the tiles' decode takes a word's 4 bytes as 4 consecutive registers: true of the layout Triton derives from
         # wgmma's A operand (kWidth 2), which it chooses, so each build is checked (the GEMVs load whole words)
@@ -467,36 +466,6 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     rec["ok"] = not problems
     rec["error"] = "; ".join(problems) or None
     return rec
-
-
-def wgmma_words_packed(ttgir: str) -> bool:
-    """Whether every inline-asm decode of bytes (``tt.elementwise_inline_asm`` on an i8 tensor) receives bytes 0..3 of
-    one 32-bit memory word in its registers 0..3: its layout's first two register bases step the innermost dimension
-    by 1 and 2, and no other basis moves a byte's position within its word. What ``pack=4`` assumes."""
-    layouts = {m.group(1): m.group(2) for m in re.finditer(r"^(#\w+) = (.*)$", ttgir, re.M)}
-    found = False
-    for line in ttgir.splitlines():
-        if "tt.elementwise_inline_asm" not in line:
-            continue
-        m = re.search(r":\s*\(?tensor<([0-9x]+)xi8, (#[\w.]+)", line.split('"')[-1])
-        if m is None:
-            continue
-        found = True
-        rank, enc = len(m.group(1).split("x")), layouts[m.group(2)]
-        if "ttg.linear" in enc:
-            bases = {
-                k: json.loads(re.search(k + r" = (\[.*?\]\]|\[\])", enc).group(1)) for k in ("register", "lane", "warp")
-            }
-            unit = [[0] * (rank - 1) + [1], [0] * (rank - 1) + [2]]
-            rest = bases["register"][2:] + bases["lane"] + bases["warp"]
-            if bases["register"][:2] != unit or any(b[-1] % 4 for b in rest):
-                return False
-        else:
-            size = json.loads(re.search(r"sizePerThread = (\[[^\]]*\])", enc).group(1))
-            order = json.loads(re.search(r"order = (\[[^\]]*\])", enc).group(1))
-            if size[-1] < 4 or size[-1] % 4 or order[0] != rank - 1:
-                return False
-    return found
 
 
 _WGMMA_FLOW = re.compile(

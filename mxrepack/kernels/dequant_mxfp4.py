@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import re
 from dataclasses import dataclass
 
 import torch
@@ -331,6 +333,62 @@ def wgmma_chunks(r0, stride_wn, stride_wsn, TILE_ROWS: tl.constexpr):
     pieces in K tile 0; K tile kt adds ``kt * TILE_ROWS * 64`` and ``kt * TILE_ROWS * 4``."""
     local = r0 % TILE_ROWS
     return (r0 - local) * stride_wn + local * 64, (r0 - local) * stride_wsn + local * 4
+
+
+def wgmma_words_packed(ttgir: str) -> bool:
+    """Whether every inline-asm decode of bytes (``tt.elementwise_inline_asm`` on an i8 tensor) in a compiled kernel's
+    TTGIR receives bytes 0..3 of one 32-bit memory word in its registers 0..3 (its layout's first two register bases
+    step the innermost dimension by 1 and 2, and no other basis moves a byte within its word), as :data:`WORD_ASM`'s
+    ``pack=4`` assumes. Triton derives that layout from the MMA operand: true of wgmma's (kWidth 2), false of
+    ``mma.sync``'s (an sm_12x build, or an operand under 64 rows on sm_90). False for a layout it cannot read, and
+    for a kernel with no such decode."""
+    layouts = {m.group(1): m.group(2) for m in re.finditer(r"^(#[\w.]+) = (.*)$", ttgir, re.M)}
+    found = False
+    for line in ttgir.splitlines():
+        if "tt.elementwise_inline_asm" not in line:
+            continue
+        m = re.search(r":\s*\(?tensor<([0-9x]+)xi8, (#[\w.]+)", line.split('"')[-1])
+        if m is None:
+            continue
+        found = True
+        rank, enc = len(m.group(1).split("x")), layouts.get(m.group(2), "")
+        if "ttg.linear" in enc:
+            bases = {k: re.search(k + r" = (\[.*?\]\]|\[\])", enc) for k in ("register", "lane", "warp")}
+            if not all(bases.values()):
+                return False
+            bases = {k: json.loads(v.group(1)) for k, v in bases.items()}
+            unit = [[0] * (rank - 1) + [1], [0] * (rank - 1) + [2]]
+            rest = bases["register"][2:] + bases["lane"] + bases["warp"]
+            if bases["register"][:2] != unit or any(b[-1] % 4 for b in rest):
+                return False
+        elif "ttg.blocked" in enc:
+            size = re.search(r"sizePerThread = (\[[^\]]*\])", enc)
+            order = re.search(r"order = (\[[^\]]*\])", enc)
+            if not (size and order):
+                return False
+            size, order = json.loads(size.group(1)), json.loads(order.group(1))
+            if size[-1] < 4 or size[-1] % 4 or order[0] != rank - 1:
+                return False
+        else:
+            return False
+    return found
+
+
+_PACKING_CHECKED: dict[str, bool] = {}
+
+
+def check_wgmma_packing(compiled) -> None:
+    """Raise if a launched wgmma-order tile's decode does not receive whole words (:func:`wgmma_words_packed`): once
+    per compiled kernel, so that a config Triton lowers to another MMA fails loudly instead of multiplying the wrong
+    bytes. ``compiled``: what a Triton launch returns."""
+    key = compiled.hash
+    if key not in _PACKING_CHECKED:
+        _PACKING_CHECKED[key] = wgmma_words_packed(compiled.asm["ttgir"])
+    if not _PACKING_CHECKED[key]:
+        raise RuntimeError(
+            f"{compiled.name}: the wgmma order's decode does not receive whole memory words in this build (Triton "
+            "chose another MMA layout, e.g. for an operand under 64 rows): it would decode the wrong bytes"
+        )
 
 
 def largest_scale(*scales: torch.Tensor) -> int:

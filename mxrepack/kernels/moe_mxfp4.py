@@ -41,6 +41,7 @@ import triton.language as tl
 from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
     check_fold_scale,
+    check_wgmma_packing,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     dot_w_wgmma,
@@ -103,10 +104,15 @@ class MoeConfig:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
         if self.order not in ("rows", "wgmma"):
             raise ValueError(f"order must be rows or wgmma, got {self.order!r}")
-        if self.order == "wgmma" and not (self.swap_ab and self.block_n % 16 == 0):
+        if self.order == "wgmma" and not (self.swap_ab and self.block_n % 64 == 0):
+            # under 64 weight rows (down's block_n) Triton lowers the dot to mma.sync, whose fragment is other bytes
             raise ValueError(
-                f"the wgmma order is read by the swapped tiles, 16 rows at a time: swap_ab and block_n % 16 == 0, "
-                f"got swap_ab={self.swap_ab}, block_n={self.block_n}"
+                f"the wgmma order is read by the swapped tiles on wgmma's 64-row operands: swap_ab and block_n % 64 "
+                f"== 0, got swap_ab={self.swap_ab}, block_n={self.block_n}"
+            )
+        if not self.wait_mma and self.order != "wgmma":
+            raise ValueError(
+                "wait_mma=False is a variant of the wgmma order's tiles only (the rows order always waits)"
             )
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
@@ -163,9 +169,10 @@ MOE_TILES_SCALED = (
     (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
     (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)),
 )
-# Weights in the wgmma order (the strided layout's ``order: wgmma``, sm_90): every T takes these tiles (no GEMV reads
-# that order yet). Gate_up runs 2 x block_n weight rows (gate and up) as one operand. H100, 120b shapes, CUDA graphs,
-# folded, each wgmma waited for (``wait_mma``), same run as the rows order's shipped choice (``peers.py --sweep-moe
+# Weights in the wgmma order (the strided layout's ``order: wgmma``, sm_90): the tiles past
+# :data:`WGMMA_GEMV_MAX_ASSIGNMENTS`. Gate_up runs 2 x block_n weight rows (gate and up) as one operand; block_n is
+# whole 64-row wgmma operands (``MoeConfig`` checks it). H100, 120b shapes, CUDA graphs, folded, each wgmma waited
+# for (``wait_mma``), same run as the rows order's shipped choice (``peers.py --sweep-moe
 # 16,128,1024,4096 --sweep-kind wgmma``, 2026-11-26, docs/bench/moe_sweep_wgmma_h100_2026-11-26_de469b5wip.json):
 # T = 128 16 x 64 on 3 stages 0.858 ms (rows order 0.901), T = 1024 64 x 64 on 3 stages 1.438 (1.682), T = 4096
 # 64 x 128 on 3 stages 3.807 (4.228); 4 stages and 128-token tiles lost. T = 16: 0.419 against the rows order's GEMV
@@ -254,8 +261,8 @@ WGMMA_GEMV_MAX_ASSIGNMENTS = 8
 
 def pick_moe_gemv_config(assignments: int, cuda: bool = True, order: str = "rows") -> MoeGemvConfig:
     """The decode GEMV configs for ``assignments`` = T * k (portable, without PTX, off CUDA) and the weights' byte
-    ``order``. One pair per order serves every T the GEMV path takes (:data:`GEMV_MAX_ASSIGNMENTS`); the argument
-    stays for the next measurement."""
+    ``order``. One pair per order serves every T the GEMV path takes (:data:`GEMV_MAX_ASSIGNMENTS`,
+    :data:`WGMMA_GEMV_MAX_ASSIGNMENTS`); the argument stays for the next measurement."""
     cfg = MOE_GEMV_WGMMA if order == "wgmma" else MOE_GEMV
     return cfg if cuda else cfg.portable()
 
@@ -283,7 +290,8 @@ def pick_moe(
     order: str = "rows",
 ) -> MoeConfig | MoeGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
-    ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles."""
+    ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments, :data:`WGMMA_GEMV_MAX_ASSIGNMENTS` for
+    the wgmma order), else the scheduled tiles."""
     limit = WGMMA_GEMV_MAX_ASSIGNMENTS if order == "wgmma" else GEMV_MAX_ASSIGNMENTS
     if activations == "bf16" and tokens * topk <= limit and hidden % 32 == 0:
         return pick_moe_gemv_config(tokens * topk, cuda, order)
@@ -601,7 +609,8 @@ def _down_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    if SWAP_AB:  # W @ h.T into [BLOCK_N, BLOCK_M]; the intermediate in split order (the gate_up kernel wrote it so)
+    if SWAP_AB:  # W @ h.T into [BLOCK_N, BLOCK_M]; the intermediate as the gate_up kernel wrote it (split order, or
+        # natural for the wgmma order)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -877,7 +886,8 @@ _COMBINE = "moe_combine"
 def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
     """Allocate the decode combine's arrival counters for every T the GEMV path takes (at least one slot per
     token), so that no later call allocates them, e.g. inside a CUDA graph capture (:func:`arrival_counters`)."""
-    arrival_counters(device, GEMV_MAX_ASSIGNMENTS * (hidden_padded // MOE_GEMV.down.block_n), _COMBINE)
+    down_rows = min(MOE_GEMV.down.block_n, MOE_GEMV_WGMMA.down.block_n)
+    arrival_counters(device, GEMV_MAX_ASSIGNMENTS * (hidden_padded // down_rows), _COMBINE)
 
 
 def _moe_gemv(
@@ -993,6 +1003,20 @@ def _moe_gemv(
     return out
 
 
+def _wgmma_gemv_ok(cfg: MoeGemvConfig) -> bool:
+    """Whether a GEMV pair fits ``gemv_rows_wgmma``: prepared (f16x2), 16-row blocks, gate_up whole groups of 32, one
+    128-code K tile a step, the next one or none in flight."""
+    gu, d = cfg.gate_up, cfg.down
+    return (
+        cfg.prepared
+        and gu.block_n % 32 == 0
+        and d.block_n % 16 == 0
+        and gu.block_k == d.block_k == 128
+        and gu.prefetch in (0, 1)
+        and d.prefetch in (0, 1)
+    )
+
+
 def check_order(order: str, activations: str, device: torch.device) -> None:
     """Whether weights in byte ``order`` can run here: "rows" anywhere; "wgmma" with BF16 activations, on Hopper
     (sm_90, whose wgmma fragment the order is: on sm_8x/sm_12x ``mma.sync`` would decode other bytes) or off CUDA
@@ -1029,8 +1053,7 @@ def moe_mxfp4(
     kernels, :meth:`MoeGemvConfig.from_single`), or None to choose by shape. ``fold_scale``: ``w``'s scales fit the
     folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
     chosen swapped tiles then fold (same bits, faster) and nothing is checked per call. ``order``: the weights' byte
-    order (the strided layout's option): "rows", or "wgmma" (BF16 activations, Hopper or the interpreter only; the
-    scheduled wgmma tiles at every T).
+    order (the strided layout's option): "rows", or "wgmma" (BF16 activations, Hopper or the interpreter only).
     """
     if activations not in ("bf16", "e4m3", "e2m1"):
         raise ValueError(f"activations must be bf16, e4m3 or e2m1, got {activations!r}")
@@ -1051,13 +1074,10 @@ def moe_mxfp4(
     gemv = isinstance(cfg, MoeGemvConfig)
     if not gemv and cfg.order != order:
         raise ValueError(f"config {cfg.name()} reads the {cfg.order} order, the weights are {order}")
-    if (
-        gemv
-        and order == "wgmma"
-        and not (cfg.prepared and cfg.gate_up.block_n % 32 == 0 and cfg.down.block_n % 16 == 0)
-    ):
+    if gemv and order == "wgmma" and not _wgmma_gemv_ok(cfg):
         raise ValueError(
-            f"the wgmma order's GEMVs are f16x2 ones on 16-row blocks (gate_up whole groups of 32), got {cfg.name()}"
+            f"the wgmma order's GEMVs are f16x2 ones on 16-row blocks (gate_up whole groups of 32), one 128-code K "
+            f"tile a step, prefetch 0 or 1, got {cfg.name()}"
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
@@ -1121,7 +1141,7 @@ def _moe_scheduled(
         num_stages=cfg.num_stages,
     )
     grid_gate_up, grid_down = (nb, Ip // cfg.block_n), (nb, Hp // cfg.block_n)
-    _gate_up_kernel[grid_gate_up](
+    gate_up_kernel = _gate_up_kernel[grid_gate_up](
         a,
         a_s if a_s is not None else s13,
         w13,
@@ -1152,7 +1172,7 @@ def _moe_scheduled(
     else:
         ha, ha_s = quantize_activations(h, activations)
     y = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
-    _down_kernel[grid_down](
+    down_kernel = _down_kernel[grid_down](
         ha,
         ha_s if ha_s is not None else s2,
         w2,
@@ -1176,4 +1196,7 @@ def _moe_scheduled(
         y.stride(0),
         **launch,
     )
+    if wgmma and math != "ops":  # what this build's decode receives is Triton's choice: checked once per build
+        check_wgmma_packing(gate_up_kernel)
+        check_wgmma_packing(down_kernel)
     return y
