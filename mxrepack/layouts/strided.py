@@ -216,6 +216,35 @@ def _byte_swap(x: torch.Tensor, shift: int, mask: int) -> torch.Tensor:
     return x ^ t ^ (t << shift)
 
 
+def in_order(stored: dict[str, torch.Tensor], order: str, in_place: bool = False) -> dict[str, torch.Tensor]:
+    """The layout's tensors in the ``"rows"`` order -> in byte order ``order``: the weights and scales present
+    reordered (the weights into their own storage with ``in_place``), the rest as they are."""
+    if check_order(order) == "rows":
+        return stored
+    out = dict(stored)
+    for name in ("w13_weight", "w2_weight"):
+        if name in out:
+            out[name] = wgmma_order(out[name], out=out[name] if in_place else None)
+    for name, rows in SCALE_ROWS_PER_TILE.items():
+        if name in out:
+            out[name] = wgmma_scales(out[name], rows)
+    return out
+
+
+def rows_order(stored: dict[str, torch.Tensor], order: str) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`in_order`: the layout's tensors in byte order ``order`` -> in the ``"rows"`` order."""
+    if check_order(order) == "rows":
+        return stored
+    out = dict(stored)
+    for name in ("w13_weight", "w2_weight"):
+        if name in out:
+            out[name] = k_tiled_from_wgmma(out[name])
+    for name, rows in SCALE_ROWS_PER_TILE.items():
+        if name in out:
+            out[name] = scales_from_wgmma(out[name], rows)
+    return out
+
+
 def from_row_major(stored: dict[str, torch.Tensor], order: str = "rows") -> dict[str, torch.Tensor]:
     """The layout's tensors, in byte order ``order``, from padded row-major ones: w13 rows ``[gate | up]``, every
     row's bytes in order (how benchmarks build random layers on the GPU; biases are the same in both). Needs w13's
@@ -233,25 +262,16 @@ def from_row_major(stored: dict[str, torch.Tensor], order: str = "rows") -> dict
             w2.view(E, Hp // DOWN_TILE_ROWS, DOWN_TILE_ROWS, 1, w2.shape[2]), Hp // DOWN_TILE_ROWS, w2.shape[2]
         ),
     }
-    if order == "wgmma":
-        for name in ("w13_weight", "w2_weight"):
-            out[name] = wgmma_order(out[name], out=out[name])  # k_tiled's output is ours to overwrite
-        for name, rows in SCALE_ROWS_PER_TILE.items():
-            if name in out:
-                out[name] = wgmma_scales(out[name], rows)
-    return out
+    return in_order(out, order, in_place=True)  # k_tiled's outputs are ours to overwrite
 
 
 def to_row_major(stored: dict[str, torch.Tensor], order: str = "rows") -> dict[str, torch.Tensor]:
     """Inverse of :func:`from_row_major` (the same ``order``): each matrix row-major, w13 rows ``[gate | up]`` (for
     references); w2's scales converted where present."""
-    check_order(order)
     E, N2, kb = stored["w13_weight"].shape
-    w13, w2 = stored["w13_weight"], stored["w2_weight"]
-    scales = {name: stored[name] for name in SCALE_ROWS_PER_TILE if name in stored}
-    if order == "wgmma":
-        w13, w2 = k_tiled_from_wgmma(w13), k_tiled_from_wgmma(w2)
-        scales = {name: scales_from_wgmma(x, SCALE_ROWS_PER_TILE[name]) for name, x in scales.items()}
+    rows = rows_order(stored, order)
+    w13, w2 = rows["w13_weight"], rows["w2_weight"]
+    scales = {name: rows[name] for name in SCALE_ROWS_PER_TILE if name in rows}
     halves = {
         "w13_weight": gate_up_halves_padded(k_untiled(w13, (GATE_UP_TILE, 2)).reshape(E, N2, kb), N2 // 2, kb),
         "w13_weight_scale": gate_up_halves_padded(
@@ -336,14 +356,10 @@ class StridedLayout(ExpertLayout):
         )
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
-        w13, w2 = stored["w13_weight"], stored["w2_weight"]
-        s13, s2 = stored["w13_weight_scale"], stored["w2_weight_scale"]
-        if self.order == "wgmma":
-            w13, w2 = k_tiled_from_wgmma(w13), k_tiled_from_wgmma(w2)
-            s13 = scales_from_wgmma(s13, SCALE_ROWS_PER_TILE["w13_weight_scale"])
-            s2 = scales_from_wgmma(s2, SCALE_ROWS_PER_TILE["w2_weight_scale"])
-        w13 = k_untiled(w13, (GATE_UP_TILE, 2))  # [E, Ip/32, 32, 2, Hp/2]
-        w2 = k_untiled(w2, (DOWN_TILE_ROWS, 1))
+        rows = rows_order(stored, self.order)
+        s13, s2 = rows["w13_weight_scale"], rows["w2_weight_scale"]
+        w13 = k_untiled(rows["w13_weight"], (GATE_UP_TILE, 2))  # [E, Ip/32, 32, 2, Hp/2]
+        w2 = k_untiled(rows["w2_weight"], (DOWN_TILE_ROWS, 1))
         E = w13.shape[0]
         return {
             "gate_up_proj_blocks": w13.reshape(E, -1, w13.shape[-1] // 16, 16),
