@@ -231,9 +231,10 @@ def mma_done(acc):
 # Hopper's wgmma for step s (Triton's kWidth 2). A word decodes in 5 instructions a byte: prmt puts the byte's low
 # nibble (from the word shifted by 4) at bits 15..12 and its high nibble at 31..28, then the pair decode of
 # ``_DECODE_PAIRS`` and the scale multiply(s); rows g and g + 8 take their own scale ($5, $6). With every lane's bytes
-# in its own fragment, a K tile's W is one MMA operand that needs no shuffle, and the MMA runs while the next tile is
-# decoded (the swapped step on the rows order decodes even and odd codes into two dots and waits for each:
-# :func:`mma_done`). On sm_12x (``mma.sync``, kWidth 8) a lane's fragment is other bytes: these kernels are sm_90's.
+# in its own fragment, a K tile's W is one MMA operand that needs no shuffle (the swapped step on the rows order
+# decodes even and odd codes into two dots); the shipped tiles still wait for it before the next decode
+# (:func:`mma_done`, ``MoeConfig.wait_mma``). On sm_12x (``mma.sync``, kWidth 8) a lane's fragment is other bytes:
+# these kernels are sm_90's.
 def _word_asm(multiplies: str) -> str:
     lines = ["{", ".reg .b32 z, y, t, m, c;", "mov.b32 m, 0x80008000;", "mov.b32 c, 0x7e807e80;", "shl.b32 z, $4, 4;"]
     for i in range(4):

@@ -387,13 +387,21 @@ def pack_groups(v, GB: tl.constexpr):
     fp16, stored at 4s + w so that a thread loads slot s of its group's four words as one 16-byte
     vector. A pure permutation of the 32 values, so a kernel that has them in registers (the MoE
     gate_up epilogue) packs them the same way as this file's preparing kernel."""
+    bits, factors = _fp16_groups(v)
+    bits = tl.permute(tl.reshape(bits, (GB, 4, 2, 4)), (0, 3, 1, 2))  # k = 8w + 4h + s -> [s, w, h]
+    lo, hi = tl.split(tl.reshape(bits, (GB, 16, 2)))
+    return (hi << 16) | lo, factors
+
+
+@triton.jit
+def _fp16_groups(v):
+    """v [GB, 32] fp32 -> (fp16 bits [GB, 32] int32, factors [GB] fp32): each group times 2^(14 - e), e the exponent
+    of its largest magnitude, in fp16; the factor 2^e restores it (:func:`pack_groups`, :func:`pack_groups_dup`)."""
     eb = tl.max(tl.abs(v), axis=1).to(tl.int32, bitcast=True) >> 23  # biased exponent of the group's max
     eb = tl.maximum(eb, 14)  # an all-zero (or all below 2^-113) group: any factor in range will do
     factor = ((268 - eb) << 23).to(tl.float32, bitcast=True)  # 2^(14 - e), e = eb - 127
     bits = (v * factor[:, None]).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    bits = tl.permute(tl.reshape(bits, (GB, 4, 2, 4)), (0, 3, 1, 2))  # k = 8w + 4h + s -> [s, w, h]
-    lo, hi = tl.split(tl.reshape(bits, (GB, 16, 2)))
-    return (hi << 16) | lo, (eb << 23).to(tl.float32, bitcast=True)
+    return bits, (eb << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -787,12 +795,9 @@ def pack_groups_dup(v, GB: tl.constexpr):
     """v [GB, 32] fp32 -> (duplicated fp16 [GB, 32] int32 in the wgmma GEMV's order, factors [GB] fp32): each group
     rescaled by 2^(14 - e) as :func:`pack_groups` does, each value in both fp16 halves, position 8 t + 4 odd + 2 kh +
     nibble holding value 16 odd + 2 t + 8 kh + nibble (lane t's 8 values of the group together)."""
-    eb = tl.max(tl.abs(v), axis=1).to(tl.int32, bitcast=True) >> 23
-    eb = tl.maximum(eb, 14)
-    factor = ((268 - eb) << 23).to(tl.float32, bitcast=True)
-    bits = (v * factor[:, None]).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    bits, factors = _fp16_groups(v)
     bits = tl.reshape(tl.permute(tl.reshape(bits, (GB, 2, 2, 4, 2)), (0, 3, 1, 2, 4)), (GB, 32))  # odd, kh, t, n
-    return (bits << 16) | bits, (eb << 23).to(tl.float32, bitcast=True)
+    return (bits << 16) | bits, factors
 
 
 @triton.jit

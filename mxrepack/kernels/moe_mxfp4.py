@@ -439,8 +439,8 @@ def _gate_up_wgmma(
     WAIT_MMA: tl.constexpr,
 ):
     """Gate and up ``[BLOCK_N, BLOCK_M]`` of intermediate rows ``pid_n * BLOCK_N ..`` from W in the wgmma order: both
-    projections' rows one ``[2 BLOCK_N, 128]`` operand (blocks i < NB gate, NB + i up), so each K tile is one dot that
-    runs while the next is decoded; x in natural order, masked past H."""
+    projections' rows one ``[2 BLOCK_N, 128]`` operand (blocks i < NB gate, NB + i up), so each K tile is one dot
+    (waited for before the next decode with ``WAIT_MMA``); x in natural order, masked past H."""
     NB: tl.constexpr = BLOCK_N // 16
     blk = tl.arange(0, 2 * NB)
     w_off, s_off = wgmma_chunks(_w13_rows(pid_n * BLOCK_N + 16 * (blk % NB), blk // NB), stride_wn, stride_wsn, 64)
