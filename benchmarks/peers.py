@@ -331,7 +331,14 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 warps = 4
                 cfg = MoeConfig(bm, bn, 128, warps, st, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait)
                 cands[cfg.name()] = cfg
-        variants = ("swap",) if kind.startswith("swap") else () if kind == "wgmma" else ("plain", "manual", "swap")
+        if kind == "wgmma-wide":  # the wgmma order on two warpgroups (8 warps), beside the shipped 4-warp tiles
+            cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
+            for bm, bn in itertools.product(sorted({16 if rows_per_expert <= 16 else 64, *ms_}), (64, 128)):
+                cfg = MoeConfig(bm, bn, 128, 8, 3, swap_ab=True, fold_scale=fold, order="wgmma")
+                cands[cfg.name()] = cfg
+        variants = (
+            ("swap",) if kind.startswith("swap") else () if kind.startswith("wgmma") else ("plain", "manual", "swap")
+        )
         if kind == "fold":  # the shipped swapped tile, folded (rand_mx: scales <= 128), and its unfolded twin
             variants, ms_ = (), ()
             if getattr(cands["shipped"], "swap_ab", False):
@@ -560,11 +567,11 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma"),
+        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
         "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold), or the tiles "
-        "of the strided layout's wgmma order (wgmma, MoE only, Hopper) beside the shipped choice",
+        "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps) beside the shipped one",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
