@@ -305,7 +305,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
-    Wg = wgmma_layer(W) if kind == "wgmma" else None
+    Wg = wgmma_layer(W) if kind.startswith("wgmma") else None
     for T in Ts:
         torch.manual_seed(T)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
