@@ -372,6 +372,36 @@ def test_moe_schedule_covers_every_assignment_once():
     assert blk_e.numel() == 8 and (blk_e >= 0).sum() == 6
 
 
+def _schedule_reference(topk_ids, experts, block_m):
+    """The schedule by torch ops (the implementation before the Triton kernels): a stable argsort by expert, then
+    each block's expert by a search over the experts' cumulative block counts."""
+    flat = topk_ids.flatten().to(torch.int64)
+    order = torch.argsort(flat, stable=True).to(torch.int32)
+    counts = torch.bincount(flat, minlength=experts)
+    blocks = (counts + block_m - 1) // block_m
+    cum_blocks, starts = torch.cumsum(blocks, 0), torch.cumsum(counts, 0) - counts
+    n = flat.numel()
+    b = torch.arange(max(1, -(-(n + (block_m - 1) * min(experts, n)) // block_m)))
+    expert = torch.searchsorted(cum_blocks, b, right=True)
+    e = expert.clamp(max=experts - 1)
+    start = starts[e] + (b - (cum_blocks[e] - blocks[e])) * block_m
+    return order, torch.where(expert < experts, expert, -1), start, starts[e] + counts[e]
+
+
+@pytest.mark.parametrize(
+    "tokens,k,experts,block_m",
+    [(0, 4, 128, 16), (1, 4, 128, 16), (3, 4, 7, 16), (64, 4, 128, 16), (300, 4, 32, 64), (1100, 4, 128, 64)],
+)
+def test_moe_schedule_is_a_stable_sort_by_expert(tokens, k, experts, block_m):
+    # 1100 x 4 assignments take several chunks of the count and placement kernels (SCHEDULE_CHUNKS)
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]) if tokens else None
+    ids = (ids if ids is not None else torch.zeros(0, k, dtype=torch.int64)).to(torch.int32)
+    got, want = moe_schedule(ids, experts, block_m), _schedule_reference(ids, experts, block_m)
+    for name, a, b in zip(("order", "expert", "start", "end"), got, want):
+        assert torch.equal(a.long(), b.long()), name
+
+
 def _strided_layer(E, H, I, order="rows"):
     gu, gus = quantize_mxfp4(torch.randn(E, 2 * I, H) * 0.05)
     dn, dns = quantize_mxfp4(torch.randn(E, H, I) * 0.05)

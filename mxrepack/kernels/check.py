@@ -343,9 +343,47 @@ def _dequant_source(cfg: dq.DequantConfig) -> ASTSource:
     return ASTSource(dq._dequant_mxfp4_kernel, sig, {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k})
 
 
+def _moe_schedule_sources(experts: int = 128, block_m: int = 64) -> dict[str, ASTSource]:
+    """The scheduled MoE path's CUDA-core kernels as gpt-oss-120b launches them: the schedule's two (128 experts;
+    int32 router ids, as vLLM's) and the combine of the top-4 slots."""
+    e_p2 = triton.next_power_of_2(experts)
+    piece = moe._schedule_piece(e_p2)
+    shape = {"CHUNK": piece, "PIECE": piece, "E_P2": e_p2}
+    count = {"ids_ptr": "*i32", "hist_ptr": "*i32", "n": "i32", **{k: "constexpr" for k in shape}}
+    place_shape = shape | {
+        "BLOCK_M": block_m,
+        "CHUNKS_P2": moe.SCHEDULE_CHUNKS,
+        "BLOCKS_PER_PROGRAM": moe.SCHEDULE_BLOCKS,
+    }
+    place = {
+        "ids_ptr": "*i32",
+        "hist_ptr": "*i32",
+        "order_ptr": "*i32",
+        "blk_e_ptr": "*i32",
+        "blk_s_ptr": "*i32",
+        "blk_end_ptr": "*i32",
+        "n": "i32",
+        "experts": "i32",
+        "blocks_total": "i32",
+        "chunks": "i32",
+        **{k: "constexpr" for k in place_shape},
+    }
+    return {
+        "moe_schedule_count": ASTSource(moe._schedule_count_kernel, count, shape),
+        "moe_schedule_place": ASTSource(moe._schedule_place_kernel, place, place_shape),
+        "moe_schedule_combine": ASTSource(
+            moe._combine_kernel,
+            {"y_ptr": "*fp32", "out_ptr": "*bf16", "H": "i32", "stride_y": "i32", "stride_out": "i32"}
+            | {"TOPK": "constexpr", "BLOCK": "constexpr"},
+            {"TOPK": 4, "BLOCK": moe.COMBINE_BLOCK},
+        ),
+    }
+
+
 def _no_mma(kernel: str) -> bool:
-    """Kernels that run on CUDA cores by design: the decode GEMVs and the prefill's dequantizer."""
-    return kernel.startswith("gemv_") or kernel == "dequant_mxfp4"
+    """Kernels that run on CUDA cores by design: the decode GEMVs, the MoE schedule and combine, and the prefill's
+    dequantizer."""
+    return kernel.startswith(("gemv_", "moe_schedule")) or kernel == "dequant_mxfp4"
 
 
 def _with_folded(configs: dict, bf16: bool) -> dict:
@@ -378,6 +416,8 @@ def shipped_kernels():
             label = "decode" if order == "rows" else "wgmma decode"
             yield kernel, f"{label}:{one.name()}", "w4a16", src, one.num_warps, one.num_stages
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
+    for kernel, src in _moe_schedule_sources().items():  # CUDA cores, any activations: checked once
+        yield kernel, "120b experts", "any", src, 4, 1
 
 
 def specialized(src: ASTSource) -> ASTSource:

@@ -6,7 +6,7 @@ Weights are the ``strided`` layout (``mxrepack.layouts.strided``): w13 ``[E, 2*I
 hidden and intermediate padded (2880 -> 2944). No TMA anywhere (sm_12x rejects TMA scatter), only plain
 loads and stores:
 
-1. ``moe_schedule`` (torch, no host sync): sort the ``T*k`` (token, slot) assignments by expert and cut
+1. ``moe_schedule`` (two small kernels, no host sync): sort the ``T*k`` (token, slot) assignments by expert and cut
    each expert's run into ``BLOCK_M`` row blocks: per block its expert, first and end sorted position.
 2. ``_gate_up_kernel``: per (row block, N tile) gather the tokens' rows of x, two accumulators (gate
    rows n and up rows Ip + n of the same expert), + bias, the gpt-oss SwiGLU (alpha 1.702, limit 7:
@@ -14,7 +14,7 @@ loads and stores:
    order ``[T*k, Ip]`` bf16. Padded rows have zero weights and bias, so they produce exactly 0.
 3. ``_down_kernel``: sorted rows times w2 + bias, times the routing weight, stored (plain stores) at the
    assignment's own row ``t*k + slot`` of ``[T*k, H]`` fp32 -- a scatter with ordinary stores.
-4. combine: ``sum`` over the k slots of each token (torch).
+4. ``_combine_kernel``: the sum over the k slots of each token, in fp32, stored as bf16 (or ``out``'s dtype).
 
 Decode (BF16 activations, at most ``GEMV_MAX_ASSIGNMENTS`` (token, slot) pairs) skips the schedule: one
 program per (assignment, row tile) runs the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` on its
@@ -298,32 +298,127 @@ def pick_moe(
     return pick_moe_config(tokens, topk, experts, activations, fold_scale, order)
 
 
+# The schedule's launch shape: assignments are counted and placed in at most SCHEDULE_CHUNKS chunks (one program
+# each, so every program can hold all chunks' counts), each chunk in pieces of ``_schedule_piece`` rows.
+SCHEDULE_CHUNKS = 64
+SCHEDULE_BLOCKS = 128  # row blocks described per program
+
+
+def _schedule_piece(experts_p2: int) -> int:
+    """Assignments a program compares against every expert at once: a [piece, experts] tile of 16 Ki elements."""
+    return max(16, 16384 // experts_p2)
+
+
+@triton.jit
+def _schedule_count_kernel(ids_ptr, hist_ptr, n, CHUNK: tl.constexpr, PIECE: tl.constexpr, E_P2: tl.constexpr):
+    """Program c: how many of assignments [c CHUNK, (c + 1) CHUNK) go to each expert -> hist[c, :E_P2]."""
+    c = tl.program_id(0)
+    cols = tl.arange(0, E_P2)
+    counts = tl.zeros((E_P2,), dtype=tl.int32)
+    for p in range(0, CHUNK, PIECE):
+        i = c * CHUNK + p + tl.arange(0, PIECE)
+        e = tl.load(ids_ptr + i, mask=i < n, other=E_P2).to(tl.int32)  # past n: no expert's column
+        counts += tl.sum((e[:, None] == cols[None, :]).to(tl.int32), axis=0)
+    tl.store(hist_ptr + c * E_P2 + cols, counts)
+
+
+@triton.jit
+def _schedule_place_kernel(
+    ids_ptr,
+    hist_ptr,
+    order_ptr,
+    blk_e_ptr,
+    blk_s_ptr,
+    blk_end_ptr,
+    n,
+    experts,
+    blocks_total,
+    chunks,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PIECE: tl.constexpr,
+    E_P2: tl.constexpr,
+    CHUNKS_P2: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
+):
+    """Programs 0 .. chunks - 1: chunk c's assignments at their sorted positions (by expert, then by index: a
+    stable sort) in ``order``. The programs after them: BLOCKS_PER_PROGRAM row blocks each (expert or -1, first and
+    end sorted position). Every program reads all chunks' counts (``_schedule_count_kernel``)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, E_P2)
+    rows = tl.arange(0, CHUNKS_P2)
+    hist = tl.load(hist_ptr + rows[:, None] * E_P2 + cols[None, :], mask=(rows < chunks)[:, None], other=0)
+    counts = tl.sum(hist, axis=0)
+    starts = tl.cumsum(counts, axis=0) - counts  # each expert's first sorted position
+    if pid < chunks:
+        # where this chunk's assignments of each expert begin: after the earlier chunks' ones
+        base = starts + tl.sum(tl.where((rows < pid)[:, None], hist, 0), axis=0)
+        for p in range(0, CHUNK, PIECE):
+            i = pid * CHUNK + p + tl.arange(0, PIECE)
+            e = tl.load(ids_ptr + i, mask=i < n, other=E_P2).to(tl.int32)
+            hit = (e[:, None] == cols[None, :]).to(tl.int32)
+            rank = tl.cumsum(hit, axis=0) - hit  # earlier assignments of the same expert within the piece
+            pos = tl.sum(hit * (rank + base[None, :]), axis=1)
+            tl.store(order_ptr + pos, i, mask=i < n)
+            base += tl.sum(hit, axis=0)
+    else:
+        blocks = (counts + BLOCK_M - 1) // BLOCK_M
+        cum_blocks = tl.cumsum(blocks, axis=0)
+        b = (pid - chunks) * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
+        # block b is expert e's when e experts' blocks end at or before it (padding columns end at the total)
+        expert = tl.sum((cum_blocks[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        mine = (tl.minimum(expert, experts - 1)[:, None] == cols[None, :]).to(tl.int32)
+        first_block = tl.sum(mine * (cum_blocks - blocks)[None, :], axis=1)
+        start = tl.sum(mine * starts[None, :], axis=1) + (b - first_block) * BLOCK_M
+        end = tl.sum(mine * (starts + counts)[None, :], axis=1)
+        ok = b < blocks_total
+        tl.store(blk_e_ptr + b, tl.where(expert < experts, expert, -1), mask=ok)
+        tl.store(blk_s_ptr + b, start, mask=ok)
+        tl.store(blk_end_ptr + b, end, mask=ok)
+
+
 def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
     """(sorted assignment ids, per-block expert, start, end); blocks past the real ones have expert -1.
 
-    The block count is bounded so that the grid needs no host sync: an expert with c assignments takes
-    ceil(c / block_m) <= (c + block_m - 1) / block_m blocks, and at most min(experts, T*k) experts have any, so
-    ``cdiv(T*k + (block_m - 1) * min(experts, T*k), block_m)``. No op here waits for the device: the whole MoE
-    call can be captured in a CUDA graph.
+    Assignments are sorted by expert, stably (by index within an expert), and each expert's run is cut into
+    ``block_m``-row blocks. The block count is bounded so that the grid needs no host sync: an expert with c
+    assignments takes ceil(c / block_m) <= (c + block_m - 1) / block_m blocks, and at most min(experts, T*k) experts
+    have any, so ``cdiv(T*k + (block_m - 1) * min(experts, T*k), block_m)``. Two launches (counts per chunk, then
+    placement and blocks), no host sync: the whole MoE call can be captured in a CUDA graph. (Torch's argsort and
+    the dozen ops around it took ~48 us on an H100 at 64-1024 tokens: ``benchmarks/experiments/moe_tile_profile.py``.)
     """
-    flat = topk_ids.flatten().to(torch.int64)
-    order = torch.argsort(flat, stable=True).to(torch.int32)
-    # counted by a scatter, not ``bincount``: on CUDA bincount reads the max back to the host, a sync that
-    # would keep the schedule out of CUDA graphs
-    counts = torch.zeros(experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
-    blocks = (counts + block_m - 1) // block_m
-    cum_blocks = torch.cumsum(blocks, 0)
-    starts = torch.cumsum(counts, 0) - counts
+    flat = topk_ids.flatten()
     n = flat.numel()
     nb = max(1, triton.cdiv(n + (block_m - 1) * min(experts, n), block_m))  # one empty block when T = 0
-    b = torch.arange(nb, device=flat.device)
-    expert = torch.searchsorted(cum_blocks, b, right=True)
-    valid = expert < experts
-    e = expert.clamp(max=experts - 1)
-    start = starts[e] + (b - (cum_blocks[e] - blocks[e])) * block_m
-    end = starts[e] + counts[e]
-    neg = torch.full_like(expert, -1)
-    return order, torch.where(valid, expert, neg).to(torch.int32), start.to(torch.int32), end.to(torch.int32)
+    e_p2 = triton.next_power_of_2(max(experts, 2))
+    piece = _schedule_piece(e_p2)
+    chunk = max(piece, triton.next_power_of_2(triton.cdiv(max(n, 1), SCHEDULE_CHUNKS)))
+    chunks = triton.cdiv(n, chunk)
+    dev = flat.device
+    hist = torch.empty(max(chunks, 1), e_p2, dtype=torch.int32, device=dev)
+    order = torch.empty(n, dtype=torch.int32, device=dev)
+    blk_e, blk_s, blk_end = (torch.empty(nb, dtype=torch.int32, device=dev) for _ in range(3))
+    if chunks:
+        _schedule_count_kernel[(chunks,)](flat, hist, n, CHUNK=chunk, PIECE=piece, E_P2=e_p2)
+    _schedule_place_kernel[(chunks + triton.cdiv(nb, SCHEDULE_BLOCKS),)](
+        flat,
+        hist,
+        order,
+        blk_e,
+        blk_s,
+        blk_end,
+        n,
+        experts,
+        nb,
+        chunks,
+        BLOCK_M=block_m,
+        CHUNK=chunk,
+        PIECE=piece,
+        E_P2=e_p2,
+        CHUNKS_P2=triton.next_power_of_2(max(chunks, 1)),
+        BLOCKS_PER_PROGRAM=SCHEDULE_BLOCKS,
+    )
+    return order, blk_e, blk_s, blk_end
 
 
 @triton.jit
@@ -1093,10 +1188,27 @@ def moe_mxfp4(
     if cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand: checked
         check_fold_scale(s13, s2)
     y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
-    result = y.view(T, k, H).sum(1)
-    if out is None:
-        return result.to(torch.bfloat16)
-    return out.copy_(result)
+    target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
+    if T:
+        _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK))](
+            y, target, H, y.stride(0), target.stride(0), TOPK=k, BLOCK=COMBINE_BLOCK
+        )
+    return target if out is None or target is out else out.copy_(target)
+
+
+COMBINE_BLOCK = 1024
+
+
+@triton.jit
+def _combine_kernel(y_ptr, out_ptr, H, stride_y, stride_out, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t] = sum of y[t k + j] over the k slots, in slot order, in fp32, stored in out's dtype: the scheduled
+    tiles' combine in one pass (the fp32 sum and the cast to bf16 were two torch kernels, ~0.1 ms at T = 4096)."""
+    t, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    rows = y_ptr + (t * TOPK).to(tl.int64) * stride_y + cols
+    acc = tl.load(rows, mask=cols < H, other=0.0)
+    for j in tl.static_range(1, TOPK):
+        acc += tl.load(rows + j * stride_y, mask=cols < H, other=0.0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < H)
 
 
 def _moe_scheduled(
