@@ -605,10 +605,13 @@ def test_kernels_check_builds_for_sm12x_without_tma():
         "gemv_moe_gate_up_f16x2",
         "gemv_moe_down",
         "dequant_mxfp4",
+        "moe_schedule_count",
+        "moe_schedule_place",
+        "moe_schedule_combine",
     }
     for r in records:
         assert r["ok"] and not r["tma"], r
-        cuda_cores = r["kernel"].startswith("gemv_") or r["kernel"] == "dequant_mxfp4"
+        cuda_cores = r["kernel"].startswith(("gemv_", "moe_schedule")) or r["kernel"] == "dequant_mxfp4"
         assert bool(r["mma"]) != cuda_cores, r  # the GEMVs and the dequantizer have no MMA
         if r["arch"] in ("sm_120a", "sm_121a"):
             assert r["shared_bytes"] <= 101376

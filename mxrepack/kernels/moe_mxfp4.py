@@ -300,13 +300,13 @@ def pick_moe(
 
 # The schedule's launch shape: assignments are counted and placed in at most SCHEDULE_CHUNKS chunks (one program
 # each, so every program can hold all chunks' counts), each chunk in pieces of ``_schedule_piece`` rows.
-SCHEDULE_CHUNKS = 64
-SCHEDULE_BLOCKS = 128  # row blocks described per program
+SCHEDULE_CHUNKS = 32
+SCHEDULE_BLOCKS = 64  # row blocks described per program
 
 
 def _schedule_piece(experts_p2: int) -> int:
-    """Assignments a program compares against every expert at once: a [piece, experts] tile of 16 Ki elements."""
-    return max(16, 16384 // experts_p2)
+    """Assignments a program compares against every expert at once: a [piece, experts] tile of 8 Ki elements."""
+    return max(16, 8192 // experts_p2)
 
 
 @triton.jit
@@ -353,12 +353,16 @@ def _schedule_place_kernel(
     if pid < chunks:
         # where this chunk's assignments of each expert begin: after the earlier chunks' ones
         base = starts + tl.sum(tl.where((rows < pid)[:, None], hist, 0), axis=0)
+        j = tl.arange(0, PIECE)
         for p in range(0, CHUNK, PIECE):
-            i = pid * CHUNK + p + tl.arange(0, PIECE)
+            i = pid * CHUNK + p + j
             e = tl.load(ids_ptr + i, mask=i < n, other=E_P2).to(tl.int32)
             hit = (e[:, None] == cols[None, :]).to(tl.int32)
-            rank = tl.cumsum(hit, axis=0) - hit  # earlier assignments of the same expert within the piece
-            pos = tl.sum(hit * (rank + base[None, :]), axis=1)
+            # earlier assignments of the same expert within the piece: counted by comparing every pair (a 2-D
+            # scan in Triton moved the tile through shared memory and took ~40 us on an H100)
+            e_earlier = tl.where(j[None, :] < j[:, None], tl.reshape(e, (1, PIECE)), -1)
+            rank = tl.sum((e_earlier == e[:, None]).to(tl.int32), axis=1)
+            pos = tl.sum(hit * base[None, :], axis=1) + rank
             tl.store(order_ptr + pos, i, mask=i < n)
             base += tl.sum(hit, axis=0)
     else:
