@@ -174,14 +174,18 @@ MOE_TILES_SCALED = (
 # whole 64-row wgmma operands (``MoeConfig`` checks it). H100, 120b shapes, CUDA graphs, folded, each wgmma waited
 # for (``wait_mma``), same run as the rows order's shipped choice (``peers.py --sweep-moe
 # 16,128,1024,4096 --sweep-kind wgmma``, 2026-11-26, docs/bench/moe_sweep_wgmma_h100_2026-11-26_de469b5wip.json):
-# T = 128 16 x 64 on 3 stages 0.858 ms (rows order 0.901), T = 1024 64 x 64 on 3 stages 1.438 (1.682), T = 4096
-# 64 x 128 on 3 stages 3.807 (4.228); 4 stages and 128-token tiles lost. T = 16: 0.419 against the rows order's GEMV
-# 0.325 -- below 33 tokens the rows order's decode GEMV is faster. Keeping one wgmma in flight (``wait_mma=False``)
-# took 0.847 / 1.388 / 4.059 ms: 1-3.5% at T = 128-1024, slower at 4096, and it fails the kernels check's race test.
+# T = 128 16 x 64 on 3 stages 0.858 ms (rows order 0.901), T = 1024 64 x 64 on 3 stages 1.438 (1.682); 4 stages and
+# 128-token tiles on 4 warps lost. T = 16: 0.419 against the rows order's GEMV 0.325 -- below 33 tokens the rows
+# order's decode GEMV is faster. Keeping one wgmma in flight (``wait_mma=False``) took 0.847 / 1.388 / 4.059 ms: 1-3.5%
+# at T = 128-1024, slower at 4096, and it fails the kernels check's race test. Past 64 rows per expert, 128 tokens x
+# 128 rows per projection on 8 warps (two warpgroups, each 64 rows of W): H200, same run (``--sweep-kind wgmma-wide``,
+# fd048a4, docs/bench/moe_sweep_wgmma_wide_h200_2026-11-26_fd048a4.json) T = 4096 3.434 ms against 3.541 for 64 x 128
+# on 4 warps, T = 8192 5.839 against 6.406; at T = 2048 (64 rows per expert) 2.332 against 64 x 64's 2.060, and on
+# 8 warps every smaller tile lost (also on the H100 at T = 512-4096: ..._h100_2026-11-26_21432ef.json).
 MOE_TILES_WGMMA = (
     (16, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
     (64, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
-    (float("inf"), MoeConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
+    (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma")),
 )
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 MOE_CONFIGS_WGMMA = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_WGMMA}
