@@ -309,8 +309,9 @@ SCHEDULE_BLOCKS = 64  # row blocks described per program
 
 
 def _schedule_piece(experts_p2: int) -> int:
-    """Assignments a program compares against every expert at once: a [piece, experts] tile of 8 Ki elements."""
-    return max(16, 8192 // experts_p2)
+    """Assignments a program takes at once: compared with every expert ([piece, experts], at most 8 Ki elements) and
+    with each other ([piece, piece], for the ranks): 64, fewer past 128 experts."""
+    return max(16, min(64, 8192 // experts_p2))
 
 
 @triton.jit
