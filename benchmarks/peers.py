@@ -320,6 +320,13 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 from mxrepack.kernels.moe_mxfp4 import MOE_GEMV_WGMMA, MoeGemvConfig
 
                 cands["wgmma gemv no prefetch"] = MOE_GEMV_WGMMA.each(prefetch=0)
+                cands["wgmma gemv prefetch 2"] = MOE_GEMV_WGMMA.each(prefetch=2)
+                for (gn, gw), (dn, dw) in (((32, 8), (16, 2)), ((32, 8), (32, 4)), ((64, 8), (32, 4))):
+                    pair = MoeGemvConfig(
+                        GemvConfig(gn, 128, gw, 1, "f16x2", pdl=1, prefetch=2),
+                        GemvConfig(dn, 128, dw, 1, "f16x2", pdl=1, prefetch=2),
+                    )
+                    cands[f"wgmma {pair.name()}"] = pair
                 for (gn, gw), (dn, dw) in itertools.product(((32, 8), (32, 4), (64, 8)), ((32, 4), (64, 8), (16, 2))):
                     pair = MoeGemvConfig(
                         GemvConfig(gn, 128, gw, 1, "f16x2", pdl=1), GemvConfig(dn, 128, dw, 1, "f16x2", pdl=1)

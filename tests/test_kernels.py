@@ -498,6 +498,7 @@ def test_moe_wgmma_order_matches_reference():
         for cfg in (
             None,  # the decode GEMVs at these T
             MoeGemvConfig(GemvConfig(64, 128, 4, 1, "f16x2-ops", prefetch=0), GemvConfig(16, 128, 4, 1, "f16x2-ops")),
+            MOE_GEMV_WGMMA.each(prefetch=2).portable(),  # two K tiles in flight
             MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"),
             MoeConfig(32, 128, 128, swap_ab=True, order="wgmma", wait_mma=False),
         ):
@@ -524,7 +525,7 @@ def test_moe_wgmma_order_matches_reference():
     with pytest.raises(ValueError, match="wgmma order's tiles only"):
         MoeConfig(16, 64, 128, swap_ab=True, wait_mma=False)
     with pytest.raises(ValueError, match="one 128-code K tile a step"):
-        moe_mxfp4(x, ids, wts, wgmma, "bf16", MOE_GEMV_WGMMA.each(prefetch=2).portable(), order="wgmma")
+        moe_mxfp4(x, ids, wts, wgmma, "bf16", MOE_GEMV_WGMMA.each(block_k=256).portable(), order="wgmma")
 
 
 @pytest.mark.skipif(
@@ -544,7 +545,8 @@ def test_moe_wgmma_order_on_hopper():
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
         x, ids, wts = x.cuda(), ids.cuda(), wts.cuda()
-        configs = [None, MOE_GEMV_WGMMA, MOE_GEMV_WGMMA.each(pdl=0), *MOE_CONFIGS_WGMMA.values()]
+        configs = [None, MOE_GEMV_WGMMA, MOE_GEMV_WGMMA.each(pdl=0), MOE_GEMV_WGMMA.each(prefetch=2)]
+        configs += MOE_CONFIGS_WGMMA.values()
         for bm, wait, fold in itertools.product((16, 64), (True, False), (True, False)):
             configs.append(MoeConfig(bm, 64, 128, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait))
         for cfg in configs:

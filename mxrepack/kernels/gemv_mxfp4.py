@@ -745,9 +745,9 @@ def gemv_rows_wgmma(
     """``W[rows] @ x`` for ``BLOCKS`` 16-row blocks of a K-tiled matrix in the wgmma order (``w_off`` / ``s_off``: each
     block's weight chunk and scale piece in K tile 0, ``dequant_mxfp4.wgmma_chunks``; ``TILE_ROWS`` rows per row
     tile), from one row of activations prepared by :func:`prepare_x_dup` (``K`` a multiple of 128) -> ``[16 BLOCKS]``
-    fp32, block i's rows 16 i .. 16 i + 15. ``PREFETCH``: the next K tile's words in flight while this one is
-    multiplied; ``PDL``: the activations may still be written by the kernel launched before (wait for it once the
-    first weights are requested)."""
+    fp32, block i's rows 16 i .. 16 i + 15. ``PREFETCH``: the next K tile's words (1, or the next two: 2) in flight
+    while this one is multiplied; ``PDL``: the activations may still be written by the kernel launched before (wait
+    for it once the first weights are requested)."""
     W_STEP: tl.constexpr = TILE_ROWS * 64
     S_STEP: tl.constexpr = TILE_ROWS * 4
     th = tl.arange(0, 8)  # 2 t + h: lane t of the row's quad, half h of its 32 bytes
@@ -764,10 +764,16 @@ def gemv_rows_wgmma(
     acc1 = tl.zeros((BLOCKS, 8, 8), dtype=tl.float32)  # rows g + 8
     k_tiles = K // 128
     w_next = _wgmma_order_words(w_ptrs, w_off, 0, W_STEP, BLOCKS)
+    if PREFETCH == 2:  # the two next K tiles in flight (16 bytes a thread each)
+        w_after = _wgmma_order_words(w_ptrs, w_off, tl.minimum(1, k_tiles - 1), W_STEP, BLOCKS)
     if PDL:
         gdc_wait()
     for kt in range(0, k_tiles):
-        if PREFETCH:
+        if PREFETCH == 2:
+            w = w_next
+            w_next = w_after
+            w_after = _wgmma_order_words(w_ptrs, w_off, tl.minimum(kt + 2, k_tiles - 1), W_STEP, BLOCKS)
+        elif PREFETCH:
             w = w_next
             w_next = _wgmma_order_words(w_ptrs, w_off, tl.minimum(kt + 1, k_tiles - 1), W_STEP, BLOCKS)
         else:

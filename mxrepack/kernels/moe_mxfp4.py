@@ -1109,15 +1109,15 @@ def _moe_gemv(
 
 def _wgmma_gemv_ok(cfg: MoeGemvConfig) -> bool:
     """Whether a GEMV pair fits ``gemv_rows_wgmma``: prepared (f16x2), 16-row blocks, gate_up whole groups of 32, one
-    128-code K tile a step, the next one or none in flight."""
+    128-code K tile a step, up to the next two in flight."""
     gu, d = cfg.gate_up, cfg.down
     return (
         cfg.prepared
         and gu.block_n % 32 == 0
         and d.block_n % 16 == 0
         and gu.block_k == d.block_k == 128
-        and gu.prefetch in (0, 1)
-        and d.prefetch in (0, 1)
+        and gu.prefetch in (0, 1, 2)
+        and d.prefetch in (0, 1, 2)
     )
 
 
@@ -1181,7 +1181,7 @@ def moe_mxfp4(
     if gemv and order == "wgmma" and not _wgmma_gemv_ok(cfg):
         raise ValueError(
             f"the wgmma order's GEMVs are f16x2 ones on 16-row blocks (gate_up whole groups of 32), one 128-code K "
-            f"tile a step, prefetch 0 or 1, got {cfg.name()}"
+            f"tile a step, prefetch 0 to 2, got {cfg.name()}"
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
