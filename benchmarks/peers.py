@@ -315,26 +315,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
         if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
             cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
-            if T * K_TOP <= 128:  # the wgmma order's decode GEMVs: rows a program and warps of each kernel
-                from mxrepack.kernels.gemv_mxfp4 import GemvConfig
-                from mxrepack.kernels.moe_mxfp4 import MOE_GEMV_WGMMA, MoeGemvConfig
-
-                cands["wgmma gemv no prefetch"] = MOE_GEMV_WGMMA.each(prefetch=0)
-                cands["wgmma gemv prefetch 2"] = MOE_GEMV_WGMMA.each(prefetch=2)
-                for (gn, gw), (dn, dw) in (((32, 8), (16, 2)), ((32, 8), (32, 4)), ((64, 8), (32, 4))):
-                    pair = MoeGemvConfig(
-                        GemvConfig(gn, 128, gw, 1, "f16x2", pdl=1, prefetch=2),
-                        GemvConfig(dn, 128, dw, 1, "f16x2", pdl=1, prefetch=2),
-                    )
-                    cands[f"wgmma {pair.name()}"] = pair
-                for (gn, gw), (dn, dw) in itertools.product(((32, 8), (32, 4), (64, 8)), ((32, 4), (64, 8), (16, 2))):
-                    pair = MoeGemvConfig(
-                        GemvConfig(gn, 128, gw, 1, "f16x2", pdl=1), GemvConfig(dn, 128, dw, 1, "f16x2", pdl=1)
-                    )
-                    cands[f"wgmma {pair.name()}"] = pair
             for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):
-                if T * K_TOP <= 128 and (bn, st, wait) != (64, 3, True):  # decode sizes: one tile beside the GEMVs
-                    continue
                 warps = 4
                 cfg = MoeConfig(bm, bn, 128, warps, st, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait)
                 cands[cfg.name()] = cfg

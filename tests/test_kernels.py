@@ -38,8 +38,8 @@ from mxrepack.kernels.moe_mxfp4 import (
     MOE_CONFIGS,
     MOE_CONFIGS_WGMMA,
     MOE_GEMV,
-    MOE_GEMV_WGMMA,
     MOE_TILES,
+    MOE_TILES_WGMMA,
     MoeConfig,
     MoeGemvConfig,
     moe_mxfp4,
@@ -482,11 +482,10 @@ def test_moe_mxfp4_matches_reference(activations, bound):
 
 
 def test_moe_wgmma_order_matches_reference():
-    """The strided layout's wgmma order (Hopper's A-fragment byte order) through the decode GEMVs and the scheduled
-    tiles that read it (portable decode here; the PTX one is compiled in the kernels check and run by the GPU test
-    below): the GEMVs on activations prepared duplicated, the tiles with gate and up rows one operand and the
-    intermediate in natural order. A tile config for the other order, other activations, or a GPU without wgmma is
-    refused."""
+    """The strided layout's wgmma order (Hopper's A-fragment byte order) through the scheduled tiles that read it, at
+    every T, decode included (portable decode here; the PTX one is compiled in the kernels check and run by the GPU
+    test below): gate and up rows one operand, the intermediate in natural order. A GEMV config, a tile config for the
+    other order, other activations, or a GPU without wgmma is refused."""
     E, H, I, k = 4, 288, 96, 2
     dims, wgmma, native = _strided_layer(E, H, I, order="wgmma")
     _, rows, _ = _strided_layer(E, H, I)  # other random weights: only for the refusals
@@ -496,9 +495,7 @@ def test_moe_wgmma_order_matches_reference():
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
         for cfg in (
-            None,  # the decode GEMVs at these T
-            MoeGemvConfig(GemvConfig(64, 128, 4, 1, "f16x2-ops", prefetch=0), GemvConfig(16, 128, 4, 1, "f16x2-ops")),
-            MOE_GEMV_WGMMA.each(prefetch=2).portable(),  # two K tiles in flight
+            None,  # the shipped tile at these T (decode sizes included)
             MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"),
             MoeConfig(32, 128, 128, swap_ab=True, order="wgmma", wait_mma=False),
         ):
@@ -506,10 +503,14 @@ def test_moe_wgmma_order_matches_reference():
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, out=out, order="wgmma")
             assert y is out and not torch.isnan(y).any()
             assert rel(y, ref) <= 1e-2, (T, cfg, rel(y, ref))
-    assert pick_moe(2, 4, 128, 2880, order="wgmma") == MOE_GEMV_WGMMA  # GEMVs to T * k = 8, then the tiles
-    assert pick_moe(3, 4, 128, 2880, order="wgmma").order == "wgmma"
-    with pytest.raises(ValueError, match="16-row blocks"):
-        moe_mxfp4(x, ids, wts, wgmma, "bf16", GemvConfig(16, 128, 4, 1, "ops"), order="wgmma")
+    # no GEMV path on this order: the tiles from T = 1 (the 16 x 64 tile beat every GEMV for it at T = 1-4)
+    for T in (1, 2, 3, 32):
+        cfg = pick_moe(T, 4, 128, 2880, order="wgmma")
+        assert isinstance(cfg, MoeConfig) and cfg.order == "wgmma", (T, cfg)
+    assert pick_moe(1, 4, 128, 2880, order="wgmma", cuda=False) == MOE_TILES_WGMMA[0][1]
+    for gemv in (GemvConfig(16, 128, 4, 1, "ops"), MOE_GEMV.portable()):
+        with pytest.raises(ValueError, match="wgmma order runs the scheduled tiles only"):
+            moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, order="wgmma")
     tiles = [pick_moe_config(T, 4, 128, order="wgmma") for T in (1, 64, 512, 1024, 4096, 8192)]
     assert all(c.order == "wgmma" for c in tiles) and [c.block_m for c in tiles] == sorted(c.block_m for c in tiles)
     with pytest.raises(ValueError, match="reads the rows order"):
@@ -524,8 +525,6 @@ def test_moe_wgmma_order_matches_reference():
         MoeConfig(16, 32, 128, swap_ab=True, order="wgmma")
     with pytest.raises(ValueError, match="wgmma order's tiles only"):
         MoeConfig(16, 64, 128, swap_ab=True, wait_mma=False)
-    with pytest.raises(ValueError, match="one 128-code K tile a step"):
-        moe_mxfp4(x, ids, wts, wgmma, "bf16", MOE_GEMV_WGMMA.each(block_k=256).portable(), order="wgmma")
 
 
 @pytest.mark.skipif(
@@ -533,9 +532,9 @@ def test_moe_wgmma_order_matches_reference():
     reason="the wgmma order's PTX decode feeds Hopper's wgmma",
 )
 def test_moe_wgmma_order_on_hopper():
-    """On an H100/H200: the wgmma order's GEMVs and tiles with the PTX decodes (tiles with scales folded and not, each
-    wgmma waited for and one kept in flight while the next K tile decodes) against the reference at gpt-oss's widths,
-    and the same bits on every repeat (a register race shows as non-finite or differing outputs)."""
+    """On an H100/H200: the wgmma order's tiles with the PTX decode (scales folded and not, each wgmma waited for and
+    one kept in flight while the next K tile decodes) against the reference at gpt-oss's widths, decode sizes
+    included, and the same bits on every repeat (a register race shows as non-finite or differing outputs)."""
     E, H, I, k = 8, 2880, 2880, 4
     dims, wgmma, native = _strided_layer(E, H, I, order="wgmma")
     wgmma = {n: t.cuda() for n, t in wgmma.items()}
@@ -545,8 +544,7 @@ def test_moe_wgmma_order_on_hopper():
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
         x, ids, wts = x.cuda(), ids.cuda(), wts.cuda()
-        configs = [None, MOE_GEMV_WGMMA, MOE_GEMV_WGMMA.each(pdl=0), MOE_GEMV_WGMMA.each(prefetch=2)]
-        configs += MOE_CONFIGS_WGMMA.values()
+        configs = [None, *MOE_CONFIGS_WGMMA.values()]
         for bm, wait, fold in itertools.product((16, 64), (True, False), (True, False)):
             configs.append(MoeConfig(bm, 64, 128, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait))
         for cfg in configs:

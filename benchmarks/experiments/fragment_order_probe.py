@@ -28,7 +28,8 @@ fragment_order_time_h100_2026-11-26_*.json; the shipped f16x2 GEMV 0.1336-0.1343
 preparing launch included): what decides is whether a warp's load covers whole 128-byte lines. Threads mapped to
 scale groups (:func:`frag_gemv_group_kernel`, one scale per 32 codes) take 0.2111 ms on the lane order (8-byte pieces
 of 8 lines a load) and 0.1362 on :func:`group_order`, whose tile is 1.3-1.7x slower than the lane order's; threads
-mapped to lanes with 16-byte loads (:func:`frag_gemv_lane_kernel`, a scale every 8 codes) 0.1471; on
+mapped to lanes with 16-byte loads (``frag_gemv_lane_kernel``, a scale every 8 codes; gone with the product's
+``gemv_rows_wgmma`` after e98e4de: run the probe at e98e4de for it) 0.1471; on
 :func:`k_permuted` bytes (a lane = a scale group) 0.1429 (:func:`frag_gemv_kperm_kernel`, and its half-lane twin
 0.1430), whose tile as written here computes the wrong product on the GPU (2-byte scale loads: not copied
 asynchronously, and a layout for which the packed decode's assumption breaks).
@@ -46,8 +47,8 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mxrepack.kernels.dequant_mxfp4 import e2m1_to_fp32, e8m0_to_bf16_folded, e8m0_to_fp32, wgmma_chunks  # noqa: E402
-from mxrepack.kernels.gemv_mxfp4 import GROUP_F16X2_DUP, _decode, _decode_ops, _fp16_half, _split4, gemv_rows_wgmma  # noqa: E402,E501
+from mxrepack.kernels.dequant_mxfp4 import e2m1_to_fp32, e8m0_to_bf16_folded, e8m0_to_fp32  # noqa: E402
+from mxrepack.kernels.gemv_mxfp4 import _decode, _decode_ops, _fp16_half, _split4  # noqa: E402
 
 ROWS = 64  # weight rows per program: 4 warps x 16
 
@@ -261,7 +262,31 @@ def frag_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, DECODE
 # Times the activation duplicated into both halves, one fp16 accumulator carries row g in its low half and row g + 8 in
 # its high. (Plain pairs (x[k], x[k + 1]) with a per-byte decode took 0.1702 ms on lm_head at M = 1 against this one's
 # 0.1538: fragment_order_time_h100_2026-11-25_91700b3_call4.json; removed.)
-# GROUP_F16X2_DUP, the PTX of one lane's scale group (rows g and g + 8), is the product's: gemv_mxfp4's.
+# GROUP_F16X2_DUP, the PTX of one lane's scale group (rows g and g + 8): the probe's own copy again (from bb75c93 to
+# e98e4de it used gemv_mxfp4's, which went with gemv_rows_wgmma).
+def _group_f16x2_dup_text() -> str:
+    """PTX for one scale group of one lane: words $2, $3 (steps 2 j, 2 j + 1), duplicated activations $4..$7 (step 2 j:
+    (kh, nibble) = (0, 0), (0, 1), (1, 0), (1, 1)) and $8..$11 (step 2 j + 1) -> $0, $1 rows g and g + 8, unscaled."""
+    lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a;", ".reg .b16 lo, hi;"]
+    for word, x in ((2, 4), (3, 8)):
+        lines += [
+            f"mov.b32 q, ${word};",
+            "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
+            "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
+            "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
+            "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;",
+        ]
+        # pair p holds codes (3 - p, 7 - p): p0 (kh 1, nibble 1), p1 (1, 0), p2 (0, 1), p3 (0, 0)
+        for pair, slot in ((3, 0), (2, 1), (1, 2), (0, 3)):
+            first = word == 2 and pair == 3
+            lines.append(
+                f"mul.rn.f16x2 a, p{pair}, ${x + slot};" if first else f"fma.rn.f16x2 a, p{pair}, ${x + slot}, a;"
+            )
+    lines += ["mov.b32 {lo, hi}, a;", "cvt.f32.f16 $0, lo;", "cvt.f32.f16 $1, hi;", "}"]
+    return "\n".join(lines)
+
+
+GROUP_F16X2_DUP = tl.constexpr(_group_f16x2_dup_text())
 
 
 @triton.jit
@@ -683,26 +708,12 @@ def frag_gemv_half_kernel(
 # the 4 lanes t of a row are summed once after the K loop. The group- and half-mapped elements above read 16-32 bytes
 # of each of 8 lines a load (0.2111 and 0.1716-0.2042 ms on the lane order against 0.1363 on the group order, where a
 # warp's load is contiguous): how a warp's load covers whole lines is what decides at M = 1.
-@triton.jit
-def frag_gemv_lane_kernel(
-    xd_ptr,
-    xe_ptr,
-    w_ptr,
-    s_ptr,
-    y_ptr,
-    K,
-    BLOCKS: tl.constexpr,
-    MATH: tl.constexpr,
-    PREFETCH: tl.constexpr = 1,
-):
-    """``y[rows] = W[rows] @ x`` on :func:`fragment_order`'s bytes, one element per (block, g | t, h) and K tile: the
-    product's ``gemv_mxfp4.gemv_rows_wgmma`` since it shipped (it was written here first), on the block-major bytes
-    ``fragment_order`` makes, which are the strided layout's wgmma order with 16-row tiles; scales in
-    :func:`quad_scale_order`, activations from :func:`prepare_group_dup`."""
-    r0 = tl.program_id(0) * 16 * BLOCKS + 16 * tl.arange(0, BLOCKS)
-    w_off, s_off = wgmma_chunks(r0, K // 2, K // 32, 16)
-    y = gemv_rows_wgmma(xd_ptr, xe_ptr, w_ptr, s_ptr, w_off, s_off, K, BLOCKS, 16, MATH, PREFETCH)
-    tl.store(y_ptr + tl.program_id(0) * 16 * BLOCKS + tl.arange(0, 16 * BLOCKS), y)
+# That kernel, frag_gemv_lane_kernel, shipped as gemv_mxfp4.gemv_rows_wgmma (the wgmma order's MoE decode GEMVs) and
+# was then a wrapper of it; both were removed after e98e4de, when the wgmma order's scheduled tiles beat those GEMVs
+# at every T. Its check and timing need the probe at e98e4de.
+LANE_GEMV_GONE = (
+    "the lane-mapped GEMV (frag_gemv_lane_kernel, gemv_mxfp4.gemv_rows_wgmma) is gone: run this probe at e98e4de"
+)
 
 
 # On :func:`k_permuted` bytes a lane is a GEMV element as it lies: lane 4 g + t's 32 bytes (two 16-byte loads, a warp's
@@ -873,13 +884,7 @@ def check() -> None:
         )
         err = ((yg - ref[0]).norm() / ref[0].norm()).item()
         print(f"half-mapped GEMV on the fragment order, {blocks} blocks (portable twin), relative error: {err:.2e}")
-    for blocks in (1, 2):
-        yg = torch.empty(N, dtype=torch.float32)
-        frag_gemv_lane_kernel[(N // (16 * blocks),)](
-            xg, xe, fragment_order(w), quad_scale_order(ws), yg, K, BLOCKS=blocks, MATH="ops"
-        )
-        err = ((yg - ref[0]).norm() / ref[0].norm()).item()
-        print(f"lane-mapped GEMV on the fragment order, {blocks} blocks (portable twin), relative error: {err:.2e}")
+    print(f"skipped: {LANE_GEMV_GONE}")
     wk = fragment_order(k_permuted(w))
     for blocks in (1, 2):
         yg = torch.empty(N, dtype=torch.float32)
@@ -977,7 +982,8 @@ GROUP_GEMV_SHAPES = (  # (blocks, K tiles, warps, prefetch, byte order); others 
     (8, 1, 8, 1, "group"),
 )
 HALF_GEMV_SHAPES = ((32, 8, 1),)  # (blocks, warps, prefetch); 4-16 blocks 0.1855-0.2042 ms, 2026-11-26
-LANE_GEMV_SHAPES = ((4, 8, 1),)  # others (2-16 blocks, 4-8 warps, prefetch 0/1): 0.1506-0.1802 ms, 2026-11-26
+# the lane GEMV (gone, LANE_GEMV_GONE) ran 4 blocks, 8 warps, prefetch 1; others (2-16 blocks, 4-8 warps, prefetch
+# 0/1): 0.1506-0.1802 ms, 2026-11-26
 # group order tiles 0.263-0.399 ms against 0.156-0.310 on the lane order, M = 32-128, 2026-11-26
 TILE_SHAPES = (  # ((blocks, warps), scale order, byte order)
     ((4, 4), "quad", "lane"),
@@ -1134,16 +1140,7 @@ def time(out: str | None = None, what: str = "all") -> None:
 
         label = f"half GEMV blocks{blocks} w{warps} prefetch{prefetch} lane order"
         measure(rows, label, run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
-    for blocks, warps, prefetch in LANE_GEMV_SHAPES:
-
-        def run(blocks=blocks, warps=warps, prefetch=prefetch):
-            frag_gemv_lane_kernel[(N // (16 * blocks),)](
-                xg, xe, wf, sq, y, K, BLOCKS=blocks, MATH="asm", PREFETCH=prefetch, num_warps=warps
-            )
-            return y
-
-        label = f"lane GEMV blocks{blocks} w{warps} prefetch{prefetch} lane order"
-        measure(rows, label, run, lambda y: y[None, :4096], ref, 2 * N * K, 1)
+    print(f"skipped: {LANE_GEMV_GONE}", flush=True)
     wk = fragment_order(k_permuted(w))
     for blocks, warps, prefetch in KPERM_GEMV_SHAPES:
 

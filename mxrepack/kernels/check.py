@@ -251,14 +251,13 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     }
 
 
-def _moe_gemv_sources(cfg: moe.MoeGemvConfig, order: str = "rows") -> dict[str, ASTSource]:
+def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
     ids_dims = {"ids_ptr": "*i32", "H": "i32", "Ip": "i32", "TOPK": "i32"}
     w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
     act = {"alpha": "fp32", "limit": "fp32"}
     gu, d = cfg.gate_up, cfg.down
     if cfg.prepared:
         const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PREFETCH": gu.prefetch, "PDL": gu.pdl}
-        const["ORDER"] = order
         sig = {
             "xp_ptr": "*i32",
             "xe_ptr": "*fp32",
@@ -300,7 +299,6 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig, order: str = "rows") -> dict[str, 
         "PREPARED": d.prepared,
         "PREFETCH": d.prefetch,
         "PDL": d.pdl,
-        "ORDER": order,
     }
     down = {
         "h_ptr": "*i32" if d.prepared else "*bf16",
@@ -410,11 +408,9 @@ def shipped_kernels():
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW)):
         for kernel, src in _gemv_sources(cfg).items():
             yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
-    for order, pair in (("rows", moe.MOE_GEMV), ("wgmma", moe.MOE_GEMV_WGMMA)):  # wgmma: sm_90a only (run_check)
-        for kernel, src in _moe_gemv_sources(pair, order).items():
-            one = pair.gate_up if "gate_up" in kernel else pair.down
-            label = "decode" if order == "rows" else "wgmma decode"
-            yield kernel, f"{label}:{one.name()}", "w4a16", src, one.num_warps, one.num_stages
+    for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
+        one = moe.MOE_GEMV.gate_up if "gate_up" in kernel else moe.MOE_GEMV.down
+        yield kernel, f"decode:{one.name()}", "w4a16", src, one.num_warps, one.num_stages
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
     for kernel, src in _moe_schedule_sources().items():  # CUDA cores, any activations: checked once
         yield kernel, "120b experts", "any", src, 4, 1
@@ -490,13 +486,9 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
         # registers while it still reads them (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md
         # stop 19). dequant_mxfp4.mma_done makes Triton wait for each one.
         problems.append("swapped operands on a wgmma left in flight: a register race (see dequant_mxfp4.mma_done)")
-    if (
-        _constant(src, "ORDER") == "wgmma"
-        and _constant(src, "SWAP_AB")
-        and not dq.wgmma_words_packed(compiled.asm["ttgir"])
-    ):
+    if _constant(src, "ORDER") == "wgmma" and not dq.wgmma_words_packed(compiled.asm["ttgir"]):
         # the tiles' decode takes a word's 4 bytes as 4 consecutive registers: true of the layout Triton derives from
-        # wgmma's A operand (kWidth 2), which it chooses, so each build is checked (the GEMVs load whole words)
+        # wgmma's A operand (kWidth 2), which it chooses, so each build is checked
         problems.append("the wgmma order's decode does not receive whole words (Triton chose another layout)")
     if _no_mma(kernel):
         if rec["mma"]:

@@ -16,9 +16,9 @@ loads and stores:
    assignment's own row ``t*k + slot`` of ``[T*k, H]`` fp32 -- a scatter with ordinary stores.
 4. ``_combine_kernel``: the sum over the k slots of each token, in fp32, stored as bf16 (or ``out``'s dtype).
 
-Decode (BF16 activations, at most ``GEMV_MAX_ASSIGNMENTS`` (token, slot) pairs) skips the schedule: one
-program per (assignment, row tile) runs the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` on its
-expert's rows (``_gate_up_gemv_kernel`` or, on prepared activations with packed fp16 math,
+Decode (weights in the rows order, BF16 activations, at most ``GEMV_MAX_ASSIGNMENTS`` (token, slot) pairs) skips
+the schedule: one program per (assignment, row tile) runs the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` on
+its expert's rows (``_gate_up_gemv_kernel`` or, on prepared activations with packed fp16 math,
 ``_gate_up_gemv_f16x2_kernel``; then ``_down_gemv_kernel``), so that no 16-row tile is spent on one token
 and only the routed experts' bytes are read. The down kernel also combines: the last of a token's k
 programs for a row tile sums the k partials and writes the output, so decode is two or three launches
@@ -57,11 +57,8 @@ from mxrepack.kernels.gemv_mxfp4 import (
     gdc_launch_dependents,
     gemv_rows,
     gemv_rows_f16x2,
-    gemv_rows_wgmma,
     pack_groups,
-    pack_groups_dup,
     prepare_x,
-    prepare_x_dup,
 )
 from mxrepack.kernels.mx_quant import quantize_activations
 from mxrepack.layouts.strided import DOWN_TILE_ROWS, GATE_UP_TILE, K_TILE_BYTES
@@ -169,19 +166,25 @@ MOE_TILES_SCALED = (
     (128, MoeConfig(128, 64, 128, num_warps=4, num_stages=3)),
     (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)),
 )
-# Weights in the wgmma order (the strided layout's ``order: wgmma``, sm_90): the tiles past
-# :data:`WGMMA_GEMV_MAX_ASSIGNMENTS`. Gate_up runs 2 x block_n weight rows (gate and up) as one operand; block_n is
-# whole 64-row wgmma operands (``MoeConfig`` checks it). H100, 120b shapes, CUDA graphs, folded, each wgmma waited
-# for (``wait_mma``), same run as the rows order's shipped choice (``peers.py --sweep-moe
-# 16,128,1024,4096 --sweep-kind wgmma``, 2026-11-26, docs/bench/moe_sweep_wgmma_h100_2026-11-26_de469b5wip.json):
-# T = 128 16 x 64 on 3 stages 0.858 ms (rows order 0.901), T = 1024 64 x 64 on 3 stages 1.438 (1.682); 4 stages and
-# 128-token tiles on 4 warps lost. T = 16: 0.419 against the rows order's GEMV 0.325 -- below 33 tokens the rows
-# order's decode GEMV is faster. Keeping one wgmma in flight (``wait_mma=False``) took 0.847 / 1.388 / 4.059 ms: 1-3.5%
-# at T = 128-1024, slower at 4096, and it fails the kernels check's race test. Past 64 rows per expert, 128 tokens x
-# 128 rows per projection on 8 warps (two warpgroups, each 64 rows of W): H200, same run (``--sweep-kind wgmma-wide``,
-# fd048a4, docs/bench/moe_sweep_wgmma_wide_h200_2026-11-26_fd048a4.json) T = 4096 3.434 ms against 3.541 for 64 x 128
-# on 4 warps, T = 8192 5.839 against 6.406; at T = 2048 (64 rows per expert) 2.332 against 64 x 64's 2.060, and on
-# 8 warps every smaller tile lost (also on the H100 at T = 512-4096: ..._h100_2026-11-26_21432ef.json).
+# Weights in the wgmma order (the strided layout's ``order: wgmma``, sm_90): these tiles at every T, decode included.
+# Gate_up runs 2 x block_n weight rows (gate and up) as one operand; block_n is whole 64-row wgmma operands
+# (``MoeConfig`` checks it). H100, 120b shapes, CUDA graphs, folded, each wgmma waited for (``wait_mma``), same run as
+# the rows order's shipped choice (``peers.py --sweep-moe 16,128,1024,4096 --sweep-kind wgmma``, 2026-11-26,
+# docs/bench/moe_sweep_wgmma_h100_2026-11-26_de469b5wip.json): T = 128 16 x 64 on 3 stages 0.858 ms (rows order
+# 0.901), T = 1024 64 x 64 on 3 stages 1.438 (1.682); 4 stages and 128-token tiles on 4 warps lost. T = 16: 0.419
+# against the rows order's GEMV 0.325 -- below 33 tokens the rows order's decode GEMV is faster. Keeping one wgmma in
+# flight (``wait_mma=False``) took 0.847 / 1.388 / 4.059 ms: 1-3.5% at T = 128-1024, slower at 4096, and it fails the
+# kernels check's race test. Past 64 rows per expert, 128 tokens x 128 rows per projection on 8 warps (two
+# warpgroups, each 64 rows of W): H200, same run (``--sweep-kind wgmma-wide``, fd048a4,
+# docs/bench/moe_sweep_wgmma_wide_h200_2026-11-26_fd048a4.json) T = 4096 3.434 ms against 3.541 for 64 x 128 on 4
+# warps, T = 8192 5.839 against 6.406; at T = 2048 (64 rows per expert) 2.332 against 64 x 64's 2.060, and on 8 warps
+# every smaller tile lost (also on the H100 at T = 512-4096: ..._h100_2026-11-26_21432ef.json).
+# Decode on this order: the 16 x 64 tile beat every decode GEMV written for the order's bytes (14 shapes, one or two
+# K tiles in flight) at T = 1, 2 and 4: 0.0580 / 0.0744 / 0.1149 ms against the best GEMV's 0.0680 / 0.0978 / 0.1736
+# (H100, same run, ``--sweep-moe 1,2,4 --sweep-kind wgmma``, e98e4de,
+# docs/bench/moe_sweep_wgmma_gemv_h100_2026-11-26_e98e4de.json; the rows order's GEMVs 0.0291 / 0.0594 / 0.0871). So
+# the wgmma order has no GEMV path: those GEMVs (``MOE_GEMV_WGMMA``, ``gemv_mxfp4.gemv_rows_wgmma``) were removed in
+# the commit after that record; they are in git history at e98e4de.
 MOE_TILES_WGMMA = (
     (16, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
     (64, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
@@ -251,24 +254,10 @@ class MoeGemvConfig:
 MOE_GEMV = MoeGemvConfig(GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(16, 512, 4, 1, "f16x2", pdl=1))
 
 
-# The wgmma order's decode GEMVs (``gemv_mxfp4.gemv_rows_wgmma``): one 128-code K tile a step, 16-row blocks, a thread
-# per half lane. H100, 120b shapes, CUDA graphs, same run as the rows order's GEMVs (``peers.py --sweep-moe 1,4,16,32
-# --sweep-kind wgmma``, 2026-11-26, docs/bench/moe_sweep_wgmma_gemv_h100_2026-11-26_*.json): best of 9 shapes gate_up
-# 32 intermediate rows on 4 warps, down 16 rows on 2 warps, T = 1 0.0688 ms -- against 0.0292 for the rows order's
-# GEMVs, and 0.1156 for the wgmma tile; at T = 4 the tile is faster (0.1737 against 0.1769; rows order 0.0873), at
-# T = 16 / 32 0.417 / 0.612 against 0.534 / 1.013. So the wgmma order's decode takes the GEMVs to T * k = 8 only.
-# Its threads hold half the bytes in flight of the rows order's GEMV (one K tile a step, 16 bytes a thread): the
-# next thing to try is two K tiles a step.
-MOE_GEMV_WGMMA = MoeGemvConfig(GemvConfig(32, 128, 4, 1, "f16x2", pdl=1), GemvConfig(16, 128, 2, 1, "f16x2", pdl=1))
-WGMMA_GEMV_MAX_ASSIGNMENTS = 8
-
-
-def pick_moe_gemv_config(assignments: int, cuda: bool = True, order: str = "rows") -> MoeGemvConfig:
-    """The decode GEMV configs for ``assignments`` = T * k (portable, without PTX, off CUDA) and the weights' byte
-    ``order``. One pair per order serves every T the GEMV path takes (:data:`GEMV_MAX_ASSIGNMENTS`,
-    :data:`WGMMA_GEMV_MAX_ASSIGNMENTS`); the argument stays for the next measurement."""
-    cfg = MOE_GEMV_WGMMA if order == "wgmma" else MOE_GEMV
-    return cfg if cuda else cfg.portable()
+def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
+    """The decode GEMV configs for ``assignments`` = T * k (portable, without PTX, off CUDA). One pair serves
+    every T the GEMV path takes (:data:`GEMV_MAX_ASSIGNMENTS`); the argument stays for the next measurement."""
+    return MOE_GEMV if cuda else MOE_GEMV.portable()
 
 
 def pick_moe_config(
@@ -293,12 +282,11 @@ def pick_moe(
     fold_scale: bool = False,
     order: str = "rows",
 ) -> MoeConfig | MoeGemvConfig:
-    """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (BF16 activations,
-    ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments, :data:`WGMMA_GEMV_MAX_ASSIGNMENTS` for
-    the wgmma order), else the scheduled tiles."""
-    limit = WGMMA_GEMV_MAX_ASSIGNMENTS if order == "wgmma" else GEMV_MAX_ASSIGNMENTS
-    if activations == "bf16" and tokens * topk <= limit and hidden % 32 == 0:
-        return pick_moe_gemv_config(tokens * topk, cuda, order)
+    """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (the rows order, BF16
+    activations, ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles
+    (the wgmma order: always, :data:`MOE_TILES_WGMMA`)."""
+    if order == "rows" and activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
+        return pick_moe_gemv_config(tokens * topk, cuda)
     return pick_moe_config(tokens, topk, experts, activations, fold_scale, order)
 
 
@@ -830,14 +818,11 @@ def _gate_up_gemv_f16x2_kernel(
     MATH: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = 0,
-    ORDER: tl.constexpr = "rows",
 ):
     """The same on prepared activations (``gemv_mxfp4.prepare_x``) with packed fp16 math; its output is
     prepared too (``BLOCK_N`` is whole groups of 32): the intermediate, rounded to bf16 as the other path
     stores it, goes out as fp16 pairs and group factors for the down kernel's f16x2 GEMV. ``PDL``: launched
-    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``). ``ORDER``
-    "wgmma": W in the wgmma order (``gemv_mxfp4.gemv_rows_wgmma``), x and the intermediate prepared by
-    ``prepare_x_dup`` / ``pack_groups_dup`` (padded to whole K tiles)."""
+    while ``prepare_x`` runs, and lets the down kernel launch while it runs (``GemvConfig.pdl``)."""
     if PDL:
         gdc_launch_dependents()
     p = tl.program_id(0)
@@ -847,45 +832,18 @@ def _gate_up_gemv_f16x2_kernel(
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
     # gate rows and up rows in one pass: one stream of weight loads, not two in turn. With 32 rows (the
     # layout's tile) they are one contiguous row tile, and each K step one contiguous block.
-    if ORDER == "wgmma":  # blocks i < NB: gate rows of intermediate rows pid * BLOCK_N + 16 i ..; NB + i: up
-        NB: tl.constexpr = BLOCK_N // 16
-        blk = tl.arange(0, 2 * NB)
-        w_off, s_off = wgmma_chunks(
-            _w13_rows(tl.program_id(1) * BLOCK_N + 16 * (blk % NB), blk // NB), stride_wn, stride_wsn, _GU_ROWS
-        )
-        y = gemv_rows_wgmma(
-            xp_row, xe_row, w_e, s_e, w_off, s_off, 2 * stride_wn, 2 * NB, _GU_ROWS, MATH, PREFETCH, PDL
-        )
-    else:
-        r2 = tl.arange(0, 2 * BLOCK_N)
-        rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
-        y = gemv_rows_f16x2(
-            xp_row,
-            xe_row,
-            w_e,
-            s_e,
-            rows,
-            H,
-            stride_wn,
-            stride_wsn,
-            2 * BLOCK_N,
-            BLOCK_K,
-            MATH,
-            PREFETCH,
-            PDL,
-            _GU_ROWS,
-        )
+    r2 = tl.arange(0, 2 * BLOCK_N)
+    rows = _w13_rows(tl.program_id(1) * BLOCK_N + r2 % BLOCK_N, r2 // BLOCK_N)
+    y = gemv_rows_f16x2(
+        xp_row, xe_row, w_e, s_e, rows, H, stride_wn, stride_wsn, 2 * BLOCK_N, BLOCK_K, MATH, PREFETCH, PDL, _GU_ROWS
+    )
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
     GB: tl.constexpr = BLOCK_N // 32
+    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
-    if ORDER == "wgmma":
-        dup, factors = pack_groups_dup(tl.reshape(h, (GB, 32)), GB)
-        tl.store(hp_ptr + p * stride_hp + g[:, None] * 32 + tl.arange(0, 32)[None, :], dup)
-    else:
-        pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
-        tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
+    tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
     tl.store(he_ptr + p * stride_he + g, factors)
 
 
@@ -919,39 +877,19 @@ def _down_gemv_kernel(
     PREPARED: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = 0,
-    ORDER: tl.constexpr = "rows",
 ):
     """Down projection of one assignment's row tile, and the combine: the last of a token's k programs
     for this tile (an arrival counter per (token, tile)) sums the k weighted partials in slot order, so
     the result does not depend on which finished last, writes the bf16 output and resets its counter.
     ``PREPARED``: h comes as fp16 pairs + group factors (``h_ptr``, ``he_ptr``) for the f16x2 GEMV, with
     ``DECODE`` its math ("asm" or "ops"); else h is bf16 and ``DECODE`` the fp32 GEMV's decode. ``PDL``
-    (prepared only): launched while the gate_up kernel runs. ``ORDER`` "wgmma" (prepared): W in the wgmma order,
-    the intermediate as ``pack_groups_dup`` wrote it."""
+    (prepared only): launched while the gate_up kernel runs."""
     p = tl.program_id(0)
     tile = tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
     e = tl.load(ids_ptr + p).to(tl.int64)
     w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    if ORDER == "wgmma":
-        w_off, s_off = wgmma_chunks(
-            tile * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), stride_wn, stride_wsn, _DOWN_ROWS
-        )
-        y = gemv_rows_wgmma(
-            h_ptr + p * stride_h,
-            he_ptr + p * stride_he,
-            w_e,
-            s_e,
-            w_off,
-            s_off,
-            Ip,
-            BLOCK_N // 16,
-            _DOWN_ROWS,
-            DECODE,
-            PREFETCH,
-            PDL,
-        )
-    elif PREPARED:
+    if PREPARED:
         y = gemv_rows_f16x2(
             h_ptr + p * stride_h,
             he_ptr + p * stride_he,
@@ -990,15 +928,13 @@ _COMBINE = "moe_combine"
 def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
     """Allocate the decode combine's arrival counters for every T the GEMV path takes (at least one slot per
     token), so that no later call allocates them, e.g. inside a CUDA graph capture (:func:`arrival_counters`)."""
-    down_rows = min(MOE_GEMV.down.block_n, MOE_GEMV_WGMMA.down.block_n)
-    arrival_counters(device, GEMV_MAX_ASSIGNMENTS * (hidden_padded // down_rows), _COMBINE)
+    arrival_counters(device, GEMV_MAX_ASSIGNMENTS * (hidden_padded // MOE_GEMV.down.block_n), _COMBINE)
 
 
 def _moe_gemv(
-    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor, order: str = "rows"
+    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor
 ) -> torch.Tensor:
-    """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel. ``order``
-    "wgmma": the weights in that order, x and the intermediate prepared duplicated (``prepare_x_dup``)."""
+    """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
@@ -1007,11 +943,9 @@ def _moe_gemv(
     # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
     ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
-    wgmma = order == "wgmma"
     if cfg.prepared:
-        xp, xe = prepare_x_dup(x, Hp, pdl=bool(gu.pdl)) if wgmma else prepare_x(x, pdl=bool(gu.pdl))
-        # fp16 pairs, or (wgmma) each value duplicated
-        h = torch.empty(T * k, Ip if wgmma else Ip // 2, dtype=torch.int32, device=x.device)
+        xp, xe = prepare_x(x, pdl=bool(gu.pdl))
+        h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs
         he = torch.empty(T * k, Ip // 32, dtype=torch.float32, device=x.device)
         _gate_up_gemv_f16x2_kernel[(T * k, Ip // gu.block_n)](
             xp,
@@ -1040,7 +974,6 @@ def _moe_gemv(
             MATH=gu.math,
             PREFETCH=gu.prefetch,
             PDL=gu.pdl,
-            ORDER=order,
             **gu.launch_options(),
         )
     else:
@@ -1101,24 +1034,9 @@ def _moe_gemv(
         PREPARED=d.prepared,
         PREFETCH=d.prefetch,
         PDL=d.pdl,
-        ORDER=order,
         **d.launch_options(),
     )
     return out
-
-
-def _wgmma_gemv_ok(cfg: MoeGemvConfig) -> bool:
-    """Whether a GEMV pair fits ``gemv_rows_wgmma``: prepared (f16x2), 16-row blocks, gate_up whole groups of 32, one
-    128-code K tile a step, up to the next two in flight."""
-    gu, d = cfg.gate_up, cfg.down
-    return (
-        cfg.prepared
-        and gu.block_n % 32 == 0
-        and d.block_n % 16 == 0
-        and gu.block_k == d.block_k == 128
-        and gu.prefetch in (0, 1, 2)
-        and d.prefetch in (0, 1, 2)
-    )
 
 
 def check_order(order: str, activations: str, device: torch.device) -> None:
@@ -1153,7 +1071,7 @@ def moe_mxfp4(
 
     ``w``: the strided layout's tensors by suffix (``w13_weight``, ``w13_weight_scale``, ``w13_bias``,
     ``w2_weight``, ``w2_weight_scale``, ``w2_bias``). ``config``: a :class:`MoeConfig` (scheduled tiles),
-    a :class:`MoeGemvConfig` (decode GEMV, BF16 activations; a single :class:`GemvConfig` serves both
+    a :class:`MoeGemvConfig` (decode GEMV: the rows order, BF16 activations; a single :class:`GemvConfig` serves both
     kernels, :meth:`MoeGemvConfig.from_single`), or None to choose by shape. ``fold_scale``: ``w``'s scales fit the
     folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
     chosen swapped tiles then fold (same bits, faster) and nothing is checked per call. ``order``: the weights' byte
@@ -1178,10 +1096,9 @@ def moe_mxfp4(
     gemv = isinstance(cfg, MoeGemvConfig)
     if not gemv and cfg.order != order:
         raise ValueError(f"config {cfg.name()} reads the {cfg.order} order, the weights are {order}")
-    if gemv and order == "wgmma" and not _wgmma_gemv_ok(cfg):
+    if gemv and order == "wgmma":
         raise ValueError(
-            f"the wgmma order's GEMVs are f16x2 ones on 16-row blocks (gate_up whole groups of 32), one 128-code K "
-            f"tile a step, prefetch 0 to 2, got {cfg.name()}"
+            f"the wgmma order runs the scheduled tiles only (a MoeConfig with order='wgmma'), got {cfg.name()}"
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
@@ -1192,7 +1109,7 @@ def moe_mxfp4(
         target = (
             out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
         )
-        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target, order)
+        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
         return y if out is None or y is out else out.copy_(y)
     if cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand: checked
         check_fold_scale(s13, s2)
