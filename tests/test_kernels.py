@@ -318,6 +318,19 @@ def test_the_dispatch_folds_the_swapped_tiles_of_weights_that_fit():
     assert pick_config(4, 201088, 2880, fold_scale=True).fold_scale  # lm_head decode: DECODE_WIDE folded
 
 
+def test_moe_out_must_have_xs_shape():
+    """``out`` of another shape is refused before anything is written (the combine would write past its end)."""
+    E, H, I, k, T = 4, 128, 128, 2, 8
+    _, w, _ = _strided_layer(E, H, I)
+    x = torch.randn(T, H).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)
+    wts = torch.softmax(torch.randn(T, k), -1)
+    big = torch.zeros(T + 3, H, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"out must be \[8, 128\]"):
+        moe_mxfp4(x, ids, wts, w, config=MoeConfig(16, 64, 128, swap_ab=True), out=big[: T - 2])
+    assert not big.any()
+
+
 def test_a_folded_tile_is_checked_unless_the_caller_vouches_for_the_scales():
     """A folded config chosen by hand is checked against the scales on every call; ``fold_scale=True`` is the
     caller's answer from ``fits_fold`` at load, so nothing is checked per call."""
@@ -402,6 +415,14 @@ def test_moe_schedule_is_a_stable_sort_by_expert(tokens, k, experts, block_m):
         assert torch.equal(a.long(), b.long()), name
 
 
+def test_moe_schedule_reads_strided_ids():
+    """A column of a wider id tensor (k = 1) and every other column: flatten() of these is a strided view."""
+    base = torch.randint(0, 32, (200, 8))
+    for ids in (base[:, 2:3], base[:1, ::2], base.T):
+        got, want = moe_schedule(ids, 32, 16), _schedule_reference(ids, 32, 16)
+        assert all(torch.equal(a.long(), b.long()) for a, b in zip(got, want))
+
+
 def _strided_layer(E, H, I, order="rows"):
     gu, gus = quantize_mxfp4(torch.randn(E, 2 * I, H) * 0.05)
     dn, dns = quantize_mxfp4(torch.randn(E, H, I) * 0.05)
@@ -477,7 +498,7 @@ def test_moe_mxfp4_matches_reference(activations, bound):
     assert all(pick_moe_config(T, 4, 128).num_stages > 1 for T in (64, 512, 1024, 4096))
     assert not pick_moe_config(8192, 4, 128).swap_ab and pick_moe_config(8192, 4, 128).block_n == 128
     assert not any(pick_moe_config(T, 4, 128, act).swap_ab for T in (64, 1024) for act in ("e4m3", "e2m1"))
-    assert isinstance(pick_moe(32, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(33, 4, 128, 2880), MoeConfig)
+    assert isinstance(pick_moe(16, 4, 128, 2880), MoeGemvConfig) and isinstance(pick_moe(17, 4, 128, 2880), MoeConfig)
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
 
 

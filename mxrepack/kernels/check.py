@@ -346,11 +346,11 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64) -> dict[str, AS
     int32 router ids, as vLLM's) and the combine of the top-4 slots."""
     e_p2 = triton.next_power_of_2(experts)
     piece = moe._schedule_piece(e_p2)
-    shape = {"CHUNK": piece, "PIECE": piece, "E_P2": e_p2}
-    count = {"ids_ptr": "*i32", "hist_ptr": "*i32", "n": "i32", **{k: "constexpr" for k in shape}}
+    shape = {"PIECE": piece, "E_P2": e_p2}
+    count = {"ids_ptr": "*i32", "hist_ptr": "*i32", "n": "i32", "chunk": "i32", **{k: "constexpr" for k in shape}}
     place_shape = shape | {
         "BLOCK_M": block_m,
-        "CHUNKS_P2": moe.SCHEDULE_CHUNKS,
+        "MAX_CHUNKS": moe.SCHEDULE_CHUNKS,
         "BLOCKS_PER_PROGRAM": moe.SCHEDULE_BLOCKS,
     }
     place = {
@@ -363,6 +363,7 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64) -> dict[str, AS
         "n": "i32",
         "experts": "i32",
         "blocks_total": "i32",
+        "chunk": "i32",
         "chunks": "i32",
         **{k: "constexpr" for k in place_shape},
     }
@@ -414,6 +415,9 @@ def shipped_kernels():
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
     for kernel, src in _moe_schedule_sources().items():  # CUDA cores, any activations: checked once
         yield kernel, "120b experts", "any", src, 4, 1
+        if "ids_ptr" in src.signature:  # torch.topk's int64 ids too
+            sig = src.signature | {"ids_ptr": "*i64"}
+            yield kernel, "120b experts, i64 ids", "any", ASTSource(src.fn, sig, src.constants), 4, 1
 
 
 def specialized(src: ASTSource) -> ASTSource:

@@ -185,8 +185,13 @@ MOE_TILES_SCALED = (
 # docs/bench/moe_sweep_wgmma_gemv_h100_2026-11-26_e98e4de.json; the rows order's GEMVs 0.0291 / 0.0594 / 0.0871). So
 # the wgmma order has no GEMV path: those GEMVs (``MOE_GEMV_WGMMA``, ``gemv_mxfp4.gemv_rows_wgmma``) were removed in
 # the commit after that record; they are in git history at e98e4de.
+# From 9 to 16 rows per expert, 32 tokens: T = 512 (16 rows) 0.982 ms against 16 x 64's 1.165, while at T = 256 (8
+# rows) 16 x 64 holds (0.817 against 0.930; H100, same run, ``--sweep-moe 256,512 --sweep-kind wgmma``, 7011f92,
+# docs/bench/moe_sweep_wgmma_h100_2026-11-26_7011f92.json): a 16-token tile gives about half the experts a second
+# block at 16 rows, whose weights are decoded again.
 MOE_TILES_WGMMA = (
-    (16, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
+    (8, MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
+    (16, MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
     (64, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")),
     (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma")),
 )
@@ -199,8 +204,13 @@ MOE_CONFIGS_SCALED = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_SCALED
 # swapped 16-row tile (the sweeps above): T = 32 GEMV 0.598 vs 0.695 ms, T = 48 0.865 vs 0.778, T = 64 1.119 vs
 # 0.909. (Against the one-stage tile the crossing was at T = 64, against the tiles before the swap at T = 80:
 # docs/PERF_LOG.md stops 10 and 19.) A token sharing an expert re-reads its weights (the programs of one row tile run
-# together and mostly hit L2); the tiles read each expert once.
-GEMV_MAX_ASSIGNMENTS = 128
+# together and mostly hit L2); the tiles read each expert once. Since the schedule became two Triton kernels (~40 us
+# less a call) the tile wins from T = 24: H100, same run, ``peers.py --sweep-moe 24,32,48 --sweep-kind swap``
+# (7011f92, docs/bench/moe_sweep_swap_h100_2026-11-26_7011f92.json): T = 24 16 x 64 tile 0.439 ms against the GEMV's
+# 0.458, T = 32 0.580 against 0.614; at T = 16 the GEMV (0.329) is ahead of even the wgmma order's 16 x 64 tile (0.359,
+# peers_moe_h100_2026-11-26_4766afb.json), which is faster than this order's at T = 24-128. So the GEMVs take
+# T * k <= 64 (T <= 16 at top-4).
+GEMV_MAX_ASSIGNMENTS = 64
 
 
 @dataclass(frozen=True)
@@ -303,13 +313,13 @@ def _schedule_piece(experts_p2: int) -> int:
 
 
 @triton.jit
-def _schedule_count_kernel(ids_ptr, hist_ptr, n, CHUNK: tl.constexpr, PIECE: tl.constexpr, E_P2: tl.constexpr):
-    """Program c: how many of assignments [c CHUNK, (c + 1) CHUNK) go to each expert -> hist[c, :E_P2]."""
+def _schedule_count_kernel(ids_ptr, hist_ptr, n, chunk, PIECE: tl.constexpr, E_P2: tl.constexpr):
+    """Program c: how many of assignments [c chunk, (c + 1) chunk) go to each expert -> hist[c, :E_P2]."""
     c = tl.program_id(0)
     cols = tl.arange(0, E_P2)
     counts = tl.zeros((E_P2,), dtype=tl.int32)
-    for p in range(0, CHUNK, PIECE):
-        i = c * CHUNK + p + tl.arange(0, PIECE)
+    for p in range(0, chunk, PIECE):
+        i = c * chunk + p + tl.arange(0, PIECE)
         e = tl.load(ids_ptr + i, mask=i < n, other=E_P2).to(tl.int32)  # past n: no expert's column
         counts += tl.sum((e[:, None] == cols[None, :]).to(tl.int32), axis=0)
     tl.store(hist_ptr + c * E_P2 + cols, counts)
@@ -326,12 +336,12 @@ def _schedule_place_kernel(
     n,
     experts,
     blocks_total,
+    chunk,
     chunks,
     BLOCK_M: tl.constexpr,
-    CHUNK: tl.constexpr,
     PIECE: tl.constexpr,
     E_P2: tl.constexpr,
-    CHUNKS_P2: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr,
     BLOCKS_PER_PROGRAM: tl.constexpr,
 ):
     """Programs 0 .. chunks - 1: chunk c's assignments at their sorted positions (by expert, then by index: a
@@ -339,7 +349,7 @@ def _schedule_place_kernel(
     end sorted position). Every program reads all chunks' counts (``_schedule_count_kernel``)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, E_P2)
-    rows = tl.arange(0, CHUNKS_P2)
+    rows = tl.arange(0, MAX_CHUNKS)
     hist = tl.load(hist_ptr + rows[:, None] * E_P2 + cols[None, :], mask=(rows < chunks)[:, None], other=0)
     counts = tl.sum(hist, axis=0)
     starts = tl.cumsum(counts, axis=0) - counts  # each expert's first sorted position
@@ -347,8 +357,8 @@ def _schedule_place_kernel(
         # where this chunk's assignments of each expert begin: after the earlier chunks' ones
         base = starts + tl.sum(tl.where((rows < pid)[:, None], hist, 0), axis=0)
         j = tl.arange(0, PIECE)
-        for p in range(0, CHUNK, PIECE):
-            i = pid * CHUNK + p + j
+        for p in range(0, chunk, PIECE):
+            i = pid * chunk + p + j
             e = tl.load(ids_ptr + i, mask=i < n, other=E_P2).to(tl.int32)
             hit = (e[:, None] == cols[None, :]).to(tl.int32)
             # earlier assignments of the same expert within the piece: counted by comparing every pair (a 2-D
@@ -383,8 +393,10 @@ def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
     have any, so ``cdiv(T*k + (block_m - 1) * min(experts, T*k), block_m)``. Two launches (counts per chunk, then
     placement and blocks), no host sync: the whole MoE call can be captured in a CUDA graph. (Torch's argsort and
     the dozen ops around it took ~48 us on an H100 at 64-1024 tokens: ``benchmarks/experiments/moe_tile_profile.py``.)
+    Every id must be in ``[0, experts)``, as a router's top-k are: nothing here checks it (that would take a sync), and
+    an id out of range leaves positions of ``order`` unwritten.
     """
-    flat = topk_ids.flatten()
+    flat = topk_ids.reshape(-1).contiguous()  # a column slice's flatten() is a strided view
     n = flat.numel()
     nb = max(1, triton.cdiv(n + (block_m - 1) * min(experts, n), block_m))  # one empty block when T = 0
     e_p2 = triton.next_power_of_2(max(experts, 2))
@@ -396,7 +408,7 @@ def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
     order = torch.empty(n, dtype=torch.int32, device=dev)
     blk_e, blk_s, blk_end = (torch.empty(nb, dtype=torch.int32, device=dev) for _ in range(3))
     if chunks:
-        _schedule_count_kernel[(chunks,)](flat, hist, n, CHUNK=chunk, PIECE=piece, E_P2=e_p2)
+        _schedule_count_kernel[(chunks,)](flat, hist, n, chunk, PIECE=piece, E_P2=e_p2, num_warps=4, num_stages=1)
     _schedule_place_kernel[(chunks + triton.cdiv(nb, SCHEDULE_BLOCKS),)](
         flat,
         hist,
@@ -407,13 +419,15 @@ def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
         n,
         experts,
         nb,
+        chunk,
         chunks,
         BLOCK_M=block_m,
-        CHUNK=chunk,
         PIECE=piece,
         E_P2=e_p2,
-        CHUNKS_P2=triton.next_power_of_2(max(chunks, 1)),
+        MAX_CHUNKS=SCHEDULE_CHUNKS,
         BLOCKS_PER_PROGRAM=SCHEDULE_BLOCKS,
+        num_warps=4,
+        num_stages=1,
     )
     return order, blk_e, blk_s, blk_end
 
@@ -1090,6 +1104,8 @@ def moe_mxfp4(
         raise ValueError(
             f"w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} / x {tuple(x.shape)} are not one strided MoE layer"
         )
+    if out is not None and tuple(out.shape) != (T, H):
+        raise ValueError(f"out must be [{T}, {H}] (x's shape), got {list(out.shape)}")
     cfg = config or pick_moe(T, k, E, H, activations, x.device.type == "cuda", fold_scale, order)
     if isinstance(cfg, GemvConfig):
         cfg = MoeGemvConfig.from_single(cfg)
@@ -1114,7 +1130,8 @@ def moe_mxfp4(
     if cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand: checked
         check_fold_scale(s13, s2)
     y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
-    target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
+    dtype = out.dtype if out is not None else torch.bfloat16
+    target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=dtype, device=x.device)
     if T:
         _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK))](
             y, target, H, y.stride(0), target.stride(0), TOPK=k, BLOCK=COMBINE_BLOCK
