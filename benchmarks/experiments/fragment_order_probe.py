@@ -264,17 +264,26 @@ def frag_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, DECODE
 # 0.1538: fragment_order_time_h100_2026-11-25_91700b3_call4.json; removed.)
 # GROUP_F16X2_DUP, the PTX of one lane's scale group (rows g and g + 8): the probe's own copy again (from bb75c93 to
 # e98e4de it used gemv_mxfp4's, which went with gemv_rows_wgmma).
+
+
+def _word_pairs_text(word: int) -> list[str]:
+    """PTX: word ``$word`` -> p0..p3, the f16x2 pairs (codes 3 - p, 7 - p) of the fragment order's decode."""
+    return [
+        f"mov.b32 q, ${word};",
+        "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
+        "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
+        "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
+        "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;",
+    ]
+
+
 def _group_f16x2_dup_text() -> str:
     """PTX for one scale group of one lane: words $2, $3 (steps 2 j, 2 j + 1), duplicated activations $4..$7 (step 2 j:
     (kh, nibble) = (0, 0), (0, 1), (1, 0), (1, 1)) and $8..$11 (step 2 j + 1) -> $0, $1 rows g and g + 8, unscaled."""
     lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a;", ".reg .b16 lo, hi;"]
     for word, x in ((2, 4), (3, 8)):
         lines += [
-            f"mov.b32 q, ${word};",
-            "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
-            "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
-            "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
-            "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;",
+            *_word_pairs_text(word),
         ]
         # pair p holds codes (3 - p, 7 - p): p0 (kh 1, nibble 1), p1 (1, 0), p2 (0, 1), p3 (0, 0)
         for pair, slot in ((3, 0), (2, 1), (1, 2), (0, 3)):
@@ -422,11 +431,7 @@ def _group_f16x2_pair_text(words: int = 8) -> str:
             word = 2 + 2 * t + odd
             x = 2 + words + 4 * (2 * t + odd)  # the word's 4 activations, (kh, nibble) = slot
             lines += [
-                f"mov.b32 q, ${word};",
-                "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
-                "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
-                "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
-                "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;",
+                *_word_pairs_text(word),
             ]
             # pair p holds codes (3 - p, 7 - p): (kh, nibble) slot 3 - p of rows g (lo) and g + 8 (hi)
             for pair in range(4):
