@@ -313,14 +313,14 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         rows_per_expert = T * K_TOP / E
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
-        if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
+        if kind.startswith("wgmma"):
             cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
+        if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
             for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):
                 warps = 4
                 cfg = MoeConfig(bm, bn, 128, warps, st, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait)
                 cands[cfg.name()] = cfg
         if kind == "wgmma-wide":  # the wgmma order on two warpgroups (8 warps), beside the shipped 4-warp tiles
-            cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
             for bm, bn in itertools.product(sorted({16 if rows_per_expert <= 16 else 64, *ms_}), (64, 128)):
                 cfg = MoeConfig(bm, bn, 128, 8, 3, swap_ab=True, fold_scale=fold, order="wgmma")
                 cands[cfg.name()] = cfg

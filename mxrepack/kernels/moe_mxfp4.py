@@ -948,7 +948,8 @@ def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
 def _moe_gemv(
     x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor
 ) -> torch.Tensor:
-    """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` bf16 by the down kernel."""
+    """Decode: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` (stored in its dtype) by the down
+    kernel."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
@@ -1121,21 +1122,20 @@ def moe_mxfp4(
     ip_tile, hp_tile = (cfg.gate_up.block_n, cfg.down.block_n) if gemv else (cfg.block_n, cfg.block_n)
     if Ip % ip_tile or Hp % hp_tile:
         raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
-    if gemv:
-        target = (
-            out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=torch.bfloat16, device=x.device)
-        )
-        y = _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
-        return y if out is None or y is out else out.copy_(y)
-    if cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand: checked
+    if not gemv and cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand
         check_fold_scale(s13, s2)
-    y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
+    # both paths end in a kernel that writes unit-stride rows in the target's dtype: out itself when its rows are so,
+    # else a buffer of out's dtype copied into it
     dtype = out.dtype if out is not None else torch.bfloat16
     target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=dtype, device=x.device)
-    if T:
-        _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK))](
-            y, target, H, y.stride(0), target.stride(0), TOPK=k, BLOCK=COMBINE_BLOCK
-        )
+    if gemv:
+        _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
+    else:
+        y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
+        if T:
+            _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK))](
+                y, target, H, y.stride(0), target.stride(0), TOPK=k, BLOCK=COMBINE_BLOCK
+            )
     return target if out is None or target is out else out.copy_(target)
 
 
