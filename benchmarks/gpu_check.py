@@ -80,8 +80,8 @@ def dense(rows: list, bw: float, quick: bool) -> None:
                 err = float((y.float() - ref).norm() / ref.norm())
                 ms = timer(lambda: linear_mxfp4(x, *nxt_q(), bias, mode))
                 sms = torch.cuda.get_device_properties(0).multi_processor_count
-                if mode == "w4a16" and use_gemv(M, N):
-                    cfg = pick_gemv_config(N, sms).launched(M)
+                if mode == "w4a16" and use_gemv(M, N, sms):
+                    cfg = pick_gemv_config(N, sms, M=M).launched(M)
                 elif mode == "w4a16" and use_dequant_gemm(M, N, sms):
                     cfg = DEQUANT
                 else:

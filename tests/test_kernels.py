@@ -153,6 +153,8 @@ def test_gemv_matches_reference(N, K):
         GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2),
         GemvConfig(16, 128, 4, 1, "ops", rows=2),  # rows of x per program: M = 3 and 5 end in a shifted block
         GemvConfig(8, 128, 4, 1, "ops", rows=4),  # M < 4: fewer rows per program
+        GemvConfig(16, 128, 4, 1, "f16x2-ops", rows=2),  # prepared activations, several rows per program
+        GemvConfig(8, 128, 4, 1, "f16x2-ops", prefetch=2, rows=4),
     )  # 0, 2 and 4 full tiles: each branch
     for M, cfg in itertools.product((1, 2, 3, 5), configs):
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
@@ -161,13 +163,13 @@ def test_gemv_matches_reference(N, K):
         assert rel(y, ref[:M]) <= 1e-2, (M, cfg, rel(y, ref[:M]))
         assert rel(linear_mxfp4(x[:M], w, ws, bias), ref[:M]) <= 1e-2  # shape-chosen path, whichever it is
     assert pick_gemv_config(201088, cuda=False).decode == "f16x2-ops" and pick_gemv_config(5120).decode == "asm"
-    assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(4, 2880)
+    assert pick_gemv_config(5120, M=4).rows == 4 and pick_gemv_config(2880, M=2, cuda=False).decode == "f16x2-ops"
+    assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(3, 5120)
+    assert use_gemv(4, 5120) and not use_gemv(4, 2880) and not use_gemv(4, 201088)  # 4 rows: qkv, not o or lm_head
     # as launched: a row block never passes M, and one row is the one-row kernel
     assert [GemvConfig(8, 128, 4, 1, "ops", rows=4).launched(m).rows for m in (1, 2, 3, 4, 9)] == [0, 2, 2, 4, 4]
     with pytest.raises(ValueError, match="rows=3"):
         GemvConfig(16, 128, 4, 1, "ops", rows=3)
-    with pytest.raises(ValueError, match="rows=2"):  # the f16x2 path runs one row per program
-        GemvConfig(16, 128, 4, 1, "f16x2-ops", rows=2)
     with pytest.raises(ValueError, match="pdl"):  # programmatic dependent launch is the f16x2 PTX path's
         GemvConfig(16, 128, 4, 1, "asm", pdl=1)
     assert GemvConfig(16, 128, 4, 1, "f16x2", pdl=1).portable() == GemvConfig(16, 128, 4, 1, "f16x2-ops")
@@ -620,8 +622,8 @@ def test_kernels_check_builds_for_sm12x_without_tma():
         "moe_gate_up_swiglu",
         "moe_down_combine",
         "gemv_mxfp4",
-        "gemv_mxfp4_rows",
         "gemv_mxfp4_f16x2",
+        "gemv_mxfp4_f16x2_rows",
         "gemv_prepare_x",
         "gemv_moe_gate_up_f16x2",
         "gemv_moe_down",

@@ -193,6 +193,7 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             "MATH": cfg.math,
             "PREFETCH": cfg.prefetch,
             "PDL": cfg.pdl,
+            "ROWS": cfg.rows,
         }
         dense = {
             "xp_ptr": "*i32",
@@ -210,6 +211,7 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             "stride_ym": "i32",
             "HAS_BIAS": "constexpr",
             **{k: "constexpr" for k in const},
+            "M": "i32",
         }
         prep = {
             "x_ptr": "*bf16",
@@ -222,10 +224,12 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             "GB": "constexpr",
             "PDL": "constexpr",
         }
+        # as launched: a multi-row configuration runs one row per program when M = 1 (GemvConfig.launched)
+        launched = {"gemv_mxfp4_f16x2": cfg.launched(1)} | ({"gemv_mxfp4_f16x2_rows": cfg} if cfg.rows else {})
         return {
-            "gemv_mxfp4_f16x2": ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const}),
-            "gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep, {"GB": gemv.PREPARE_GROUPS, "PDL": cfg.pdl}),
-        }
+            kernel: ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const, "ROWS": c.rows})
+            for kernel, c in launched.items()
+        } | {"gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep, {"GB": gemv.PREPARE_GROUPS, "PDL": cfg.pdl})}
     const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode, "ROWS": cfg.rows}
     dense = {
         "x_ptr": "*bf16",
@@ -406,8 +410,11 @@ def shipped_kernels():
     for name, cfg in _with_folded(moe.MOE_CONFIGS_WGMMA, True).items():  # built for sm_90a only (run_check)
         for kernel, src in _moe_sources("bf16", cfg).items():
             yield kernel, f"wgmma {name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
-    for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW)):
+    narrow_rows = tuple((f"narrow {m} rows", cfg) for m, cfg in gemv.NARROW_ROWS.items())
+    for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW), *narrow_rows):
         for kernel, src in _gemv_sources(cfg).items():
+            if cfg.rows and kernel in ("gemv_mxfp4", "gemv_mxfp4_f16x2"):  # never launched with one row
+                continue
             yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
         one = moe.MOE_GEMV.gate_up if "gate_up" in kernel else moe.MOE_GEMV.down

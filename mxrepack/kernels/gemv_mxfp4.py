@@ -8,8 +8,8 @@ codes, 16 bytes) in one 128-bit load, decodes it, multiplies by the activations 
 registers before its scale is applied (one multiply per 32 weights). The next K tile is loaded before
 the current one is decoded. Full K tiles run unmasked; a partial last tile is a separate masked step.
 Rows of x are separate programs, adjacent in the grid so that they share a weight tile through L2; or, with
-``GemvConfig.rows`` (fp32 path), one program runs several rows and decodes each weight once for all of them
-(q/k/v/o at M = 2: :data:`NARROW`).
+``GemvConfig.rows``, one program runs several rows and decodes each weight once for all of them (q/k/v/o at
+M = 2 and 4: :data:`NARROW_ROWS`).
 
 Decoding: a code's sign goes to fp16 bit 15 and its three exponent/mantissa bits to bits 9..11, which
 reads as ``value * 2^-14`` (E2M1's subnormal 0.5 is fp16's subnormal too); the fp16 -> fp32 widening
@@ -54,15 +54,15 @@ class GemvConfig:
     # request their first weight tiles, then wait (``griddepcontrol.wait``) for the activations. The launch
     # gap and the previous kernel's tail then overlap weight streaming. 0 or 1.
     pdl: int = 0
-    # fp32 path ("ops"/"asm"), dense only: rows of x per program, each weight decoded once for all of them (0: one
-    # row per program, the programs of a weight tile adjacent in the grid and sharing it through L2). A power of 2.
+    # dense only: rows of x per program, each weight decoded once for all of them (0: one row per program, the
+    # programs of a weight tile adjacent in the grid and sharing it through L2). A power of 2.
     rows: int = 0
 
     def __post_init__(self):
         if self.pdl not in (0, 1):
             raise ValueError(f"pdl must be 0 or 1, got {self.pdl}")
-        if self.rows and (self.prepared or self.rows & (self.rows - 1)):
-            raise ValueError(f"rows={self.rows}: a power of 2 on the fp32 path ('ops'/'asm'), got {self.decode!r}")
+        if self.rows & (self.rows - 1):
+            raise ValueError(f"rows={self.rows}: a power of 2")
         if self.pdl and self.decode != "f16x2":
             raise ValueError(f"pdl={self.pdl} needs decode='f16x2' (CUDA, prepared activations), got {self.decode!r}")
 
@@ -428,43 +428,69 @@ def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.T
     return xp, xe
 
 
+def _decode_word_f16x2_ptx(word: str, pairs: tuple[str, str, str, str]) -> list[str]:
+    """PTX decoding the eight codes of the 32-bit ``word`` into four fp16 pairs (registers ``pairs``; pair p is codes
+    (3 - p, 7 - p), the activations' slot 3 - p), 7 instructions, scratch registers q, t, v.
+
+    Not 4 x 3 + 3: codes 3 and 1 of each half are built together in place (sign where it is, the three
+    exponent/mantissa bits moved down 3 and masked), then codes 3 are masked out and codes 1 are moved up a byte by
+    one ``prmt`` that also zeroes the rest; codes 2 and 0 the same after a shift of 4."""
+    p0, p1, p2, p3 = pairs
+    return [
+        f"mov.b32 q, {word};",
+        "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
+        f"and.b32 {p0}, v, 0xFF00FF00; prmt.b32 {p2}, v, 0, 0x2404;",
+        "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
+        f"and.b32 {p1}, v, 0xFF00FF00; prmt.b32 {p3}, v, 0, 0x2404;",
+    ]
+
+
+def _word_products_f16x2_ptx(word: int, pairs, xs) -> list[str]:
+    """PTX adding word ``word``'s four products ``pairs[p] * xs[3 - p]`` (packed fp16) to its chain: words 0, 2 in
+    register a, words 1, 3 in b (the first product of each chain starts it)."""
+    acc = "ab"[word % 2]
+    return [
+        f"mul.rn.f16x2 {acc}, {pairs[p]}, {xs[3 - p]};"
+        if word < 2 and p == 0
+        else f"fma.rn.f16x2 {acc}, {pairs[p]}, {xs[3 - p]}, {acc};"
+        for p in range(4)
+    ]
+
+
+# the two chains summed, widened to fp32 once per group
+_CHAINS_TO_F32 = ["add.rn.f16x2 a, a, b;", "mov.b32 {lo, hi}, a;", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;"]
+_F16X2_REGS = [".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
+
+
 def _group_dot_f16x2_asm_text() -> str:
     """PTX for one group: words $1..$4 (eight codes each), activation pairs $5..$20 (word-major, slot s of a
-    word = its codes s and s + 4, lo and hi half) -> $0, the fp32 sum of the 32 products.
-
-    A word decodes in 11 instructions, not 4 x 3 + 3: codes 3 and 1 of each half are built together in
-    place (sign where it is, the three exponent/mantissa bits moved down 3 and masked), then codes 3 are
-    masked out and codes 1 are moved up a byte by one ``prmt`` that also zeroes the rest; codes 2 and 0
-    the same after a shift of 4."""
-    lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a, b;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
+    word = its codes s and s + 4, lo and hi half) -> $0, the fp32 sum of the 32 products. A word decodes in 7
+    instructions and multiplies in 4 ``fma.rn.f16x2``."""
+    lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a, b;", *_F16X2_REGS]
     for word in range(4):
-        acc = "ab"[word % 2]  # two chains: words 0, 2 and words 1, 3
-        lines += [
-            f"mov.b32 q, ${1 + word};",
-            "shr.b32 t, q, 3; and.b32 t, t, 0x0E0E0E0E; lop3.b32 v, q, t, 0x80808080, 0xEC;",
-            "and.b32 p0, v, 0xFF00FF00; prmt.b32 p2, v, 0, 0x2404;",
-            "shl.b32 t, q, 1; and.b32 t, t, 0x0E0E0E0E; shl.b32 v, q, 4; lop3.b32 v, v, t, 0x80808080, 0xEC;",
-            "and.b32 p1, v, 0xFF00FF00; prmt.b32 p3, v, 0, 0x2404;",
-        ]
-        for pair in range(4):
-            x = f"${5 + 4 * word + 3 - pair}"  # decoded pair p is codes (3 - p, 7 - p): slot 3 - p
-            lines.append(
-                f"mul.rn.f16x2 {acc}, p{pair}, {x};"
-                if word < 2 and pair == 0
-                else f"fma.rn.f16x2 {acc}, p{pair}, {x}, {acc};"
-            )
-    lines += [
-        "add.rn.f16x2 a, a, b;",
-        "mov.b32 {lo, hi}, a;",
-        "cvt.f32.f16 f0, lo;",
-        "cvt.f32.f16 f1, hi;",
-        "add.f32 $0, f0, f1;",
-        "}",
-    ]
-    return "\n".join(lines)
+        lines += _decode_word_f16x2_ptx(f"${1 + word}", ("p0", "p1", "p2", "p3"))
+        lines += _word_products_f16x2_ptx(word, ("p0", "p1", "p2", "p3"), [f"${5 + 4 * word + s}" for s in range(4)])
+    return "\n".join(lines + [*_CHAINS_TO_F32, "add.f32 $0, f0, f1;", "}"])
+
+
+def _decode_word_f16x2_asm_text() -> str:
+    """PTX for one word $4 -> its four fp16 pairs $0..$3 (multi-row GEMV: decoded once, used by every row)."""
+    return "\n".join(["{", ".reg .b32 q, t, v;", *_decode_word_f16x2_ptx("$4", ("$0", "$1", "$2", "$3")), "}"])
+
+
+def _sum_group_f16x2_asm_text() -> str:
+    """PTX for one group and one row: decoded pairs $1..$16 (word-major, pair p of a word = codes 3 - p, 7 - p) and
+    the row's activation pairs $17..$32 (word-major, slot order) -> $0, the fp32 sum of the 32 products."""
+    lines = ["{", ".reg .b32 a, b;", *_F16X2_REGS]
+    for word in range(4):
+        pairs = [f"${1 + 4 * word + p}" for p in range(4)]
+        lines += _word_products_f16x2_ptx(word, pairs, [f"${17 + 4 * word + s}" for s in range(4)])
+    return "\n".join(lines + [*_CHAINS_TO_F32, "add.f32 $0, f0, f1;", "}"])
 
 
 GROUP_DOT_F16X2 = tl.constexpr(_group_dot_f16x2_asm_text())
+DECODE_WORD_F16X2 = tl.constexpr(_decode_word_f16x2_asm_text())
+SUM_GROUP_F16X2 = tl.constexpr(_sum_group_f16x2_asm_text())
 
 
 @triton.jit
@@ -484,15 +510,21 @@ def _fp16_half(v, HI: tl.constexpr):
 
 
 @triton.jit
-def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
-    """[BLOCK_N, G] fp32: each group's 32 codes (``w`` [BLOCK_N, G, 4] words) times its activation pairs
-    (``xq``: four [1, G, 4] tensors, slot s of words 0..3), unscaled."""
-    ws = _split4(w, BLOCK_N, G)
+def _word_major(xq, G: tl.constexpr):
+    """A row's activation pairs (four [1, G, 4] tensors, slot s of words 0..3) -> 16 [1, G] tensors, word-major."""
     x0, x1, x2, x3 = _split4(xq[0], 1, G)
     y0, y1, y2, y3 = _split4(xq[1], 1, G)
     z0, z1, z2, z3 = _split4(xq[2], 1, G)
     u0, u1, u2, u3 = _split4(xq[3], 1, G)
-    xs = (x0, y0, z0, u0, x1, y1, z1, u1, x2, y2, z2, u2, x3, y3, z3, u3)  # word-major
+    return (x0, y0, z0, u0, x1, y1, z1, u1, x2, y2, z2, u2, x3, y3, z3, u3)
+
+
+@triton.jit
+def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
+    """[BLOCK_N, G] fp32: each group's 32 codes (``w`` [BLOCK_N, G, 4] words) times its activation pairs
+    (``xq``: four [1, G, 4] tensors, slot s of words 0..3), unscaled."""
+    ws = _split4(w, BLOCK_N, G)
+    xs = _word_major(xq, G)
     if MATH == "asm":
         b = ()
         for i in tl.static_range(16):
@@ -537,6 +569,48 @@ def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr
 
 
 @triton.jit
+def _group_dot_rows(w, xqs, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr):
+    """:func:`_group_dot` for ROWS rows of activations (``xqs``, a tuple of ROWS ``xq``) -> a tuple of ROWS [BLOCK_N, G]
+    sums: each word is decoded once, its pairs multiplied with every row."""
+    ws = _split4(w, BLOCK_N, G)
+    out = ()
+    if MATH == "asm":
+        pairs = ()
+        for word in tl.static_range(4):
+            pairs = pairs + tl.inline_asm_elementwise(
+                asm=DECODE_WORD_F16X2,
+                constraints="=r,=r,=r,=r,r",
+                args=[ws[word]],
+                dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                is_pure=True,
+                pack=1,
+            )
+        for r in tl.static_range(ROWS):
+            xs = _word_major(xqs[r], G)
+            args = pairs
+            for i in tl.static_range(16):
+                args = args + (tl.broadcast_to(xs[i], (BLOCK_N, G)),)
+            out = out + (
+                tl.inline_asm_elementwise(
+                    asm=SUM_GROUP_F16X2, constraints="=r" + ",r" * 32, args=args, dtype=tl.float32, is_pure=True, pack=1
+                ),
+            )
+    else:  # portable: fp32 math, as _group_dot's
+        vs = ()
+        for word in tl.static_range(4):
+            vs = vs + (_decode_ops(ws[word]),)
+        for r in tl.static_range(ROWS):
+            xs = _word_major(xqs[r], G)
+            acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+            for word in tl.static_range(4):
+                for pair in tl.static_range(4):
+                    xw = xs[4 * word + pair]
+                    acc += vs[word][pair] * _fp16_half(xw, False) + vs[word][4 + pair] * _fp16_half(xw, True)
+            out = out + (acc,)
+    return out
+
+
+@triton.jit
 def _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
     """acc[n, g] += scale[n, g] * 2^e[g] * (W[n, group g] . x'[group g]) for the G groups of one K tile."""
     return acc + _group_dot(w, xq, BLOCK_N, G, MATH) * (e8m0_to_fp32(s.to(tl.int32)) * xe)
@@ -554,16 +628,71 @@ def _load_pairs(p_ptrs, g_ok, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _tile_f16x2(acc, w, s, p_ptrs, e_ptrs, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
-    """One full K tile whose weights and scales are loaded: its activations are loaded here."""
-    return _accumulate_f16x2(acc, w, s, _load_pairs(p_ptrs, 0, False), tl.load(e_ptrs), BLOCK_N, G, MATH)
+def _load_acts_f16x2(p_ptrs, e_ptrs, g_ok, MASKED: tl.constexpr, ROWS: tl.constexpr, stride_pm, stride_em):
+    """One K tile's prepared activations: (pairs, factors) of one row, or with ``ROWS`` > 0 (a tuple of ROWS pairs,
+    a tuple of ROWS factors) from rows ``stride_pm``/``stride_em`` apart. ``MASKED``: the partial tile (``g_ok``)."""
+    if ROWS:
+        xq = ()
+        xe = ()
+        for r in tl.static_range(ROWS):
+            xq = xq + (_load_pairs(p_ptrs + r * stride_pm, g_ok, MASKED),)
+            if MASKED:
+                xe = xe + (tl.load(e_ptrs + r * stride_em, mask=g_ok[None, :], other=0.0),)
+            else:
+                xe = xe + (tl.load(e_ptrs + r * stride_em),)
+    else:
+        xq = _load_pairs(p_ptrs, g_ok, MASKED)
+        if MASKED:
+            xe = tl.load(e_ptrs, mask=g_ok[None, :], other=0.0)
+        else:
+            xe = tl.load(e_ptrs)
+    return xq, xe
 
 
 @triton.jit
-def _tail_f16x2(acc, w, s, p_ptrs, e_ptrs, g_ok, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr):
-    """The partial K tile (whole groups ``g_ok``), its weights and scales loaded: activations masked here."""
-    xe = tl.load(e_ptrs, mask=g_ok[None, :], other=0.0)
-    return _accumulate_f16x2(acc, w, s, _load_pairs(p_ptrs, g_ok, True), xe, BLOCK_N, G, MATH)
+def _load_tile_f16x2(ptrs, t, g_ok, MASKED: tl.constexpr, W_STEP: tl.constexpr, G: tl.constexpr):
+    """K tile ``t``'s weights and scales (``MASKED``: the partial tile, whole groups ``g_ok``); ``ptrs``: (weights,
+    scales, activation pairs, factors) at tile 0."""
+    w_ptrs, s_ptrs, _, _ = ptrs
+    if MASKED:
+        w = tl.load(w_ptrs + t * W_STEP, mask=g_ok[None, :, None], other=0)
+        s = tl.load(s_ptrs + t * G, mask=g_ok[None, :], other=127)
+    else:
+        w = tl.load(w_ptrs + t * W_STEP)
+        s = tl.load(s_ptrs + t * G)
+    return w, s
+
+
+@triton.jit
+def _step_f16x2(
+    acc,
+    tile,
+    ptrs,
+    t,
+    g_ok,
+    MASKED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    G: tl.constexpr,
+    MATH: tl.constexpr,
+    ROWS: tl.constexpr,
+    stride_pm,
+    stride_em,
+):
+    """``acc`` += loaded K tile ``t`` (:func:`_load_tile_f16x2`) times its activations, loaded here (from L1/L2).
+    ``ROWS`` > 0: ``acc`` is a tuple of ROWS accumulators. Loading the activations with the weights instead, a tile
+    or two ahead, took twice as long at 2-8 rows (register spills; PERF_LOG stop 26)."""
+    w, s = tile
+    _, _, p_ptrs, e_ptrs = ptrs
+    xq, xe = _load_acts_f16x2(p_ptrs + t * (16 * G), e_ptrs + t * G, g_ok, MASKED, ROWS, stride_pm, stride_em)
+    if ROWS:
+        dots = _group_dot_rows(w, xq, BLOCK_N, G, MATH, ROWS)
+        scale = e8m0_to_fp32(s.to(tl.int32))
+        out = ()
+        for r in tl.static_range(ROWS):
+            out = out + (acc[r] + dots[r] * (scale * xe[r]),)
+    else:
+        out = _accumulate_f16x2(acc, w, s, xq, xe, BLOCK_N, G, MATH)
+    return out
 
 
 @triton.jit
@@ -582,14 +711,18 @@ def gemv_rows_f16x2(
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = 0,
     TILE_ROWS: tl.constexpr = 0,
+    ROWS: tl.constexpr = 0,
+    stride_pm=0,
+    stride_em=0,
 ):
     """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows` (the partial K tile first), from one row of prepared
     activations (xp, xe). ``PDL``: the activations are written by the kernel launched before this one, which
     may still run; wait for it once the first weight tiles are requested (:class:`GemvConfig`).
-    ``TILE_ROWS``: as in :func:`gemv_rows`."""
+    ``TILE_ROWS``: as in :func:`gemv_rows`. ``ROWS`` > 0: ``xp_ptr``/``xe_ptr`` are the first of ROWS prepared rows
+    ``stride_pm``/``stride_em`` apart, each weight is decoded once for all of them, and the result is a tuple of ROWS
+    ``[BLOCK_N]`` rows."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
-    w_ptrs = _weight_ptrs(w_ptr, rn, stride_wn, G, TILE_ROWS)
     # words from one K tile to the next (tiled: BLOCK_K // 128 whole 64-byte tiles of TILE_ROWS rows)
     W_STEP: tl.constexpr = (BLOCK_K // 128) * TILE_ROWS * 16 if TILE_ROWS else BLOCK_K // 8
     # The scales and group factors are one value per (row, group): read them as the thread that holds the
@@ -597,49 +730,61 @@ def gemv_rows_f16x2(
     # every group's sum through shared memory with a barrier, each K step; an index it cannot see through
     # (xor with a zero it cannot prove) keeps them one to a thread, in the words' distribution.
     rg_1 = rg ^ (tl.program_id(0) >> 31)
-    s_ptrs = ws_ptr + rn[:, None] * stride_wsn + rg_1[None, :]
-    p_ptrs = xp_ptr + rg[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]  # + 4s: slot s of words 0..3
-    e_ptrs = xe_ptr + rg_1[None, :]
-    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    ptrs = (
+        _weight_ptrs(w_ptr, rn, stride_wn, G, TILE_ROWS),
+        ws_ptr + rn[:, None] * stride_wsn + rg_1[None, :],
+        xp_ptr + rg[None, :, None] * 16 + tl.arange(0, 4)[None, None, :],  # + 4s: slot s of words 0..3
+        xe_ptr + rg_1[None, :],
+    )
+    if ROWS:
+        acc = ()
+        for _ in tl.static_range(ROWS):
+            acc = acc + (tl.zeros((BLOCK_N, G), dtype=tl.float32),)
+    else:
+        acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     n_full = K // BLOCK_K
     k_full = n_full * BLOCK_K
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
-    X_STEP: tl.constexpr = BLOCK_K // 2
-    wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)  # the partial tile, first
-    st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
+    tail = _load_tile_f16x2(ptrs, n_full, g_ok, True, W_STEP, G)  # first
     # The weights and scales of the next PREFETCH tiles are in flight while a tile is multiplied (the
-    # activations come from L1/L2 and are loaded when used): at M = 1 the kernel is bound by how many
-    # weight bytes are in flight per SM, not by its instructions.
+    # activations come from L1/L2 and are loaded when used): at M = 1 the kernel is bound by how many weight
+    # bytes are in flight per SM, not by its instructions.
     if PREFETCH == 2 and n_full >= 2:
-        wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
-        wb, sb = tl.load(w_ptrs + W_STEP), tl.load(s_ptrs + G)
+        a = _load_tile_f16x2(ptrs, 0, g_ok, False, W_STEP, G)
+        b = _load_tile_f16x2(ptrs, 1, g_ok, False, W_STEP, G)
         if PDL:
             gdc_wait()
         if k_full < K:
-            acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
+            acc = _step_f16x2(acc, tail, ptrs, n_full, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
         for t in range(2, n_full):
-            wc, sc = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
-            acc = _tile_f16x2(acc, wa, sa, p_ptrs + (t - 2) * X_STEP, e_ptrs + (t - 2) * G, BLOCK_N, G, MATH)
-            wa, sa, wb, sb = wb, sb, wc, sc
-        acc = _tile_f16x2(acc, wa, sa, p_ptrs + (n_full - 2) * X_STEP, e_ptrs + (n_full - 2) * G, BLOCK_N, G, MATH)
-        acc = _tile_f16x2(acc, wb, sb, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
+            c = _load_tile_f16x2(ptrs, t, g_ok, False, W_STEP, G)
+            acc = _step_f16x2(acc, a, ptrs, t - 2, g_ok, False, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
+            a, b = b, c
+        acc = _step_f16x2(acc, a, ptrs, n_full - 2, g_ok, False, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
+        acc = _step_f16x2(acc, b, ptrs, n_full - 1, g_ok, False, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
     elif n_full > 0:
-        wa, sa = tl.load(w_ptrs), tl.load(s_ptrs)
+        a = _load_tile_f16x2(ptrs, 0, g_ok, False, W_STEP, G)
         if PDL:
             gdc_wait()
         if k_full < K:
-            acc = _tail_f16x2(acc, wt, st, p_ptrs + n_full * X_STEP, e_ptrs + n_full * G, g_ok, BLOCK_N, G, MATH)
+            acc = _step_f16x2(acc, tail, ptrs, n_full, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
         for t in range(1, n_full):
-            wb, sb = tl.load(w_ptrs + t * W_STEP), tl.load(s_ptrs + t * G)
-            acc = _tile_f16x2(acc, wa, sa, p_ptrs + (t - 1) * X_STEP, e_ptrs + (t - 1) * G, BLOCK_N, G, MATH)
-            wa, sa = wb, sb
-        acc = _tile_f16x2(acc, wa, sa, p_ptrs + (n_full - 1) * X_STEP, e_ptrs + (n_full - 1) * G, BLOCK_N, G, MATH)
+            b = _load_tile_f16x2(ptrs, t, g_ok, False, W_STEP, G)
+            acc = _step_f16x2(acc, a, ptrs, t - 1, g_ok, False, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
+            a = b
+        acc = _step_f16x2(acc, a, ptrs, n_full - 1, g_ok, False, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
     else:
         if PDL:
             gdc_wait()
         if k_full < K:
-            acc = _tail_f16x2(acc, wt, st, p_ptrs, e_ptrs, g_ok, BLOCK_N, G, MATH)
-    return tl.sum(acc, axis=1)
+            acc = _step_f16x2(acc, tail, ptrs, 0, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
+    if ROWS:
+        y = ()
+        for r in tl.static_range(ROWS):
+            y = y + (tl.sum(acc[r], axis=1),)
+    else:
+        y = tl.sum(acc, axis=1)
+    return y
 
 
 @triton.jit
@@ -663,41 +808,83 @@ def _gemv_f16x2_kernel(
     MATH: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = 0,
+    ROWS: tl.constexpr = 0,
+    M=1,
 ):
-    m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)
-    y = gemv_rows_f16x2(
-        xp_ptr + m * stride_pm,
-        xe_ptr + m * stride_em,
-        w_ptr,
-        ws_ptr,
-        rn_load,
-        K,
-        stride_wn,
-        stride_wsn,
-        BLOCK_N,
-        BLOCK_K,
-        MATH,
-        PREFETCH,
-        PDL,
-    )
-    _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
+    if ROWS:  # ROWS rows of x per program, each weight decoded once for all of them
+        m0 = tl.minimum(tl.program_id(0) * ROWS, M - ROWS)  # the last block shifted back to end at M (M >= ROWS)
+        ys = gemv_rows_f16x2(
+            xp_ptr + m0 * stride_pm,
+            xe_ptr + m0 * stride_em,
+            w_ptr,
+            ws_ptr,
+            rn_load,
+            K,
+            stride_wn,
+            stride_wsn,
+            BLOCK_N,
+            BLOCK_K,
+            MATH,
+            PREFETCH,
+            PDL,
+            0,
+            ROWS,
+            stride_pm,
+            stride_em,
+        )
+        for r in tl.static_range(ROWS):
+            _store_rows(ys[r], b_ptr, y_ptr + (m0 + r) * stride_ym, rn, N, HAS_BIAS)
+    else:  # one row of x per program
+        m = tl.program_id(0)
+        y = gemv_rows_f16x2(
+            xp_ptr + m * stride_pm,
+            xe_ptr + m * stride_em,
+            w_ptr,
+            ws_ptr,
+            rn_load,
+            K,
+            stride_wn,
+            stride_wsn,
+            BLOCK_N,
+            BLOCK_K,
+            MATH,
+            PREFETCH,
+            PDL,
+        )
+        _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
 # Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/experiments/decode_pick.py,
 # docs/PERF_LOG.md): wide layers (lm_head) take the f16x2 path, 16 rows x 1024 k and 8 warps (0.1217 ms, 84% of
 # the copy roofline, 3.36x cuBLAS BF16); narrow ones (q/k/v/o: 5-8 us) the fp32 path, 8 rows x 512 k,
-# which needs no activation-preparing launch. At M = 2 (narrow layers only: use_gemv) both rows of x in one program,
-# each weight decoded once: H100 same-run sweep (docs/bench/dense_sweep_rows_h100_2026-11-25_46c88ad.json) qkv
-# 0.0114 vs 0.0120 ms for a program per row, o 0.0091 vs 0.0126; more rows per program lost to the split-K tile from
-# M = 4 (qkv 0.0164 at 4 rows vs 0.0145).
+# which needs no activation-preparing launch.
 WIDE = GemvConfig(16, 1024, 8, 1, "f16x2")
-NARROW = GemvConfig(8, 512, 4, 1, "asm", rows=2)
+NARROW = GemvConfig(8, 512, 4, 1, "asm")
+# Narrow layers at 2 and 4 rows (linear_mxfp4.use_gemv): every row in one program, each weight decoded once, on
+# prepared activations (packed fp16 math: the fp32 twin moved each row's activations through shared memory with
+# barriers every K tile, and lost to the split-K tile from 4 rows). Same-run sweeps (PERF_LOG stop 26, peers.py
+# --sweep-dense 2,4 --sweep-kind rows-f16x2): qkv M = 2 0.0081 ms vs 0.0112 for the fp32 two-row GEMV shipped
+# before, M = 4 0.0113 vs 0.0139 for the split-K tile (H200); weights two K tiles ahead at 2 rows, one at 4 (two:
+# 0.0150).
+NARROW_ROWS = {
+    2: GemvConfig(8, 512, 4, 1, "f16x2", prefetch=2, rows=2),
+    4: GemvConfig(8, 512, 4, 1, "f16x2", rows=4),
+}
 
 
-def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True) -> GemvConfig:
-    cfg = WIDE if N >= 256 * sm_count else NARROW
+def fills_with_rows(N: int, sm_count: int = 132) -> bool:
+    """Enough :data:`NARROW` programs (four per SM) for the 4-row GEMV: its programs wait on their activations' loads
+    each K tile, and fewer of them lose to the split-K tile (o, 2880 rows: 0.0116-0.0133 ms vs 0.0113; qkv, 5120 rows:
+    0.0113 vs 0.0139; H200, the sweeps above)."""
+    return triton.cdiv(N, NARROW.block_n) >= 4 * sm_count
+
+
+def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True, M: int = 1) -> GemvConfig:
+    """The GEMV for ``M`` rows of x on a layer of ``N`` rows: :data:`WIDE` (lm_head), else :data:`NARROW_ROWS`' at 2 or
+    4 rows, else :data:`NARROW` (a program per row of x)."""
+    cfg = WIDE if N >= 256 * sm_count else NARROW_ROWS.get(M, NARROW)
     return cfg if cuda else cfg.portable()
 
 
@@ -717,11 +904,13 @@ def gemv_mxfp4(
         w_packed = w_packed.contiguous()
     if w_packed.data_ptr() % 16:
         w_packed = w_packed.clone()  # contiguous() keeps a misaligned storage offset; a copy does not
-    cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda")
+    cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda", M)
     x = x.contiguous()
+    rows = cfg.launched(M).rows
+    grid = (triton.cdiv(M, rows) if rows else M, triton.cdiv(N, cfg.block_n))
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
-        _gemv_f16x2_kernel[(M, triton.cdiv(N, cfg.block_n))](
+        _gemv_f16x2_kernel[grid](
             xp,
             xe,
             w_packed,
@@ -741,11 +930,11 @@ def gemv_mxfp4(
             MATH=cfg.math,
             PREFETCH=cfg.prefetch,
             PDL=cfg.pdl,
+            ROWS=rows,
+            M=M,
             **cfg.launch_options(),
         )
         return out
-    rows = cfg.launched(M).rows
-    grid = (triton.cdiv(M, rows) if rows else M, triton.cdiv(N, cfg.block_n))
     _gemv_mxfp4_kernel[grid](
         x,
         w_packed,

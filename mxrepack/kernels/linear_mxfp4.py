@@ -43,7 +43,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     split_pairs,
     with_fold,
 )
-from mxrepack.kernels.gemv_mxfp4 import GemvConfig, gemv_mxfp4, sm_count
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, fills_with_rows, gemv_mxfp4, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
 
 MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
@@ -65,10 +65,12 @@ def use_dequant_gemm(M: int, N: int, sm_count: int = 132) -> bool:
     return M >= 256 or (N < 65536 and (M > MID_SPLIT.block_m or fills_gpu(N, sm_count)))
 
 
-def use_gemv(M: int, N: int) -> bool:
-    """W4A16 shapes where the CUDA-core GEMV beats the 16-row tensor-core tile (H100 sweep, docs/PERF_LOG.md):
-    one row always; two rows on narrow layers only (lm_head at M = 2 decodes its 290 MB twice)."""
-    return M == 1 or (M == 2 and N < 65536)
+def use_gemv(M: int, N: int, sm_count: int = 132) -> bool:
+    """W4A16 shapes where the CUDA-core GEMV beats the 16-row tensor-core tile (same-run sweeps, docs/PERF_LOG.md):
+    one row always; on narrow layers two rows, and four where the layer has rows enough to fill the GPU with them
+    (``gemv_mxfp4.fills_with_rows``: qkv, not o). Not lm_head past one row: its 4-row GEMV took 0.24 ms against the
+    swapped tile's 0.158 (its M = 2 one 0.161)."""
+    return M == 1 or (N < 65536 and (M == 2 or (M == 4 and fills_with_rows(N, sm_count))))
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ def linear_mxfp4(
         )
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
-    if isinstance(config, GemvConfig) or (config is None and mode == "w4a16" and use_gemv(M, N)):
+    if isinstance(config, GemvConfig) or (config is None and mode == "w4a16" and use_gemv(M, N, sm_count(x.device))):
         if mode != "w4a16":
             raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
         return gemv_mxfp4(x, w_packed, w_scales, bias, out, config)
