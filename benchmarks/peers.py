@@ -409,25 +409,15 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                 ):
                     plain = dataclasses.replace(tile, fold_scale=False)
                     cands[plain.name()] = plain
-            # the fp32 GEMV with several rows of x per program (each weight decoded once for all of them); "rows":
-            # only these, over more tile shapes and warps
-            tiles = ((8, 512), (16, 256))
+            # the GEMV with all M rows in one program (prepared activations, packed fp16 math: each weight decoded once
+            # for all of them), weights one K tile ahead or two; "rows": only these beside the shipped choice
             if kind == "rows":
-                tiles = tuple(itertools.product(((8, 512), (16, 256), (32, 128), (16, 512)), (4, 8)))
-            for x_rows, tile in itertools.product((2, 4, 8, 16), tiles if kind not in ("fold", "rows-f16x2") else ()):
-                (bn, bk), warps = tile if kind == "rows" else (tile, 4)
-                if x_rows <= M:
-                    cfg = GemvConfig(bn, bk, warps, 1, "asm", rows=x_rows)
-                    cands[f"gemv {cfg.name()}"] = cfg
-            if kind == "rows-f16x2":  # the same on prepared fp16-pair activations (packed fp16 math): all M rows in
-                # one program, weights one K tile ahead or two
                 cands = {"shipped": None}
+            if kind in ("all", "rows") and 1 < M <= 16 and not M & (M - 1):
                 f16_tiles = ((16, 1024, 8), (16, 512, 4)) if name == "lm_head" else ((8, 512, 4), (16, 512, 4))
                 for (bn, bk, warps), ahead in itertools.product(f16_tiles, (1, 2)):
                     cfg = GemvConfig(bn, bk, warps, 1, "f16x2", prefetch=ahead, rows=M)
                     cands[f"gemv {cfg.name()}"] = cfg
-            if kind == "rows":
-                cands.pop("dequant")
             grid = ((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else ((16, 64), (64, 128), (128,), (1, 2, 4))
             # the swapped operands (one 128-code K tile per step): mma.sync on 2 warps, wgmma on 4 or 8 (pipelined:
             # dequant_mxfp4.mma_done waits for each wgmma, triton#9433)
@@ -437,7 +427,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             if kind == "swap-deep":  # 4 warps, 3 to 5 stages
                 launches = ((4, 3), (4, 4), (4, 5))
                 grid = ((16,), (64, 128), (128,), (1, 2)) if M <= 16 else ((16, 32, 64), (64, 128), (128,), (1, 2))
-            if kind in ("rows", "fold", "rows-f16x2"):
+            if kind in ("rows", "fold"):
                 launches = ()
             for bm, bn, bk, split, v, (warps, st) in itertools.product(
                 *grid, ("swap",) if kind.startswith("swap") else (False, True), launches
@@ -568,10 +558,10 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "rows-f16x2", "fold", "wgmma", "wgmma-wide"),
+        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
-        "multi-row GEMVs (rows, dense only; rows-f16x2: on prepared activations) or the shipped swapped tiles with "
+        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with "
         "the scale folded (fold), or the tiles "
         "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps) beside the shipped one",
     )
@@ -598,8 +588,8 @@ def main() -> None:
     meta["copy_roofline_GBps"] = copy_roofline() / 1e9
     print(json.dumps(meta), flush=True)
     rows = Record(meta, args.json)
-    if args.sweep_moe and args.sweep_kind.startswith("rows"):
-        ap.error(f"--sweep-kind {args.sweep_kind} is a dense sweep: use it with --sweep-dense")
+    if args.sweep_moe and args.sweep_kind == "rows":
+        ap.error("--sweep-kind rows is a dense sweep: use it with --sweep-dense")
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:

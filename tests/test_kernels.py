@@ -151,9 +151,8 @@ def test_gemv_matches_reference(N, K):
         GemvConfig(16, 128, 4, 1, "ops"),
         GemvConfig(16, 128, 4, 1, "f16x2-ops"),
         GemvConfig(16, 128, 4, 1, "f16x2-ops", prefetch=2),
-        GemvConfig(16, 128, 4, 1, "ops", rows=2),  # rows of x per program: M = 3 and 5 end in a shifted block
-        GemvConfig(8, 128, 4, 1, "ops", rows=4),  # M < 4: fewer rows per program
-        GemvConfig(16, 128, 4, 1, "f16x2-ops", rows=2),  # prepared activations, several rows per program
+        # rows of x per program, each weight decoded once: M = 3 and 5 end in a shifted block, M < 4 has fewer
+        GemvConfig(16, 128, 4, 1, "f16x2-ops", rows=2),
         GemvConfig(8, 128, 4, 1, "f16x2-ops", prefetch=2, rows=4),
     )  # 0, 2 and 4 full tiles: each branch
     for M, cfg in itertools.product((1, 2, 3, 5), configs):
@@ -167,9 +166,11 @@ def test_gemv_matches_reference(N, K):
     assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(3, 5120)
     assert use_gemv(4, 5120) and not use_gemv(4, 2880) and not use_gemv(4, 201088)  # 4 rows: qkv, not o or lm_head
     # as launched: a row block never passes M, and one row is the one-row kernel
-    assert [GemvConfig(8, 128, 4, 1, "ops", rows=4).launched(m).rows for m in (1, 2, 3, 4, 9)] == [0, 2, 2, 4, 4]
+    assert [GemvConfig(8, 128, 4, 1, "f16x2", rows=4).launched(m).rows for m in (1, 2, 3, 4, 9)] == [0, 2, 2, 4, 4]
     with pytest.raises(ValueError, match="rows=3"):
-        GemvConfig(16, 128, 4, 1, "ops", rows=3)
+        GemvConfig(16, 128, 4, 1, "f16x2-ops", rows=3)
+    with pytest.raises(ValueError, match="rows=2"):  # several rows run on prepared activations only
+        GemvConfig(16, 128, 4, 1, "ops", rows=2)
     with pytest.raises(ValueError, match="pdl"):  # programmatic dependent launch is the f16x2 PTX path's
         GemvConfig(16, 128, 4, 1, "asm", pdl=1)
     assert GemvConfig(16, 128, 4, 1, "f16x2", pdl=1).portable() == GemvConfig(16, 128, 4, 1, "f16x2-ops")

@@ -230,7 +230,7 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             kernel: ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const, "ROWS": c.rows})
             for kernel, c in launched.items()
         } | {"gemv_prepare_x": ASTSource(gemv._prepare_x_kernel, prep, {"GB": gemv.PREPARE_GROUPS, "PDL": cfg.pdl})}
-    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode, "ROWS": cfg.rows}
+    const = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "DECODE": cfg.decode}
     dense = {
         "x_ptr": "*bf16",
         "w_ptr": "*u8",
@@ -245,14 +245,8 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
         "stride_ym": "i32",
         "HAS_BIAS": "constexpr",
         **{k: "constexpr" for k in const},
-        "M": "i32",
     }
-    # as launched: a multi-row configuration runs one row per program when M = 1 (GemvConfig.launched)
-    launched = {"gemv_mxfp4": cfg.launched(1)} | ({"gemv_mxfp4_rows": cfg} if cfg.rows else {})
-    return {
-        kernel: ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const, "ROWS": c.rows})
-        for kernel, c in launched.items()
-    }
+    return {"gemv_mxfp4": ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const})}
 
 
 def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
@@ -413,7 +407,7 @@ def shipped_kernels():
     narrow_rows = tuple((f"narrow {m} rows", cfg) for m, cfg in gemv.NARROW_ROWS.items())
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW), *narrow_rows):
         for kernel, src in _gemv_sources(cfg).items():
-            if cfg.rows and kernel in ("gemv_mxfp4", "gemv_mxfp4_f16x2"):  # never launched with one row
+            if cfg.rows and kernel == "gemv_mxfp4_f16x2":  # never launched with one row
                 continue
             yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():

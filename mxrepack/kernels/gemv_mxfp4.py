@@ -54,15 +54,17 @@ class GemvConfig:
     # request their first weight tiles, then wait (``griddepcontrol.wait``) for the activations. The launch
     # gap and the previous kernel's tail then overlap weight streaming. 0 or 1.
     pdl: int = 0
-    # dense only: rows of x per program, each weight decoded once for all of them (0: one row per program, the
-    # programs of a weight tile adjacent in the grid and sharing it through L2). A power of 2.
+    # f16x2 path, dense only: rows of x per program, each weight decoded once for all of them (0: one row per program,
+    # the programs of a weight tile adjacent in the grid and sharing it through L2). A power of 2.
     rows: int = 0
 
     def __post_init__(self):
         if self.pdl not in (0, 1):
             raise ValueError(f"pdl must be 0 or 1, got {self.pdl}")
-        if self.rows & (self.rows - 1):
-            raise ValueError(f"rows={self.rows}: a power of 2")
+        if self.rows and (not self.prepared or self.rows & (self.rows - 1)):
+            raise ValueError(
+                f"rows={self.rows}: a power of 2 on the f16x2 path (prepared activations), got {self.decode!r}"
+            )
         if self.pdl and self.decode != "f16x2":
             raise ValueError(f"pdl={self.pdl} needs decode='f16x2' (CUDA, prepared activations), got {self.decode!r}")
 
@@ -184,44 +186,6 @@ def _accumulate(acc, w, s, x, G: tl.constexpr, DECODE: tl.constexpr):
 
 
 @triton.jit
-def _accumulate_rows(acc, w, s, x, G: tl.constexpr, R: tl.constexpr, DECODE: tl.constexpr):
-    """:func:`_accumulate` for R rows of activations (a tuple of R ``[1, G, 32]`` tiles) into a tuple of R ``[BLOCK_N,
-    G]`` accumulators: the K tile's weights are decoded once and multiplied with every row. Each row keeps the
-    single-row path's shapes, so no row needs a layout change."""
-    vs = _decode(w, DECODE)
-    out = ()
-    for r in tl.static_range(R):
-        out = out + (_dot_groups(acc[r], vs, s, _split8(x[r].to(tl.float32), G)),)
-    return out
-
-
-@triton.jit
-def _accumulate_any(acc, w, s, x, G: tl.constexpr, R: tl.constexpr, DECODE: tl.constexpr):
-    if R:
-        acc = _accumulate_rows(acc, w, s, x, G, R, DECODE)
-    else:
-        acc = _accumulate(acc, w, s, x, G, DECODE)
-    return acc
-
-
-@triton.jit
-def _load_x(x_ptrs, stride_xm, R: tl.constexpr, mask=None):
-    """One activation tile ``[1, G, 32]``, or with ``R`` > 0 a tuple of R of them from rows ``stride_xm`` apart."""
-    if R:
-        x = ()
-        for r in tl.static_range(R):
-            if mask is None:
-                x = x + (tl.load(x_ptrs + r * stride_xm),)
-            else:
-                x = x + (tl.load(x_ptrs + r * stride_xm, mask=mask, other=0.0),)
-    elif mask is None:
-        x = tl.load(x_ptrs)
-    else:
-        x = tl.load(x_ptrs, mask=mask, other=0.0)
-    return x
-
-
-@triton.jit
 def _weight_ptrs(w_ptr, rn, stride_wn, G: tl.constexpr, TILE_ROWS: tl.constexpr):
     """``[BLOCK_N, G, 4]`` int32 word pointers to the first K tile of rows ``rn``: a thread holds whole groups
     (16 bytes, one load); a row is a multiple of 16 bytes (K % 32 == 0 for dense rows; padded to 128 in
@@ -257,15 +221,11 @@ def gemv_rows(
     BLOCK_K: tl.constexpr,
     DECODE: tl.constexpr,
     TILE_ROWS: tl.constexpr = 0,
-    ROWS: tl.constexpr = 0,
-    stride_xm=0,
 ):
     """``W[rn, :K] @ x[:K]`` in fp32 for ``BLOCK_N`` valid row indices ``rn`` (clamp them, no mask here);
     ``x_ptr`` points at one bf16 row of at least K values. Shared by the dense and the MoE decode kernels.
     A partial K tile (K % BLOCK_K) is loaded first, in flight with the first full tile, and multiplied first.
-    ``TILE_ROWS``: 0 for row-major weights, else the K-tiled MoE layout's row tile (:func:`_weight_ptrs`).
-    ``ROWS`` > 0: ``x_ptr`` is the first of ROWS activation rows ``stride_xm`` apart, each weight is decoded once for
-    all of them, and the result is a tuple of ROWS ``[BLOCK_N]`` rows."""
+    ``TILE_ROWS``: 0 for row-major weights, else the K-tiled MoE layout's row tile (:func:`_weight_ptrs`)."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
     w_ptrs = _weight_ptrs(w_ptr, rn, stride_wn, G, TILE_ROWS)
@@ -273,12 +233,7 @@ def gemv_rows(
     W_STEP: tl.constexpr = (BLOCK_K // 128) * TILE_ROWS * 16 if TILE_ROWS else BLOCK_K // 8
     s_ptrs = ws_ptr + rn[:, None] * stride_wsn + rg[None, :]
     x_ptrs = x_ptr + rg[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
-    if ROWS:
-        acc = ()
-        for _ in tl.static_range(ROWS):
-            acc = acc + (tl.zeros((BLOCK_N, G), dtype=tl.float32),)
-    else:
-        acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)  # reduced over groups once, after the loop
+    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)  # reduced over groups once, after the loop
     n_full = K // BLOCK_K
     k_full = n_full * BLOCK_K
     # The partial tile's loads go out first. Loaded last (as up to stop 10) they waited, alone, for a whole
@@ -287,28 +242,22 @@ def gemv_rows(
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
     wt = tl.load(w_ptrs + n_full * W_STEP, mask=g_ok[None, :, None], other=0)
     st = tl.load(s_ptrs + n_full * G, mask=g_ok[None, :], other=127)
-    xt = _load_x(x_ptrs + k_full, stride_xm, ROWS, g_ok[None, :, None])
+    xt = tl.load(x_ptrs + k_full, mask=g_ok[None, :, None], other=0.0)
     if n_full > 0:
         # the next tile is loaded before this one is decoded, so that two tiles per program are in flight
-        w, s, x = tl.load(w_ptrs), tl.load(s_ptrs), _load_x(x_ptrs, stride_xm, ROWS)
+        w, s, x = tl.load(w_ptrs), tl.load(s_ptrs), tl.load(x_ptrs)
         if k_full < K:
-            acc = _accumulate_any(acc, wt, st, xt, G, ROWS, DECODE)
+            acc = _accumulate(acc, wt, st, xt, G, DECODE)
         for t in range(1, n_full):
             w_next = tl.load(w_ptrs + t * W_STEP)
             s_next = tl.load(s_ptrs + t * G)
-            x_next = _load_x(x_ptrs + t * BLOCK_K, stride_xm, ROWS)
-            acc = _accumulate_any(acc, w, s, x, G, ROWS, DECODE)
+            x_next = tl.load(x_ptrs + t * BLOCK_K)
+            acc = _accumulate(acc, w, s, x, G, DECODE)
             w, s, x = w_next, s_next, x_next
-        acc = _accumulate_any(acc, w, s, x, G, ROWS, DECODE)
+        acc = _accumulate(acc, w, s, x, G, DECODE)
     elif k_full < K:
-        acc = _accumulate_any(acc, wt, st, xt, G, ROWS, DECODE)
-    if ROWS:
-        y = ()
-        for r in tl.static_range(ROWS):
-            y = y + (tl.sum(acc[r], axis=1) * 16384.0,)
-    else:
-        y = tl.sum(acc, axis=1) * 16384.0  # the decoded values were E2M1 * 2^-14
-    return y
+        acc = _accumulate(acc, wt, st, xt, G, DECODE)
+    return tl.sum(acc, axis=1) * 16384.0  # the decoded values were E2M1 * 2^-14
 
 
 @triton.jit
@@ -337,34 +286,13 @@ def _gemv_mxfp4_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DECODE: tl.constexpr,
-    ROWS: tl.constexpr = 0,
-    M=1,
 ):
+    """One row of x per program; the row programs of a weight tile are adjacent and share it through L2."""
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)  # rows past N re-read the last row, so that the loads need no mask
-    if ROWS:  # ROWS rows of x per program, each weight decoded once for all of them
-        m0 = tl.minimum(tl.program_id(0) * ROWS, M - ROWS)  # the last block shifted back to end at M (M >= ROWS)
-        ys = gemv_rows(
-            x_ptr + m0 * stride_xm,
-            w_ptr,
-            ws_ptr,
-            rn_load,
-            K,
-            stride_wn,
-            stride_wsn,
-            BLOCK_N,
-            BLOCK_K,
-            DECODE,
-            0,
-            ROWS,
-            stride_xm,
-        )
-        for r in tl.static_range(ROWS):
-            _store_rows(ys[r], b_ptr, y_ptr + (m0 + r) * stride_ym, rn, N, HAS_BIAS)
-    else:  # one row of x per program; the row programs of a weight tile are adjacent and share it through L2
-        m = tl.program_id(0)
-        y = gemv_rows(x_ptr + m * stride_xm, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
-        _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
+    m = tl.program_id(0)
+    y = gemv_rows(x_ptr + m * stride_xm, w_ptr, ws_ptr, rn_load, K, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE)
+    _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
 # -- f16x2 math on prepared activations ------------------------------------------------------------
@@ -951,8 +879,6 @@ def gemv_mxfp4(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         DECODE=cfg.decode,
-        ROWS=rows,
-        M=M,
         **cfg.launch_options(),
     )
     return out
