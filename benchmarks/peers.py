@@ -375,6 +375,33 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
             )
 
 
+def _compile_dense(job: tuple) -> str:
+    """One spawned worker of :func:`precompile_dense`: each config run once on inputs of the sweep's shapes, so that
+    Triton compiles it into the cache the timing process reads."""
+    N, K, M, fold, configs = job
+    w, ws = rand_mx(N, K)
+    x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+    for cfg in configs:
+        try:
+            linear_mxfp4(x, w, ws, None, "w4a16", cfg, fold_scale=fold)
+        except Exception:  # noqa: BLE001 - the timing process records the error
+            pass
+    torch.cuda.synchronize()
+    return "ok"
+
+
+def precompile_dense(N: int, K: int, M: int, fold: bool, configs: list, workers: int = 8) -> None:
+    """Compile a sweep's configs in parallel processes first (each a few seconds of Triton compile on one core, which
+    dominated a sweep's wall time: 500 s for 103 candidates), then time them one by one from the warm cache."""
+    import concurrent.futures
+    import multiprocessing
+
+    configs = [c for c in configs if c is not None]
+    jobs = [(N, K, M, fold, configs[i::workers]) for i in range(min(workers, len(configs)))]
+    with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_dense, jobs))
+
+
 def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tuple[str, ...] = ()) -> None:
     """mxrepack's W4A16 dense paths at each M: the shipped choice against the GEMV, dequantize + cuBLAS and tile
     configurations (split-K, tile widths, the integer-op dequant); ``kind`` "rows": the multi-row GEMVs only, "fold":
@@ -411,13 +438,16 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                     cands[plain.name()] = plain
             # the GEMV with all M rows in one program (prepared activations, packed fp16 math: each weight decoded once
             # for all of them), weights one K tile ahead or two; "rows": only these beside the shipped choice
+            # and K split over 2 or 4 programs (8 x 512 tiles)
             if kind == "rows":
                 cands = {"shipped": None}
-            if kind in ("all", "rows") and 1 < M <= 16 and not M & (M - 1):
+            if kind in ("all", "rows") and M <= 16 and not M & (M - 1):
                 f16_tiles = ((16, 1024, 8), (16, 512, 4)) if name == "lm_head" else ((8, 512, 4), (16, 512, 4))
-                for (bn, bk, warps), ahead in itertools.product(f16_tiles, (1, 2)):
-                    cfg = GemvConfig(bn, bk, warps, 1, "f16x2", prefetch=ahead, rows=M)
-                    cands[f"gemv {cfg.name()}"] = cfg
+                for (bn, bk, warps), ahead, split in itertools.product(f16_tiles, (1, 2), (1, 2, 4)):
+                    if split == 1 or (bn, bk) == (8, 512):
+                        r = M if M > 1 else 0
+                        cfg = GemvConfig(bn, bk, warps, 1, "f16x2", prefetch=ahead, rows=r, split_k=split)
+                        cands[f"gemv {cfg.name()}"] = cfg
             grid = ((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else ((16, 64), (64, 128), (128,), (1, 2, 4))
             # the swapped operands (one 128-code K tile per step): mma.sync on 2 warps, wgmma on 4 or 8 (pipelined:
             # dequant_mxfp4.mma_done waits for each wgmma, triton#9433)
@@ -440,6 +470,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
             shipped = (
                 None if use_gemv(M, N, sm_count(x.device)) or use_dequant_gemm(M, N, sm_count(x.device)) else shipped
             )
+            precompile_dense(N, K, M, fold, list(cands.values()))
             for label, cfg in cands.items():
                 rec = {"kind": "dense_sweep", "shape": name, "M": M, "config": label}
                 try:
