@@ -438,16 +438,14 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                     cands[plain.name()] = plain
             # the GEMV with all M rows in one program (prepared activations, packed fp16 math: each weight decoded once
             # for all of them), weights one K tile ahead or two; "rows": only these beside the shipped choice
-            # and K split over 2 or 4 programs (8 x 512 tiles)
+            # (one row: the f16x2 GEMV, beside the shipped fp32 one)
             if kind == "rows":
                 cands = {"shipped": None}
             if kind in ("all", "rows") and M <= 16 and not M & (M - 1):
                 f16_tiles = ((16, 1024, 8), (16, 512, 4)) if name == "lm_head" else ((8, 512, 4), (16, 512, 4))
-                for (bn, bk, warps), ahead, split in itertools.product(f16_tiles, (1, 2), (1, 2, 4)):
-                    if split == 1 or (bn, bk) == (8, 512):
-                        r = M if M > 1 else 0
-                        cfg = GemvConfig(bn, bk, warps, 1, "f16x2", prefetch=ahead, rows=r, split_k=split)
-                        cands[f"gemv {cfg.name()}"] = cfg
+                for (bn, bk, warps), ahead in itertools.product(f16_tiles, (1, 2)):
+                    cfg = GemvConfig(bn, bk, warps, 1, "f16x2", prefetch=ahead, rows=M if M > 1 else 0)
+                    cands[f"gemv {cfg.name()}"] = cfg
             grid = ((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else ((16, 64), (64, 128), (128,), (1, 2, 4))
             # the swapped operands (one 128-code K tile per step): mma.sync on 2 warps, wgmma on 4 or 8 (pipelined:
             # dequant_mxfp4.mma_done waits for each wgmma, triton#9433)

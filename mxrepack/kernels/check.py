@@ -194,7 +194,6 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             "PREFETCH": cfg.prefetch,
             "PDL": cfg.pdl,
             "ROWS": cfg.rows,
-            "SPLIT_K": cfg.split_k,
         }
         dense = {
             "xp_ptr": "*i32",
@@ -203,8 +202,6 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             "ws_ptr": "*u8",
             "b_ptr": "*bf16",
             "y_ptr": "*bf16",
-            "part_ptr": "*fp32",
-            "count_ptr": "*i32",
             "N": "i32",
             "K": "i32",
             "stride_pm": "i32",

@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import e8m0_to_fp32
 
 
@@ -58,9 +57,6 @@ class GemvConfig:
     # f16x2 path, dense only: rows of x per program, each weight decoded once for all of them (0: one row per program,
     # the programs of a weight tile adjacent in the grid and sharing it through L2). A power of 2.
     rows: int = 0
-    # f16x2 path, dense only: K split over this many programs per (row block, N tile), the partials summed by the
-    # last to arrive (more programs in flight on a narrow layer). 1: no split.
-    split_k: int = 1
 
     def __post_init__(self):
         if self.pdl not in (0, 1):
@@ -69,8 +65,6 @@ class GemvConfig:
             raise ValueError(
                 f"rows={self.rows}: a power of 2 on the f16x2 path (prepared activations), got {self.decode!r}"
             )
-        if self.split_k < 1 or (self.split_k > 1 and not self.prepared):
-            raise ValueError(f"split_k={self.split_k}: 1, or more on the f16x2 path (prepared activations)")
         if self.pdl and self.decode != "f16x2":
             raise ValueError(f"pdl={self.pdl} needs decode='f16x2' (CUDA, prepared activations), got {self.decode!r}")
 
@@ -86,10 +80,7 @@ class GemvConfig:
         ahead = f"p{self.prefetch}" if self.prefetch != 1 else ""
         pdl = f"pdl{self.pdl}" if self.pdl else ""
         rows = f"r{self.rows}" if self.rows else ""
-        split = f"s{self.split_k}" if self.split_k > 1 else ""
-        return (
-            f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}{rows}{split}"
-        )
+        return f"n{self.block_n}k{self.block_k}w{self.num_warps}st{self.num_stages}{ahead}{self.decode}{pdl}{rows}"
 
     @property
     def prepared(self) -> bool:
@@ -651,16 +642,13 @@ def gemv_rows_f16x2(
     ROWS: tl.constexpr = 0,
     stride_pm=0,
     stride_em=0,
-    SPLIT_K: tl.constexpr = 1,
-    pid_k=0,
 ):
     """``W[rn, :K] @ x[:K]`` like :func:`gemv_rows` (the partial K tile first), from one row of prepared
     activations (xp, xe). ``PDL``: the activations are written by the kernel launched before this one, which
     may still run; wait for it once the first weight tiles are requested (:class:`GemvConfig`).
     ``TILE_ROWS``: as in :func:`gemv_rows`. ``ROWS`` > 0: ``xp_ptr``/``xe_ptr`` are the first of ROWS prepared rows
     ``stride_pm``/``stride_em`` apart, each weight is decoded once for all of them, and the result is a tuple of ROWS
-    ``[BLOCK_N]`` rows. ``SPLIT_K`` > 1: only split ``pid_k``'s share of the full K tiles (and the partial tile in the
-    last split): a partial sum."""
+    ``[BLOCK_N]`` rows."""
     G: tl.constexpr = BLOCK_K // 32
     rg = tl.arange(0, G)
     # words from one K tile to the next (tiled: BLOCK_K // 128 whole 64-byte tiles of TILE_ROWS rows)
@@ -685,23 +673,7 @@ def gemv_rows_f16x2(
     n_full = K // BLOCK_K
     k_full = n_full * BLOCK_K
     g_ok = rg < (K - k_full) // 32  # the partial tile's whole groups (none when BLOCK_K divides K)
-    if SPLIT_K > 1:  # this split's full tiles [t0, t0 + n_full); the partial tile goes with the last split
-        last = pid_k == SPLIT_K - 1
-        has_tail = (k_full < K) & last
-        g_ok = rg < tl.where(last, (K - k_full) // 32, 0)
-        per = tl.cdiv(n_full, SPLIT_K)
-        t0 = pid_k * per
-        n_tail = n_full
-        n_full = tl.maximum(tl.minimum(n_full - t0, per), 0)
-        tail = _load_tile_f16x2(ptrs, n_tail, g_ok, True, W_STEP, G)  # first
-        tail_ptrs = ptrs
-        w_ptrs, s_ptrs, p_ptrs, e_ptrs = ptrs
-        ptrs = (w_ptrs + t0 * W_STEP, s_ptrs + t0 * G, p_ptrs + t0 * (16 * G), e_ptrs + t0 * G)
-    else:
-        has_tail = k_full < K
-        n_tail = n_full
-        tail = _load_tile_f16x2(ptrs, n_tail, g_ok, True, W_STEP, G)  # first
-        tail_ptrs = ptrs
+    tail = _load_tile_f16x2(ptrs, n_full, g_ok, True, W_STEP, G)  # first
     # The weights and scales of the next PREFETCH tiles are in flight while a tile is multiplied (the
     # activations come from L1/L2 and are loaded when used): at M = 1 the kernel is bound by how many weight
     # bytes are in flight per SM, not by its instructions.
@@ -710,8 +682,8 @@ def gemv_rows_f16x2(
         b = _load_tile_f16x2(ptrs, 1, g_ok, False, W_STEP, G)
         if PDL:
             gdc_wait()
-        if has_tail:
-            acc = _step_f16x2(acc, tail, tail_ptrs, n_tail, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
+        if k_full < K:
+            acc = _step_f16x2(acc, tail, ptrs, n_full, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
         for t in range(2, n_full):
             c = _load_tile_f16x2(ptrs, t, g_ok, False, W_STEP, G)
             acc = _step_f16x2(acc, a, ptrs, t - 2, g_ok, False, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
@@ -722,8 +694,8 @@ def gemv_rows_f16x2(
         a = _load_tile_f16x2(ptrs, 0, g_ok, False, W_STEP, G)
         if PDL:
             gdc_wait()
-        if has_tail:
-            acc = _step_f16x2(acc, tail, tail_ptrs, n_tail, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
+        if k_full < K:
+            acc = _step_f16x2(acc, tail, ptrs, n_full, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
         for t in range(1, n_full):
             b = _load_tile_f16x2(ptrs, t, g_ok, False, W_STEP, G)
             acc = _step_f16x2(acc, a, ptrs, t - 1, g_ok, False, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
@@ -732,8 +704,8 @@ def gemv_rows_f16x2(
     else:
         if PDL:
             gdc_wait()
-        if has_tail:
-            acc = _step_f16x2(acc, tail, tail_ptrs, n_tail, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
+        if k_full < K:
+            acc = _step_f16x2(acc, tail, ptrs, 0, g_ok, True, BLOCK_N, G, MATH, ROWS, stride_pm, stride_em)
     if ROWS:
         y = ()
         for r in tl.static_range(ROWS):
@@ -744,43 +716,6 @@ def gemv_rows_f16x2(
 
 
 @triton.jit
-def _store_split_rows(
-    ys,
-    b_ptr,
-    y_ptr,
-    part_ptr,
-    count_ptr,
-    m0,
-    rn,
-    N,
-    M,
-    stride_ym,
-    HAS_BIAS: tl.constexpr,
-    R: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-):
-    """The f16x2 GEMV's epilogue for rows ``m0 .. m0 + R`` (``ys``, a tuple of R): stored (+ bias), or with ``SPLIT_K``
-    > 1 stored as this split's partials ``[SPLIT_K, M, N]`` fp32, the last split of the tile to arrive summing them
-    in split order (:mod:`mxrepack.kernels.arrival`: the same bits every run)."""
-    if SPLIT_K > 1:
-        n_ok = rn < N
-        for r in tl.static_range(R):
-            tl.store(part_ptr + (tl.program_id(2) * M + m0 + r).to(tl.int64) * N + rn, ys[r], mask=n_ok)
-        counter = count_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if last_to_arrive(counter, SPLIT_K):
-            for r in tl.static_range(R):
-                total = tl.zeros_like(ys[r])
-                for k in tl.static_range(SPLIT_K):
-                    row = part_ptr + ((k * M + m0 + r).to(tl.int64) * N) + rn
-                    total += tl.load(row, mask=n_ok, other=0.0, cache_modifier=".cg")
-                _store_rows(total, b_ptr, y_ptr + (m0 + r) * stride_ym, rn, N, HAS_BIAS)
-            tl.atomic_xchg(counter, 0)
-    else:
-        for r in tl.static_range(R):
-            _store_rows(ys[r], b_ptr, y_ptr + (m0 + r) * stride_ym, rn, N, HAS_BIAS)
-
-
-@triton.jit
 def _gemv_f16x2_kernel(
     xp_ptr,
     xe_ptr,
@@ -788,8 +723,6 @@ def _gemv_f16x2_kernel(
     ws_ptr,
     b_ptr,
     y_ptr,
-    part_ptr,
-    count_ptr,
     N,
     K,
     stride_pm,
@@ -804,17 +737,12 @@ def _gemv_f16x2_kernel(
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = 0,
     ROWS: tl.constexpr = 0,
-    SPLIT_K: tl.constexpr = 1,
     M=1,
 ):
-    """Grid (row blocks of x, N tiles, K splits). ``ROWS`` > 0: ROWS rows of x per program, each weight decoded once
-    for all of them (the last block shifted back to end at M, M >= ROWS: rows it shares with the block before are
-    computed twice, the same bits). ``SPLIT_K`` > 1: K split over that many programs (:func:`_store_split_rows`)."""
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)
-    pid_k = tl.program_id(2) if SPLIT_K > 1 else 0
-    if ROWS:
-        m0 = tl.minimum(tl.program_id(0) * ROWS, M - ROWS)
+    if ROWS:  # ROWS rows of x per program, each weight decoded once for all of them
+        m0 = tl.minimum(tl.program_id(0) * ROWS, M - ROWS)  # the last block shifted back to end at M (M >= ROWS)
         ys = gemv_rows_f16x2(
             xp_ptr + m0 * stride_pm,
             xe_ptr + m0 * stride_em,
@@ -833,10 +761,9 @@ def _gemv_f16x2_kernel(
             ROWS,
             stride_pm,
             stride_em,
-            SPLIT_K,
-            pid_k,
         )
-        _store_split_rows(ys, b_ptr, y_ptr, part_ptr, count_ptr, m0, rn, N, M, stride_ym, HAS_BIAS, ROWS, SPLIT_K)
+        for r in tl.static_range(ROWS):
+            _store_rows(ys[r], b_ptr, y_ptr + (m0 + r) * stride_ym, rn, N, HAS_BIAS)
     else:  # one row of x per program
         m = tl.program_id(0)
         y = gemv_rows_f16x2(
@@ -853,10 +780,8 @@ def _gemv_f16x2_kernel(
             MATH,
             PREFETCH,
             PDL,
-            SPLIT_K=SPLIT_K,
-            pid_k=pid_k,
         )
-        _store_split_rows((y,), b_ptr, y_ptr, part_ptr, count_ptr, m, rn, N, M, stride_ym, HAS_BIAS, 1, SPLIT_K)
+        _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
 
 
 # Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/experiments/decode_pick.py,
@@ -913,20 +838,13 @@ def gemv_mxfp4(
     grid = (triton.cdiv(M, rows) if rows else M, triton.cdiv(N, cfg.block_n))
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
-        if cfg.split_k > 1:
-            part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
-            counters = arrival_counters(x.device, grid[0] * grid[1], "gemv")
-        else:
-            part = counters = out  # unused
-        _gemv_f16x2_kernel[(*grid, cfg.split_k)](
+        _gemv_f16x2_kernel[grid](
             xp,
             xe,
             w_packed,
             w_scales,
             bias if bias is not None else w_scales,
             out,
-            part,
-            counters,
             N,
             K,
             xp.stride(0),
@@ -941,7 +859,6 @@ def gemv_mxfp4(
             PREFETCH=cfg.prefetch,
             PDL=cfg.pdl,
             ROWS=rows,
-            SPLIT_K=cfg.split_k,
             M=M,
             **cfg.launch_options(),
         )
