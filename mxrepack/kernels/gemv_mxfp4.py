@@ -793,9 +793,9 @@ NARROW = GemvConfig(8, 512, 4, 1, "asm")
 # Narrow layers at 2 and 4 rows (linear_mxfp4.use_gemv): every row in one program, each weight decoded once, on
 # prepared activations (packed fp16 math: the fp32 twin moved each row's activations through shared memory with
 # barriers every K tile, and lost to the split-K tile from 4 rows). Same-run sweeps (PERF_LOG stop 26, peers.py
-# --sweep-dense 2,4 --sweep-kind rows-f16x2): qkv M = 2 0.0081 ms vs 0.0112 for the fp32 two-row GEMV shipped
-# before, M = 4 0.0113 vs 0.0139 for the split-K tile (H200); weights two K tiles ahead at 2 rows, one at 4 (two:
-# 0.0150).
+# --sweep-dense 2,4 --sweep-kind rows): qkv M = 2 0.0081 ms vs 0.0112 for the fp32 two-row GEMV shipped before, M = 4
+# 0.0113 vs 0.0139 for the split-K tile (H200); weights two K tiles ahead at 2 rows, one at 4 (two: 0.0150). On the
+# H100, one machine, one call: qkv M = 4 0.0114 vs 0.0146 (Marlin 0.0115).
 NARROW_ROWS = {
     2: GemvConfig(8, 512, 4, 1, "f16x2", prefetch=2, rows=2),
     4: GemvConfig(8, 512, 4, 1, "f16x2", rows=4),
