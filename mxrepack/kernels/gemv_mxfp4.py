@@ -743,45 +743,32 @@ def _gemv_f16x2_kernel(
     rn_load = tl.minimum(rn, N - 1)
     if ROWS:  # ROWS rows of x per program, each weight decoded once for all of them
         m0 = tl.minimum(tl.program_id(0) * ROWS, M - ROWS)  # the last block shifted back to end at M (M >= ROWS)
-        ys = gemv_rows_f16x2(
-            xp_ptr + m0 * stride_pm,
-            xe_ptr + m0 * stride_em,
-            w_ptr,
-            ws_ptr,
-            rn_load,
-            K,
-            stride_wn,
-            stride_wsn,
-            BLOCK_N,
-            BLOCK_K,
-            MATH,
-            PREFETCH,
-            PDL,
-            0,
-            ROWS,
-            stride_pm,
-            stride_em,
-        )
-        for r in tl.static_range(ROWS):
-            _store_rows(ys[r], b_ptr, y_ptr + (m0 + r) * stride_ym, rn, N, HAS_BIAS)
     else:  # one row of x per program
-        m = tl.program_id(0)
-        y = gemv_rows_f16x2(
-            xp_ptr + m * stride_pm,
-            xe_ptr + m * stride_em,
-            w_ptr,
-            ws_ptr,
-            rn_load,
-            K,
-            stride_wn,
-            stride_wsn,
-            BLOCK_N,
-            BLOCK_K,
-            MATH,
-            PREFETCH,
-            PDL,
-        )
-        _store_rows(y, b_ptr, y_ptr + m * stride_ym, rn, N, HAS_BIAS)
+        m0 = tl.program_id(0)
+    y = gemv_rows_f16x2(
+        xp_ptr + m0 * stride_pm,
+        xe_ptr + m0 * stride_em,
+        w_ptr,
+        ws_ptr,
+        rn_load,
+        K,
+        stride_wn,
+        stride_wsn,
+        BLOCK_N,
+        BLOCK_K,
+        MATH,
+        PREFETCH,
+        PDL,
+        0,
+        ROWS,
+        stride_pm,
+        stride_em,
+    )
+    if ROWS:
+        for r in tl.static_range(ROWS):
+            _store_rows(y[r], b_ptr, y_ptr + (m0 + r) * stride_ym, rn, N, HAS_BIAS)
+    else:
+        _store_rows(y, b_ptr, y_ptr + m0 * stride_ym, rn, N, HAS_BIAS)
 
 
 # Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/experiments/decode_pick.py,
