@@ -397,6 +397,8 @@ def precompile_dense(N: int, K: int, M: int, fold: bool, configs: list, workers:
     import multiprocessing
 
     configs = [c for c in configs if c is not None]
+    if not configs:  # only the shipped choice (None): nothing to compile ahead
+        return
     jobs = [(N, K, M, fold, configs[i::workers]) for i in range(min(workers, len(configs)))]
     with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_dense, jobs))

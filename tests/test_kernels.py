@@ -155,7 +155,7 @@ def test_gemv_matches_reference(N, K):
         GemvConfig(16, 128, 4, 1, "f16x2-ops", rows=2),
         GemvConfig(8, 128, 4, 1, "f16x2-ops", prefetch=2, rows=4),
     )  # 0, 2 and 4 full tiles: each branch
-    for M, cfg in itertools.product((1, 2, 3, 5), configs):
+    for M, cfg in itertools.product((1, 2, 3, 4, 5), configs):
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
         y = linear_mxfp4(x[:M], w, ws, bias, "w4a16", cfg, out=out)
         assert y is out and not torch.isnan(y).any()
@@ -165,6 +165,13 @@ def test_gemv_matches_reference(N, K):
     assert pick_gemv_config(5120, M=4).rows == 4 and pick_gemv_config(2880, M=2, cuda=False).decode == "f16x2-ops"
     assert use_gemv(1, 201088) and not use_gemv(2, 201088) and use_gemv(2, 2880) and not use_gemv(3, 5120)
     assert use_gemv(4, 5120) and not use_gemv(4, 2880) and not use_gemv(4, 201088)  # 4 rows: qkv, not o or lm_head
+    for n, sms, m in itertools.product((2880, 5120, 40000, 201088), (20, 48, 132), (2, 3, 4, 5)):
+        if use_gemv(m, n, sms):  # several rows reach the GEMV only where it runs them in one program
+            assert pick_gemv_config(n, sms, M=m).launched(m).rows == m, (n, sms, m)
+    # several rows in one program, no bias, a strided fp32 out: only its N columns written
+    wide = torch.full((4, N + 3), float("nan"))
+    y = linear_mxfp4(x[:4], w, ws, None, "w4a16", GemvConfig(8, 128, 4, 1, "f16x2-ops", rows=4), out=wide[:, :N])
+    assert rel(y, ref[:4] - bias.float()) <= 1e-2 and wide[:, N:].isnan().all()
     # as launched: a row block never passes M, and one row is the one-row kernel
     assert [GemvConfig(8, 128, 4, 1, "f16x2", rows=4).launched(m).rows for m in (1, 2, 3, 4, 9)] == [0, 2, 2, 4, 4]
     with pytest.raises(ValueError, match="rows=3"):
@@ -270,6 +277,22 @@ def test_ptx_decodes_agree_on_a_gpu():
         _pairs_kernel[(1,)](w, ws, even, odd, BLOCK_N=256, BLOCK_K=1024, MATH=math)
         outs[math] = torch.cat([even, odd]).view(torch.int16)
     assert torch.equal(outs["asm"], outs["ops"]) and torch.equal(outs["asm-fold"], outs["ops"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX GEMVs need a CUDA device")
+def test_multi_row_gemv_is_the_one_row_gemv_on_a_gpu():
+    """The GEMV with several rows per program (one decode, a sum per row: two PTX texts) gives the bits of the one-row
+    f16x2 GEMV (one PTX text), row for row: the shipped NARROW_ROWS configurations, on a layer with a partial K tile."""
+    from mxrepack.kernels.gemv_mxfp4 import NARROW_ROWS, gemv_mxfp4
+
+    w, ws = quantize_mxfp4(torch.randn(520, 1056) * 0.05)
+    w, ws = w.cuda(), ws.cuda()
+    x = torch.randn(4, 1056, device="cuda").to(torch.bfloat16)
+    for M, cfg in NARROW_ROWS.items():
+        out = torch.empty(M, 520, dtype=torch.bfloat16, device="cuda")
+        rows = gemv_mxfp4(x[:M], w, ws, None, out.clone(), cfg)
+        one = gemv_mxfp4(x[:M], w, ws, None, out.clone(), dataclasses.replace(cfg, rows=0))
+        assert torch.equal(rows, one), cfg.name()
 
 
 def test_fold_scale_refuses_larger_scales():

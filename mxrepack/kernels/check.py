@@ -224,8 +224,8 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
             "GB": "constexpr",
             "PDL": "constexpr",
         }
-        # as launched: a multi-row configuration runs one row per program when M = 1 (GemvConfig.launched)
-        launched = {"gemv_mxfp4_f16x2": cfg.launched(1)} | ({"gemv_mxfp4_f16x2_rows": cfg} if cfg.rows else {})
+        # a multi-row configuration is what the dispatch runs at that many rows (NARROW_ROWS), never at one
+        launched = {"gemv_mxfp4_f16x2_rows": cfg} if cfg.rows else {"gemv_mxfp4_f16x2": cfg}
         return {
             kernel: ASTSource(gemv._gemv_f16x2_kernel, dense, {"HAS_BIAS": True, **const, "ROWS": c.rows})
             for kernel, c in launched.items()
@@ -405,10 +405,13 @@ def shipped_kernels():
         for kernel, src in _moe_sources("bf16", cfg).items():
             yield kernel, f"wgmma {name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     narrow_rows = tuple((f"narrow {m} rows", cfg) for m, cfg in gemv.NARROW_ROWS.items())
+    prepare_built = set()  # the activation-preparing kernel differs by PDL only: built once per PDL
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW), *narrow_rows):
         for kernel, src in _gemv_sources(cfg).items():
-            if cfg.rows and kernel == "gemv_mxfp4_f16x2":  # never launched with one row
-                continue
+            if kernel == "gemv_prepare_x":
+                if cfg.pdl in prepare_built:
+                    continue
+                prepare_built.add(cfg.pdl)
             yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
         one = moe.MOE_GEMV.gate_up if "gate_up" in kernel else moe.MOE_GEMV.down

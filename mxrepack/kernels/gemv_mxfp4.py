@@ -17,7 +17,7 @@ is exact and the 2^14 is applied once per output. ``DECODE="asm"`` (CUDA only) d
 time on the two halves of a 32-bit word, ``(q & 0x80008000) | ((q & 0x70007000) >> 3)`` for the codes
 in the top nibble of each half, about 2 integer instructions per code instead of 4-5; ``"ops"`` is the
 same arithmetic in portable Triton (and runs under the interpreter).
-``DECODE="f16x2"`` (wide layers: lm_head) does the math in packed fp16 instead: a small kernel first puts the
+``DECODE="f16x2"`` (lm_head; q/k/v/o at 2-4 rows) does the math in packed fp16 instead: a small kernel first puts the
 activations in fp16 pairs in the decode's order, each group of 32 rescaled by a power of two into fp16's
 range; then eleven PTX instructions decode a word's eight codes into four fp16 pairs and four
 ``fma.rn.f16x2`` multiply and add them, with no widening: about 1.9 instructions per code instead of 3.5.
@@ -358,7 +358,7 @@ def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.T
 
 def _decode_word_f16x2_ptx(word: str, pairs: tuple[str, str, str, str]) -> list[str]:
     """PTX decoding the eight codes of the 32-bit ``word`` into four fp16 pairs (registers ``pairs``; pair p is codes
-    (3 - p, 7 - p), the activations' slot 3 - p), 7 instructions, scratch registers q, t, v.
+    (3 - p, 7 - p), the activations' slot 3 - p), 11 instructions after a ``mov``, scratch registers q, t, v.
 
     Not 4 x 3 + 3: codes 3 and 1 of each half are built together in place (sign where it is, the three
     exponent/mantissa bits moved down 3 and masked), then codes 3 are masked out and codes 1 are moved up a byte by
@@ -392,7 +392,7 @@ _F16X2_REGS = [".reg .b16 lo, hi;", ".reg .f32 f0, f1;"]
 
 def _group_dot_f16x2_asm_text() -> str:
     """PTX for one group: words $1..$4 (eight codes each), activation pairs $5..$20 (word-major, slot s of a
-    word = its codes s and s + 4, lo and hi half) -> $0, the fp32 sum of the 32 products. A word decodes in 7
+    word = its codes s and s + 4, lo and hi half) -> $0, the fp32 sum of the 32 products. A word decodes in 11
     instructions and multiplies in 4 ``fma.rn.f16x2``."""
     lines = ["{", ".reg .b32 q, t, v, p0, p1, p2, p3, a, b;", *_F16X2_REGS]
     for word in range(4):
@@ -773,8 +773,9 @@ def _gemv_f16x2_kernel(
 
 # Best of sweeps at M = 1 on H100, confirmed by repeated interleaved timing (benchmarks/experiments/decode_pick.py,
 # docs/PERF_LOG.md): wide layers (lm_head) take the f16x2 path, 16 rows x 1024 k and 8 warps (0.1217 ms, 84% of
-# the copy roofline, 3.36x cuBLAS BF16); narrow ones (q/k/v/o: 5-8 us) the fp32 path, 8 rows x 512 k,
-# which needs no activation-preparing launch.
+# the copy roofline, 3.36x cuBLAS BF16); narrow ones (q/k/v/o: 5-8 us) at one row the fp32 path, 8 rows x 512 k,
+# which needs no activation-preparing launch (the f16x2 one, with it: qkv 0.0078 vs 0.0072 ms, o 0.0086 vs 0.0070,
+# docs/bench/dense_sweep_rows_split_h100_2026-11-26_3a7dae1.json).
 WIDE = GemvConfig(16, 1024, 8, 1, "f16x2")
 NARROW = GemvConfig(8, 512, 4, 1, "asm")
 # Narrow layers at 2 and 4 rows (linear_mxfp4.use_gemv): every row in one program, each weight decoded once, on
@@ -789,17 +790,22 @@ NARROW_ROWS = {
 }
 
 
+def is_wide(N: int, sm_count: int = 132) -> bool:
+    """A layer that takes :data:`WIDE` (lm_head): rows enough for 256 per SM."""
+    return N >= 256 * sm_count
+
+
 def fills_with_rows(N: int, sm_count: int = 132) -> bool:
-    """Enough :data:`NARROW` programs (four per SM) for the 4-row GEMV: its programs wait on their activations' loads
-    each K tile, and fewer of them lose to the split-K tile (o, 2880 rows: 0.0116-0.0133 ms vs 0.0113; qkv, 5120 rows:
-    0.0113 vs 0.0139; H200, the sweeps above)."""
-    return triton.cdiv(N, NARROW.block_n) >= 4 * sm_count
+    """Enough programs of the 4-row GEMV (four per SM) on a narrow layer: its programs wait on their activations'
+    loads each K tile, and fewer of them lose to the split-K tile (o, 2880 rows: 0.0116-0.0133 ms vs 0.0113; qkv, 5120
+    rows: 0.0113 vs 0.0139; H200, the sweeps above)."""
+    return not is_wide(N, sm_count) and triton.cdiv(N, NARROW_ROWS[4].block_n) >= 4 * sm_count
 
 
 def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True, M: int = 1) -> GemvConfig:
     """The GEMV for ``M`` rows of x on a layer of ``N`` rows: :data:`WIDE` (lm_head), else :data:`NARROW_ROWS`' at 2 or
     4 rows, else :data:`NARROW` (a program per row of x)."""
-    cfg = WIDE if N >= 256 * sm_count else NARROW_ROWS.get(M, NARROW)
+    cfg = WIDE if is_wide(N, sm_count) else NARROW_ROWS.get(M, NARROW)
     return cfg if cuda else cfg.portable()
 
 

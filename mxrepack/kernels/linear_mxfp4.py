@@ -43,7 +43,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     split_pairs,
     with_fold,
 )
-from mxrepack.kernels.gemv_mxfp4 import GemvConfig, fills_with_rows, gemv_mxfp4, sm_count
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, fills_with_rows, gemv_mxfp4, is_wide, sm_count
 from mxrepack.kernels.mx_quant import quantize_activations
 
 MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
@@ -67,10 +67,10 @@ def use_dequant_gemm(M: int, N: int, sm_count: int = 132) -> bool:
 
 def use_gemv(M: int, N: int, sm_count: int = 132) -> bool:
     """W4A16 shapes where the CUDA-core GEMV beats the 16-row tensor-core tile (same-run sweeps, docs/PERF_LOG.md):
-    one row always; on narrow layers two rows, and four where the layer has rows enough to fill the GPU with them
-    (``gemv_mxfp4.fills_with_rows``: qkv, not o). Not lm_head past one row: its 4-row GEMV took 0.24 ms against the
-    swapped tile's 0.158 (its M = 2 one 0.161)."""
-    return M == 1 or (N < 65536 and (M == 2 or (M == 4 and fills_with_rows(N, sm_count))))
+    one row always; on narrow layers (not ``gemv_mxfp4.is_wide``) two rows, and four where the layer has rows enough to
+    fill the GPU with them (``gemv_mxfp4.fills_with_rows``: qkv, not o). Not lm_head past one row: its 4-row GEMV took
+    0.24 ms against the swapped tile's 0.158 (its M = 2 one 0.161)."""
+    return M == 1 or (not is_wide(N, sm_count) and (M == 2 or (M == 4 and fills_with_rows(N, sm_count))))
 
 
 @dataclass(frozen=True)
