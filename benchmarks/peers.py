@@ -301,11 +301,11 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     choosing ``MOE_TILES``)."""
     import itertools
 
-    from mxrepack.kernels.moe_mxfp4 import MoeConfig
+    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_WGMMA, MoeConfig
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
-    Wg = wgmma_layer(W) if kind.startswith("wgmma") else None
+    Wg = wgmma_layer(W) if kind.startswith("wgmma") or kind == "remainder" else None
     for T in Ts:
         torch.manual_seed(T)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
@@ -313,8 +313,17 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         rows_per_expert = T * K_TOP / E
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
-        if kind.startswith("wgmma"):
+        if kind.startswith("wgmma") or kind == "remainder":
             cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
+        if kind == "remainder":  # each order's shipped tile with a smaller tile of its table for the partial blocks
+            for key, order in (("shipped", "rows"), ("shipped wgmma", "wgmma")):
+                main = cands[key]
+                table = MOE_TILES if order == "rows" else MOE_TILES_WGMMA
+                for _, small in table:
+                    small = dataclasses.replace(small, fold_scale=small.swap_ab and fold)
+                    if isinstance(main, MoeConfig) and small.block_m < main.block_m and small.swap_ab == main.swap_ab:
+                        cfg = dataclasses.replace(main, remainder=small)
+                        cands[cfg.name()] = cfg
         if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
             for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):
                 warps = 4
@@ -325,7 +334,11 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 cfg = MoeConfig(bm, bn, 128, 8, 3, swap_ab=True, fold_scale=fold, order="wgmma")
                 cands[cfg.name()] = cfg
         variants = (
-            ("swap",) if kind.startswith("swap") else () if kind.startswith("wgmma") else ("plain", "manual", "swap")
+            ("swap",)
+            if kind.startswith("swap")
+            else ()
+            if kind.startswith("wgmma") or kind == "remainder"
+            else ("plain", "manual", "swap")
         )
         if kind == "fold":  # the shipped swapped tile, folded (rand_mx: scales <= 128), and its unfolded twin
             variants, ms_ = (), ()
@@ -589,12 +602,13 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide"),
+        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide", "remainder"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
         "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with "
         "the scale folded (fold), or the tiles "
-        "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps) beside the shipped one",
+        "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps) beside the shipped one, "
+        "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")

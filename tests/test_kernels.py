@@ -528,6 +528,31 @@ def test_moe_mxfp4_matches_reference(activations, bound):
     assert pick_moe_gemv_config(4, cuda=False) == MOE_GEMV.portable()
 
 
+def test_moe_remainder_tile_matches_reference():
+    """A tile with a remainder tile (``MoeConfig.remainder``): blocks of at most its rows (an expert's last partial
+    block, or all of a small expert) run on it, the others on the main tile, on one schedule; both orders. Experts of
+    40 (32 + 8), 20, 12 and 8 rows: each kind of block."""
+    E, H, I, k, T = 4, 288, 96, 2, 40
+    second = torch.tensor([1] * 20 + [2] * 12 + [3] * 8)
+    ids = torch.stack([torch.zeros(T, dtype=torch.long), second[torch.randperm(T)]], 1)
+    wts = torch.softmax(torch.randn(T, k), -1)
+    x = torch.randn(T, H).to(torch.bfloat16)
+    for order in ("rows", "wgmma"):
+        dims, strided, native = _strided_layer(E, H, I, order=order)
+        ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
+        small = MoeConfig(16, 64, 128, swap_ab=True, order=order)
+        cfg = MoeConfig(32, 64, 128, swap_ab=True, order=order, remainder=small)
+        y = moe_mxfp4(x, ids, wts, strided, "bf16", cfg, order=order)
+        assert rel(y, ref) <= 1e-2, (order, rel(y, ref))
+        plain = moe_mxfp4(x, ids, wts, strided, "bf16", dataclasses.replace(cfg, remainder=None), order=order)
+        assert rel(y, plain) <= 1e-3, (order, rel(y, plain))
+    assert cfg.name().endswith("+rm16n64k128w4st3s-wgmma")
+    with pytest.raises(ValueError, match="must be a smaller tile"):
+        MoeConfig(16, 64, 128, swap_ab=True, remainder=small)
+    with pytest.raises(ValueError, match="must be a smaller tile"):  # the other order
+        MoeConfig(32, 64, 128, swap_ab=True, remainder=MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"))
+
+
 def test_moe_wgmma_order_matches_reference():
     """The strided layout's wgmma order (Hopper's A-fragment byte order) through the scheduled tiles that read it, at
     every T, decode included (portable decode here; the PTX one is compiled in the kernels check and run by the GPU

@@ -154,6 +154,8 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "alpha": "fp32",
         "limit": "fp32",
         **{k: "constexpr" for k in common},
+        "rows_lo": "i32",
+        "rows_hi": "i32",
     }
     down = {
         "h_ptr": _A_TYPE[act],
@@ -178,6 +180,8 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "stride_wsn": "i32",
         "stride_y": "i32",
         **{k: "constexpr" for k in common},
+        "rows_lo": "i32",
+        "rows_hi": "i32",
     }
     return {
         "moe_gate_up_swiglu": ASTSource(moe._gate_up_kernel, gate_up, dict(common)),

@@ -95,8 +95,22 @@ class MoeConfig:
     # the wgmma order on Hopper: wait for each K tile's wgmma before the next decode (dequant_mxfp4.mma_done), as the
     # rows order's swapped tiles always do; False keeps one in flight while the next tile is decoded
     wait_mma: bool = True
+    # A smaller tile for the blocks of at most ``remainder.block_m`` rows (an expert's last, partial block): launched
+    # beside this one on the same schedule, so that a few rows past a multiple of ``block_m`` do not pay a whole
+    # ``block_m``-row tile (its MMA and, per row, its decode). Same order and operand form as this tile.
+    remainder: MoeConfig | None = None
 
     def __post_init__(self):
+        r = self.remainder
+        if r is not None and (
+            r.block_m >= self.block_m
+            or (r.order, r.swap_ab, r.block_k) != (self.order, self.swap_ab, self.block_k)
+            or r.remainder is not None
+        ):
+            raise ValueError(
+                f"remainder {r.name()} must be a smaller tile ({r.block_m} < {self.block_m} rows) of the same order, "
+                f"operand form and K step as {self.name()}, without a remainder of its own"
+            )
         if self.fold_scale and not self.swap_ab:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
         if self.order not in ("rows", "wgmma"):
@@ -127,6 +141,7 @@ class MoeConfig:
             + ("f" if self.fold_scale else "")
             + ("-wgmma" if self.order == "wgmma" else "")
             + ("-overlap" if self.order == "wgmma" and not self.wait_mma else "")
+            + (f"+r{self.remainder.name()}" if self.remainder is not None else "")
         )
 
     @property
@@ -595,6 +610,8 @@ def _gate_up_kernel(
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
     ORDER: tl.constexpr = "rows",
+    rows_lo=0,
+    rows_hi=1 << 30,
 ):
     """Grid (row blocks, N tiles): block ``pid_b`` (expert ``e``'s sorted rows; padding blocks, expert -1, return) x
     the ``pid_n``-th BLOCK_N intermediate columns: gate and up over the whole K, SwiGLU, stored in the intermediate.
@@ -605,6 +622,8 @@ def _gate_up_kernel(
     if e < 0:
         return
     start, end = tl.load(blk_s_ptr + pid_b), tl.load(blk_end_ptr + pid_b)
+    if ((end - start) <= rows_lo) | ((end - start) > rows_hi):  # another launch's block (MoeConfig.remainder)
+        return
     pos = start + tl.arange(0, BLOCK_M)  # sorted positions
     row_ok = pos < end
     tok = tl.load(order_ptr + pos, mask=row_ok, other=0) // TOPK
@@ -701,6 +720,8 @@ def _down_kernel(
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
     ORDER: tl.constexpr = "rows",
+    rows_lo=0,
+    rows_hi=1 << 30,
 ):
     """Grid (row blocks, N tiles): block ``pid_b`` (expert ``e``'s sorted rows; padding blocks return) x the
     ``pid_n``-th BLOCK_N output columns: each assignment's weighted output row, stored at its index (t * k + slot).
@@ -710,6 +731,8 @@ def _down_kernel(
     if e < 0:
         return
     start, end = tl.load(blk_s_ptr + pid_b), tl.load(blk_end_ptr + pid_b)
+    if ((end - start) <= rows_lo) | ((end - start) > rows_hi):  # another launch's block (MoeConfig.remainder)
+        return
     pos = start + tl.arange(0, BLOCK_M)
     row_ok = pos < end
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
@@ -1164,13 +1187,11 @@ def _moe_scheduled(
     Ip, Hp = Ip2 // 2, Hp2 * 2
     order, blk_e, blk_s, blk_end = moe_schedule(topk_ids, E, cfg.block_m)
     nb = blk_e.numel()
-    manual = cfg.manual_dequant and activations == "bf16"
     swap = cfg.swap_ab and activations == "bf16"
     wgmma = cfg.order == "wgmma"
     if swap and (Ip % 128 or Hp % 128):  # whole 128-column K tiles in split order: the loads have no K mask
         raise ValueError(f"swap_ab needs padded widths that are multiples of 128, got {Ip}/{Hp}")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    math = "ops" if interpreter or x.device.type != "cuda" else (cfg.math if swap else "asm")
     x = x.contiguous()
     if wgmma:  # natural order: the wgmma order's operand is W's K tile in natural order
         a, a_s = x, None
@@ -1181,77 +1202,92 @@ def _moe_scheduled(
     else:
         a, a_s = quantize_activations(x if H % 32 == 0 else torch.nn.functional.pad(x, (0, 32 - H % 32)), activations)
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
-    launch = dict(  # the tile and its options, the same for both kernels
-        A_FMT=activations,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        MANUAL_DEQUANT=manual,
-        INTERPRETER=interpreter,
-        SWAP_AB=swap,
-        MATH=math,
-        WAIT_MMA=swap and (cfg.wait_mma or not wgmma) and not interpreter and mma_reads_registers_async(x.device),
-        ORDER=cfg.order,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    grid_gate_up, grid_down = (nb, Ip // cfg.block_n), (nb, Hp // cfg.block_n)
-    gate_up_kernel = _gate_up_kernel[grid_gate_up](
-        a,
-        a_s if a_s is not None else s13,
-        w13,
-        s13,
-        b13,
-        h,
-        order,
-        blk_e,
-        blk_s,
-        blk_end,
-        H,
-        Hp,
-        Ip,
-        k,
-        a.stride(0),
-        a_s.stride(0) if a_s is not None else 0,
-        w13.stride(0),
-        w13.stride(1),
-        s13.stride(0),
-        s13.stride(1),
-        h.stride(0),
-        SWIGLU_ALPHA,
-        SWIGLU_LIMIT,
-        **launch,
-    )
+    # the tile on the schedule's blocks, and its remainder tile (if any) on those of at most remainder.block_m rows
+    r = cfg.remainder
+    parts = [(cfg, r.block_m if r is not None else 0, 1 << 30)] + ([(r, 0, r.block_m)] if r is not None else [])
+
+    def launch(tile: MoeConfig, rows_lo: int, rows_hi: int) -> dict:  # a tile and its options, for both kernels
+        return dict(
+            A_FMT=activations,
+            BLOCK_M=tile.block_m,
+            BLOCK_N=tile.block_n,
+            BLOCK_K=tile.block_k,
+            MANUAL_DEQUANT=tile.manual_dequant and activations == "bf16",
+            INTERPRETER=interpreter,
+            SWAP_AB=swap,
+            MATH="ops" if interpreter or x.device.type != "cuda" else (tile.math if swap else "asm"),
+            WAIT_MMA=swap and (tile.wait_mma or not wgmma) and not interpreter and mma_reads_registers_async(x.device),
+            ORDER=tile.order,
+            rows_lo=rows_lo,
+            rows_hi=rows_hi,
+            num_warps=tile.num_warps,
+            num_stages=tile.num_stages,
+        )
+
+    built = []
+    for tile, rows_lo, rows_hi in parts:
+        built.append(
+            _gate_up_kernel[(nb, Ip // tile.block_n)](
+                a,
+                a_s if a_s is not None else s13,
+                w13,
+                s13,
+                b13,
+                h,
+                order,
+                blk_e,
+                blk_s,
+                blk_end,
+                H,
+                Hp,
+                Ip,
+                k,
+                a.stride(0),
+                a_s.stride(0) if a_s is not None else 0,
+                w13.stride(0),
+                w13.stride(1),
+                s13.stride(0),
+                s13.stride(1),
+                h.stride(0),
+                SWIGLU_ALPHA,
+                SWIGLU_LIMIT,
+                **launch(tile, rows_lo, rows_hi),
+            )
+        )
     if activations == "bf16":
         ha, ha_s = h, None
     else:
         ha, ha_s = quantize_activations(h, activations)
     y = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
-    down_kernel = _down_kernel[grid_down](
-        ha,
-        ha_s if ha_s is not None else s2,
-        w2,
-        s2,
-        b2,
-        y,
-        order,
-        topk_weights.to(torch.float32).contiguous().view(-1),
-        blk_e,
-        blk_s,
-        blk_end,
-        H,
-        Hp,
-        Ip,
-        ha.stride(0),
-        ha_s.stride(0) if ha_s is not None else 0,
-        w2.stride(0),
-        w2.stride(1),
-        s2.stride(0),
-        s2.stride(1),
-        y.stride(0),
-        **launch,
-    )
-    if wgmma and math != "ops":  # what this build's decode receives is Triton's choice: checked once per build
-        check_wgmma_packing(gate_up_kernel)
-        check_wgmma_packing(down_kernel)
+    wts = topk_weights.to(torch.float32).contiguous().view(-1)
+    for tile, rows_lo, rows_hi in parts:
+        built.append(
+            _down_kernel[(nb, Hp // tile.block_n)](
+                ha,
+                ha_s if ha_s is not None else s2,
+                w2,
+                s2,
+                b2,
+                y,
+                order,
+                wts,
+                blk_e,
+                blk_s,
+                blk_end,
+                H,
+                Hp,
+                Ip,
+                ha.stride(0),
+                ha_s.stride(0) if ha_s is not None else 0,
+                w2.stride(0),
+                w2.stride(1),
+                s2.stride(0),
+                s2.stride(1),
+                y.stride(0),
+                **launch(tile, rows_lo, rows_hi),
+            )
+        )
+    if wgmma and not interpreter and x.device.type == "cuda":  # what a build's decode receives is Triton's choice
+        for kernel in built:
+            check_wgmma_packing(kernel)
     return y
