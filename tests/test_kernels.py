@@ -547,6 +547,12 @@ def test_moe_remainder_tile_matches_reference():
         plain = moe_mxfp4(x, ids, wts, strided, "bf16", dataclasses.replace(cfg, remainder=None), order=order)
         assert rel(y, plain) <= 1e-3, (order, rel(y, plain))
     assert cfg.name().endswith("+rm16n64k128w4st3s-wgmma")
+    # the shipped remainder tiles are tiles of their own table (so the kernels check builds them), folded with the main
+    for table in (MOE_TILES, MOE_TILES_WGMMA):
+        tiles = [c for _, c in table]
+        assert all(c.remainder in tiles for c in tiles if c.remainder is not None)
+    folded = pick_moe_config(1024, 4, 128, fold_scale=True, order="wgmma")
+    assert folded.remainder.block_m == 32 and folded.fold_scale and folded.remainder.fold_scale
     with pytest.raises(ValueError, match="must be a smaller tile"):
         MoeConfig(16, 64, 128, swap_ab=True, remainder=small)
     with pytest.raises(ValueError, match="must be a smaller tile"):  # the other order

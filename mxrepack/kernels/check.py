@@ -22,6 +22,7 @@ is needed -- and the result is inspected:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -399,13 +400,22 @@ def shipped_kernels():
     for mode in lin.MODES:
         for name, cfg in _with_folded(lin.CONFIGS, lin.MODES[mode] == "bf16").items():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
+    # A MoE tile's kernels do not depend on its remainder tile (a table entry of its own, built as such): each tile
+    # is built once, under the first table entry that runs it.
+    built = set()
     for act, mode in (("bf16", "w4a16"), ("e4m3", "w4a8"), ("e2m1", "w4a4")):
         for name, cfg in _with_folded(
             moe.MOE_CONFIGS if act == "bf16" else moe.MOE_CONFIGS_SCALED, act == "bf16"
         ).items():
+            if (act, tile := dataclasses.replace(cfg, remainder=None)) in built:
+                continue
+            built.add((act, tile))
             for kernel, src in _moe_sources(act, cfg).items():
                 yield kernel, f"{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
     for name, cfg in _with_folded(moe.MOE_CONFIGS_WGMMA, True).items():  # built for sm_90a only (run_check)
+        if ("wgmma", tile := dataclasses.replace(cfg, remainder=None)) in built:
+            continue
+        built.add(("wgmma", tile))
         for kernel, src in _moe_sources("bf16", cfg).items():
             yield kernel, f"wgmma {name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
     narrow_rows = tuple((f"narrow {m} rows", cfg) for m, cfg in gemv.NARROW_ROWS.items())

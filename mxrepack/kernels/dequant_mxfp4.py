@@ -407,7 +407,9 @@ def fits_fold(*scales: torch.Tensor) -> bool:
 def with_fold(cfg, bf16_activations: bool, scales_fit: bool):
     """A tile config (``LinearConfig`` / ``MoeConfig``) as the dispatch runs it: folded where it decodes W in
     registers (``swap_ab``) for BF16 activations and the weights' scales fit (:func:`fits_fold`'s answer); the
-    config itself otherwise."""
+    config itself otherwise; a MoE tile's ``remainder`` tile likewise."""
+    if getattr(cfg, "remainder", None) is not None:
+        cfg = dataclasses.replace(cfg, remainder=with_fold(cfg.remainder, bf16_activations, scales_fit))
     return dataclasses.replace(cfg, fold_scale=True) if scales_fit and bf16_activations and cfg.swap_ab else cfg
 
 
