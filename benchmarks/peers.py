@@ -320,10 +320,12 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 main = cands[key]
                 table = MOE_TILES if order == "rows" else MOE_TILES_WGMMA
                 for _, small in table:
-                    small = dataclasses.replace(small, fold_scale=small.swap_ab and fold)
+                    small = dataclasses.replace(small, fold_scale=small.swap_ab and fold, remainder=None)
                     if isinstance(main, MoeConfig) and small.block_m < main.block_m and small.swap_ab == main.swap_ab:
                         cfg = dataclasses.replace(main, remainder=small)
                         cands[cfg.name()] = cfg
+                if isinstance(main, MoeConfig) and main.remainder is not None:
+                    cands[f"{key} without remainder"] = dataclasses.replace(main, remainder=None)
         if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
             for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):
                 warps = 4

@@ -166,16 +166,16 @@ class MoeConfig:
 # 1.777/4.428 unfolded (H100, same run, peers.py --sweep-moe ... --sweep-kind fold, 8860140, docs/bench/
 # moe_sweep_fold_h100_2026-11-25_8860140.json). triton_kernels' 128 x 128 on 8 warps, swapped, lost there at every T
 # (2.38-4.56 ms folded).
-# Past 16 rows per expert an expert's rows rarely fill whole 64-row blocks: the blocks of at most 32 (to 48 rows per
-# expert) or 16 rows (to 128) run on the smaller tile (``MoeConfig.remainder``). H100, same run, ``peers.py --sweep-moe
-# 1024,2048,4096 --sweep-kind remainder`` (bfc1945, docs/bench/moe_sweep_remainder_h100_2026-11-26_bfc1945.json):
-# T = 1024 1.466 ms against 1.586 (16 rows: 1.598), T = 2048 2.256 against 2.365 (32 rows: 2.358), T = 4096 4.092
-# against 4.110 (32 rows: 4.165).
+# Past 8 rows per expert an expert's rows rarely fill whole blocks: the blocks of at most 16 rows (9-16 rows per
+# expert), 32 (17-48) or 16 (49-128) run on the smaller tile (``MoeConfig.remainder``). H100, same run, ``peers.py
+# --sweep-moe 1024,2048,4096 --sweep-kind remainder`` (bfc1945, docs/bench/moe_sweep_remainder_h100_2026-11-26_
+# bfc1945.json): T = 1024 1.466 ms against 1.586 (16 rows: 1.598), T = 2048 2.256 against 2.365 (32 rows: 2.358),
+# T = 4096 4.092 against 4.110 (32 rows: 4.165); T = 512 1.044 against 1.124 (a1df314, ..._a1df314.json).
 _SMALL_16 = MoeConfig(16, 64, 128, num_warps=4, num_stages=4, swap_ab=True)
 _SMALL_32 = MoeConfig(32, 64, 128, num_warps=4, num_stages=4, swap_ab=True)
 MOE_TILES = (
     (8, _SMALL_16),
-    (16, _SMALL_32),
+    (16, dataclasses.replace(_SMALL_32, remainder=_SMALL_16)),
     (48, MoeConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True, remainder=_SMALL_32)),
     (128, MoeConfig(64, 128, 128, num_warps=4, num_stages=3, swap_ab=True, remainder=_SMALL_16)),
     (float("inf"), MoeConfig(128, 128, 128, num_warps=8, num_stages=3)),
@@ -212,16 +212,16 @@ MOE_TILES_SCALED = (
 # rows) 16 x 64 holds (0.817 against 0.930; H100, same run, ``--sweep-moe 256,512 --sweep-kind wgmma``, 7011f92,
 # docs/bench/moe_sweep_wgmma_h100_2026-11-26_7011f92.json): a 16-token tile gives about half the experts a second
 # block at 16 rows, whose weights are decoded again.
-# Past 16 rows per expert, the blocks of at most 32 rows (16 from 49 to 64 rows per expert) run on the smaller tile
-# (``MoeConfig.remainder``): an expert whose rows pass a multiple of the tile by a few no longer pays a whole tile for
-# them, and one under half a 64-row tile takes the 32-row one. H100, same run (the remainder sweep above): T = 1024
-# 1.198 ms against 1.352 (16 rows: 1.367), T = 2048 2.039 at 16 rows against 2.204 (32 rows: 2.093), T = 4096 3.175
-# against 3.541 (16 rows: 3.197, 64 rows: 3.351).
+# Past 8 rows per expert, the blocks of at most 16 rows (9-16 and 49-64 rows per expert) or 32 (17-48 and past 64)
+# run on the smaller tile (``MoeConfig.remainder``): an expert whose rows pass a multiple of the tile by a few no longer
+# pays a whole tile for them, and one under half a tile takes the smaller one. H100, same run (the remainder sweeps
+# above): T = 512 0.916 ms against 0.952, T = 1024 1.198 against 1.352 (16 rows: 1.367), T = 2048 2.039 at 16 rows
+# against 2.204 (32 rows: 2.093), T = 4096 3.175 against 3.541 (16 rows: 3.197, 64 rows: 3.351).
 _SMALL_16_WGMMA = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 _SMALL_32_WGMMA = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 MOE_TILES_WGMMA = (
     (8, _SMALL_16_WGMMA),
-    (16, _SMALL_32_WGMMA),
+    (16, dataclasses.replace(_SMALL_32_WGMMA, remainder=_SMALL_16_WGMMA)),
     (48, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma", remainder=_SMALL_32_WGMMA)),
     (64, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma", remainder=_SMALL_16_WGMMA)),
     (
