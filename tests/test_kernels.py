@@ -549,8 +549,8 @@ def test_moe_remainder_tile_matches_reference():
     assert cfg.name().endswith("+rm16n64k128w4st3s-wgmma")
     # the shipped remainder tiles are tiles of their own table (so the kernels check builds them), folded with the main
     for table in (MOE_TILES, MOE_TILES_WGMMA):
-        tiles = [c for _, c in table]
-        assert all(c.remainder in tiles for c in tiles if c.remainder is not None)
+        tiles = [dataclasses.replace(c, remainder=None) for _, c in table]
+        assert all(c.remainder in tiles for _, c in table if c.remainder is not None)
     folded = pick_moe_config(1024, 4, 128, fold_scale=True, order="wgmma")
     assert folded.remainder.block_m == 32 and folded.fold_scale and folded.remainder.fold_scale
     with pytest.raises(ValueError, match="must be a smaller tile"):
