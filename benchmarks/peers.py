@@ -49,7 +49,7 @@ from common import (
     vllm_convert,
 )
 
-from mxrepack.kernels.dequant_mxfp4 import fits_fold  # noqa: E402
+from mxrepack.kernels.dequant_mxfp4 import fits_fold, without_fold  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
 
@@ -290,7 +290,7 @@ def same_bits_as_plain(run, cfg) -> dict:
     bits of its unfolded twin, as it must (``bits_equal_unfolded``); nothing for any other config."""
     if not getattr(cfg, "fold_scale", False):
         return {}
-    return {"bits_equal_unfolded": torch.equal(run(cfg), run(dataclasses.replace(cfg, fold_scale=False)))}
+    return {"bits_equal_unfolded": torch.equal(run(cfg), run(without_fold(cfg)))}
 
 
 def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
@@ -345,7 +345,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         if kind == "fold":  # the shipped swapped tile, folded (rand_mx: scales <= 128), and its unfolded twin
             variants, ms_ = (), ()
             if getattr(cands["shipped"], "swap_ab", False):
-                plain = dataclasses.replace(cands["shipped"], fold_scale=False)
+                plain = without_fold(cands["shipped"])
                 cands[plain.name()] = plain
             if rows_per_expert >= 16:  # triton_kernels' tile: 128 tokens x 256 weight rows (gate + up), 8 warps
                 for st, folded in itertools.product((3, 4), (False, True)):
@@ -451,7 +451,7 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                     and not use_gemv(M, N, sm_count(x.device))
                     and not use_dequant_gemm(M, N, sm_count(x.device))
                 ):
-                    plain = dataclasses.replace(tile, fold_scale=False)
+                    plain = without_fold(tile)
                     cands[plain.name()] = plain
             # the GEMV with all M rows in one program (prepared activations, packed fp16 math: each weight decoded once
             # for all of them), weights one K tile ahead or two; "rows": only these beside the shipped choice

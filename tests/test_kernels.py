@@ -31,6 +31,8 @@ from mxrepack.kernels.dequant_mxfp4 import (
     dequantize_mxfp4_rows,
     e8m0_to_bf16,
     e8m0_to_bf16_folded,
+    with_fold,
+    without_fold,
 )
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
@@ -333,7 +335,8 @@ def test_the_dispatch_folds_the_swapped_tiles_of_weights_that_fit():
     for tokens in (48, 64, 512, 4096, 65536):
         plain = pick_moe_config(tokens, 4, 128)
         folded = pick_moe_config(tokens, 4, 128, fold_scale=True)
-        assert folded == (dataclasses.replace(plain, fold_scale=True) if plain.swap_ab else plain)
+        assert folded == (with_fold(plain, True, True) if plain.swap_ab else plain) and without_fold(folded) == plain
+        assert folded.remainder is None or folded.remainder.fold_scale == folded.fold_scale
         assert pick_moe_config(tokens, 4, 128, "e4m3", fold_scale=True) == pick_moe_config(tokens, 4, 128, "e4m3")
     assert pick_moe_config(65536, 4, 128, fold_scale=True) == MOE_TILES[-1][1]  # 128 x 128 unswapped
     assert isinstance(pick_moe(8, 4, 128, 2880, fold_scale=True), MoeGemvConfig)
@@ -372,7 +375,7 @@ def test_a_folded_tile_is_checked_unless_the_caller_vouches_for_the_scales():
         moe_mxfp4(x, ids, wts, w, config=folded)
     # off CUDA the decode is the portable one either way: the same result, and no check when vouched for
     y = moe_mxfp4(x, ids, wts, w, config=folded, fold_scale=True)
-    assert torch.equal(y, moe_mxfp4(x, ids, wts, w, config=dataclasses.replace(folded, fold_scale=False)))
+    assert torch.equal(y, moe_mxfp4(x, ids, wts, w, config=without_fold(folded)))
 
 
 def test_prefill_dequant_gemm_matches_reference():
@@ -546,6 +549,14 @@ def test_moe_remainder_tile_matches_reference():
         assert rel(y, ref) <= 1e-2, (order, rel(y, ref))
         plain = moe_mxfp4(x, ids, wts, strided, "bf16", dataclasses.replace(cfg, remainder=None), order=order)
         assert rel(y, plain) <= 1e-3, (order, rel(y, plain))
+    # blocks of exactly the remainder's rows, of exactly the main tile's, and an expert with none
+    T = 48
+    second = torch.tensor([1] * 32 + [2] * 16)
+    ids = torch.stack([torch.zeros(T, dtype=torch.long), second[torch.randperm(T)]], 1)
+    wts = torch.softmax(torch.randn(T, k), -1)
+    x = torch.randn(T, H).to(torch.bfloat16)
+    ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
+    assert rel(moe_mxfp4(x, ids, wts, strided, "bf16", cfg, order=order), ref) <= 1e-2
     assert cfg.name().endswith("+rm16n64k128w4st3s-wgmma")
     # the shipped remainder tiles are tiles of their own table (so the kernels check builds them), folded with the main
     for table in (MOE_TILES, MOE_TILES_WGMMA):
@@ -557,6 +568,18 @@ def test_moe_remainder_tile_matches_reference():
         MoeConfig(16, 64, 128, swap_ab=True, remainder=small)
     with pytest.raises(ValueError, match="must be a smaller tile"):  # the other order
         MoeConfig(32, 64, 128, swap_ab=True, remainder=MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"))
+    with pytest.raises(ValueError, match="must be a smaller tile"):  # folded one and not the other
+        MoeConfig(32, 64, 128, swap_ab=True, remainder=MoeConfig(16, 64, 128, swap_ab=True, fold_scale=True))
+    with pytest.raises(ValueError, match="multiples of the row tiles"):  # the remainder's rows fit the widths too
+        moe_mxfp4(
+            x,
+            ids,
+            wts,
+            strided,
+            "bf16",
+            dataclasses.replace(cfg, remainder=MoeConfig(16, 256, 128, swap_ab=True, order=order)),
+            order=order,
+        )
 
 
 def test_moe_wgmma_order_matches_reference():

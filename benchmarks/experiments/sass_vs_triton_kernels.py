@@ -182,7 +182,7 @@ def mxrepack_gate_up() -> dict:
 
     out = {}
     for cfg in (
-        dataclasses.replace(MOE_TILES[2][1], fold_scale=True),  # shipped at 17-128 rows per expert (T = 4096)
+        dataclasses.replace(MOE_TILES[3][1], fold_scale=True, remainder=None),  # shipped at 49-128 rows per expert
         MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, fold_scale=True),  # their tile's shape
     ):
         src = check.for_arch(check._moe_sources("bf16", cfg)["moe_gate_up_swiglu"], 90)

@@ -73,7 +73,9 @@ for T in (64, 128, 512, 1024, 4096):
     before = next(c for bound, c in BEFORE.items() if T * K / E <= bound)
     if MMA_SYNC:  # 2 warps: Triton takes mma.sync (synchronous, no wgmma in flight), pipelined; beside 1-stage wgmma
         cands = [dataclasses.replace(base, num_warps=2, num_stages=st) for st in (3, 2)]
-        cands += [dataclasses.replace(base, block_m=bm, num_warps=2) for bm in (16, 32) if bm < base.block_m]
+        cands += [
+            dataclasses.replace(base, block_m=bm, num_warps=2, remainder=None) for bm in (16, 32) if bm < base.block_m
+        ]
         cands += [dataclasses.replace(base, num_stages=1), before]
     else:
         cands = [dataclasses.replace(base, num_stages=st) for st in (3, 2, 1)] + [before]

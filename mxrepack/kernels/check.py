@@ -43,6 +43,8 @@ SM12X_SHARED_LIMIT = 101376
 # the others (scale-row strides such as 90 or 92, top-k 4, M) are not, or vary per call.
 DIVISIBLE_BY_16 = frozenset(
     {
+        "rows_lo",  # 0, a remainder tile's rows (16, 32) or 1 << 30 (MoeConfig.remainder)
+        "rows_hi",
         "H",
         "Hp",
         "Ip",

@@ -404,13 +404,24 @@ def fits_fold(*scales: torch.Tensor) -> bool:
     return largest_scale(*scales) <= 128
 
 
+def without_fold(cfg):
+    """``cfg`` with the scale unfolded (its remainder tile too): the twin a folded config's bits are compared with."""
+    if getattr(cfg, "remainder", None) is not None:
+        return dataclasses.replace(
+            cfg, fold_scale=False, remainder=dataclasses.replace(cfg.remainder, fold_scale=False)
+        )
+    return dataclasses.replace(cfg, fold_scale=False)
+
+
 def with_fold(cfg, bf16_activations: bool, scales_fit: bool):
     """A tile config (``LinearConfig`` / ``MoeConfig``) as the dispatch runs it: folded where it decodes W in
     registers (``swap_ab``) for BF16 activations and the weights' scales fit (:func:`fits_fold`'s answer); the
-    config itself otherwise; a MoE tile's ``remainder`` tile likewise."""
+    config itself otherwise. A MoE tile's ``remainder`` (same operand form) folds with it."""
+    if not (scales_fit and bf16_activations and cfg.swap_ab):
+        return cfg
     if getattr(cfg, "remainder", None) is not None:
-        cfg = dataclasses.replace(cfg, remainder=with_fold(cfg.remainder, bf16_activations, scales_fit))
-    return dataclasses.replace(cfg, fold_scale=True) if scales_fit and bf16_activations and cfg.swap_ab else cfg
+        return dataclasses.replace(cfg, fold_scale=True, remainder=dataclasses.replace(cfg.remainder, fold_scale=True))
+    return dataclasses.replace(cfg, fold_scale=True)
 
 
 def check_fold_scale(*scales: torch.Tensor) -> None:

@@ -104,12 +104,13 @@ class MoeConfig:
         r = self.remainder
         if r is not None and (
             r.block_m >= self.block_m
-            or (r.order, r.swap_ab, r.block_k) != (self.order, self.swap_ab, self.block_k)
+            or (r.order, r.swap_ab, r.block_k, r.fold_scale)
+            != (self.order, self.swap_ab, self.block_k, self.fold_scale)
             or r.remainder is not None
         ):
             raise ValueError(
-                f"remainder {r.name()} must be a smaller tile ({r.block_m} < {self.block_m} rows) of the same order, "
-                f"operand form and K step as {self.name()}, without a remainder of its own"
+                f"remainder {r.name()} must be a smaller tile (block_m under {self.block_m}, got {r.block_m}) of the "
+                f"same order, operand form, K step and fold as {self.name()}, without a remainder of its own"
             )
         if self.fold_scale and not self.swap_ab:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
@@ -1161,9 +1162,10 @@ def moe_mxfp4(
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
-    ip_tile, hp_tile = (cfg.gate_up.block_n, cfg.down.block_n) if gemv else (cfg.block_n, cfg.block_n)
-    if Ip % ip_tile or Hp % hp_tile:
-        raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
+    tiles = [(cfg.gate_up.block_n, cfg.down.block_n)] if gemv else [(t.block_n,) * 2 for t in (cfg, cfg.remainder) if t]
+    for ip_tile, hp_tile in tiles:
+        if Ip % ip_tile or Hp % hp_tile:
+            raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
     if not gemv and cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand
         check_fold_scale(s13, s2)
     # both paths end in a kernel that writes unit-stride rows in the target's dtype: out itself when its rows are so,
