@@ -49,7 +49,7 @@ from common import (
     vllm_convert,
 )
 
-from mxrepack.kernels.dequant_mxfp4 import fits_fold, without_fold  # noqa: E402
+from mxrepack.kernels.dequant_mxfp4 import fits_fold, with_fold, without_fold  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
 
@@ -315,17 +315,20 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
         if kind.startswith("wgmma") or kind == "remainder":
             cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
-        if kind == "remainder":  # each order's shipped tile with a smaller tile of its table for the partial blocks
+        if (
+            kind == "remainder"
+        ):  # each order's table tiles (32+ tokens) with each smaller tile of the table as remainder
             for key, order in (("shipped", "rows"), ("shipped wgmma", "wgmma")):
-                main = cands[key]
-                table = MOE_TILES if order == "rows" else MOE_TILES_WGMMA
-                for _, small in table:
-                    small = dataclasses.replace(small, fold_scale=small.swap_ab and fold, remainder=None)
-                    if isinstance(main, MoeConfig) and small.block_m < main.block_m and small.swap_ab == main.swap_ab:
+                table = [
+                    with_fold(dataclasses.replace(c, remainder=None), True, fold)
+                    for _, c in (MOE_TILES if order == "rows" else MOE_TILES_WGMMA)
+                ]
+                for main, small in itertools.product(table, table):
+                    if small.block_m < main.block_m and small.swap_ab == main.swap_ab:
                         cfg = dataclasses.replace(main, remainder=small)
                         cands[cfg.name()] = cfg
-                if isinstance(main, MoeConfig) and main.remainder is not None:
-                    cands[f"{key} without remainder"] = dataclasses.replace(main, remainder=None)
+                if isinstance(cands[key], MoeConfig) and cands[key].remainder is not None:
+                    cands[f"{key} without remainder"] = dataclasses.replace(cands[key], remainder=None)
         if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
             for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):
                 warps = 4
