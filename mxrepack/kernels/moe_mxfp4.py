@@ -213,22 +213,23 @@ MOE_TILES_SCALED = (
 # rows) 16 x 64 holds (0.817 against 0.930; H100, same run, ``--sweep-moe 256,512 --sweep-kind wgmma``, 7011f92,
 # docs/bench/moe_sweep_wgmma_h100_2026-11-26_7011f92.json): a 16-token tile gives about half the experts a second
 # block at 16 rows, whose weights are decoded again.
-# Past 8 rows per expert, the blocks of at most 16 rows (9-16 and 49-64 rows per expert) or 32 (17-48 and past 64)
-# run on the smaller tile (``MoeConfig.remainder``): an expert whose rows pass a multiple of the tile by a few no longer
-# pays a whole tile for them, and one under half a tile takes the smaller one. H100, same run (the remainder sweeps
-# above): T = 512 0.916 ms against 0.952, T = 1024 1.198 against 1.352 (16 rows: 1.367), T = 2048 2.039 at 16 rows
-# against 2.204 (32 rows: 2.093), T = 4096 3.175 against 3.541 (16 rows: 3.197, 64 rows: 3.351).
+# Past 8 rows per expert, the blocks of at most 16 rows (9-16 rows per expert), 32 (17-48, and past 64 under the
+# 128-token tile) or 64 (49-64, the 64 x 64 tile under the 128-token one) run on the smaller tile
+# (``MoeConfig.remainder``): an expert whose rows pass a multiple of the tile by a few no longer pays a whole tile for
+# them, and one under half a tile takes the smaller one. H100, same run (the remainder sweeps above): T = 512 0.916 ms
+# against 0.952, T = 1024 1.198 against 1.352 (16 rows: 1.367), T = 4096 3.175 against 3.541 (16 rows: 3.197, 64
+# rows: 3.351); T = 2048 (64 rows per expert) 128 x 128 + 64 x 64 1.919 against 2.070 for 64 x 64 + 16 and 2.228 for
+# 64 x 64 alone (f3d8a12, docs/bench/moe_sweep_remainder_h100_2026-11-26_f3d8a12.json).
 _SMALL_16_WGMMA = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 _SMALL_32_WGMMA = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
+_MID_WGMMA = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
+_WIDE_WGMMA = MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma")
 MOE_TILES_WGMMA = (
     (8, _SMALL_16_WGMMA),
     (16, dataclasses.replace(_SMALL_32_WGMMA, remainder=_SMALL_16_WGMMA)),
-    (48, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma", remainder=_SMALL_32_WGMMA)),
-    (64, MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma", remainder=_SMALL_16_WGMMA)),
-    (
-        float("inf"),
-        MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma", remainder=_SMALL_32_WGMMA),
-    ),
+    (48, dataclasses.replace(_MID_WGMMA, remainder=_SMALL_32_WGMMA)),
+    (64, dataclasses.replace(_WIDE_WGMMA, remainder=_MID_WGMMA)),
+    (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=_SMALL_32_WGMMA)),
 )
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 MOE_CONFIGS_WGMMA = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_WGMMA}
