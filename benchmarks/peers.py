@@ -463,9 +463,10 @@ def dense_sweep(rows: list, Ms: tuple[int, ...], kind: str = "all", shapes: tupl
                 cands = {"shipped": None}
             if kind in ("all", "rows") and M <= 16 and not M & (M - 1):
                 f16_tiles = ((16, 1024, 8), (16, 512, 4)) if name == "lm_head" else ((8, 512, 4), (16, 512, 4))
-                for (bn, bk, warps), ahead in itertools.product(f16_tiles, (1, 2)):
-                    cfg = GemvConfig(bn, bk, warps, 1, "f16x2", prefetch=ahead, rows=M if M > 1 else 0)
-                    cands[f"gemv {cfg.name()}"] = cfg
+                for (bn, bk, warps), ahead, per in itertools.product(f16_tiles, (1, 2), (M, M // 2)):
+                    if per == M or (per > 1 and (bn, bk) == (8, 512)):  # M / 2: two programs per tile, through L2
+                        cfg = GemvConfig(bn, bk, warps, 1, "f16x2", prefetch=ahead, rows=per if per > 1 else 0)
+                        cands[f"gemv {cfg.name()}"] = cfg
             grid = ((16,), (32, 64, 128), (256,), (1, 2, 4, 8)) if M <= 16 else ((16, 64), (64, 128), (128,), (1, 2, 4))
             # the swapped operands (one 128-code K tile per step): mma.sync on 2 warps, wgmma on 4 or 8 (pipelined:
             # dequant_mxfp4.mma_done waits for each wgmma, triton#9433)
