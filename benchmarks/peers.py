@@ -315,9 +315,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
         if kind.startswith("wgmma") or kind == "remainder":
             cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
-        if (
-            kind == "remainder"
-        ):  # each order's table tiles (32+ tokens) with each smaller tile of the table as remainder
+        if kind == "remainder":  # each order's table tiles with each smaller tile of the table as their remainder
             for key, order in (("shipped", "rows"), ("shipped wgmma", "wgmma")):
                 table = [
                     with_fold(dataclasses.replace(c, remainder=None), True, fold)
@@ -611,8 +609,7 @@ def main() -> None:
         choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide", "remainder"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
-        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with "
-        "the scale folded (fold), or the tiles "
+        "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold), or the tiles "
         "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps) beside the shipped one, "
         "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only)",
     )

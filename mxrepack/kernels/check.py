@@ -403,23 +403,20 @@ def shipped_kernels():
         for name, cfg in _with_folded(lin.CONFIGS, lin.MODES[mode] == "bf16").items():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
     # A MoE tile's kernels do not depend on its remainder tile (a table entry of its own, built as such): each tile
-    # is built once, under the first table entry that runs it.
+    # is built once, under the first table entry that runs it. The wgmma order's tiles: sm_90a only (run_check).
     built = set()
-    for act, mode in (("bf16", "w4a16"), ("e4m3", "w4a8"), ("e2m1", "w4a4")):
-        for name, cfg in _with_folded(
-            moe.MOE_CONFIGS if act == "bf16" else moe.MOE_CONFIGS_SCALED, act == "bf16"
-        ).items():
+    for act, mode, configs, label in (
+        ("bf16", "w4a16", moe.MOE_CONFIGS, ""),
+        ("e4m3", "w4a8", moe.MOE_CONFIGS_SCALED, ""),
+        ("e2m1", "w4a4", moe.MOE_CONFIGS_SCALED, ""),
+        ("bf16", "w4a16", moe.MOE_CONFIGS_WGMMA, "wgmma "),
+    ):
+        for name, cfg in _with_folded(configs, act == "bf16").items():
             if (act, tile := dataclasses.replace(cfg, remainder=None)) in built:
                 continue
             built.add((act, tile))
             for kernel, src in _moe_sources(act, cfg).items():
-                yield kernel, f"{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
-    for name, cfg in _with_folded(moe.MOE_CONFIGS_WGMMA, True).items():  # built for sm_90a only (run_check)
-        if ("wgmma", tile := dataclasses.replace(cfg, remainder=None)) in built:
-            continue
-        built.add(("wgmma", tile))
-        for kernel, src in _moe_sources("bf16", cfg).items():
-            yield kernel, f"wgmma {name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
+                yield kernel, f"{label}{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
     narrow_rows = tuple((f"narrow {m} rows", cfg) for m, cfg in gemv.NARROW_ROWS.items())
     prepare_built = set()  # the activation-preparing kernel differs by PDL only: built once per PDL
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW), *narrow_rows):

@@ -486,20 +486,14 @@ def _group_dot(w, xq, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr
             is_pure=True,
             pack=1,
         )
-    # the same sum in portable Triton (fp32 math; runs under the interpreter)
-    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    for word in tl.static_range(4):
-        vs = _decode_ops(ws[word])
-        for pair in tl.static_range(4):
-            xw = xs[4 * word + pair]
-            acc += vs[pair] * _fp16_half(xw, False) + vs[4 + pair] * _fp16_half(xw, True)
-    return acc
+    return _group_dot_rows(w, (xq,), BLOCK_N, G, MATH, 1)[0]  # the portable sum (fp32 math, the interpreter's)
 
 
 @triton.jit
 def _group_dot_rows(w, xqs, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr):
     """:func:`_group_dot` for ROWS rows of activations (``xqs``, a tuple of ROWS ``xq``) -> a tuple of ROWS [BLOCK_N, G]
-    sums: each word is decoded once, its pairs multiplied with every row."""
+    sums: each word is decoded once, its pairs multiplied with every row. Its portable branch is :func:`_group_dot`'s
+    too."""
     ws = _split4(w, BLOCK_N, G)
     out = ()
     if MATH == "asm":
@@ -523,7 +517,7 @@ def _group_dot_rows(w, xqs, BLOCK_N: tl.constexpr, G: tl.constexpr, MATH: tl.con
                     asm=SUM_GROUP_F16X2, constraints="=r" + ",r" * 32, args=args, dtype=tl.float32, is_pure=True, pack=1
                 ),
             )
-    else:  # portable: fp32 math, as _group_dot's
+    else:  # portable Triton: fp32 math, runs under the interpreter
         vs = ()
         for word in tl.static_range(4):
             vs = vs + (_decode_ops(ws[word]),)
@@ -556,6 +550,17 @@ def _load_pairs(p_ptrs, g_ok, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _load_row_f16x2(p_ptrs, e_ptrs, g_ok, MASKED: tl.constexpr):
+    """One row's prepared activations for a K tile: (pairs, factors). ``MASKED``: the partial tile (``g_ok``)."""
+    xq = _load_pairs(p_ptrs, g_ok, MASKED)
+    if MASKED:
+        xe = tl.load(e_ptrs, mask=g_ok[None, :], other=0.0)
+    else:
+        xe = tl.load(e_ptrs)
+    return xq, xe
+
+
+@triton.jit
 def _load_acts_f16x2(p_ptrs, e_ptrs, g_ok, MASKED: tl.constexpr, ROWS: tl.constexpr, stride_pm, stride_em):
     """One K tile's prepared activations: (pairs, factors) of one row, or with ``ROWS`` > 0 (a tuple of ROWS pairs,
     a tuple of ROWS factors) from rows ``stride_pm``/``stride_em`` apart. ``MASKED``: the partial tile (``g_ok``)."""
@@ -563,17 +568,11 @@ def _load_acts_f16x2(p_ptrs, e_ptrs, g_ok, MASKED: tl.constexpr, ROWS: tl.conste
         xq = ()
         xe = ()
         for r in tl.static_range(ROWS):
-            xq = xq + (_load_pairs(p_ptrs + r * stride_pm, g_ok, MASKED),)
-            if MASKED:
-                xe = xe + (tl.load(e_ptrs + r * stride_em, mask=g_ok[None, :], other=0.0),)
-            else:
-                xe = xe + (tl.load(e_ptrs + r * stride_em),)
+            q, e = _load_row_f16x2(p_ptrs + r * stride_pm, e_ptrs + r * stride_em, g_ok, MASKED)
+            xq = xq + (q,)
+            xe = xe + (e,)
     else:
-        xq = _load_pairs(p_ptrs, g_ok, MASKED)
-        if MASKED:
-            xe = tl.load(e_ptrs, mask=g_ok[None, :], other=0.0)
-        else:
-            xe = tl.load(e_ptrs)
+        xq, xe = _load_row_f16x2(p_ptrs, e_ptrs, g_ok, MASKED)
     return xq, xe
 
 

@@ -1227,6 +1227,8 @@ def _moe_scheduled(
     # the tile on the schedule's blocks, and its remainder tile (if any) on those of at most remainder.block_m rows
     r = cfg.remainder
     parts = [(cfg, r.block_m if r is not None else 0, 1 << 30)] + ([(r, 0, r.block_m)] if r is not None else [])
+    ptx = not interpreter and x.device.type == "cuda"  # else the portable decode
+    wait_here = swap and not interpreter and mma_reads_registers_async(x.device)  # Hopper: wgmma reads registers late
 
     def launch(tile: MoeConfig, rows_lo: int, rows_hi: int) -> dict:  # a tile and its options, for both kernels
         return dict(
@@ -1237,8 +1239,8 @@ def _moe_scheduled(
             MANUAL_DEQUANT=tile.manual_dequant and activations == "bf16",
             INTERPRETER=interpreter,
             SWAP_AB=swap,
-            MATH="ops" if interpreter or x.device.type != "cuda" else (tile.math if swap else "asm"),
-            WAIT_MMA=swap and (tile.wait_mma or not wgmma) and not interpreter and mma_reads_registers_async(x.device),
+            MATH=(tile.math if swap else "asm") if ptx else "ops",
+            WAIT_MMA=wait_here and (tile.wait_mma or not wgmma),
             ORDER=tile.order,
             rows_lo=rows_lo,
             rows_hi=rows_hi,
@@ -1309,7 +1311,7 @@ def _moe_scheduled(
                 **launch(tile, rows_lo, rows_hi),
             )
         )
-    if wgmma and not interpreter and x.device.type == "cuda":  # what a build's decode receives is Triton's choice
+    if wgmma and ptx:  # what a build's decode receives is Triton's choice
         for kernel in built:
             check_wgmma_packing(kernel)
     return y
