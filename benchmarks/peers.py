@@ -305,7 +305,8 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
-    Wg = wgmma_layer(W) if kind.startswith("wgmma") or kind == "remainder" else None
+    orders = kind.startswith("wgmma") or kind in ("remainder", "shipped")  # both byte orders' layers
+    Wg = wgmma_layer(W) if orders else None
     for T in Ts:
         torch.manual_seed(T)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
@@ -313,7 +314,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         rows_per_expert = T * K_TOP / E
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
-        if kind.startswith("wgmma") or kind == "remainder":
+        if orders:
             cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
         if kind == "remainder":  # each order's table tiles with each smaller tile of the table as their remainder
             for key, order in (("shipped", "rows"), ("shipped wgmma", "wgmma")):
@@ -336,13 +337,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
             for bm, bn in itertools.product(sorted({16 if rows_per_expert <= 16 else 64, *ms_}), (64, 128)):
                 cfg = MoeConfig(bm, bn, 128, 8, 3, swap_ab=True, fold_scale=fold, order="wgmma")
                 cands[cfg.name()] = cfg
-        variants = (
-            ("swap",)
-            if kind.startswith("swap")
-            else ()
-            if kind.startswith("wgmma") or kind == "remainder"
-            else ("plain", "manual", "swap")
-        )
+        variants = ("swap",) if kind.startswith("swap") else () if orders else ("plain", "manual", "swap")
         if kind == "fold":  # the shipped swapped tile, folded (rand_mx: scales <= 128), and its unfolded twin
             variants, ms_ = (), ()
             if getattr(cands["shipped"], "swap_ab", False):
@@ -606,12 +601,13 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide", "remainder"),
+        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide", "remainder", "shipped"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
         "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold), or the tiles "
         "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps) beside the shipped one, "
-        "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only)",
+        "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only), or "
+        "only each order's shipped choice (shipped, MoE only: an A/B of two commits on one machine)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")

@@ -6,9 +6,9 @@
 KIT=${1:?usage: vllm_plugin_device.sh KITDIR [args]}; shift
 source "$KIT/device.sh" "$KIT"
 python3 -c "import vllm" 2>/dev/null || exit 0   # parts still missing: the next call carries the next one
-EP=/tmp/mxrepack-ep/mxrepack-0.1.0.dist-info
+EP=/tmp/mxrepack-ep/mxrepack-0.2.0.dist-info
 mkdir -p "$EP"
-printf 'Metadata-Version: 2.1\nName: mxrepack\nVersion: 0.1.0\n' > "$EP/METADATA"
+printf 'Metadata-Version: 2.1\nName: mxrepack\nVersion: 0.2.0\n' > "$EP/METADATA"
 printf '[vllm.general_plugins]\nmxrepack = mxrepack.serve.vllm:register\n' > "$EP/entry_points.txt"
 export PYTHONPATH=$PWD:/tmp/mxrepack-ep:$PYTHONPATH PYTHONUNBUFFERED=1
 [ $# -gt 0 ] && python3 benchmarks/vllm_plugin_check.py "$@"

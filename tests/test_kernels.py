@@ -268,6 +268,62 @@ def test_folded_scale_decode_gives_the_same_bits():
         assert torch.equal(folded, unfolded) and torch.equal(folded, _bf16_bits(values * 2.0 ** (E - 127))), E
 
 
+def _run_word_asm(asm: str, word: int) -> list[int]:
+    """The integer part of a wgmma-order word decode (:data:`WORD_ASM_FOLDED`), emulated instruction by instruction on
+    one stored word: each output register as it enters its scale multiply (bf16 pair bits, value x 2^-126)."""
+    regs, out = {"$4": word}, []
+    for line in asm.splitlines():
+        op, *args = line.rstrip(";").replace(",", " ").split()
+        val = {a: regs[a] if a in regs else int(a, 0) for a in args[1:] if a in regs or a[0].isdigit()}
+        if op == "mov.b32":
+            regs[args[0]] = val[args[1]]
+        elif op == "shf.l.wrap.b32":
+            assert args[1] == args[2] == "$4"
+            x, r = val[args[1]], val[args[3]]
+            regs[args[0]] = ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+        elif op == "and.b32":
+            regs[args[0]] = val[args[1]] & val[args[2]]
+        elif op == "lop3.b32":
+            assert args[4] == "0xEA"  # (a & b) | c
+            regs[args[0]] = (val[args[1]] & val[args[2]]) | val[args[3]]
+        elif op == "fma.rn.bf16x2":
+            if args[2] != "c":  # the scale multiply: the pair is decoded
+                out.append(regs[args[0]])
+        else:
+            assert op in ("{", "}", ".reg"), line
+    return out
+
+
+def test_wgmma_word_bits_decode_in_the_kernels_ptx():
+    """The strided layout's wgmma-order word bits and the kernels' decode of them agree: for random fragment words,
+    the layout's placement (numpy tables on the CPU, torch gathers on a GPU path, and the inverse back) and the PTX's
+    rotations and masks, emulated, give each pair's two codes as bf16 bits ``sign << 15 | (code & 7) << 6`` per half
+    -- what the scale multiply expects (its folded and unfolded texts share these instructions)."""
+    import numpy as np
+
+    from mxrepack.kernels.dequant_mxfp4 import WORD_ASM, WORD_ASM_FOLDED
+    from mxrepack.layouts import strided
+
+    fragment = np.random.default_rng(0).integers(0, 1 << 32, 4096, dtype=np.uint64).astype(np.uint32)
+    fragment[:256] = np.arange(256, dtype=np.uint32) * 0x01010101  # every byte value in every pair
+    stored = fragment.copy()
+    strided._permute_word_bits(stored, strided._WORD_BITS)
+    on_torch = strided._permute_word_bits_torch(torch.from_numpy(fragment.view(np.int32)), inverse=False)
+    assert np.array_equal(on_torch.numpy().view(np.uint32), stored)
+    back = stored.copy()
+    strided._permute_word_bits(back, strided._WORD_BITS_INVERSE)
+    assert np.array_equal(back, fragment)
+
+    def bf16_pair(byte: int) -> int:
+        half = [((c & 8) << 12) | ((c & 7) << 6) for c in (byte & 15, byte >> 4)]
+        return half[0] | half[1] << 16
+
+    for asm in (WORD_ASM, WORD_ASM_FOLDED):
+        asm = getattr(asm, "value", asm)
+        for f, w in zip(fragment[:600].tolist(), stored[:600].tolist(), strict=True):
+            assert _run_word_asm(asm, w) == [bf16_pair(f >> (8 * p) & 255) for p in range(4)]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX decodes need a CUDA device")
 def test_ptx_decodes_agree_on_a_gpu():
     """Every byte under every E8M0 scale 0-128: the PTX decode, its folded twin and the portable one, bit for bit."""

@@ -366,7 +366,10 @@ def test_strided_rows_are_k_tiled_program_blocks():
 
 def _wgmma_chunk(rows: torch.Tensor) -> torch.Tensor:
     """16 rows x 64 bytes -> wgmma's A-fragment order, by the definition (fragment_order_probe.fragment_order): byte
-    8s + 4kh + t of row 8c + g at 32 (4g + t) + 4s + 2c + kh."""
+    8s + 4kh + t of row 8c + g at 32 (4g + t) + 4s + 2c + kh; then each 32-bit word's bits placed, bit j of nibble h
+    of byte p at ``strided.word_bit(p, h, j)``."""
+    from mxrepack.layouts.strided import word_bit
+
     out = torch.empty(1024, dtype=torch.uint8)
     for c in range(2):
         for g in range(8):
@@ -374,6 +377,16 @@ def _wgmma_chunk(rows: torch.Tensor) -> torch.Tensor:
                 for kh in range(2):
                     for t in range(4):
                         out[32 * (4 * g + t) + 4 * s + 2 * c + kh] = rows[8 * c + g, 8 * s + 4 * kh + t]
+    for i in range(0, 1024, 4):
+        word = int.from_bytes(bytes(out[i : i + 4].tolist()), "little")
+        placed = sum(
+            1 << word_bit(p, h, j)
+            for p in range(4)
+            for h in range(2)
+            for j in range(4)
+            if word >> (8 * p + 4 * h + j) & 1
+        )
+        out[i : i + 4] = torch.tensor(list(placed.to_bytes(4, "little")), dtype=torch.uint8)
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import mxrepack
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts import get_layout
 from mxrepack.recipes import list_recipes, load_recipe
@@ -266,3 +267,20 @@ def test_strided_order_is_read_from_the_config(tiny, tmp_path):
     with pytest.raises(MxRepackError, match=r"experts\.options\.order is 'mma2': .*rows, wgmma") as e:
         ServeSpec.from_config(config)
     assert "\n" not in str(e.value)
+    # order wgmma written before its words' bits were rotated (mxrepack 0.1.0, or no version): refused in one line by
+    # the plugin's parse and by the evaluation's loader; the rows order is read from any version
+    experts["options"] = {"order": "wgmma"}
+    assert config["quantization_config"]["mxrepack_version"] == mxrepack.__version__
+    for old in ("0.1.0", None):
+        config["quantization_config"]["mxrepack_version"] = old
+        with pytest.raises(MxRepackError, match=r"order wgmma written by mxrepack .*repack the source again") as e:
+            ServeSpec.from_config(config)
+        assert "\n" not in str(e.value)
+    experts["options"] = {"order": "rows"}
+    assert ServeSpec.from_config(config).strided_order == "rows"
+    from mxrepack.eval.model import load_weights
+
+    manifest["tool"]["mxrepack"] = "0.1.0"
+    (out / "mxrepack.json").write_text(json.dumps(manifest))
+    with pytest.raises(MxRepackError, match=r"order wgmma written by mxrepack 0\.1\.0"):
+        load_weights(out)

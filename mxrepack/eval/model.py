@@ -33,6 +33,7 @@ from mxrepack.gptoss import EXPERT_PARTS, Dims
 from mxrepack.layouts import ExpertDims, dense_weights, make_layout
 from mxrepack.repack.output import is_output, read_config, read_manifest
 from mxrepack.repack.safetensors_io import read_directory
+from mxrepack.serve.spec import check_strided_written_by
 
 SWIGLU_ALPHA = 1.702
 
@@ -80,6 +81,8 @@ def _load_output(path: Path) -> GptOssWeights:
     d = Dims.from_config(config)
     stored = read_directory(path)
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
+    if recipe.expert_layout == "strided":
+        check_strided_written_by(layout.order, manifest.data.get("tool", {}).get("mxrepack"))
     dense_layout = recipe.dense_layout
     dense, experts, mx = {}, {}, {}
     per_layer: dict[int, dict[str, list]] = {}

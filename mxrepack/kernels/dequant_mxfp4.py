@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mxrepack.layouts.strided import WORD_DECODED_BITS, WORD_ROTATIONS
+
 
 @dataclass(frozen=True)
 class DequantConfig:
@@ -226,31 +228,68 @@ def mma_done(acc):
 
 
 # The ``strided`` layout's wgmma order (``mxrepack.layouts.strided``, ``order: wgmma``): in each 1 KB chunk of 16
-# stored rows and one 128-code K tile, lane 4 g + t of a warp holds 32 bytes, whose word s (k16 step s) is the bytes
-# (g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4): the four bf16 pairs of that lane's register A fragment of
-# Hopper's wgmma for step s (Triton's kWidth 2). A word decodes in 5 instructions a byte: prmt puts the byte's low
-# nibble (from the word shifted by 4) at bits 15..12 and its high nibble at 31..28, then the pair decode of
-# ``_DECODE_PAIRS`` and the scale multiply(s); rows g and g + 8 take their own scale ($5, $6). With every lane's bytes
-# in its own fragment, a K tile's W is one MMA operand that needs no shuffle (the swapped step on the rows order
-# decodes even and odd codes into two dots); the shipped tiles still wait for it before the next decode
-# (:func:`mma_done`, ``MoeConfig.wait_mma``). On sm_12x (``mma.sync``, kWidth 8) a lane's fragment is other bytes:
-# these kernels are sm_90's.
+# stored rows and one 128-code K tile, lane 4 g + t of a warp holds 32 bytes, whose word s (k16 step s) holds the
+# bytes (g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4): the four bf16 pairs of that lane's register A fragment
+# of Hopper's wgmma for step s (Triton's kWidth 2), their bits placed for this decode (``strided.WORD_ROTATIONS``):
+# pair p is the word rotated left and masked to each half's sign and three value bits (bf16 value x 2^-126), then
+# the scale multiply(s); rows g and g + 8 take their own scale ($5, $6). 13 instructions a word, folded (the
+# byte-wise decode took 21). With every lane's bytes in its own fragment, a K tile's W is one MMA operand that needs
+# no shuffle (the swapped step on the rows order decodes even and odd codes into two dots); the shipped tiles still
+# wait for it before the next decode (:func:`mma_done`, ``MoeConfig.wait_mma``). On sm_12x (``mma.sync``, kWidth 8)
+# a lane's fragment is other bytes: these kernels are sm_90's.
+def _word_masks(pair: int) -> dict[int, int]:
+    """Pair ``pair``'s decode: {left rotation of the word: mask of the bits it brings into place}."""
+    masks: dict[int, int] = {}
+    for j, r in enumerate(WORD_ROTATIONS[pair]):
+        for half in range(2):
+            masks[r] = masks.get(r, 0) | 1 << (16 * half + WORD_DECODED_BITS[j])
+    return masks
+
+
 def _word_asm(multiplies: str) -> str:
-    lines = ["{", ".reg .b32 z, y, t, m, c;", "mov.b32 m, 0x80008000;", "mov.b32 c, 0x7e807e80;", "shl.b32 z, $4, 4;"]
+    lines = ["{", ".reg .b32 t, m, c;", "mov.b32 m, 0x80008000;", "mov.b32 c, 0x7e807e80;"]
     for i in range(4):
-        lines += [
-            f"prmt.b32 y, z, $4, {hex(0x4000 + 0x1010 * i)};",
-            "and.b32 t, y, 0x70007000;",
-            "shr.b32 t, t, 6;",
-            f"lop3.b32 ${i}, y, t, 0x80008000, 0xEC;",
-        ]
-        lines += [line.format(out=f"${i}", scale=f"${5 + i // 2}") for line in multiplies.splitlines()]
+        out = f"${i}"
+        for n, (r, mask) in enumerate(sorted(_word_masks(i).items(), key=lambda rm: rm[0] != 0)):
+            src = "$4" if r == 0 else "t"
+            if r:
+                lines.append(f"shf.l.wrap.b32 t, $4, $4, {r};")
+            if n == 0:
+                lines.append(f"and.b32 {out}, {src}, {hex(mask)};")
+            else:  # (src & mask) | out
+                lines.append(f"lop3.b32 {out}, {src}, {hex(mask)}, {out}, 0xEA;")
+        lines += [line.format(out=out, scale=f"${5 + i // 2}") for line in multiplies.splitlines()]
     return "\n".join(lines + ["}"])
 
 
 # unfolded: times E2M1's 2^126 (c), then the scale (bf16 2^(E-127)); folded: times the scale 2^(E-1) (E <= 128)
 WORD_ASM = tl.constexpr(_word_asm("fma.rn.bf16x2 {out}, {out}, c, m;\nfma.rn.bf16x2 {out}, {out}, {scale}, m;"))
 WORD_ASM_FOLDED = tl.constexpr(_word_asm("fma.rn.bf16x2 {out}, {out}, {scale}, m;"))
+# the portable twin's bits, as constants Triton can read (the layout's table, pair 3 apart: see _word_masks)
+_ROT0, _ROT1, _ROT2 = (tl.constexpr(WORD_ROTATIONS[p][0]) for p in range(3))
+_ROT3 = tl.constexpr(max(WORD_ROTATIONS[3]))
+_MASK3_ROTATED = tl.constexpr(_word_masks(3)[max(WORD_ROTATIONS[3])])
+_MASK3_IN_PLACE = tl.constexpr(_word_masks(3)[0])
+
+
+@triton.jit
+def _rotl(x, r: tl.constexpr):
+    return (x << r) | (x >> (32 - r))
+
+
+@triton.jit
+def _fragment_bytes(wb, BLOCKS: tl.constexpr):
+    """Stored wgmma-order bytes ``[BLOCKS, 32, 32]`` -> the fragment bytes before the word-bit placement (the
+    portable twin of the PTX decode's rotations and masks): per word, each pair's two codes back in one byte."""
+    sh = (8 * tl.arange(0, 4)).to(tl.uint32)
+    word = tl.sum(tl.reshape(wb.to(tl.uint32), (BLOCKS, 32, 8, 4)) << sh[None, None, None, :], axis=3)
+    p = tl.arange(0, 4)[None, None, None, :]
+    x = word[:, :, :, None]
+    full = 0x81C081C0  # each half's sign and value bits, where the decode puts them
+    v = tl.where(p == 0, _rotl(x, _ROT0), tl.where(p == 1, _rotl(x, _ROT1), _rotl(x, _ROT2))) & full
+    v = tl.where(p == 3, (x & _MASK3_IN_PLACE) | (_rotl(x, _ROT3) & _MASK3_ROTATED), v)
+    byte = ((v >> 6) & 7) | ((v >> 12) & 8) | ((v >> 18) & 0x70) | ((v >> 24) & 0x80)
+    return tl.reshape(byte, (BLOCKS, 32, 32)).to(tl.uint8)
 
 
 @triton.jit
@@ -259,7 +298,7 @@ def _wgmma_words(wb, sc, BLOCKS: tl.constexpr, MATH: tl.constexpr):
     g + 8 c) -> (r0, r1) bf16 ``[BLOCKS, 32, 32]``: per word, r0 = (low, high code) of its bytes 0 and 1 (row g), r1
     of bytes 2 and 3 (row g + 8)."""
     if MATH == "ops":  # the portable twin: fp32 values, the same arrangement
-        w = tl.reshape(wb.to(tl.int32), (BLOCKS, 32, 4, 2, 2, 2))  # j, s % 2, c, kh
+        w = tl.reshape(_fragment_bytes(wb, BLOCKS).to(tl.int32), (BLOCKS, 32, 4, 2, 2, 2))  # j, s % 2, c, kh
         s = e8m0_to_fp32(tl.reshape(sc.to(tl.int32), (BLOCKS, 32, 4, 1, 2, 1)))
         v = tl.join(e2m1_to_fp32(w & 15) * s, e2m1_to_fp32(w >> 4) * s)  # [.., j, s % 2, c, kh, nibble]
         v = tl.reshape(v, (BLOCKS, 32, 8, 2, 4))  # s, c, (kh, nibble)

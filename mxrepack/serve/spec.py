@@ -20,6 +20,9 @@ QUANT_METHOD = "mxrepack"
 # the byte orders of the strided layout's option ``order`` (mxrepack.layouts.strided.ORDERS; repeated here, as reading
 # a config needs no torch)
 STRIDED_ORDERS = ("rows", "wgmma")
+# the release from which the strided order wgmma's words hold their bits rotated for the kernels' decode
+# (mxrepack.layouts.strided.WORD_ROTATIONS); an output written before holds them byte-wise and would decode wrong
+WGMMA_WORD_BITS_SINCE = "0.2.0"
 VLLM_SUPPORTED = ((0, 26), (0, 34))  # [from, below): 0.26 ran on the lent H100; 0.33 is what GB10 users run
 VLLM_SUPPORTED_TEXT = "0.26 to 0.33"
 
@@ -148,6 +151,8 @@ class ServeSpec:
                 f"quantization_config.groups.experts.options.order is {order!r}: this mxrepack serves the strided "
                 f"orders {', '.join(STRIDED_ORDERS)} (written by a newer mxrepack?)"
             )
+        if layout == "strided":
+            check_strided_written_by(order, qc.get("mxrepack_version"))
         missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(
             stored
         )
@@ -323,6 +328,25 @@ def check_checkpoint(model_dir: str | Path, spec: ServeSpec | None = None) -> Se
                 f"{spec.layout} layout stores {want[0]} {want[1]}"
             )
     return spec
+
+
+def _release(version) -> tuple[int, ...]:
+    """``"0.2.0"`` -> (0, 2, 0); anything unreadable (None: a config without the key) -> (0,), older than any."""
+    try:
+        return tuple(int(x) for x in str(version).split(".")[:3])
+    except ValueError:
+        return (0,)
+
+
+def check_strided_written_by(order: str, version) -> None:
+    """One line when ``strided`` experts in byte ``order`` were written by an mxrepack (``version``, as the output's
+    config or manifest records it) whose bytes this one decodes differently: order wgmma before
+    :data:`WGMMA_WORD_BITS_SINCE`."""
+    if order == "wgmma" and _release(version) < _release(WGMMA_WORD_BITS_SINCE):
+        raise MxRepackError(
+            f"strided experts in order wgmma written by mxrepack {version}: their 32-bit words hold the codes "
+            f"byte-wise, which the kernels since {WGMMA_WORD_BITS_SINCE} do not read; repack the source again"
+        )
 
 
 def check_vllm_version(version: str) -> None:
