@@ -294,25 +294,33 @@ def _run_word_asm(asm: str, word: int) -> list[int]:
     return out
 
 
-def test_wgmma_word_bits_decode_in_the_kernels_ptx():
+def test_wgmma_word_bits_decode_in_the_kernels_ptx(monkeypatch):
     """The strided layout's wgmma-order word bits and the kernels' decode of them agree: for random fragment words,
-    the layout's placement (numpy tables on the CPU, torch gathers on a GPU path, and the inverse back) and the PTX's
-    rotations and masks, emulated, give each pair's two codes as bf16 bits ``sign << 15 | (code & 7) << 6`` per half
-    -- what the scale multiply expects (its folded and unfolded texts share these instructions)."""
+    the layout's placement (the compiled loop, the numpy gathers, the torch gathers of a GPU path, and the inverse
+    back) and the PTX's rotations and masks, emulated, give each pair's two codes as bf16 bits
+    ``sign << 15 | (code & 7) << 6`` per half -- what the scale multiply expects (its folded and unfolded texts share
+    these instructions)."""
     import numpy as np
 
+    from mxrepack import native
     from mxrepack.kernels.dequant_mxfp4 import WORD_ASM, WORD_ASM_FOLDED
     from mxrepack.layouts import strided
 
     fragment = np.random.default_rng(0).integers(0, 1 << 32, 4096, dtype=np.uint64).astype(np.uint32)
     fragment[:256] = np.arange(256, dtype=np.uint32) * 0x01010101  # every byte value in every pair
     stored = fragment.copy()
-    strided._permute_word_bits(stored, strided._WORD_BITS)
+    strided._permute_word_bits(stored, inverse=False)  # native where built
     on_torch = strided._permute_word_bits_torch(torch.from_numpy(fragment.view(np.int32)), inverse=False)
     assert np.array_equal(on_torch.numpy().view(np.uint32), stored)
     back = stored.copy()
-    strided._permute_word_bits(back, strided._WORD_BITS_INVERSE)
+    strided._permute_word_bits(back, inverse=True)
     assert np.array_equal(back, fragment)
+    monkeypatch.setattr(native, "library", lambda: None)  # the numpy twin: the same words
+    numpy_stored = fragment.copy()
+    strided._permute_word_bits(numpy_stored, inverse=False)
+    assert np.array_equal(numpy_stored, stored)
+    strided._permute_word_bits(numpy_stored, inverse=True)
+    assert np.array_equal(numpy_stored, fragment)
 
     def bf16_pair(byte: int) -> int:
         half = [((c & 8) << 12) | ((c & 7) << 6) for c in (byte & 15, byte >> 4)]

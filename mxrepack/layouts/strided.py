@@ -24,9 +24,10 @@ Option ``order`` (:data:`ORDERS`), the order of the bytes inside those blocks:
   included);
 * ``"wgmma"``: each contiguous 1024-byte chunk of the above (16 rows x 64 bytes of one K tile) in the order of
   Hopper wgmma's register A fragments (:func:`wgmma_order`: lane ``4g + t``'s 32 bytes together, one 32-bit word
-  per k16 step), and the scales tiled the same way, each chunk's 64 scales together in the quad order
-  (:func:`wgmma_scales`). For the sm_90 kernels only: on sm_12x the ``mma.sync`` fragment is another order, and
-  these bytes decode wrong there. The shapes are the same as ``"rows"``', only the byte order differs.
+  per k16 step), each word's 32 bits then placed for a rotate-and-mask decode (:data:`WORD_ROTATIONS`; since
+  mxrepack 0.2.0, whose kernels do not read the byte-wise words written before), and the scales tiled the same way,
+  each chunk's 64 scales together in the quad order (:func:`wgmma_scales`). For the sm_90 kernels only: on sm_12x
+  the ``mma.sync`` fragment is another order, and these bytes decode wrong there. The shapes are the same as ``"rows"``', only the byte order differs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mxrepack import native
 from mxrepack.errors import MxRepackError
 from mxrepack.layouts.base import (
     ExpertDims,
@@ -118,26 +120,35 @@ def word_bit(pair: int, half: int, bit: int) -> int:
     return (16 * half + WORD_DECODED_BITS[bit] - WORD_ROTATIONS[pair][bit]) % 32
 
 
-def _word_bit_tables() -> tuple[np.ndarray, np.ndarray]:
-    """Per 16-bit half of a word, the permuted bits of each of its 65536 values (forward: fragment word -> stored;
-    inverse: stored -> fragment), ``[2, 65536]`` uint32 each: a bit permutation is the OR of its halves' images."""
+def _word_bit_tables(part_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per ``part_bits``-bit part of a word, the permuted bits of each of its values (forward: fragment word ->
+    stored; inverse: stored -> fragment), ``[32 / part_bits, 2^part_bits]`` uint32 each: a bit permutation is the OR
+    of its parts' images. 16-bit parts for numpy (two gathers a word), bytes for the native loop (1 KB a table)."""
     src = np.array([8 * p + 4 * h + j for p in range(4) for h in range(2) for j in range(4)])
     dst = np.array([word_bit(p, h, j) for p in range(4) for h in range(2) for j in range(4)])
-    v = np.arange(1 << 16, dtype=np.uint32)
+    v = np.arange(1 << part_bits, dtype=np.uint32)
     tables = []
     for a, b in ((src, dst), (dst, src)):
-        t = np.zeros((2, 1 << 16), np.uint32)
+        t = np.zeros((32 // part_bits, 1 << part_bits), np.uint32)
         for i, o in zip(a, b, strict=True):
-            t[i // 16] |= ((v >> np.uint32(i % 16)) & np.uint32(1)) << np.uint32(o)
+            t[i // part_bits] |= ((v >> np.uint32(i % part_bits)) & np.uint32(1)) << np.uint32(o)
         tables.append(t)
     return tables[0], tables[1]
 
 
-_WORD_BITS, _WORD_BITS_INVERSE = _word_bit_tables()
+_WORD_BITS_16 = _word_bit_tables(16)  # (forward, inverse)
+_WORD_BITS_8 = _word_bit_tables(8)
 
 
-def _permute_word_bits(words: np.ndarray, table: np.ndarray) -> None:
-    """In place on uint32 words: each one's bits permuted by ``table`` (:func:`_word_bit_tables`)."""
+def _permute_word_bits(words: np.ndarray, inverse: bool) -> None:
+    """In place on contiguous uint32 words: each one's bits placed (fragment -> stored) or, ``inverse``, put back:
+    the compiled loop (:mod:`mxrepack.native`, byte tables) where it is built, else two numpy gathers a word (the
+    same words; the tests compare them)."""
+    lib = native.library()
+    if lib is not None:
+        lib.permute_word_bits(native.ptr(words), words.size, native.ptr(_WORD_BITS_8[inverse]))
+        return
+    table = _WORD_BITS_16[inverse]
     hi = np.take(table[1], words >> np.uint32(16))
     np.bitwise_and(words, np.uint32(0xFFFF), out=words)
     np.take(table[0], words, out=words)
@@ -146,7 +157,7 @@ def _permute_word_bits(words: np.ndarray, table: np.ndarray) -> None:
 
 def _permute_word_bits_torch(words: torch.Tensor, inverse: bool) -> torch.Tensor:
     """:func:`_permute_word_bits` on int32 words of any device (a GPU's gathers)."""
-    table = torch.from_numpy((_WORD_BITS_INVERSE if inverse else _WORD_BITS).view(np.int32)).to(words.device)
+    table = torch.from_numpy(_WORD_BITS_16[inverse].view(np.int32)).to(words.device)
     w = words.long() & 0xFFFFFFFF
     return table[0][w & 0xFFFF] | table[1][w >> 16]
 
@@ -163,7 +174,8 @@ def wgmma_order(k_tiled: torch.Tensor, out: torch.Tensor | None = None) -> torch
     wgmma's A-fragment order: in each chunk (16 rows x 64 bytes of one K tile), byte ``8s + 4kh + t`` of row
     ``8c + g`` goes to ``32 (4g + t) + 4s + 2c + kh`` -- lane ``4g + t``'s 32 bytes, its word ``s`` holding bytes
     (g, 8s+t), (g, 8s+t+4), (g+8, 8s+t), (g+8, 8s+t+4) (``benchmarks/experiments/fragment_order_probe.py``'s
-    ``fragment_order``, per chunk). ``out`` (same shape, may be ``k_tiled`` itself) receives them where given."""
+    ``fragment_order``, per chunk); then each word's bits placed (bit ``j`` of nibble ``h`` of its byte ``p`` at
+    :func:`word_bit`). ``out`` (same shape, may be ``k_tiled`` itself) receives them where given."""
     return _wgmma_chunks(k_tiled, out, inverse=False)
 
 
@@ -217,11 +229,11 @@ def _wgmma_chunks_cpu(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) 
         else:
             np.copyto(w, src[a:b].view(np.uint64))
         if inverse:  # whole words in source order: their bits back first
-            _permute_word_bits(w.view(np.uint32).reshape(-1), _WORD_BITS_INVERSE)
+            _permute_word_bits(w.view(np.uint32).reshape(-1), inverse=True)
         delta_swap(w, t, 24, 0x00000000FF00FF00)  # bytes (kh, t) = (0, 1|3) <-> (1, 0|2)
         delta_swap_pair(w[:, :64], w[:, 64:], t[:, :64], 16, 0x0000FFFF0000FFFF)  # c = 1, t < 2 <-> c = 0, t >= 2
         if not inverse:  # each 32-bit word now holds its 4 bytes: their bits (the gather moves whole words)
-            _permute_word_bits(w.view(np.uint32).reshape(-1), _WORD_BITS)
+            _permute_word_bits(w.view(np.uint32).reshape(-1), inverse=False)
         if inverse:
             np.copyto(dst[a:b].view(np.uint64), w)
         else:
@@ -348,7 +360,8 @@ class StridedLayout(ExpertLayout):
     ORDER_DESCRIPTIONS = {
         "rows": "; order rows: each K tile's rows in order, scales row-major (sm80 and newer, sm_12x included)",
         "wgmma": (
-            "; order wgmma: each 16-row x 64-byte piece of a K tile in Hopper wgmma's A-fragment order, the scales "
+            "; order wgmma: each 16-row x 64-byte piece of a K tile in Hopper wgmma's A-fragment order (each word's "
+            "bits placed for a rotate-and-mask decode), the scales "
             "tiled likewise, 64 per piece in quad order (sm_90 H100/H200 only: sm_12x's mma.sync fragment differs, "
             "these bytes decode wrong there)"
         ),

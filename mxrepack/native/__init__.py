@@ -32,6 +32,7 @@ _SIGNATURES = {
     "hopper_values_unpack_simd": (_U8, _U8, ctypes.c_int64, ctypes.c_int64, _U32, _U32, ctypes.c_int),
     "marlin_weights_pack": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
     "marlin_weights_pack_simd": (_U8, _U32, *(ctypes.c_int64,) * 6, _U8),
+    "permute_word_bits": (_U32, ctypes.c_int64, _U32),
     "mxfp4_bf16_rows": (_U8, _U8, _U16, *(ctypes.c_int64,) * 3),
     "mxfp4_bf16_cols": (_U8, _U8, _U16, *(ctypes.c_int64,) * 4),
     "native_simd": (),

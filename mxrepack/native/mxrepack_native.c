@@ -32,6 +32,15 @@ void hopper_values_pack(const uint8_t *src, uint8_t *dst, int64_t blocks, int64_
     }
 }
 
+/* strided order wgmma: each 32-bit word's bits permuted in place; luts[256 j + v] is the word that byte value v at
+ * byte j becomes (the permutation of a word is the OR of its bytes' images). */
+void permute_word_bits(uint32_t *words, int64_t n, const uint32_t *luts) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t w = words[i];
+        words[i] = luts[w & 255] | luts[256 + ((w >> 8) & 255)] | luts[512 + ((w >> 16) & 255)] | luts[768 + (w >> 24)];
+    }
+}
+
 /* The inverse: luts[256 j + v] is the word whose byte j holds v before the pack's bit permutation. */
 void hopper_values_unpack(const uint8_t *src, uint8_t *dst, int64_t blocks, int64_t kb, const uint32_t *luts) {
     for (int64_t b = 0; b < blocks; b++) {
