@@ -27,7 +27,8 @@ Option ``order`` (:data:`ORDERS`), the order of the bytes inside those blocks:
   per k16 step), each word's 32 bits then placed for a rotate-and-mask decode (:data:`WORD_ROTATIONS`; since
   mxrepack 0.2.0, whose kernels do not read the byte-wise words written before), and the scales tiled the same way,
   each chunk's 64 scales together in the quad order (:func:`wgmma_scales`). For the sm_90 kernels only: on sm_12x
-  the ``mma.sync`` fragment is another order, and these bytes decode wrong there. The shapes are the same as ``"rows"``', only the byte order differs.
+  the ``mma.sync`` fragment is another order, and these bytes decode wrong there. The shapes are the same as
+  ``"rows"``', only the byte order differs.
 """
 
 from __future__ import annotations
