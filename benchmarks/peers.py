@@ -364,7 +364,11 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 )
                 cands[cfg.name()] = cfg
         for name, cfg in cands.items():
-            rec = {"kind": "moe_sweep", "T": T, "config": name if name != "shipped" else f"shipped {cfg.name()}"}
+            rec = {
+                "kind": "moe_sweep",
+                "T": T,
+                "config": f"{name} {cfg.name()}" if name.startswith("shipped") else name,
+            }
             # the weights' scales fit the fold (asked once above): no per-call check of the folded configs
             wgmma = "wgmma" in name  # the wgmma order's candidates, and only they, are named so
             run = functools.partial(moe_mxfp4, fold_scale=fold, order="wgmma" if wgmma else "rows")

@@ -279,8 +279,15 @@ def test_strided_order_is_read_from_the_config(tiny, tmp_path):
     experts["options"] = {"order": "rows"}
     assert ServeSpec.from_config(config).strided_order == "rows"
     from mxrepack.eval.model import load_weights
+    from mxrepack.hub import plan_push
+    from mxrepack.repack.output import write_manifest
+    from mxrepack.repack.verify import verify_dir
 
     manifest["tool"]["mxrepack"] = "0.1.0"
-    (out / "mxrepack.json").write_text(json.dumps(manifest))
+    write_manifest(out, manifest)  # sealed again: the digest holds, only the version is old
     with pytest.raises(MxRepackError, match=r"order wgmma written by mxrepack 0\.1\.0"):
         load_weights(out)
+    report = verify_dir(out, source=False)  # one problem, not a source mismatch per tensor
+    assert not report["ok"] and len(report["problems"]) == 1 and "written by mxrepack 0.1.0" in report["problems"][0]
+    with pytest.raises(MxRepackError, match=r"refusing to push.*written by mxrepack 0\.1\.0"):
+        plan_push(out, "user/repo")

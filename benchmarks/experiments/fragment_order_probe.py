@@ -15,7 +15,9 @@ four bf16 pairs that lane's A fragment holds for step s (low nibble, high nibble
 kernel's join, reshape and permute back to [rows, 128] are a relabelling Triton lowers without moving data on
 sm_90a. It is wgmma's order (kWidth 2): compiled for sm_121a (mma.sync, kWidth 8) the packed decode receives other
 bytes than this order's words, so that build computes the wrong product; ``mma2_order_probe.py`` has the order for
-mma.sync and the packing check.
+mma.sync and the packing check. The shipped order (``strided`` ``order: wgmma``) is this byte order with each word's
+bits then placed for a rotate-and-mask decode (mxrepack 0.2.0, ``strided.WORD_ROTATIONS``); this probe keeps the
+byte-wise words and their prmt decode it was written with.
 
 Scales: per lane the 8 bytes (group j, row half c) it needs, index 2 j + c -- repeated for the 4 lanes of a quad
 (``scale_order``: 4x the scale bytes, which a layout cannot afford), or read from row-major scales as a layout would

@@ -79,10 +79,10 @@ def _load_output(path: Path) -> GptOssWeights:
     if dims:  # the logical sizes (a target may pad intermediate_size in its config)
         config["intermediate_size"] = dims["intermediate"]
     d = Dims.from_config(config)
-    stored = read_directory(path)
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
-    if recipe.expert_layout == "strided":
-        check_strided_written_by(layout.order, manifest.data.get("tool", {}).get("mxrepack"))
+    if recipe.expert_layout == "strided":  # before reading any tensor
+        check_strided_written_by(layout.order, manifest.written_by)
+    stored = read_directory(path)
     dense_layout = recipe.dense_layout
     dense, experts, mx = {}, {}, {}
     per_layer: dict[int, dict[str, list]] = {}

@@ -247,7 +247,8 @@ def _word_masks(pair: int) -> dict[int, int]:
 
 
 def _word_asm(multiplies: str) -> str:
-    lines = ["{", ".reg .b32 t, m, c;", "mov.b32 m, 0x80008000;", "mov.b32 c, 0x7e807e80;"]
+    lines = ["{", ".reg .b32 t, m, c;", "mov.b32 m, 0x80008000;"]
+    lines += ["mov.b32 c, 0x7e807e80;"] if ", c," in multiplies else []
     for i in range(4):
         out = f"${i}"
         for n, (r, mask) in enumerate(sorted(_word_masks(i).items(), key=lambda rm: rm[0] != 0)):
@@ -265,7 +266,13 @@ def _word_asm(multiplies: str) -> str:
 # unfolded: times E2M1's 2^126 (c), then the scale (bf16 2^(E-127)); folded: times the scale 2^(E-1) (E <= 128)
 WORD_ASM = tl.constexpr(_word_asm("fma.rn.bf16x2 {out}, {out}, c, m;\nfma.rn.bf16x2 {out}, {out}, {scale}, m;"))
 WORD_ASM_FOLDED = tl.constexpr(_word_asm("fma.rn.bf16x2 {out}, {out}, {scale}, m;"))
-# the portable twin's bits, as constants Triton can read (the layout's table, pair 3 apart: see _word_masks)
+# the portable twin's bits, as constants Triton can read (the layout's table, pair 3 apart: see _word_masks). The
+# twin is written for the table's shape: pairs 0-2 rotated whole, pair 3 in place but for one rotation, each half's
+# bits at 6, 7, 8 and 15 (the mask 0x81C081C0 and the byte extraction in _fragment_bytes)
+assert WORD_DECODED_BITS == (6, 7, 8, 15) and all(len(_word_masks(p)) == 1 for p in range(3))
+assert sorted(_word_masks(3)) == [0, max(WORD_ROTATIONS[3])] and 0 not in (
+    r for p in range(3) for r in WORD_ROTATIONS[p]
+)
 _ROT0, _ROT1, _ROT2 = (tl.constexpr(WORD_ROTATIONS[p][0]) for p in range(3))
 _ROT3 = tl.constexpr(max(WORD_ROTATIONS[3]))
 _MASK3_ROTATED = tl.constexpr(_word_masks(3)[max(WORD_ROTATIONS[3])])

@@ -159,8 +159,8 @@ def _permute_word_bits(words: np.ndarray, inverse: bool) -> None:
 def _permute_word_bits_torch(words: torch.Tensor, inverse: bool) -> torch.Tensor:
     """:func:`_permute_word_bits` on int32 words of any device (a GPU's gathers)."""
     table = torch.from_numpy(_WORD_BITS_16[inverse].view(np.int32)).to(words.device)
-    w = words.long() & 0xFFFFFFFF
-    return table[0][w & 0xFFFF] | table[1][w >> 16]
+    lo, hi = table[0][(words & 0xFFFF).long()], table[1][((words >> 16) & 0xFFFF).long()]  # one int64 index at a time
+    return lo.bitwise_or_(hi)
 
 
 def check_order(order) -> str:
@@ -197,7 +197,8 @@ def _wgmma_chunks(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) -> t
 
 
 def _wgmma_chunks_torch(x: torch.Tensor, inverse: bool) -> torch.Tensor:
-    """:func:`_wgmma_chunks` as one torch permutation of single bytes (GPUs; the CPU path's twin)."""
+    """:func:`_wgmma_chunks` as one torch permutation of single bytes and a table gather per 16 bits for the word bits
+    (GPUs; the CPU path's twin)."""
     if inverse:  # the word bits, then (g, t, s, c, kh) -> (c, g, s, kh, t)
         y = _permute_word_bits_torch(_aligned(x).view(-1).view(torch.int32), inverse=True).view(torch.uint8)
         return y.reshape(-1, 8, 4, 8, 2, 2).permute(0, 4, 1, 3, 5, 2).reshape(x.shape)
@@ -207,12 +208,14 @@ def _wgmma_chunks_torch(x: torch.Tensor, inverse: bool) -> torch.Tensor:
 
 def _wgmma_chunks_cpu(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) -> torch.Tensor:
     """:func:`_wgmma_chunks` on the CPU without single-byte copies (torch's permutation of bytes ran at 0.24 GB/s on
-    the 2-core dev VM, this at 1.3-2.7 GB/s, a plain copy's speed): in source order the chunk's 64-bit words are
-    ``(c, g, s)``, each 8 bytes ``(kh, t)``, and the order is two exchanges of address bits of a byte -- kh with t's
-    low bit inside each word, c with t's high bit between the chunk's halves (delta swaps,
-    :mod:`mxrepack.layouts.bitops`) -- and a gather of whole 32-bit words, ``(c, g, s, kh) -> (g, c, kh, s)``. Run a
-    block of chunks at a time (the block in L2 through every pass), blocks over the cores; ``out`` may be ``x``
-    (each block is read whole before it is written)."""
+    the 2-core dev VM; the byte order alone here 1.3-2.7 GB/s, a plain copy's speed, and with the word bits 1.1-1.2
+    GB/s forward, 0.5 inverse): in source order the chunk's 64-bit words are ``(c, g, s)``, each 8 bytes ``(kh, t)``,
+    and the order is two exchanges of address bits of a byte -- kh with t's low bit inside each word, c with t's high
+    bit between the chunk's halves (delta swaps, :mod:`mxrepack.layouts.bitops`) -- and a gather of whole 32-bit
+    words, ``(c, g, s, kh) -> (g, c, kh, s)``; each word's bits are placed between the swaps and the gather
+    (:func:`_permute_word_bits`; undone after the gather, inverse). Run a block of chunks at a time (the block in L2
+    through every pass), blocks over the cores; ``out`` may be ``x`` (each block is read whole before it is
+    written)."""
     src = x.contiguous().numpy().reshape(-1, CHUNK_BYTES)
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)

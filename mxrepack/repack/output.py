@@ -219,6 +219,11 @@ class Manifest:
         return self.data.get("format_version", 1)
 
     @property
+    def written_by(self) -> str | None:
+        """The mxrepack version that wrote the output (None where the manifest does not say)."""
+        return (self.data.get("tool") or {}).get("mxrepack")
+
+    @property
     def target_name(self) -> str:
         return self.data["target"]["name"]
 

@@ -33,6 +33,7 @@ from mxrepack.repack.output import (  # noqa: F401 (re-exported, below)
 from mxrepack.repack.plan import build_plan, expert_dims
 from mxrepack.repack.safetensors_io import read_header, read_rows, sha256_file
 from mxrepack.repack.source import Checkpoint, open_checkpoint
+from mxrepack.serve.spec import check_strided_written_by
 
 # The output folder's format (file names, manifest reading, digest) moved to mxrepack.repack.output; these names stay
 # importable from here for one release.
@@ -175,6 +176,19 @@ def compare_with_source(
     return len(groups), problems
 
 
+def _unreadable_layout(directory: Path, manifest: Manifest) -> str | None:
+    """Why this mxrepack cannot read the output's expert bytes (written by another version in a format it no longer
+    reads: ``serve.spec.check_strided_written_by``), or None."""
+    recipe = manifest.recipe
+    if recipe.expert_layout != "strided":
+        return None
+    try:
+        check_strided_written_by(make_layout("strided", recipe.expert_options).order, manifest.written_by)
+    except MxRepackError as e:
+        return f"{directory}: {e}"
+    return None
+
+
 def verify_dir(
     directory: str | Path,
     checksums: bool = True,
@@ -190,6 +204,8 @@ def verify_dir(
     manifest = load_manifest(directory)
     problem, warning = check_manifest_digest(directory, manifest)
     warnings = [warning] if warning else []
+    if not problem:  # strided bytes this mxrepack reads otherwise: one line, not a source mismatch per tensor
+        problem = _unreadable_layout(directory, Manifest(manifest))
     if problem:  # nothing else it says can be trusted
         return {
             "ok": False,

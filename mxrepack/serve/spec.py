@@ -330,12 +330,14 @@ def check_checkpoint(model_dir: str | Path, spec: ServeSpec | None = None) -> Se
     return spec
 
 
-def _release(version) -> tuple[int, ...]:
-    """``"0.2.0"`` -> (0, 2, 0); anything unreadable (None: a config without the key) -> (0,), older than any."""
-    try:
-        return tuple(int(x) for x in str(version).split(".")[:3])
-    except ValueError:
-        return (0,)
+def _release(version) -> tuple[int, int, int]:
+    """A version's release numbers, three of them: ``"0.2.0"``, ``"0.2"``, ``"0.2.0rc1"``, ``"0.2.0.dev1+g1"`` -> (0, 2,
+    0); anything without one (None: a config without the key) -> (0, 0, 0), older than any release."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+){0,2})", str(version or ""))
+    if m is None:
+        return (0, 0, 0)
+    parts = [int(x) for x in m.group(1).split(".")]
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def check_strided_written_by(order: str, version) -> None:
@@ -344,8 +346,9 @@ def check_strided_written_by(order: str, version) -> None:
     :data:`WGMMA_WORD_BITS_SINCE`."""
     if order == "wgmma" and _release(version) < _release(WGMMA_WORD_BITS_SINCE):
         raise MxRepackError(
-            f"strided experts in order wgmma written by mxrepack {version}: their 32-bit words hold the codes "
-            f"byte-wise, which the kernels since {WGMMA_WORD_BITS_SINCE} do not read; repack the source again"
+            f"strided experts in order wgmma written by mxrepack {version or '(version not recorded)'}: their 32-bit "
+            f"words hold the codes byte-wise, which the kernels since {WGMMA_WORD_BITS_SINCE} do not read; repack the "
+            "source again"
         )
 
 
