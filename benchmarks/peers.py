@@ -305,7 +305,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
-    orders = kind.startswith("wgmma") or kind in ("remainder", "shipped")  # both byte orders' layers
+    orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap")  # both byte orders' layers
     Wg = wgmma_layer(W) if orders else None
     for T in Ts:
         torch.manual_seed(T)
@@ -328,6 +328,13 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                         cands[cfg.name()] = cfg
                 if isinstance(cands[key], MoeConfig) and cands[key].remainder is not None:
                     cands[f"{key} without remainder"] = dataclasses.replace(cands[key], remainder=None)
+        if kind == "overlap":  # the wgmma order's shipped tile (and remainder) keeping one wgmma in flight
+            shipped = cands["shipped wgmma"]
+            rem = shipped.remainder
+            cfg = dataclasses.replace(
+                shipped, wait_mma=False, remainder=None if rem is None else dataclasses.replace(rem, wait_mma=False)
+            )
+            cands[f"wgmma {cfg.name()}"] = cfg
         if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
             for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):
                 warps = 4
@@ -605,13 +612,14 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide", "remainder", "shipped"),
+        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide", "remainder", "shipped", "overlap"),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
         "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold), or the tiles "
         "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps) beside the shipped one, "
         "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only), or "
-        "only each order's shipped choice (shipped, MoE only: an A/B of two commits on one machine)",
+        "only each order's shipped choice (shipped, MoE only: an A/B of two commits on one machine), or the wgmma "
+        "order's shipped tile beside its twin keeping a wgmma in flight (overlap, MoE only, Hopper)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
