@@ -173,7 +173,7 @@ def convert(
     from mxrepack.serve.spec import serve_hint
 
     s = result.summary()
-    s["serve"] = serve_hint(result.out, result.expert_layout, result.quantization_config)
+    s["serve"] = serve_hint(result.out, result.expert_layout, result.quantization_config, result.expert_options)
     for warning in s["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if s["quantization_error"] and not as_json:
@@ -238,7 +238,7 @@ def targets_cmd(as_json: bool = typer.Option(False, "--json", help="Print as JSO
 
     rows = []
     for r in list_recipes():
-        loads, kernel = serving(get_layout(r.expert_layout).name, r.quantization_config)
+        loads, kernel = serving(get_layout(r.expert_layout).name, r.quantization_config, r.expert_options)
         rows.append(
             {
                 "target": r.name,

@@ -259,7 +259,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     dense = target["recipe"]["dense"]
     mode = target["recipe"]["config"]["quantization_config"]
     layout = get_layout(experts).name
-    how, kernel = serving(layout, mode)
+    how, kernel = serving(layout, mode, target["recipe"]["experts"].get("options"))
     if mode == "mxrepack":
         load = (
             "Serve it with vLLM and mxrepack's vLLM plugin, which loads the stored bytes straight into the kernel's "

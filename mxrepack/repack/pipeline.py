@@ -56,6 +56,7 @@ class RepackResult:
     expert_layout: str  # the output's expert layout, and its config.json quantization_method kind: what the CLI
     quantization_config: str  # needs to say how to serve it (mxrepack.serve.spec.serve_hint; serve sits above repack)
     warnings: list[str] = dataclasses.field(default_factory=list)  # NaN/Inf written under --allow-nonfinite
+    expert_options: dict = dataclasses.field(default_factory=dict)  # the layout's options (strided's byte order)
 
     def summary(self) -> dict:
         return {
@@ -418,4 +419,5 @@ def repack(
         layout,
         recipe.quantization_config,
         guard.warnings(),
+        dict(recipe.expert_options),
     )
