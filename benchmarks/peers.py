@@ -305,7 +305,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
-    orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap")  # both byte orders' layers
+    orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap", "down-wide")  # both orders' layers
     Wg = wgmma_layer(W) if orders else None
     for T in Ts:
         torch.manual_seed(T)
@@ -335,6 +335,16 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 shipped, wait_mma=False, remainder=None if rem is None else dataclasses.replace(rem, wait_mma=False)
             )
             cands[f"wgmma {cfg.name()}"] = cfg
+        if kind == "down-wide":  # the wgmma order's shipped tiles with down tiles 2 and 4 times block_n (to 256 rows)
+            shipped = cands["shipped wgmma"]
+            rem = shipped.remainder
+            for m in (2, 4):
+                if m * shipped.block_n <= 256:
+                    cfg = dataclasses.replace(shipped, down_block_n=m * shipped.block_n)
+                    cands[f"wgmma {cfg.name()}"] = cfg
+                    if rem is not None and m * rem.block_n <= 256:
+                        cfg = dataclasses.replace(cfg, remainder=dataclasses.replace(rem, down_block_n=m * rem.block_n))
+                        cands[f"wgmma {cfg.name()}"] = cfg
         if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
             for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):
                 warps = 4
@@ -612,14 +622,27 @@ def main() -> None:
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
-        choices=("all", "swap", "swap-deep", "rows", "fold", "wgmma", "wgmma-wide", "remainder", "shipped", "overlap"),
+        choices=(
+            "all",
+            "swap",
+            "swap-deep",
+            "rows",
+            "fold",
+            "wgmma",
+            "wgmma-wide",
+            "remainder",
+            "shipped",
+            "overlap",
+            "down-wide",
+        ),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
         "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold), or the tiles "
         "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps) beside the shipped one, "
         "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only), or "
         "only each order's shipped choice (shipped, MoE only: an A/B of two commits on one machine), or the wgmma "
-        "order's shipped tile beside its twin keeping a wgmma in flight (overlap, MoE only, Hopper)",
+        "order's shipped tile beside its twin keeping a wgmma in flight (overlap, MoE only, Hopper) or with down tiles "
+        "2 and 4 times as wide (down-wide, MoE only, Hopper)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")

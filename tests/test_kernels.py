@@ -663,6 +663,8 @@ def test_moe_wgmma_order_matches_reference():
             None,  # the shipped tile at these T (decode sizes included)
             MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"),
             MoeConfig(32, 128, 128, swap_ab=True, order="wgmma", wait_mma=False),
+            # a down tile wider than block_n that does not divide Hp (384): its last tile's rows past Hp not stored
+            MoeConfig(16, 64, 128, swap_ab=True, order="wgmma", down_block_n=256),
         ):
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, out=out, order="wgmma")
@@ -690,6 +692,9 @@ def test_moe_wgmma_order_matches_reference():
         MoeConfig(16, 32, 128, swap_ab=True, order="wgmma")
     with pytest.raises(ValueError, match="wgmma order's tiles only"):
         MoeConfig(16, 64, 128, swap_ab=True, wait_mma=False)
+    for order, down in (("rows", 128), ("wgmma", 96)):
+        with pytest.raises(ValueError, match="down_block_n is a tile of the wgmma order's down kernel"):
+            MoeConfig(16, 64, 128, swap_ab=True, order=order, down_block_n=down)
 
 
 @pytest.mark.skipif(
@@ -712,6 +717,9 @@ def test_moe_wgmma_order_on_hopper():
         configs = [None, *MOE_CONFIGS_WGMMA.values()]
         for bm, wait, fold in itertools.product((16, 64), (True, False), (True, False)):
             configs.append(MoeConfig(bm, 64, 128, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait))
+        # down tiles wider than block_n (2944 = 11.5 x 256: the last one partial)
+        configs.append(MoeConfig(128, 128, 128, 8, swap_ab=True, fold_scale=True, order="wgmma", down_block_n=256))
+        configs.append(MoeConfig(64, 64, 128, swap_ab=True, order="wgmma", down_block_n=128))
         for cfg in configs:
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma")
             assert rel(y.cpu(), ref) <= 1e-2, (T, cfg, rel(y.cpu(), ref))

@@ -188,7 +188,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
     }
     return {
         "moe_gate_up_swiglu": ASTSource(moe._gate_up_kernel, gate_up, dict(common)),
-        "moe_down_combine": ASTSource(moe._down_kernel, down, dict(common)),
+        "moe_down_combine": ASTSource(moe._down_kernel, down, common | {"BLOCK_N": cfg.down_n}),
     }
 
 

@@ -95,6 +95,11 @@ class MoeConfig:
     # the wgmma order on Hopper: wait for each K tile's wgmma before the next decode (dequant_mxfp4.mma_done), as the
     # rows order's swapped tiles always do; False keeps one in flight while the next tile is decoded
     wait_mma: bool = True
+    # The wgmma order: rows of H per down tile (0: ``block_n``). Gate_up's operand is 2 x block_n rows (gate and up);
+    # down's is block_n, so on 8 warps each warpgroup gets half the MMA work a K step of gate_up's, for the same
+    # decode and activation tile overheads. A down tile wider than block_n need not divide the padded hidden width
+    # (2944 = 23 x 128): the last tile's rows past it repeat the last 16 rows' loads and are not stored.
+    down_block_n: int = 0
     # A smaller tile for the blocks of at most ``remainder.block_m`` rows (an expert's last, partial block): launched
     # beside this one on the same schedule, so that a few rows past a multiple of ``block_m`` do not pay a whole
     # ``block_m``-row tile (its MMA and, per row, its decode). Same order and operand form as this tile.
@@ -122,6 +127,11 @@ class MoeConfig:
                 f"the wgmma order is read by the swapped tiles on wgmma's 64-row operands: swap_ab and block_n % 64 "
                 f"== 0, got swap_ab={self.swap_ab}, block_n={self.block_n}"
             )
+        if self.down_block_n and (self.order != "wgmma" or self.down_block_n % 64):
+            raise ValueError(
+                f"down_block_n is a tile of the wgmma order's down kernel, whole 64-row wgmma operands: got "
+                f"{self.down_block_n} for order {self.order}"
+            )
         if not self.wait_mma and self.order != "wgmma":
             raise ValueError(
                 "wait_mma=False is a variant of the wgmma order's tiles only (the rows order always waits)"
@@ -142,6 +152,7 @@ class MoeConfig:
             + ("f" if self.fold_scale else "")
             + ("-wgmma" if self.order == "wgmma" else "")
             + ("-overlap" if self.order == "wgmma" and not self.wait_mma else "")
+            + (f"-down{self.down_block_n}" if self.down_block_n else "")
             + (f"+r{self.remainder.name()}" if self.remainder is not None else "")
         )
 
@@ -149,6 +160,11 @@ class MoeConfig:
     def math(self) -> str:
         """The decode on CUDA: ``dequant_mxfp4.dequant_pairs``' MATH (the interpreter and CPU take "ops")."""
         return "asm-fold" if self.fold_scale else "asm"
+
+    @property
+    def down_n(self) -> int:
+        """Rows of H per down tile."""
+        return self.down_block_n or self.block_n
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
@@ -756,7 +772,7 @@ def _down_kernel(
         return
     pos = start + tl.arange(0, BLOCK_M)
     row_ok = pos < end
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp (Hp % BLOCK_N == 0)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp, but for a wider wgmma-order tile's last (down_block_n)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
     if SWAP_AB:  # W @ h.T into [BLOCK_N, BLOCK_M]; the intermediate as the gate_up kernel wrote it (split order, or
@@ -765,9 +781,9 @@ def _down_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if ORDER == "wgmma":
-        w_off, s_off = wgmma_chunks(
-            pid_n * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), stride_wn, stride_wsn, _DOWN_ROWS
-        )
+        # rows past Hp (the last tile of a down_block_n that does not divide it) load the last 16 rows again
+        blocks = tl.minimum(pid_n * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), Hp - 16)
+        w_off, s_off = wgmma_chunks(blocks, stride_wn, stride_wsn, _DOWN_ROWS)
         for kt in range(0, Ip // 128):
             rk = kt * 128 + tl.arange(0, 128)
             a = tl.load(h_ptr + pos[:, None] * stride_h + rk[None, :], mask=row_ok[:, None], other=0.0)
@@ -798,7 +814,7 @@ def _down_kernel(
                 )
     if SWAP_AB:
         acc = tl.trans(acc)
-    acc += tl.load(b_ptr + e * Hp + rn)[None, :]
+    acc += tl.load(b_ptr + e * Hp + rn, mask=rn < Hp, other=0.0)[None, :]
     assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
     acc *= tl.load(wts_ptr + assignment, mask=row_ok, other=0.0)[:, None]
     tl.store(
@@ -1163,7 +1179,12 @@ def moe_mxfp4(
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
-    tiles = [(cfg.gate_up.block_n, cfg.down.block_n)] if gemv else [(t.block_n,) * 2 for t in (cfg, cfg.remainder) if t]
+    # row tiles that must divide the padded widths (a wider down tile of the wgmma order may end past Hp)
+    tiles = (
+        [(cfg.gate_up.block_n, cfg.down.block_n)]
+        if gemv
+        else [(t.block_n, DOWN_TILE_ROWS if t.down_block_n else t.block_n) for t in (cfg, cfg.remainder) if t]
+    )
     for ip_tile, hp_tile in tiles:
         if Ip % ip_tile or Hp % hp_tile:
             raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
@@ -1286,7 +1307,7 @@ def _moe_scheduled(
     wts = topk_weights.to(torch.float32).contiguous().view(-1)
     for tile, rows_lo, rows_hi in parts:
         built.append(
-            _down_kernel[(nb, Hp // tile.block_n)](
+            _down_kernel[(nb, triton.cdiv(Hp, tile.down_n))](
                 ha,
                 ha_s if ha_s is not None else s2,
                 w2,
@@ -1308,7 +1329,7 @@ def _moe_scheduled(
                 s2.stride(0),
                 s2.stride(1),
                 y.stride(0),
-                **launch(tile, rows_lo, rows_hi),
+                **(launch(tile, rows_lo, rows_hi) | {"BLOCK_N": tile.down_n}),
             )
         )
     if wgmma and ptx:  # what a build's decode receives is Triton's choice
