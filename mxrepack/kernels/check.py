@@ -402,8 +402,9 @@ def shipped_kernels():
     for mode in lin.MODES:
         for name, cfg in _with_folded(lin.CONFIGS, lin.MODES[mode] == "bf16").items():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
-    # A MoE tile's kernels do not depend on its remainder tile (a table entry of its own, built as such): each tile
-    # is built once, under the first table entry that runs it. The wgmma order's tiles: sm_90a only (run_check).
+    # A MoE tile's kernels do not depend on its remainder tile: each tile (a table entry's, or its remainder, which
+    # may differ from every entry: a wider down tile) is built once, under the first table entry that runs it. The
+    # wgmma order's tiles: sm_90a only (run_check).
     built = set()
     for act, mode, configs, label in (
         ("bf16", "w4a16", moe.MOE_CONFIGS, ""),
@@ -412,11 +413,14 @@ def shipped_kernels():
         ("bf16", "w4a16", moe.MOE_CONFIGS_WGMMA, "wgmma "),
     ):
         for name, cfg in _with_folded(configs, act == "bf16").items():
-            if (act, tile := dataclasses.replace(cfg, remainder=None)) in built:
-                continue
-            built.add((act, tile))
-            for kernel, src in _moe_sources(act, cfg).items():
-                yield kernel, f"{label}{name}:{cfg.name()}", mode, src, cfg.num_warps, cfg.num_stages
+            for role, tile in (("", dataclasses.replace(cfg, remainder=None)), (" remainder", cfg.remainder)):
+                for kernel, src in _moe_sources(act, tile).items() if tile is not None else ():
+                    # gate_up does not read down_block_n: one build per tile without it
+                    key = (act, kernel, dataclasses.replace(tile, down_block_n=0) if "gate_up" in kernel else tile)
+                    if key in built:
+                        continue
+                    built.add(key)
+                    yield kernel, f"{label}{name}{role}:{tile.name()}", mode, src, tile.num_warps, tile.num_stages
     narrow_rows = tuple((f"narrow {m} rows", cfg) for m, cfg in gemv.NARROW_ROWS.items())
     prepare_built = set()  # the activation-preparing kernel differs by PDL only: built once per PDL
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW), *narrow_rows):

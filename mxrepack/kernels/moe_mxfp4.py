@@ -236,16 +236,20 @@ MOE_TILES_SCALED = (
 # against 0.952, T = 1024 1.198 against 1.352 (16 rows: 1.367), T = 4096 3.175 against 3.541 (16 rows: 3.197, 64
 # rows: 3.351); T = 2048 (64 rows per expert) 128 x 128 + 64 x 64 1.919 against 2.070 for 64 x 64 + 16 and 2.228 for
 # 64 x 64 alone (f3d8a12, docs/bench/moe_sweep_remainder_h100_2026-11-26_f3d8a12.json).
+# Past 48 rows per expert the down tiles are twice block_n wide (``down_block_n``: 256 rows on the 8-warp tile, whose
+# warpgroups then take 128 rows each as in gate_up, 128 on its remainder): T = 4096 2.739 ms against 2.960, T = 2048
+# 1.698 against 1.735 (H100, same run, ``--sweep-kind down-wide``, 077546d,
+# docs/bench/moe_sweep_down_wide_h100_2026-11-26_077546d.json); at T = 64-1024 no gain past 1%.
 _SMALL_16_WGMMA = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 _SMALL_32_WGMMA = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 _MID_WGMMA = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
-_WIDE_WGMMA = MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma")
+_WIDE_WGMMA = MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma", down_block_n=256)
 MOE_TILES_WGMMA = (
     (8, _SMALL_16_WGMMA),
     (16, dataclasses.replace(_SMALL_32_WGMMA, remainder=_SMALL_16_WGMMA)),
     (48, dataclasses.replace(_MID_WGMMA, remainder=_SMALL_32_WGMMA)),
-    (64, dataclasses.replace(_WIDE_WGMMA, remainder=_MID_WGMMA)),
-    (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=_SMALL_32_WGMMA)),
+    (64, dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_MID_WGMMA, down_block_n=128))),
+    (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128))),
 )
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 MOE_CONFIGS_WGMMA = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_WGMMA}
