@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/, for moe_profile
 from common import DEV, capture_graph, moe_decode_inputs, moe_weights, replay_ms  # noqa: E402
-from moe_profile import profile_graph  # noqa: E402
+from moe_profile import REPLAYS, profile_graph  # noqa: E402
 
 from mxrepack.kernels.dequant_mxfp4 import fits_fold  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
@@ -52,9 +52,10 @@ def main() -> None:
             print(f"T={T} {order} {cfg.name()}: {ms * 1e3:.1f} us per call", flush=True)
             for k in kernels:
                 flops = flops_gu if "gate_up" in k["kernel"] else flops_down if "down" in k["kernel"] else 0
-                k["tflops"] = flops / k["us_mean"] / 1e6 if flops else None
+                launches = k["calls"] // REPLAYS  # a tile with a remainder tile launches each kernel twice a call
+                k["tflops"] = flops / (k["us_mean"] * launches) / 1e6 if flops else None
                 print(
-                    f"   {k['kernel'][:50]:50s} {k['us_mean']:8.1f} us x{k['calls'] // 20}"
+                    f"   {k['kernel'][:50]:50s} {k['us_mean']:8.1f} us x{k['calls'] // REPLAYS}"
                     + (f"  {k['tflops']:.0f} TFLOP/s" if flops else ""),
                     flush=True,
                 )
