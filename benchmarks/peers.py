@@ -335,15 +335,20 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 shipped, wait_mma=False, remainder=None if rem is None else dataclasses.replace(rem, wait_mma=False)
             )
             cands[f"wgmma {cfg.name()}"] = cfg
-        if kind == "down-wide":  # the wgmma order's shipped tiles with down tiles 2 and 4 times block_n (to 256 rows)
+        if kind == "down-wide":  # the wgmma order's shipped tile (and remainder) with down tiles 1, 2 and 4 times
+            # block_n (to 256 rows), whatever width it ships with
             shipped = cands["shipped wgmma"]
             rem = shipped.remainder
-            for m in (2, 4):
+            for m in (1, 2, 4):
                 if m * shipped.block_n <= 256:
-                    cfg = dataclasses.replace(shipped, down_block_n=m * shipped.block_n)
-                    cands[f"wgmma {cfg.name()}"] = cfg
-                    if rem is not None and m * rem.block_n <= 256:
-                        cfg = dataclasses.replace(cfg, remainder=dataclasses.replace(rem, down_block_n=m * rem.block_n))
+                    wide = dataclasses.replace(shipped, down_block_n=m * shipped.block_n if m > 1 else 0)
+                    for rm in (1, m) if rem is not None else (None,):
+                        r = (
+                            None
+                            if rm is None
+                            else dataclasses.replace(rem, down_block_n=rm * rem.block_n if rm > 1 else 0)
+                        )
+                        cfg = dataclasses.replace(wide, remainder=r)
                         cands[f"wgmma {cfg.name()}"] = cfg
         if kind == "wgmma":  # the wgmma order's tiles: shapes, stages, waiting for each wgmma or overlapping it
             for bm, bn, st, wait in itertools.product(ms_, (64, 128), (3, 4), (True, False)):

@@ -622,10 +622,16 @@ def test_moe_remainder_tile_matches_reference():
     ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
     assert rel(moe_mxfp4(x, ids, wts, strided, "bf16", cfg, order=order), ref) <= 1e-2
     assert cfg.name().endswith("+rm16n64k128w4st3s-wgmma")
-    # the shipped remainder tiles are tiles of their own table (so the kernels check builds them), folded with the main
+    # the shipped remainder tiles are tiles of their own table but for a wider down tile (down_block_n), folded with
+    # the main; the kernels check builds each of them
+    from mxrepack.kernels.check import shipped_kernels
+
+    built = {name.split(":", 1)[1] for kernel, name, *_ in shipped_kernels() if kernel == "moe_down_combine"}
     for table in (MOE_TILES, MOE_TILES_WGMMA):
-        tiles = [dataclasses.replace(c, remainder=None) for _, c in table]
-        assert all(c.remainder in tiles for _, c in table if c.remainder is not None)
+        tiles = [dataclasses.replace(c, remainder=None, down_block_n=0) for _, c in table]
+        remainders = [c.remainder for _, c in table if c.remainder is not None]
+        assert all(dataclasses.replace(r, down_block_n=0) in tiles for r in remainders)
+        assert all(r.name() in built and with_fold(r, True, True).name() in built for r in remainders)
     folded = pick_moe_config(1024, 4, 128, fold_scale=True, order="wgmma")
     assert folded.remainder.block_m == 32 and folded.fold_scale and folded.remainder.fold_scale
     with pytest.raises(ValueError, match="must be a smaller tile"):
@@ -663,8 +669,18 @@ def test_moe_wgmma_order_matches_reference():
             None,  # the shipped tile at these T (decode sizes included)
             MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"),
             MoeConfig(32, 128, 128, swap_ab=True, order="wgmma", wait_mma=False),
-            # a down tile wider than block_n that does not divide Hp (384): its last tile's rows past Hp not stored
+            # a down tile wider than block_n that does not divide Hp (384): its last tile's rows past Hp not stored;
+            # and on a remainder tile
             MoeConfig(16, 64, 128, swap_ab=True, order="wgmma", down_block_n=256),
+            MoeConfig(
+                32,
+                64,
+                128,
+                swap_ab=True,
+                order="wgmma",
+                down_block_n=128,
+                remainder=MoeConfig(16, 64, 128, swap_ab=True, order="wgmma", down_block_n=256),
+            ),
         ):
             out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, out=out, order="wgmma")
@@ -692,8 +708,8 @@ def test_moe_wgmma_order_matches_reference():
         MoeConfig(16, 32, 128, swap_ab=True, order="wgmma")
     with pytest.raises(ValueError, match="wgmma order's tiles only"):
         MoeConfig(16, 64, 128, swap_ab=True, wait_mma=False)
-    for order, down in (("rows", 128), ("wgmma", 96)):
-        with pytest.raises(ValueError, match="down_block_n is a tile of the wgmma order's down kernel"):
+    for order, down in (("rows", 128), ("wgmma", 96), ("wgmma", 192), ("wgmma", 32)):
+        with pytest.raises(ValueError, match="down_block_n is a wider tile of the wgmma order's down kernel"):
             MoeConfig(16, 64, 128, swap_ab=True, order=order, down_block_n=down)
 
 

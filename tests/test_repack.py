@@ -72,6 +72,7 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
             "marlin": {"hidden": [288, 512], "intermediate": [160, 256]},
             "trtllm": {"hidden": [288, 512], "intermediate": [160, 256]},
             "flashinfer-cutlass": {"hidden": [288, 384], "intermediate": [160, 256]},
+            "strided": {"hidden": [288, 384], "intermediate": [160, 256]},
         }
         if layout in padding:
             assert entry["padding"] == padding[layout]
@@ -81,6 +82,7 @@ def test_repack_writes_sharded_verified_output(tiny, tmp_path, target):
                 "marlin": [4, 32, 1024],
                 "trtllm": [4, 512, 256],
                 "flashinfer-cutlass": [4, 512, 192],
+                "strided": [4, 512, 192],
                 "triton-hopper": [4, 80, 640],
             }[layout]
         )

@@ -127,10 +127,11 @@ class MoeConfig:
                 f"the wgmma order is read by the swapped tiles on wgmma's 64-row operands: swap_ab and block_n % 64 "
                 f"== 0, got swap_ab={self.swap_ab}, block_n={self.block_n}"
             )
-        if self.down_block_n and (self.order != "wgmma" or self.down_block_n % 64):
+        d = self.down_block_n
+        if d and (self.order != "wgmma" or d < max(64, self.block_n) or d & (d - 1)):
             raise ValueError(
-                f"down_block_n is a tile of the wgmma order's down kernel, whole 64-row wgmma operands: got "
-                f"{self.down_block_n} for order {self.order}"
+                f"down_block_n is a wider tile of the wgmma order's down kernel: a power of 2, at least block_n and "
+                f"64 (whole wgmma operands), got {d} for order {self.order} and block_n {self.block_n}"
             )
         if not self.wait_mma and self.order != "wgmma":
             raise ValueError(
@@ -818,7 +819,10 @@ def _down_kernel(
                 )
     if SWAP_AB:
         acc = tl.trans(acc)
-    acc += tl.load(b_ptr + e * Hp + rn, mask=rn < Hp, other=0.0)[None, :]
+    if ORDER == "wgmma":  # a wider down tile's last may pass Hp (down_block_n)
+        acc += tl.load(b_ptr + e * Hp + rn, mask=rn < Hp, other=0.0)[None, :]
+    else:
+        acc += tl.load(b_ptr + e * Hp + rn)[None, :]
     assignment = tl.load(order_ptr + pos, mask=row_ok, other=0)  # t * k + slot
     acc *= tl.load(wts_ptr + assignment, mask=row_ok, other=0.0)[:, None]
     tl.store(
