@@ -305,7 +305,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
-    orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap", "down-wide")  # both orders' layers
+    orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap", "down-wide", "stages")
     Wg = wgmma_layer(W) if orders else None
     for T in Ts:
         torch.manual_seed(T)
@@ -335,6 +335,12 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 shipped, wait_mma=False, remainder=None if rem is None else dataclasses.replace(rem, wait_mma=False)
             )
             cands[f"wgmma {cfg.name()}"] = cfg
+        if kind == "stages":  # the wgmma order's shipped tile on 2 to 4 pipeline stages (its remainder as shipped)
+            shipped = cands["shipped wgmma"]
+            for st in (2, 3, 4):
+                if st != shipped.num_stages:
+                    cfg = dataclasses.replace(shipped, num_stages=st)
+                    cands[f"wgmma {cfg.name()}"] = cfg
         if kind == "down-wide":  # the wgmma order's shipped tile (and remainder) with down tiles 1, 2 and 4 times
             # block_n (to 256 rows), whatever width it ships with
             shipped = cands["shipped wgmma"]
@@ -639,6 +645,7 @@ def main() -> None:
             "shipped",
             "overlap",
             "down-wide",
+            "stages",
         ),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
@@ -647,7 +654,7 @@ def main() -> None:
         "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only), or "
         "only each order's shipped choice (shipped, MoE only: an A/B of two commits on one machine), or the wgmma "
         "order's shipped tile beside its twin keeping a wgmma in flight (overlap, MoE only, Hopper) or with down tiles "
-        "2 and 4 times as wide (down-wide, MoE only, Hopper)",
+        "2 and 4 times as wide (down-wide, MoE only, Hopper), or on 2-4 pipeline stages (stages, MoE only, Hopper)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
