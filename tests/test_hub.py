@@ -253,3 +253,5 @@ def test_card_says_what_loads_each_kind_of_target(output, no_network):
     assert "from_pretrained" not in card  # transformers does not load per-expert Linear experts
     meta, card = _card_for(output, "sm90")
     assert meta["library_name"] == "vllm" and 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm90' in card
+    meta, card = _card_for(output, "sm90-strided")  # mxrepack's own kernels, in an order for sm90 only
+    assert meta["library_name"] == "vllm" and "wgmma order [sm90 (H100/H200) only]" in card
