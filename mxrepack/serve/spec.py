@@ -75,7 +75,7 @@ RUN_HERE = {
     "sm90": f"{_H100}: plugin, triton_kernels; logprobs bit-identical to stock vLLM's triton_kernels on the source",
     "sm90-strided": (
         "H100, vLLM 0.26.0, 2026-11-26: plugin, mxrepack's Triton MoE kernels (wgmma order); loads and generates, "
-        "logprobs within 0.031 of the same weights in the rows order (as the strided-wgmma case of docs/SERVING.md)"
+        "logprobs within 0.031 of the same weights in the rows order (the plugin check's strided-wgmma case)"
     ),
     "sm100": f"{_H100}: experts byte-equal to vLLM's own TRT-LLM conversion; the kernel needs sm100 (not run)",
     "sm120": "same layouts as sm121",
