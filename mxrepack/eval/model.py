@@ -33,7 +33,7 @@ from mxrepack.gptoss import EXPERT_PARTS, Dims
 from mxrepack.layouts import ExpertDims, dense_weights, make_layout
 from mxrepack.repack.output import is_output, read_config, read_manifest
 from mxrepack.repack.safetensors_io import read_directory
-from mxrepack.serve.spec import check_strided_written_by
+from mxrepack.serve.spec import check_experts_written_by
 
 SWIGLU_ALPHA = 1.702
 
@@ -79,9 +79,8 @@ def _load_output(path: Path) -> GptOssWeights:
     if dims:  # the logical sizes (a target may pad intermediate_size in its config)
         config["intermediate_size"] = dims["intermediate"]
     d = Dims.from_config(config)
+    check_experts_written_by(recipe.expert_layout, recipe.expert_options, manifest.written_by)  # before any read
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
-    if recipe.expert_layout == "strided":  # before reading any tensor
-        check_strided_written_by(layout.order, manifest.written_by)
     stored = read_directory(path)
     dense_layout = recipe.dense_layout
     dense, experts, mx = {}, {}, {}

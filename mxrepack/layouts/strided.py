@@ -228,19 +228,17 @@ def _wgmma_chunks_cpu(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) 
         w, t = (s[: b - a] for s in scratch)
         words = w.view(np.uint32).reshape(-1, 2, 8, 8, 2)  # (c, g, s, kh) in source order
         gathered = words.transpose(0, 2, 1, 4, 3)  # (g, c, kh, s)
-        if inverse:
+        if inverse:  # whole words in source order, their bits put back
             gathered[...] = src[a:b].view(np.uint32).reshape(-1, 8, 2, 2, 8)
+            _permute_word_bits(w.view(np.uint32).reshape(-1), inverse=True)
         else:
             np.copyto(w, src[a:b].view(np.uint64))
-        if inverse:  # whole words in source order: their bits back first
-            _permute_word_bits(w.view(np.uint32).reshape(-1), inverse=True)
         delta_swap(w, t, 24, 0x00000000FF00FF00)  # bytes (kh, t) = (0, 1|3) <-> (1, 0|2)
         delta_swap_pair(w[:, :64], w[:, 64:], t[:, :64], 16, 0x0000FFFF0000FFFF)  # c = 1, t < 2 <-> c = 0, t >= 2
-        if not inverse:  # each 32-bit word now holds its 4 bytes: their bits (the gather moves whole words)
-            _permute_word_bits(w.view(np.uint32).reshape(-1), inverse=False)
         if inverse:
             np.copyto(dst[a:b].view(np.uint64), w)
-        else:
+        else:  # each 32-bit word now holds its 4 bytes: their bits placed, then the gather of whole words
+            _permute_word_bits(w.view(np.uint32).reshape(-1), inverse=False)
             dst[a:b].view(np.uint32).reshape(-1, 8, 2, 2, 8)[...] = gathered
 
     def scratch() -> tuple[np.ndarray, np.ndarray]:

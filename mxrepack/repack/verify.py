@@ -33,7 +33,7 @@ from mxrepack.repack.output import (  # noqa: F401 (re-exported, below)
 from mxrepack.repack.plan import build_plan, expert_dims
 from mxrepack.repack.safetensors_io import read_header, read_rows, sha256_file
 from mxrepack.repack.source import Checkpoint, open_checkpoint
-from mxrepack.serve.spec import check_strided_written_by
+from mxrepack.serve.spec import check_experts_written_by
 
 # The output folder's format (file names, manifest reading, digest) moved to mxrepack.repack.output; these names stay
 # importable from here for one release.
@@ -178,12 +178,10 @@ def compare_with_source(
 
 def _unreadable_layout(directory: Path, manifest: Manifest) -> str | None:
     """Why this mxrepack cannot read the output's expert bytes (written by another version in a format it no longer
-    reads: ``serve.spec.check_strided_written_by``), or None."""
+    reads: ``serve.spec.check_experts_written_by``), or None."""
     recipe = manifest.recipe
-    if recipe.expert_layout != "strided":
-        return None
     try:
-        check_strided_written_by(make_layout("strided", recipe.expert_options).order, manifest.written_by)
+        check_experts_written_by(recipe.expert_layout, recipe.expert_options, manifest.written_by)
     except MxRepackError as e:
         return f"{directory}: {e}"
     return None

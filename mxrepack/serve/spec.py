@@ -155,8 +155,7 @@ class ServeSpec:
                 f"quantization_config.groups.experts.options.order is {order!r}: this mxrepack serves the strided "
                 f"orders {', '.join(STRIDED_ORDERS)} (written by a newer mxrepack?)"
             )
-        if layout == "strided":
-            check_strided_written_by(order, qc.get("mxrepack_version"))
+        check_experts_written_by(layout, options, qc.get("mxrepack_version"))
         missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(
             stored
         )
@@ -344,11 +343,12 @@ def _release(version) -> tuple[int, int, int]:
     return tuple(parts + [0] * (3 - len(parts)))
 
 
-def check_strided_written_by(order: str, version) -> None:
-    """One line when ``strided`` experts in byte ``order`` were written by an mxrepack (``version``, as the output's
-    config or manifest records it) whose bytes this one decodes differently: order wgmma before
-    :data:`WGMMA_WORD_BITS_SINCE`."""
-    if order == "wgmma" and _release(version) < _release(WGMMA_WORD_BITS_SINCE):
+def check_experts_written_by(layout: str, options: dict | None, version) -> None:
+    """One line when experts in ``layout`` with ``options`` (as a recipe or config records them) were written by an
+    mxrepack (``version``, as the output's config or manifest records it) whose bytes this one decodes differently:
+    ``strided`` in order wgmma before :data:`WGMMA_WORD_BITS_SINCE`."""
+    wgmma = layout == "strided" and (options or {}).get("order") == "wgmma"
+    if wgmma and _release(version) < _release(WGMMA_WORD_BITS_SINCE):
         raise MxRepackError(
             f"strided experts in order wgmma written by mxrepack {version or '(version not recorded)'}: their 32-bit "
             f"words hold the codes byte-wise, which the kernels since {WGMMA_WORD_BITS_SINCE} do not read; repack the "
