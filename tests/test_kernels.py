@@ -496,10 +496,19 @@ def _schedule_reference(topk_ids, experts, block_m):
 
 @pytest.mark.parametrize(
     "tokens,k,experts,block_m",
-    [(0, 4, 128, 16), (1, 4, 128, 16), (3, 4, 7, 16), (64, 4, 128, 16), (300, 4, 32, 64), (1100, 4, 128, 64)],
+    [
+        (0, 4, 128, 16),
+        (1, 4, 128, 16),
+        (3, 4, 7, 16),
+        (64, 4, 128, 16),
+        (300, 4, 32, 64),
+        (1100, 4, 128, 64),
+        (2100, 4, 128, 128),
+    ],
 )
 def test_moe_schedule_is_a_stable_sort_by_expert(tokens, k, experts, block_m):
-    # 1100 x 4 assignments take several chunks of the count and placement kernels (SCHEDULE_CHUNKS)
+    # 1100 x 4 assignments take several chunks of the count and placement kernels (SCHEDULE_CHUNKS), 2100 x 4 all
+    # of them, two pieces each
     g = torch.Generator().manual_seed(tokens)
     ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]) if tokens else None
     ids = (ids if ids is not None else torch.zeros(0, k, dtype=torch.int64)).to(torch.int32)

@@ -34,9 +34,11 @@ from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe_gemv_config  # noqa: 
 REPLAYS = 20
 
 
-def profile_graph(fn) -> tuple[float, list[dict], list[float]]:
+def profile_graph(fn, per_launch: bool = False) -> tuple[float, list[dict], list[float]]:
     """(ms per replay of ``fn`` in a CUDA graph, per-kernel calls and mean duration in us, the gaps in us
-    between one kernel's end and the next one's start; negative where they overlap)."""
+    between one kernel's end and the next one's start; negative where they overlap). ``per_launch``: a kernel
+    launched n times a replay is reported as n entries, ``name #i`` for its i-th launch in the replay (a tile and
+    its remainder tile, apart)."""
     g = capture_graph(fn)
     ms = replay_ms(g, REPLAYS)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -44,13 +46,20 @@ def profile_graph(fn) -> tuple[float, list[dict], list[float]]:
             g.replay()
         torch.cuda.synchronize()
     events = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    names = [e.name for e in events]
+    if per_launch:
+        launches = collections.Counter(names)
+        seen = collections.Counter()
+        for i, n in enumerate(names):
+            names[i] = f"{n[:50]} #{seen[n] % max(launches[n] // REPLAYS, 1)}"
+            seen[n] += 1
     per = collections.defaultdict(list)
-    for e in events:
-        per[e.name].append(e.time_range.end - e.time_range.start)
+    for n, e in zip(names, events):
+        per[n].append(e.time_range.end - e.time_range.start)
     gaps = [b.time_range.start - a.time_range.end for a, b in zip(events, events[1:])]
     starts = collections.defaultdict(list)  # each kernel's start after the end of the one before it
-    for b, gap in zip(events[1:], gaps):
-        starts[b.name].append(gap)
+    for n, gap in zip(names[1:], gaps):
+        starts[n].append(gap)
     kernels = [
         {
             "kernel": name[:60],

@@ -3,7 +3,8 @@ replays of the shipped choice (120b shapes, folded scales, the rows order and, o
 two matmul kernels' achieved TFLOP/s (routed rows only, unpadded) and the same products as one cuBLAS BF16 matmul
 each (``T k x 2944 @ 2944 x 5888`` and ``x 2944``: what the tensor cores give these shapes without routing or
 decode). The question it answers: how much of the gap to triton_kernels at T = 1024-4096 is the matmuls and how much
-the schedule, the gather and the combine.
+the schedule, the gather and the combine. Each launch is reported apart (a tile and its remainder tile: ``#0``, ``#1``);
+where vLLM imports (the kit), triton_kernels' ``matmul_ogs`` pair as ``benchmarks/peers.py`` times it is profiled too.
 Usage: python benchmarks/experiments/moe_tile_profile.py [OUT.json] [T,T,...]"""
 
 import json
@@ -15,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/, for moe_profile
 from common import DEV, capture_graph, moe_decode_inputs, moe_weights, replay_ms  # noqa: E402
-from moe_profile import REPLAYS, profile_graph  # noqa: E402
+from moe_profile import profile_graph  # noqa: E402
 
 from mxrepack.kernels.dequant_mxfp4 import fits_fold  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
@@ -35,6 +36,14 @@ def main() -> None:
     orders = {"rows": W}
     if torch.cuda.get_device_capability()[0] == 9:
         orders["wgmma"] = strided.from_row_major(strided.to_row_major(W), order="wgmma")
+    try:  # the peer, on the same layer (its biases bf16-representable, as peers.py gives every implementation)
+        from peers import triton_kernels_moe
+
+        Wp = dict(W) | {n: W[n].bfloat16().float() for n in ("w13_bias", "w2_bias")}
+        peer = triton_kernels_moe(Wp)[0]
+    except Exception as e:  # noqa: BLE001 - no vLLM here: ours only
+        print(f"triton_kernels not profiled: {type(e).__name__}: {e}"[:300], flush=True)
+        peer = None
     for T in Ts:
         torch.manual_seed(T)
         x, ids, wts = moe_decode_inputs(T, 128, K_TOP, H)
@@ -46,20 +55,24 @@ def main() -> None:
             ms = replay_ms(capture_graph(fn, 10), 10) / 10
             print(f"T={T} cuBLAS BF16 {what}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
             rows.append({"T": T, "what": f"cublas {what}", "us": ms * 1e3, "tflops": flops / ms / 1e9})
-        for order, Wo in orders.items():
-            cfg = pick_moe(T, K_TOP, 128, H, fold_scale=fold, order=order)
-            ms, kernels, gaps = profile_graph(lambda: moe_mxfp4(x, ids, wts, Wo, config=cfg, order=order))
-            print(f"T={T} {order} {cfg.name()}: {ms * 1e3:.1f} us per call", flush=True)
+        runs = {
+            order: (lambda Wo=Wo, cfg=cfg, order=order: moe_mxfp4(x, ids, wts, Wo, config=cfg, order=order), cfg.name())
+            for order, Wo in orders.items()
+            for cfg in [pick_moe(T, K_TOP, 128, H, fold_scale=fold, order=order)]
+        }
+        if peer is not None:
+            ids32 = ids.to(torch.int32)
+            runs["triton_kernels"] = (lambda: peer(x, ids32, wts), "vLLM's matmul_ogs pair")
+        for order, (fn, name) in runs.items():
+            ms, kernels, gaps = profile_graph(fn, per_launch=True)
+            print(f"T={T} {order} {name}: {ms * 1e3:.1f} us per call", flush=True)
             for k in kernels:
-                flops = flops_gu if "gate_up" in k["kernel"] else flops_down if "down" in k["kernel"] else 0
-                launches = k["calls"] // REPLAYS  # a tile with a remainder tile launches each kernel twice a call
-                k["tflops"] = flops / (k["us_mean"] * launches) / 1e6 if flops else None
-                print(
-                    f"   {k['kernel'][:50]:50s} {k['us_mean']:8.1f} us x{k['calls'] // REPLAYS}"
-                    + (f"  {k['tflops']:.0f} TFLOP/s" if flops else ""),
-                    flush=True,
-                )
-            rows.append({"T": T, "order": order, "config": cfg.name(), "us_per_call": ms * 1e3, "kernels": kernels})
+                print(f"   {k['kernel'][:56]:56s} {k['us_mean']:8.1f} us", flush=True)
+            for what, flops in (("gate_up", flops_gu), ("down", flops_down)):  # a projection's launches together
+                us = sum(k["us_mean"] for k in kernels if what in k["kernel"])
+                if us:
+                    print(f"   {what}: {us:.1f} us, {flops / us / 1e6:.0f} TFLOP/s", flush=True)
+            rows.append({"T": T, "order": order, "config": name, "us_per_call": ms * 1e3, "kernels": kernels})
     if out:
         json.dump(rows, open(out, "w"), indent=1)
 

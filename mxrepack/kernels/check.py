@@ -166,7 +166,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "w_ptr": "*u8",
         "ws_ptr": "*u8",
         "b_ptr": "*fp32",
-        "y_ptr": "*fp32",
+        "y_ptr": "*bf16",
         "order_ptr": "*i32",
         "wts_ptr": "*fp32",
         "blk_e_ptr": "*i32",
@@ -377,7 +377,7 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64) -> dict[str, AS
         "moe_schedule_place": ASTSource(moe._schedule_place_kernel, place, place_shape),
         "moe_schedule_combine": ASTSource(
             moe._combine_kernel,
-            {"y_ptr": "*fp32", "out_ptr": "*bf16", "H": "i32", "stride_y": "i32", "stride_out": "i32"}
+            {"y_ptr": "*bf16", "out_ptr": "*bf16", "H": "i32", "stride_y": "i32", "stride_out": "i32"}
             | {"TOPK": "constexpr", "BLOCK": "constexpr"},
             {"TOPK": 4, "BLOCK": moe.COMBINE_BLOCK},
         ),
