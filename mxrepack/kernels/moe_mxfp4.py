@@ -779,8 +779,9 @@ def _down_kernel(
     rows_hi=1 << 30,
 ):
     """Grid (row blocks x N tiles, as ``_gate_up_kernel``'s): block ``pid_b`` (expert ``e``'s sorted rows; padding
-    blocks return) x the ``pid_n``-th BLOCK_N output columns: each assignment's weighted output row, stored at its index (t * k + slot).
-    ``ORDER`` "wgmma": W in the wgmma order, one dot per K tile, the intermediate in natural order."""
+    blocks return) x the ``pid_n``-th BLOCK_N output columns: each assignment's weighted output row, stored at its
+    index (t * k + slot). ``ORDER`` "wgmma": W in the wgmma order, one dot per K tile, the intermediate in natural
+    order."""
     pid_b, pid_n = _tile_of(tl.cdiv(Hp, BLOCK_N))
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
