@@ -119,7 +119,9 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
     return ASTSource(lin._linear_mxfp4_kernel, sig, const)
 
 
-def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
+def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSource]:
+    """The scheduled tiles' two kernels; ``pdl`` as the launch sets it (1: a tile whose remainder tile's launch
+    overlaps it, 2: that remainder tile)."""
     common = {
         "A_FMT": act,
         "BLOCK_M": cfg.block_m,
@@ -131,6 +133,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig) -> dict[str, ASTSource]:
         "MATH": cfg.math,
         "WAIT_MMA": cfg.order == "wgmma" and cfg.wait_mma,  # the rows order: per arch (for_arch)
         "ORDER": cfg.order,
+        "PDL": pdl,
     }
     gate_up = {
         "x_ptr": _A_TYPE[act],
@@ -346,16 +349,17 @@ def _dequant_source(cfg: dq.DequantConfig) -> ASTSource:
     return ASTSource(dq._dequant_mxfp4_kernel, sig, {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k})
 
 
-def _moe_schedule_sources(experts: int = 128, block_m: int = 64) -> dict[str, ASTSource]:
+def _moe_schedule_sources(experts: int = 128, block_m: int = 64, max_chunks: int = 2) -> dict[str, ASTSource]:
     """The scheduled MoE path's CUDA-core kernels as gpt-oss-120b launches them: the schedule's two (128 experts;
-    int32 router ids, as vLLM's) and the combine of the top-4 slots."""
+    int32 router ids, as vLLM's; the placing kernel's counts tile for ``max_chunks`` chunks) and the combine of the
+    top-4 slots."""
     e_p2 = triton.next_power_of_2(experts)
     piece = moe._schedule_piece(e_p2)
     shape = {"PIECE": piece, "E_P2": e_p2}
     count = {"ids_ptr": "*i32", "hist_ptr": "*i32", "n": "i32", "chunk": "i32", **{k: "constexpr" for k in shape}}
     place_shape = shape | {
         "BLOCK_M": block_m,
-        "MAX_CHUNKS": moe.SCHEDULE_CHUNKS,
+        "MAX_CHUNKS": max_chunks,
         "BLOCKS_PER_PROGRAM": moe.SCHEDULE_BLOCKS,
     }
     place = {
@@ -413,10 +417,13 @@ def shipped_kernels():
         ("bf16", "w4a16", moe.MOE_CONFIGS_WGMMA, "wgmma "),
     ):
         for name, cfg in _with_folded(configs, act == "bf16").items():
-            for role, tile in (("", dataclasses.replace(cfg, remainder=None)), (" remainder", cfg.remainder)):
-                for kernel, src in _moe_sources(act, tile).items() if tile is not None else ():
+            # on a GPU a tile with a remainder tile lets the remainder's launch overlap it (PDL 1, then 2)
+            roles = (("", dataclasses.replace(cfg, remainder=None), int(cfg.remainder is not None)),)
+            roles += ((" remainder", cfg.remainder, 2),)
+            for role, tile, pdl in roles:
+                for kernel, src in _moe_sources(act, tile, pdl).items() if tile is not None else ():
                     # gate_up does not read down_block_n: one build per tile without it
-                    key = (act, kernel, dataclasses.replace(tile, down_block_n=0) if "gate_up" in kernel else tile)
+                    key = (act, kernel, pdl, dataclasses.replace(tile, down_block_n=0) if "gate_up" in kernel else tile)
                     if key in built:
                         continue
                     built.add(key)
@@ -434,11 +441,18 @@ def shipped_kernels():
         one = moe.MOE_GEMV.gate_up if "gate_up" in kernel else moe.MOE_GEMV.down
         yield kernel, f"decode:{one.name()}", "w4a16", src, one.num_warps, one.num_stages
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
-    for kernel, src in _moe_schedule_sources().items():  # CUDA cores, any activations: checked once
-        yield kernel, "120b experts", "any", src, 4, 1
-        if "ids_ptr" in src.signature:  # torch.topk's int64 ids too
-            sig = src.signature | {"ids_ptr": "*i64"}
-            yield kernel, "120b experts, i64 ids", "any", ASTSource(src.fn, sig, src.constants), 4, 1
+    # CUDA cores, any activations: checked once, the placing kernel at each chunk count a call may take
+    chunk_counts = [1 << i for i in range(1, moe.SCHEDULE_CHUNKS.bit_length())]
+    for kernel, src in _moe_schedule_sources().items():
+        for max_chunks in chunk_counts if kernel == "moe_schedule_place" else [0]:
+            if max_chunks:
+                src = _moe_schedule_sources(max_chunks=max_chunks)[kernel]
+            warps = moe.schedule_place_warps(max_chunks) if max_chunks else 4
+            what = f"120b experts{f', {max_chunks} chunks' if max_chunks else ''}"
+            yield kernel, what, "any", src, warps, 1
+            if "ids_ptr" in src.signature:  # torch.topk's int64 ids too
+                sig = src.signature | {"ids_ptr": "*i64"}
+                yield kernel, f"{what}, i64 ids", "any", ASTSource(src.fn, sig, src.constants), warps, 1
 
 
 def specialized(src: ASTSource) -> ASTSource:

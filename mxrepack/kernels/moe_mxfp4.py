@@ -55,6 +55,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
 from mxrepack.kernels.gemv_mxfp4 import (
     GemvConfig,
     gdc_launch_dependents,
+    gdc_wait,
     gemv_rows,
     gemv_rows_f16x2,
     pack_groups,
@@ -365,6 +366,11 @@ SCHEDULE_CHUNKS = 128
 SCHEDULE_BLOCKS = 64  # row blocks described per program
 
 
+def schedule_place_warps(max_chunks: int) -> int:
+    """Warps of the placing kernel, whose every program holds a [max_chunks, experts] tile of counts."""
+    return 4 if max_chunks <= 32 else 8
+
+
 def _schedule_piece(experts_p2: int) -> int:
     """Assignments a program takes at once: compared with every expert ([piece, experts], at most 8 Ki elements) and
     with each other ([piece, piece], for the ranks): 64, fewer past 128 experts."""
@@ -486,7 +492,7 @@ def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
         E_P2=e_p2,
         MAX_CHUNKS=max_chunks,
         BLOCKS_PER_PROGRAM=SCHEDULE_BLOCKS,
-        num_warps=4 if max_chunks <= 32 else 8,
+        num_warps=schedule_place_warps(max_chunks),
         num_stages=1,
     )
     return order, blk_e, blk_s, blk_end
@@ -586,6 +592,24 @@ def _swiglu(gate, up, alpha, limit):
 
 
 @triton.jit
+def _remainder_overlap_start(PDL: tl.constexpr):
+    """``PDL`` 1 (a tile whose remainder tile's launch follows): let that launch start its programs as soon as every
+    program of this one has started, so they fill the SMs this launch's last wave leaves idle (the two write
+    disjoint rows). Called first thing."""
+    if PDL == 1:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _remainder_overlap_end(PDL: tl.constexpr):
+    """``PDL`` 2 (the remainder tile's launch, started early by the tile's launch): no program of it exits before
+    the tile's launch is complete, so the kernel after it in the stream sees both launches' stores. Called on
+    every exit."""
+    if PDL == 2:
+        gdc_wait()
+
+
+@triton.jit
 def _tile_of(n_tiles):
     """(row block, N tile) of this program: a block's N tiles are consecutive programs, so the programs in flight
     together share a few blocks' activation rows in L2 (at T = 4096 a 128-row block's are 754 KB, read by 23 gate_up
@@ -664,6 +688,7 @@ def _gate_up_kernel(
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
     ORDER: tl.constexpr = "rows",
+    PDL: tl.constexpr = 0,
     rows_lo=0,
     rows_hi=1 << 30,
 ):
@@ -672,12 +697,15 @@ def _gate_up_kernel(
     the whole K, SwiGLU, stored in the intermediate.
     ``ORDER`` "wgmma": W in the wgmma order, gate and up rows one ``[2 BLOCK_N, 128]`` operand of one dot per K tile,
     x in natural order (masked past H), the intermediate stored in natural order."""
+    _remainder_overlap_start(PDL)
     pid_b, pid_n = _tile_of(Ip // BLOCK_N)
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
+        _remainder_overlap_end(PDL)
         return
     start, end = tl.load(blk_s_ptr + pid_b), tl.load(blk_end_ptr + pid_b)
     if ((end - start) <= rows_lo) | ((end - start) > rows_hi):  # another launch's block (MoeConfig.remainder)
+        _remainder_overlap_end(PDL)
         return
     pos = start + tl.arange(0, BLOCK_M)  # sorted positions
     row_ok = pos < end
@@ -740,6 +768,7 @@ def _gate_up_kernel(
     up = up + tl.load(b_ptr + e * 2 * Ip + Ip + rn)[None, :]
     h = _swiglu(gate, up, alpha, limit)
     tl.store(h_ptr + pos[:, None] * stride_h + col[None, :], h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None])
+    _remainder_overlap_end(PDL)
 
 
 @triton.jit
@@ -775,6 +804,7 @@ def _down_kernel(
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
     ORDER: tl.constexpr = "rows",
+    PDL: tl.constexpr = 0,
     rows_lo=0,
     rows_hi=1 << 30,
 ):
@@ -782,12 +812,15 @@ def _down_kernel(
     blocks return) x the ``pid_n``-th BLOCK_N output columns: each assignment's weighted output row, stored at its
     index (t * k + slot). ``ORDER`` "wgmma": W in the wgmma order, one dot per K tile, the intermediate in natural
     order."""
+    _remainder_overlap_start(PDL)
     pid_b, pid_n = _tile_of(tl.cdiv(Hp, BLOCK_N))
     e = tl.load(blk_e_ptr + pid_b)
     if e < 0:
+        _remainder_overlap_end(PDL)
         return
     start, end = tl.load(blk_s_ptr + pid_b), tl.load(blk_end_ptr + pid_b)
     if ((end - start) <= rows_lo) | ((end - start) > rows_hi):  # another launch's block (MoeConfig.remainder)
+        _remainder_overlap_end(PDL)
         return
     pos = start + tl.arange(0, BLOCK_M)
     row_ok = pos < end
@@ -844,6 +877,7 @@ def _down_kernel(
         acc.to(y_ptr.dtype.element_ty),
         mask=row_ok[:, None] & (rn < H)[None, :],
     )
+    _remainder_overlap_end(PDL)
 
 
 @triton.jit
@@ -1271,11 +1305,14 @@ def _moe_scheduled(
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
     # the tile on the schedule's blocks, and its remainder tile (if any) on those of at most remainder.block_m rows
     r = cfg.remainder
-    parts = [(cfg, r.block_m if r is not None else 0, 1 << 30)] + ([(r, 0, r.block_m)] if r is not None else [])
     ptx = not interpreter and x.device.type == "cuda"  # else the portable decode
+    # (tile, rows_lo, rows_hi, PDL): on a GPU the remainder tile's launch overlaps the tile's last wave
+    overlap = ptx and r is not None
+    parts = [(cfg, r.block_m if r is not None else 0, 1 << 30, int(overlap))]
+    parts += [(r, 0, r.block_m, 2 * int(overlap))] if r is not None else []
     wait_here = swap and not interpreter and mma_reads_registers_async(x.device)  # Hopper: wgmma reads registers late
 
-    def launch(tile: MoeConfig, rows_lo: int, rows_hi: int) -> dict:  # a tile and its options, for both kernels
+    def launch(tile: MoeConfig, rows_lo: int, rows_hi: int, pdl: int) -> dict:  # a tile and its options
         return dict(
             A_FMT=activations,
             BLOCK_M=tile.block_m,
@@ -1287,14 +1324,15 @@ def _moe_scheduled(
             MATH=(tile.math if swap else "asm") if ptx else "ops",
             WAIT_MMA=wait_here and (tile.wait_mma or not wgmma),
             ORDER=tile.order,
+            PDL=pdl,
             rows_lo=rows_lo,
             rows_hi=rows_hi,
             num_warps=tile.num_warps,
             num_stages=tile.num_stages,
-        )
+        ) | ({"launch_pdl": True} if pdl == 2 else {})
 
     built = []
-    for tile, rows_lo, rows_hi in parts:
+    for tile, rows_lo, rows_hi, pdl in parts:
         built.append(
             _gate_up_kernel[(nb * (Ip // tile.block_n),)](
                 a,
@@ -1320,7 +1358,7 @@ def _moe_scheduled(
                 h.stride(0),
                 SWIGLU_ALPHA,
                 SWIGLU_LIMIT,
-                **launch(tile, rows_lo, rows_hi),
+                **launch(tile, rows_lo, rows_hi, pdl),
             )
         )
     if activations == "bf16":
@@ -1331,7 +1369,7 @@ def _moe_scheduled(
     # to write and to read again (~65 us at T = 4096 on an H100)
     y = torch.empty(T * k, H, dtype=torch.bfloat16, device=x.device)
     wts = topk_weights.to(torch.float32).contiguous().view(-1)
-    for tile, rows_lo, rows_hi in parts:
+    for tile, rows_lo, rows_hi, pdl in parts:
         built.append(
             _down_kernel[(nb * triton.cdiv(Hp, tile.down_n),)](
                 ha,
@@ -1355,7 +1393,7 @@ def _moe_scheduled(
                 s2.stride(0),
                 s2.stride(1),
                 y.stride(0),
-                **(launch(tile, rows_lo, rows_hi) | {"BLOCK_N": tile.down_n}),
+                **(launch(tile, rows_lo, rows_hi, pdl) | {"BLOCK_N": tile.down_n}),
             )
         )
     if wgmma and ptx:  # what a build's decode receives is Triton's choice
