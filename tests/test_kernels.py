@@ -503,18 +503,31 @@ def _schedule_reference(topk_ids, experts, block_m):
         (64, 4, 128, 16),
         (300, 4, 32, 64),
         (1100, 4, 128, 64),
-        (2100, 4, 128, 128),
+        (4096, 4, 128, 128),
     ],
 )
 def test_moe_schedule_is_a_stable_sort_by_expert(tokens, k, experts, block_m):
-    # 1100 x 4 assignments take several chunks of the count and placement kernels (SCHEDULE_CHUNKS), 2100 x 4 all
-    # of them, two pieces each
+    # 1100 x 4 assignments take several chunks of the count and placement kernels, 4096 x 4 all SCHEDULE_CHUNKS of
+    # them, two pieces each (the placing kernel's largest counts tile)
     g = torch.Generator().manual_seed(tokens)
     ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]) if tokens else None
     ids = (ids if ids is not None else torch.zeros(0, k, dtype=torch.int64)).to(torch.int32)
     got, want = moe_schedule(ids, experts, block_m), _schedule_reference(ids, experts, block_m)
     for name, a, b in zip(("order", "expert", "start", "end"), got, want):
         assert torch.equal(a.long(), b.long()), name
+
+
+def test_programmatic_dependent_launch_only_from_sm90(monkeypatch):
+    """ptxas refuses ``griddepcontrol`` below sm_90 while the strided kernels build for sm_80+: the MoE GEMV pair and
+    the remainder tiles' overlap launch one after the other there (both ask ``launches_dependents``)."""
+    from mxrepack.kernels import dequant_mxfp4
+
+    gpu = torch.device("cuda", 0)
+    for major, pdl in ((8, False), (9, True), (12, True)):
+        monkeypatch.setattr(dequant_mxfp4, "_capability", lambda index, major=major: (major, 0))
+        assert dequant_mxfp4.launches_dependents(gpu) is pdl
+    assert not dequant_mxfp4.launches_dependents(torch.device("cpu"))
+    assert MOE_GEMV.gate_up.pdl and not any(c.pdl for c in (MOE_GEMV.each(pdl=0).gate_up, MOE_GEMV.each(pdl=0).down))
 
 
 def test_moe_schedule_reads_strided_ids():

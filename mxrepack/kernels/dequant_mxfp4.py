@@ -484,6 +484,12 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def launches_dependents(device: torch.device) -> bool:
+    """Whether kernels on ``device`` may use programmatic dependent launch (``griddepcontrol``, ``launch_pdl``):
+    sm_90 and newer. ptxas refuses the instruction below sm_90, and the strided layout's kernels build for sm_80+."""
+    return device.type == "cuda" and _capability(device.index if device.index is not None else 0)[0] >= 9
+
+
 def mma_reads_registers_async(device: torch.device) -> bool:
     """Whether the swapped-operand step must wait for its MMAs (:func:`mma_done`): Hopper (sm_90), whose ``wgmma``
     reads the decoded W from registers asynchronously."""

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from mxrepack.kernels.dequant_mxfp4 import e8m0_to_fp32
+from mxrepack.kernels.dequant_mxfp4 import e8m0_to_fp32, launches_dependents
 
 
 @dataclass(frozen=True)
@@ -825,6 +825,8 @@ def gemv_mxfp4(
     if w_packed.data_ptr() % 16:
         w_packed = w_packed.clone()  # contiguous() keeps a misaligned storage offset; a copy does not
     cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda", M)
+    if cfg.pdl and not launches_dependents(x.device):  # sm_8x: launched one after the other
+        cfg = dataclasses.replace(cfg, pdl=0)
     x = x.contiguous()
     rows = cfg.launched(M).rows
     grid = (triton.cdiv(M, rows) if rows else M, triton.cdiv(N, cfg.block_n))

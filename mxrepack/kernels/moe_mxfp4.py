@@ -13,7 +13,7 @@ loads and stores:
    gate clamped above, up on both sides, ``(up + 1) * gate * sigmoid(alpha * gate)``), stored in sorted
    order ``[T*k, Ip]`` bf16. Padded rows have zero weights and bias, so they produce exactly 0.
 3. ``_down_kernel``: sorted rows times w2 + bias, times the routing weight, stored (plain stores) at the
-   assignment's own row ``t*k + slot`` of ``[T*k, H]`` fp32 -- a scatter with ordinary stores.
+   assignment's own row ``t*k + slot`` of ``[T*k, H]`` bf16 -- a scatter with ordinary stores.
 4. ``_combine_kernel``: the sum over the k slots of each token, in fp32, stored as bf16 (or ``out``'s dtype).
 
 Decode (weights in the rows order, BF16 activations, at most ``GEMV_MAX_ASSIGNMENTS`` (token, slot) pairs) skips
@@ -45,6 +45,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     dot_w_wgmma,
+    launches_dependents,
     load_split,
     mma_reads_registers_async,
     split_column,
@@ -1244,6 +1245,8 @@ def moe_mxfp4(
     dtype = out.dtype if out is not None else torch.bfloat16
     target = out if out is not None and out.stride(1) == 1 else torch.empty(T, H, dtype=dtype, device=x.device)
     if gemv:
+        if not launches_dependents(x.device) and (cfg.gate_up.pdl or cfg.down.pdl):  # sm_8x: one after the other
+            cfg = cfg.each(pdl=0)
         _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
     else:
         y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
@@ -1298,7 +1301,7 @@ def _moe_scheduled(
     r = cfg.remainder
     ptx = not interpreter and x.device.type == "cuda"  # else the portable decode
     # (tile, rows_lo, rows_hi, PDL): on a GPU the remainder tile's launch overlaps the tile's last wave
-    overlap = ptx and r is not None
+    overlap = ptx and r is not None and launches_dependents(x.device)
     parts = [(cfg, r.block_m if r is not None else 0, 1 << 30, int(overlap))]
     parts += [(r, 0, r.block_m, 2 * int(overlap))] if r is not None else []
     wait_here = swap and not interpreter and mma_reads_registers_async(x.device)  # Hopper: wgmma reads registers late
