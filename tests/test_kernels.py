@@ -527,6 +527,8 @@ def test_programmatic_dependent_launch_only_from_sm90(monkeypatch):
         monkeypatch.setattr(dequant_mxfp4, "_capability", lambda index, major=major: (major, 0))
         assert dequant_mxfp4.launches_dependents(gpu) is pdl
     assert not dequant_mxfp4.launches_dependents(torch.device("cpu"))
+    monkeypatch.setenv("MXREPACK_PDL", "0")  # the way out, on any GPU
+    assert not dequant_mxfp4.launches_dependents(gpu)
     assert MOE_GEMV.gate_up.pdl and not any(c.pdl for c in (MOE_GEMV.each(pdl=0).gate_up, MOE_GEMV.each(pdl=0).down))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import re
 from dataclasses import dataclass
 
@@ -486,7 +487,12 @@ def _capability(index: int) -> tuple[int, int]:
 
 def launches_dependents(device: torch.device) -> bool:
     """Whether kernels on ``device`` may use programmatic dependent launch (``griddepcontrol``, ``launch_pdl``):
-    sm_90 and newer. ptxas refuses the instruction below sm_90, and the strided layout's kernels build for sm_80+."""
+    sm_90 and newer (ptxas refuses the instruction below sm_90, and the strided layout's kernels build for sm_80+),
+    unless ``MXREPACK_PDL=0``: the launches then go one after the other, the same math. A way out if an engine's CUDA
+    graph capture rejects the launch attribute on a GPU it was not tried on (one report on sm_120 in another engine,
+    sgl-project/sglang#18596; mxrepack's PDL launches were captured in vLLM 0.26's graphs on an H100 only)."""
+    if os.environ.get("MXREPACK_PDL", "1") == "0":
+        return False
     return device.type == "cuda" and _capability(device.index if device.index is not None else 0)[0] >= 9
 
 
