@@ -8,10 +8,12 @@ docs/SERVING.md "Proof"). One run:
 1. makes a gpt-oss checkpoint of real widths (``make_fixture("20b")``: hidden 2880, intermediate 2880, 32 experts, the
    real 201088-token vocabulary; ``--layers`` deep) and repacks it for each case's target or recipe;
 2. starts ``vllm.LLM`` once per case, each in its own process (so each load's time and peak GPU memory are its own),
-   in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a failure's root cause lands in this log), eager mode;
+   in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a failure's root cause lands in this log), eager mode
+   (the ``-graphs`` cases: vLLM's default, torch.compile and CUDA graphs);
    records the time to ready, the weight phase (vLLM's ``load_model``: ``load_weights`` + process after loading, timed
    by wrapping vLLM's loader), the GPU memory the load peaked at above what was allocated before it, greedy tokens and
-   the top-5 logprobs of every prompt position and generated token;
+   the top-5 logprobs of every prompt position and generated token, and the decode speed of 64 greedy tokens for 1 and
+   for 4 sequences (for scale: at the fixture's depth lm_head and per-step overheads dominate it);
 3. compares each case with its baseline (stock vLLM on the source with the same MoE backend): greedy tokens equal, and
    the largest |logprob difference| over the tokens both list;
 4. ``_convert``: for every expert layout, the tensors the plugin hands to vLLM's kernel (the stored bytes, retyped as
@@ -64,6 +66,12 @@ RECIPES = {
     },
 }
 _MT = {"enable_multithread_load": True, "num_threads": 8}
+# vLLM's default serving mode (no enforce_eager): torch.compile, CUDA graphs at these batch sizes. The 3 prompts' 72
+# tokens run padded to 128 in one graph, so the MoE tiles past 8 rows per expert (and their overlapped launches) and the
+# dense kernels at 17-128 rows are captured too, not only the decode steps (3 sequences, padded to 4)
+_GRAPHS = {"enforce_eager": False, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128]}}
+_ENV = "_env"  # a case's environment for its engine process, not an LLM argument
+_DENSE_TRITON = {"MXREPACK_DENSE_KERNEL": "mxrepack"}
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
     "source-marlin": ("source", {"moe_backend": "marlin"}, None, "stock vLLM, Marlin MoE (the baseline)"),
@@ -119,6 +127,34 @@ CASES = {
         "source-marlin",
         "plugin experts + vLLM's compressed-tensors MXFP4 attention (Marlin): MXFP4 q/k/v/o error",
     ),
+    # the sm121 dense bytes on mxrepack's dense kernels instead of vLLM's Marlin (the plugin's $MXREPACK_DENSE_KERNEL)
+    "dense-mxrepack": (
+        "marlin-dense",
+        {_ENV: _DENSE_TRITON},
+        "marlin-dense-twin",
+        "within BF16 matmul rounding of its BF16 twin (as marlin-dense)",
+    ),
+    # as vLLM serves by default: torch.compile and CUDA graphs (decode batches and the 72-token prompt step replayed)
+    "source-marlin-graphs": (
+        "source",
+        {"moe_backend": "marlin", **_GRAPHS},
+        None,
+        "stock vLLM, Marlin MoE, compiled + CUDA graphs (the baseline)",
+    ),
+    "strided-graphs": ("strided", _GRAPHS, "source-marlin-graphs", "within the kernels' bound, compiled + graphs"),
+    "strided-wgmma-graphs": (
+        "sm90-strided",
+        _GRAPHS,
+        "strided-graphs",
+        "the same weights in the wgmma order, compiled + graphs: within the kernels' bound",
+    ),
+    "marlin-dense-graphs": ("marlin-dense", _GRAPHS, "marlin-dense", "compiled + graphs against eager"),
+    "dense-mxrepack-graphs": (
+        "marlin-dense",
+        {_ENV: _DENSE_TRITON, **_GRAPHS},
+        "marlin-dense-graphs",
+        "the same dense bytes on mxrepack's kernels against vLLM's Marlin, both compiled + graphs",
+    ),
 }
 
 
@@ -128,6 +164,8 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
 
     kwargs = json.loads(kwargs_json)
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
+    record["env"] = kwargs.pop(_ENV, {})
+    os.environ.update(record["env"])
     try:
         import vllm
         from vllm import LLM, SamplingParams
@@ -151,17 +189,16 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
 
         base_loader.BaseModelLoader.load_model = timed_load_model
         t0 = time.perf_counter()
-        llm = LLM(
-            model=model,
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            max_model_len=256,
-            max_num_seqs=4,
-            gpu_memory_utilization=0.35,
-            seed=0,
-            tensor_parallel_size=1,
-            **kwargs,
-        )
+        engine = {
+            "skip_tokenizer_init": True,
+            "enforce_eager": True,
+            "max_model_len": 256,
+            "max_num_seqs": 4,
+            "gpu_memory_utilization": 0.35,
+            "seed": 0,
+            "tensor_parallel_size": 1,
+        }
+        llm = LLM(model=model, **(engine | kwargs))
         record["ready_s"] = time.perf_counter() - t0
         record.update(phases)
         sp = SamplingParams(
@@ -180,6 +217,17 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                     ],
                 }
             )
+        # decode speed, for scale only (a 2-layer model: lm_head and per-step overheads dominate): 64 greedy tokens
+        # for 1 and for 4 sequences, each timed on its second run (the first compiles what the sizes need)
+        for batch in (1, 4):
+            timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
+            prompts = [{"prompt_token_ids": PROMPTS[i % len(PROMPTS)]} for i in range(batch)]
+            for _ in range(2):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                llm.generate(prompts, timed, use_tqdm=False)
+                torch.cuda.synchronize()
+                record[f"decode_tok_s_batch{batch}"] = 64 * batch / (time.perf_counter() - t)
         record["ok"] = True
     except BaseException as e:  # noqa: BLE001 - the record says what failed
         record["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -485,7 +533,17 @@ def main() -> None:
         line = {
             k: (round(v, 3) if isinstance(v, float) else v)
             for k, v in rec.items()
-            if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error")
+            if k
+            in (
+                "ok",
+                "ready_s",
+                "weight_phase_s",
+                "load_peak_gib",
+                "load_end_gib",
+                "decode_tok_s_batch1",
+                "decode_tok_s_batch4",
+                "error",
+            )
         }
         print(f"== {name}: {line}", flush=True)
         if not rec.get("ok"):

@@ -16,7 +16,15 @@ from mxrepack.errors import MxRepackError
 from mxrepack.layouts import get_layout
 from mxrepack.recipes import list_recipes, load_recipe
 from mxrepack.repack.pipeline import repack
-from mxrepack.serve.spec import EXPERT_BACKENDS, ServeSpec, check_checkpoint, check_vllm_version, serve_hint, serving
+from mxrepack.serve.spec import (
+    EXPERT_BACKENDS,
+    ServeSpec,
+    check_checkpoint,
+    check_vllm_version,
+    dense_kernel,
+    serve_hint,
+    serving,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_TARGETS = [r.name for r in list_recipes() if r.quantization_config == "mxrepack"]
@@ -135,6 +143,21 @@ def test_vllm_versions_outside_the_tested_range_are_refused_in_one_line(version,
     else:
         with pytest.raises(MxRepackError, match=r"supported: vLLM 0\.26 to 0\.33|supports vLLM 0\.26 to 0\.33"):
             check_vllm_version(version)
+
+
+@pytest.mark.parametrize(
+    "value, kernel",
+    [(None, "marlin"), ("", "marlin"), ("marlin", "marlin"), ("mxrepack", "mxrepack"), (" MXREPACK ", "mxrepack")],
+)
+def test_the_dense_kernel_is_chosen_by_environment_with_marlin_by_default(value, kernel):
+    environ = {} if value is None else {"MXREPACK_DENSE_KERNEL": value}
+    assert dense_kernel(environ) == kernel
+
+
+def test_an_unknown_dense_kernel_is_one_line_naming_the_variable_and_the_choices():
+    with pytest.raises(MxRepackError) as e:
+        dense_kernel({"MXREPACK_DENSE_KERNEL": "triton"})
+    assert str(e.value) == "MXREPACK_DENSE_KERNEL='triton': expected one of marlin, mxrepack"
 
 
 def test_vllm_finds_the_plugin_through_its_entry_point_and_importing_mxrepack_needs_no_vllm():

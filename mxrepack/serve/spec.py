@@ -10,7 +10,9 @@ is built on these, and CI tests them without vLLM.
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,7 +91,14 @@ RUN_HERE = {
         "source"
     ),
 }
-DENSE_KERNEL = "vLLM Marlin MXFP4 linear (apply_fp4_marlin_linear), repacked at load by prepare_fp4_layer_for_marlin"
+# The kernels the plugin can run a checkpoint's MXFP4 dense layers (q/k/v/o, lm_head) on: the same stored bytes
+# (compressed-tensors' weight_packed [N, K/2] + weight_scale [N, K/32]) either way, chosen when the engine starts.
+DENSE_KERNELS = {
+    "marlin": "vLLM's Marlin MXFP4 linear (apply_fp4_marlin_linear), repacked at load by prepare_fp4_layer_for_marlin",
+    "mxrepack": "mxrepack's Triton kernels (mxrepack.kernels.linear_mxfp4) on the stored bytes, nothing repacked",
+}
+DENSE_KERNEL_ENV = "MXREPACK_DENSE_KERNEL"
+DENSE_KERNEL_DEFAULT = "marlin"  # what vLLM itself runs MXFP4 linears on at sm_12x; the other measured on H100 only
 
 # safetensors header dtype names of the torch dtypes a layout stores
 _ST_DTYPES = {
@@ -398,6 +407,17 @@ def serving(target_layout: str | None, quantization_config: str, expert_options:
     if target_layout == "strided" and (expert_options or {}).get("order") == "wgmma":
         kernel, gpus = f"{kernel}, wgmma order", "sm90 (H100/H200) only"
     return 'vLLM with the mxrepack plugin: pip install "mxrepack[vllm]"', f"{kernel} [{gpus}]"
+
+
+def dense_kernel(environ: Mapping[str, str] | None = None) -> str:
+    """Which kernel the plugin runs MXFP4 dense layers on: ``$MXREPACK_DENSE_KERNEL`` (``marlin``, the default, or
+    ``mxrepack``), read when the engine builds its layers; anything else is refused in one line."""
+    value = (os.environ if environ is None else environ).get(DENSE_KERNEL_ENV, "").strip().lower()
+    if not value:
+        return DENSE_KERNEL_DEFAULT
+    if value not in DENSE_KERNELS:
+        raise MxRepackError(f"{DENSE_KERNEL_ENV}={value!r}: expected one of {', '.join(DENSE_KERNELS)}")
+    return value
 
 
 # The plugin's own reader (mxrepack.serve.vllm.loader), offered as an option: measured on vLLM 0.26 only (H100, sm80)

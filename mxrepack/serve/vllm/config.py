@@ -12,7 +12,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
 from mxrepack.errors import MxRepackError
-from mxrepack.serve.spec import QUANT_METHOD, ServeSpec, check_checkpoint, check_vllm_version
+from mxrepack.serve.spec import QUANT_METHOD, ServeSpec, check_checkpoint, check_vllm_version, dense_kernel
 
 
 def vllm_version() -> str:
@@ -69,10 +69,12 @@ class MxRepackConfig(QuantizationConfig):
             self.dense_prefixes = self.spec.quantized_vllm_prefixes()
         if Path(model_name).is_dir():
             check_checkpoint(model_name, self.spec)
+        dense_kernel()  # a misspelt $MXREPACK_DENSE_KERNEL: one line now, not at the first layer built
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
-        """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`), Marlin MXFP4
-        for the dense layers (and lm_head) the checkpoint stores as MXFP4, unquantized for every other linear; None
+        """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`), MXFP4 on
+        the kernel ``$MXREPACK_DENSE_KERNEL`` names (:func:`.linear.make_dense_method`: vLLM's Marlin by default) for
+        the dense layers (and lm_head) the checkpoint stores as MXFP4, unquantized for every other linear; None
         (vLLM's default) for anything else. A layer that would be sharded across GPUs is refused in one line."""
         if isinstance(layer, RoutedExperts):
             from mxrepack.serve.vllm.moe import make_moe_method
@@ -81,17 +83,17 @@ class MxRepackConfig(QuantizationConfig):
             return make_moe_method(self.spec, layer.moe_config)
         if isinstance(layer, ParallelLMHead):
             if prefix.endswith("lm_head") and self.spec.lm_head_quantized:
-                from mxrepack.serve.vllm.linear import MarlinMxfp4LinearMethod
+                from mxrepack.serve.vllm.linear import make_dense_method
 
                 check_single_shard(layer, prefix)
-                return MarlinMxfp4LinearMethod()
+                return make_dense_method()
             return None
         if isinstance(layer, LinearBase):
             if prefix in self.dense_prefixes:
-                from mxrepack.serve.vllm.linear import MarlinMxfp4LinearMethod
+                from mxrepack.serve.vllm.linear import make_dense_method
 
                 check_single_shard(layer, prefix)
-                return MarlinMxfp4LinearMethod()
+                return make_dense_method()
             return UnquantizedLinearMethod()
         return None
 

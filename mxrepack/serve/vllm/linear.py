@@ -1,10 +1,15 @@
-"""Dense MXFP4 layers (q/k/v/o, lm_head) on vLLM's Marlin MXFP4 linear kernel.
+"""Dense MXFP4 layers (q/k/v/o, lm_head) from the stored bytes, on one of two kernels (``$MXREPACK_DENSE_KERNEL``).
 
-The checkpoint stores compressed-tensors' ``weight_packed`` uint8 ``[N, K/2]`` and ``weight_scale`` E8M0 ``[N, K/32]``;
-vLLM's own ``prepare_fp4_layer_for_marlin`` turns them into Marlin's tiles at load (for gpt-oss-120b about 0.4 GB
-over 37 layers, against 61 GB of experts that need nothing), and ``apply_fp4_marlin_linear`` computes. This is the
-kernel vLLM itself picks for MXFP4 W4A16 linears on sm_12x (``MarlinMxFp4LinearKernel``), and the only one that takes
-gpt-oss's 2880-wide K without padding.
+The checkpoint stores compressed-tensors' ``weight_packed`` uint8 ``[N, K/2]`` and ``weight_scale`` E8M0 ``[N, K/32]``.
+
+* :class:`MarlinMxfp4LinearMethod` (``marlin``, the default): vLLM's own ``prepare_fp4_layer_for_marlin`` turns them
+  into Marlin's tiles at load (for gpt-oss-120b about 0.4 GB over 37 layers, against 61 GB of experts that need
+  nothing), and ``apply_fp4_marlin_linear`` computes. This is the kernel vLLM itself picks for MXFP4 W4A16 linears on
+  sm_12x (``MarlinMxFp4LinearKernel``), and the only one of vLLM's that takes gpt-oss's 2880-wide K without padding.
+* :class:`TritonMxfp4LinearMethod` (``mxrepack``): mxrepack's :func:`~mxrepack.kernels.linear_mxfp4.linear_mxfp4` on
+  the stored bytes as they are (nothing converted at load): the GEMV at one row, split-K tiles at decode,
+  dequantize + cuBLAS for prefill. Called through a registered op (``torch.ops.mxrepack.linear_mxfp4``), so that
+  vLLM's torch.compile sees one opaque call and its CUDA graphs capture the launches.
 """
 
 from __future__ import annotations
@@ -17,9 +22,18 @@ from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
+from mxrepack.serve.spec import dense_kernel
 
-class MarlinMxfp4LinearMethod(LinearMethodBase):
-    """For a ``LinearBase`` (q/k/v fused, o) and for gpt-oss's ``ParallelLMHead`` (same positional contract)."""
+
+def make_dense_method() -> LinearMethodBase:
+    """The method for one MXFP4 dense layer, on the kernel ``$MXREPACK_DENSE_KERNEL`` names
+    (:func:`mxrepack.serve.spec.dense_kernel`)."""
+    return TritonMxfp4LinearMethod() if dense_kernel() == "mxrepack" else MarlinMxfp4LinearMethod()
+
+
+class _StoredMxfp4Linear(LinearMethodBase):
+    """The stored parameters, for a ``LinearBase`` (q/k/v fused, o) and for gpt-oss's ``ParallelLMHead`` (same
+    positional contract)."""
 
     def create_weights(
         self,
@@ -42,6 +56,10 @@ class MarlinMxfp4LinearMethod(LinearMethodBase):
             set_weight_attrs(p, {"input_dim": 1, "output_dim": 0, **extra_weight_attrs})
             layer.register_parameter(name, p)
 
+
+class MarlinMxfp4LinearMethod(_StoredMxfp4Linear):
+    """vLLM's Marlin MXFP4 linear, its tiles made from the stored bytes at load."""
+
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         packed = layer.weight_packed
         del layer.weight_packed
@@ -59,3 +77,59 @@ class MarlinMxfp4LinearMethod(LinearMethodBase):
             size_k=layer.input_size_per_partition,
             bias=bias,
         )
+
+
+def _linear_mxfp4_op(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, fold_scale: bool
+) -> torch.Tensor:
+    from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
+
+    if x.shape[0] == 0:  # no tokens (a dummy batch): no launch with an empty grid
+        return x.new_empty(0, weight.shape[0])
+    return linear_mxfp4(x, weight, scale, bias, fold_scale=fold_scale)
+
+
+def _linear_mxfp4_fake(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, fold_scale: bool
+) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _register_op() -> None:
+    """``torch.ops.mxrepack.linear_mxfp4``, registered the way vLLM registers its own kernels (no
+    ``torch.library.custom_op`` dispatch overhead per call)."""
+    try:
+        from vllm.utils.torch_utils import direct_register_custom_op
+    except ImportError:  # older layouts of vllm.utils
+        from vllm.utils import direct_register_custom_op
+
+    direct_register_custom_op("linear_mxfp4", _linear_mxfp4_op, fake_impl=_linear_mxfp4_fake, target_lib=_LIB)
+
+
+_LIB = torch.library.Library("mxrepack", "FRAGMENT")  # the op lives as long as this module
+_register_op()
+
+
+class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
+    """mxrepack's Triton kernels on the stored bytes (:func:`mxrepack.kernels.linear_mxfp4.linear_mxfp4`)."""
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        from mxrepack.kernels.arrival import arrival_counters
+        from mxrepack.kernels.dequant_mxfp4 import fits_fold
+
+        # asked once per weight here (it synchronizes): the swapped tiles fold E2M1's bias into the scale where the
+        # scales allow it (same bits, faster)
+        layer.mxrepack_fold_scale = fits_fold(layer.weight_scale)
+        # the split-K tiles' counters, before vLLM captures its CUDA graphs (a capture cannot allocate them)
+        arrival_counters(layer.weight_packed.device, 1, "linear")
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        lead, k = x.shape[:-1], x.shape[-1]
+        y = torch.ops.mxrepack.linear_mxfp4(
+            x.reshape(-1, k).to(torch.bfloat16),
+            layer.weight_packed,
+            layer.weight_scale,
+            bias,
+            layer.mxrepack_fold_scale,
+        )
+        return y.view(*lead, y.shape[-1]).to(x.dtype)
