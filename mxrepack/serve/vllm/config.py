@@ -69,7 +69,13 @@ class MxRepackConfig(QuantizationConfig):
             self.dense_prefixes = self.spec.quantized_vllm_prefixes()
         if Path(model_name).is_dir():
             check_checkpoint(model_name, self.spec)
-        dense_kernel()  # a misspelt $MXREPACK_DENSE_KERNEL: one line now, not at the first layer built
+        kernel = dense_kernel()  # a misspelt $MXREPACK_DENSE_KERNEL: one line now, not at the first layer built
+        qc = getattr(hf_config, "quantization_config", None)
+        if isinstance(qc, dict) and (self.dense_prefixes or self.spec.lm_head_quantized):
+            # into what vLLM hashes for its torch.compile cache (hf_config is part of the model config's hash): a
+            # graph compiled for one dense kernel calls that kernel's op on that kernel's parameters, and was loaded
+            # from the cache for the other ("KeyError: 'weight'", vLLM 0.26, H100)
+            qc["dense_kernel"] = kernel
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`), MXFP4 on
