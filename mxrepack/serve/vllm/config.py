@@ -92,7 +92,7 @@ class MxRepackConfig(QuantizationConfig):
                 from mxrepack.serve.vllm.linear import make_dense_method
 
                 check_single_shard(layer, prefix)
-                return make_dense_method()
+                return make_dense_method(lm_head=True)
             return None
         if isinstance(layer, LinearBase):
             if prefix in self.dense_prefixes:

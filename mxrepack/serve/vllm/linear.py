@@ -25,10 +25,12 @@ from vllm.model_executor.utils import set_weight_attrs
 from mxrepack.serve.spec import dense_kernel
 
 
-def make_dense_method() -> LinearMethodBase:
+def make_dense_method(lm_head: bool = False) -> LinearMethodBase:
     """The method for one MXFP4 dense layer, on the kernel ``$MXREPACK_DENSE_KERNEL`` names
-    (:func:`mxrepack.serve.spec.dense_kernel`)."""
-    return TritonMxfp4LinearMethod() if dense_kernel() == "mxrepack" else MarlinMxfp4LinearMethod()
+    (:func:`mxrepack.serve.spec.dense_kernel`). ``lm_head``: the layer vLLM runs outside its CUDA graphs."""
+    if dense_kernel() == "mxrepack":
+        return TritonMxfp4LinearMethod(warm_at_load=lm_head)
+    return MarlinMxfp4LinearMethod()
 
 
 class _StoredMxfp4Linear(LinearMethodBase):
@@ -110,8 +112,29 @@ _LIB = torch.library.Library("mxrepack", "FRAGMENT")  # the op lives as long as 
 _register_op()
 
 
+# Rows at which the kernels differ for some layer (the GEMV at 1, 2 and 4; the split-K and swapped tiles to 16 and
+# 17-64 or -255; dequantize + cuBLAS past that) and at which Triton specializes (1, multiples of 16).
+WARM_ROWS = (1, 2, 3, 4, 16, 17, 32, 64, 65, 256)
+
+
+def _max_logit_rows() -> int:
+    """The most rows vLLM computes logits for in one step (one a sequence), from the config being loaded."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None) or max(WARM_ROWS)
+
+
 class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
-    """mxrepack's Triton kernels on the stored bytes (:func:`mxrepack.kernels.linear_mxfp4.linear_mxfp4`)."""
+    """mxrepack's Triton kernels on the stored bytes (:func:`mxrepack.kernels.linear_mxfp4.linear_mxfp4`).
+
+    ``warm_at_load``: compile the kernels for every row count up to vLLM's ``max_num_seqs`` while loading. vLLM warms
+    the layers inside its CUDA graphs by capturing them, but runs lm_head outside them, and its warm-up computes
+    logits at one row count only, so decode's first steps compiled lm_head's kernels during inference (vLLM 0.26's JIT
+    monitor warned; with ``--jit-monitor-mode error`` it would fail)."""
+
+    def __init__(self, warm_at_load: bool = False):
+        self.warm_at_load = warm_at_load
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         from mxrepack.kernels.arrival import arrival_counters
@@ -122,6 +145,13 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         layer.mxrepack_fold_scale = fits_fold(layer.weight_scale)
         # the split-K tiles' counters, before vLLM captures its CUDA graphs (a capture cannot allocate them)
         arrival_counters(layer.weight_packed.device, 1, "linear")
+        if self.warm_at_load:
+            rows = [m for m in WARM_ROWS if m <= _max_logit_rows()]
+            x = torch.zeros(
+                max(rows), layer.input_size_per_partition, dtype=torch.bfloat16, device=layer.weight_packed.device
+            )
+            for m in rows:
+                self.apply(layer, x[:m])
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]
