@@ -1,9 +1,11 @@
 """The vLLM plugin's own logic, without vLLM: what it reads from a written checkpoint, what it refuses, how it is found.
 
-The plugin's vLLM side (mxrepack/serve/vllm) runs on a real vLLM in benchmarks/vllm_plugin_check.py (docs/SERVING.md).
+The plugin's vLLM side (mxrepack/serve/vllm) runs on a real vLLM in benchmarks/vllm_plugin_check.py (docs/SERVING.md);
+here only its dense methods, against a stand-in for the few vLLM names they touch.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -318,3 +320,78 @@ def test_strided_order_is_read_from_the_config(tiny, tmp_path):
     assert not report["ok"] and len(report["problems"]) == 1 and "written by mxrepack 0.1.0" in report["problems"][0]
     with pytest.raises(MxRepackError, match=r"refusing to push.*written by mxrepack 0\.1\.0"):
         plan_push(out, "user/repo")
+
+
+# The few vLLM names the dense methods touch, for running them without vLLM (their real behaviour: SERVING.md's check).
+_VLLM_STAND_IN = {
+    "vllm/__init__.py": "",
+    "vllm/model_executor/__init__.py": "",
+    "vllm/model_executor/layers/__init__.py": "",
+    "vllm/model_executor/layers/linear.py": "class LinearMethodBase:\n    pass\n",
+    "vllm/model_executor/layers/quantization/__init__.py": "",
+    "vllm/model_executor/layers/quantization/utils/__init__.py": "",
+    "vllm/model_executor/layers/quantization/utils/marlin_utils_fp4.py": (
+        "def apply_fp4_marlin_linear(**kwargs):\n    raise AssertionError('Marlin called')\n"
+        "def prepare_fp4_layer_for_marlin(layer):\n    raise AssertionError('Marlin called')\n"
+    ),
+    "vllm/model_executor/utils.py": (
+        "def set_weight_attrs(p, attrs):\n    for k, v in attrs.items():\n        setattr(p, k, v)\n"
+    ),
+    "vllm/utils/__init__.py": "",
+    "vllm/utils/torch_utils.py": (
+        "from torch._library.infer_schema import infer_schema\n"
+        "def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None, target_lib=None,"
+        " dispatch_key='CPU', tags=()):\n"
+        "    target_lib.define(op_name + infer_schema(op_func, mutates_args=mutates_args or []), tags=tags)\n"
+        "    target_lib.impl(op_name, op_func, dispatch_key=dispatch_key)\n"
+        "    target_lib._register_fake(op_name, fake_impl)\n"
+    ),
+    "vllm/config/__init__.py": (
+        "import types\n"
+        "def get_current_vllm_config_or_none():\n"
+        "    return types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=4))\n"
+    ),
+}
+
+_DENSE_ON_MXREPACK = """
+import os, torch
+os.environ["MXREPACK_DENSE_KERNEL"] = "mxrepack"
+from mxrepack.kernels.reference import mxfp4_linear
+from mxrepack.serve.vllm import linear as L
+
+rows = []
+apply = L.TritonMxfp4LinearMethod.apply
+L.TritonMxfp4LinearMethod.apply = lambda self, layer, x, bias=None: rows.append(len(x)) or apply(self, layer, x, bias)
+method = L.make_dense_method(lm_head=True)
+assert type(method).__name__ == "TritonMxfp4LinearMethod" and method.warm_at_load
+assert not L.make_dense_method().warm_at_load
+layer, N, K = torch.nn.Module(), 96, 320  # q/k/v-like partitions; K not a multiple of 128
+method.create_weights(layer, K, [64, 16, 16], K, N, torch.bfloat16)
+g = torch.Generator().manual_seed(0)
+layer.weight_packed.data = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+layer.weight_scale.data = torch.randint(118, 130, (N, K // 32), dtype=torch.uint8, generator=g)
+method.process_weights_after_loading(layer)
+assert rows == [1, 2, 3, 4], rows  # warmed to the stand-in's max_num_seqs
+x, b = torch.randn(2, 3, K).to(torch.bfloat16), torch.randn(N).to(torch.bfloat16)
+y = method.apply(layer, x, b)
+ref = mxfp4_linear(x.reshape(6, K), layer.weight_packed, layer.weight_scale, b).reshape(2, 3, N)
+assert y.shape == (2, 3, N) and y.dtype == torch.bfloat16
+assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2
+assert method.apply(layer, x[:0, :0].reshape(0, K)).shape == (0, N)
+# one opaque op to torch.compile (vLLM compiles the model with fullgraph=True)
+compiled = torch.compile(lambda t: method.apply(layer, t, b), backend="eager", fullgraph=True)
+assert torch.equal(compiled(x), y)
+print("ok")
+"""
+
+
+def test_dense_layers_on_mxrepacks_kernels_through_a_registered_op(tmp_path):
+    """The plugin's ``mxrepack`` dense method against a stand-in for the vLLM names it touches: chosen by
+    ``$MXREPACK_DENSE_KERNEL``, lm_head warmed at load to ``max_num_seqs``, the op's result against the reference,
+    and Dynamo tracing it as one call."""
+    for path, text in _VLLM_STAND_IN.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}", "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", _DENSE_ON_MXREPACK], env=env, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
