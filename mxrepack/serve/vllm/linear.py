@@ -119,8 +119,10 @@ WARM_ROWS = (1, 2, 3, 4, 16, 17, 32, 64, 65, 256)
 
 def _max_logit_rows() -> int:
     """The most rows vLLM computes logits for in one step (one a sequence), from the config being loaded."""
-    from vllm.config import get_current_vllm_config_or_none
-
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:  # a vLLM without it (0.26 has it; 0.33 unverified): warm every class
+        return max(WARM_ROWS)
     config = get_current_vllm_config_or_none()
     return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None) or max(WARM_ROWS)
 
