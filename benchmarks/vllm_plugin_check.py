@@ -13,7 +13,8 @@ docs/SERVING.md "Proof"). One run:
    records the time to ready, the weight phase (vLLM's ``load_model``: ``load_weights`` + process after loading, timed
    by wrapping vLLM's loader), the GPU memory the load peaked at above what was allocated before it, greedy tokens and
    the top-5 logprobs of every prompt position and generated token, and the decode speed of 64 greedy tokens for 1 and
-   for 4 sequences (for scale: at the fixture's depth lm_head and per-step overheads dominate it);
+   for 4 sequences (for scale: at the fixture's depth lm_head and per-step overheads dominate it); with ``--profile``
+   also 16 decode steps under torch.profiler (host against GPU time, graph launches, the costliest ops);
 3. compares each case with its baseline (stock vLLM on the source with the same MoE backend): greedy tokens equal, and
    the largest |logprob difference| over the tokens both list;
 4. ``_convert``: for every expert layout, the tensors the plugin hands to vLLM's kernel (the stored bytes, retyped as
@@ -71,6 +72,7 @@ _MT = {"enable_multithread_load": True, "num_threads": 8}
 # dense kernels at 17-128 rows are captured too, not only the decode steps (3 sequences, padded to 4)
 _GRAPHS = {"enforce_eager": False, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128]}}
 _ENV = "_env"  # a case's environment for its engine process, not an LLM argument
+_PROFILE = "_profile"  # --profile: the engine profiles its decode steps, not an LLM argument
 _DENSE_TRITON = {"MXREPACK_DENSE_KERNEL": "mxrepack"}
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
@@ -165,6 +167,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     kwargs = json.loads(kwargs_json)
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
     record["env"] = kwargs.pop(_ENV, {})
+    profile_steps = kwargs.pop(_PROFILE, False)
     os.environ.update(record["env"])
     try:
         import vllm
@@ -228,11 +231,48 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                 llm.generate(prompts, timed, use_tqdm=False)
                 torch.cuda.synchronize()
                 record[f"decode_tok_s_batch{batch}"] = 64 * batch / (time.perf_counter() - t)
+        if profile_steps:
+            record["profile"] = _profile_decode(llm, SamplingParams)
         record["ok"] = True
     except BaseException as e:  # noqa: BLE001 - the record says what failed
         record["error"] = f"{type(e).__name__}: {e}"[:2000]
         record["traceback"] = traceback.format_exc()[-8000:]
     Path(out).write_text(json.dumps(record))
+
+
+def _profile_decode(llm, SamplingParams, tokens: int = 16) -> dict:
+    """Where one sequence's decode steps spend their time: ``tokens`` greedy tokens under torch.profiler (after the
+    timed runs, so nothing compiles): the steps' wall time, the GPU kernels' summed time, graph launches against
+    single kernel launches made by the host, and the host ops and kernels that took the most."""
+    import collections
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sp = SamplingParams(temperature=0.0, max_tokens=tokens, detokenize=False, ignore_eos=True)
+    prompt = [{"prompt_token_ids": PROMPTS[0]}]
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        llm.generate(prompt, sp, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    runtime, kernel_us, host_us = collections.Counter(), collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernel_us[e.name[:80]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        elif e.name.startswith(("cuda", "cu")):
+            runtime[e.name] += 1
+        else:
+            host_us[e.name[:80]] += e.self_cpu_time_total
+    return {
+        "steps": tokens,
+        "ms_per_step_profiled": wall / tokens * 1e3,
+        "gpu_kernel_ms_per_step": sum(kernel_us.values()) / tokens / 1e3,
+        "runtime_calls": runtime.most_common(12),
+        "kernel_us": kernel_us.most_common(20),
+        "host_self_us": host_us.most_common(20),
+    }
 
 
 def compare(a: dict, b: dict) -> dict:
@@ -468,6 +508,11 @@ def main() -> None:
         help="run the case list this many times, interleaved (one engine per case and round); each case's record "
         "keeps every round's times and their medians, logprobs are compared in the first round",
     )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="each engine also profiles 16 decode steps of one sequence (torch.profiler): host against GPU time",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -522,7 +567,7 @@ def main() -> None:
         out.unlink(missing_ok=True)
         t = time.perf_counter()
         _subprocess(
-            ["_engine", str(model), str(out), json.dumps(kwargs)],
+            ["_engine", str(model), str(out), json.dumps(kwargs | ({_PROFILE: True} if args.profile else {}))],
             work / f"case-{name}.log",
             {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
         )
@@ -546,6 +591,13 @@ def main() -> None:
             )
         }
         print(f"== {name}: {line}", flush=True)
+        if "profile" in rec:
+            prof = rec["profile"]
+            print(
+                f"   profile: {prof['ms_per_step_profiled']:.2f} ms a step, of which GPU kernels "
+                f"{prof['gpu_kernel_ms_per_step']:.2f} ms; host calls {prof['runtime_calls'][:4]}",
+                flush=True,
+            )
         if not rec.get("ok"):
             print(rec.get("traceback", (work / f"case-{name}.log").read_text()[-4000:])[-3000:], flush=True)
         if baseline and baseline not in results["cases"] and (work / f"case-{baseline}.json").exists():
