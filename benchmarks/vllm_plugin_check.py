@@ -168,6 +168,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
     record["env"] = kwargs.pop(_ENV, {})
     profile_steps = kwargs.pop(_PROFILE, False)
+    os.environ.pop("MXREPACK_DENSE_KERNEL", None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
     try:
         import vllm
@@ -220,8 +221,9 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                     ],
                 }
             )
-        # decode speed, for scale only (a 2-layer model: lm_head and per-step overheads dominate): 64 greedy tokens
-        # for 1 and for 4 sequences, each timed on its second run (the first compiles what the sizes need)
+        # generation speed, for scale only (a 2-layer model: lm_head and per-step overheads dominate): 64 greedy
+        # tokens for 1 and for 4 sequences, their 24-token prompts' prefill included (a prefix-cache hit on the timed
+        # run), each timed on its second run (the first compiles what the sizes need)
         for batch in (1, 4):
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": PROMPTS[i % len(PROMPTS)]} for i in range(batch)]

@@ -23,6 +23,7 @@ from mxrepack.serve.spec import (
     ServeSpec,
     check_checkpoint,
     check_vllm_version,
+    chosen_dense_kernel,
     dense_kernel,
     serve_hint,
     serving,
@@ -154,6 +155,14 @@ def test_vllm_versions_outside_the_tested_range_are_refused_in_one_line(version,
 def test_the_dense_kernel_is_chosen_by_environment_with_marlin_by_default(value, kernel):
     environ = {} if value is None else {"MXREPACK_DENSE_KERNEL": value}
     assert dense_kernel(environ) == kernel
+
+
+def test_the_dense_kernel_recorded_by_the_config_process_wins_over_a_workers_environment():
+    assert chosen_dense_kernel({"dense_kernel": "mxrepack"}, {}) == "mxrepack"
+    assert chosen_dense_kernel({"dense_kernel": "marlin"}, {"MXREPACK_DENSE_KERNEL": "mxrepack"}) == "marlin"
+    assert chosen_dense_kernel({"quant_method": "mxrepack"}, {"MXREPACK_DENSE_KERNEL": "mxrepack"}) == "mxrepack"
+    with pytest.raises(MxRepackError, match=r"^quantization_config.dense_kernel is 'cutlass': expected one of marlin"):
+        chosen_dense_kernel({"dense_kernel": "cutlass"}, {})
 
 
 def test_an_unknown_dense_kernel_is_one_line_naming_the_variable_and_the_choices():
@@ -346,38 +355,45 @@ _VLLM_STAND_IN = {
         "    target_lib.impl(op_name, op_func, dispatch_key=dispatch_key)\n"
         "    target_lib._register_fake(op_name, fake_impl)\n"
     ),
-    "vllm/config/__init__.py": (
-        "import types\n"
-        "def get_current_vllm_config_or_none():\n"
-        "    return types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=4))\n"
-    ),
 }
 
 _DENSE_ON_MXREPACK = """
-import os, torch
-os.environ["MXREPACK_DENSE_KERNEL"] = "mxrepack"
+import torch
 from mxrepack.kernels.reference import mxfp4_linear
 from mxrepack.serve.vllm import linear as L
 
+assert type(L.make_dense_method("marlin")).__name__ == "MarlinMxfp4LinearMethod" and L._LIB is None
 rows = []
 apply = L.TritonMxfp4LinearMethod.apply
 L.TritonMxfp4LinearMethod.apply = lambda self, layer, x, bias=None: rows.append(len(x)) or apply(self, layer, x, bias)
-method = L.make_dense_method(lm_head=True)
-assert type(method).__name__ == "TritonMxfp4LinearMethod" and method.warm_at_load
-assert not L.make_dense_method().warm_at_load
-layer, N, K = torch.nn.Module(), 96, 320  # q/k/v-like partitions; K not a multiple of 128
-method.create_weights(layer, K, [64, 16, 16], K, N, torch.bfloat16)
-g = torch.Generator().manual_seed(0)
-layer.weight_packed.data = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
-layer.weight_scale.data = torch.randint(118, 130, (N, K // 32), dtype=torch.uint8, generator=g)
-method.process_weights_after_loading(layer)
-assert rows == [1, 2, 3, 4], rows  # warmed to the stand-in's max_num_seqs
-x, b = torch.randn(2, 3, K).to(torch.bfloat16), torch.randn(N).to(torch.bfloat16)
+
+
+def loaded(N=96, K=320):  # q/k/v-like partitions; K not a multiple of 128
+    method, layer = L.make_dense_method("mxrepack"), torch.nn.Module()
+    method.create_weights(layer, K, [64, 16, 16], K, N, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    layer.weight_packed.data = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+    layer.weight_scale.data = torch.randint(118, 130, (N, K // 32), dtype=torch.uint8, generator=g)
+    method.process_weights_after_loading(layer)
+    return method, layer
+
+
+method, layer = loaded()
+assert type(method).__name__ == "TritonMxfp4LinearMethod" and L._LIB is not None
+assert rows == list(L.WARM_ROWS), rows  # every row-count class compiled at load
+loaded()
+assert rows == list(L.WARM_ROWS), rows  # once a shape
+x, b = torch.randn(2, 3, 320).to(torch.bfloat16), torch.randn(96).to(torch.bfloat16)
 y = method.apply(layer, x, b)
-ref = mxfp4_linear(x.reshape(6, K), layer.weight_packed, layer.weight_scale, b).reshape(2, 3, N)
-assert y.shape == (2, 3, N) and y.dtype == torch.bfloat16
+ref = mxfp4_linear(x.reshape(6, 320), layer.weight_packed, layer.weight_scale, b).reshape(2, 3, 96)
+assert y.shape == (2, 3, 96) and y.dtype == torch.bfloat16
 assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2
-assert method.apply(layer, x[:0, :0].reshape(0, K)).shape == (0, N)
+assert method.apply(layer, x[:0, :0].reshape(0, 320)).shape == (0, 96)
+try:
+    torch.ops.mxrepack.linear_mxfp4(x[0].half(), layer.weight_packed, layer.weight_scale, None, False)
+    raise SystemExit("fp16 activations were taken")
+except ValueError as e:
+    assert "bf16 activations" in str(e)
 # one opaque op to torch.compile (vLLM compiles the model with fullgraph=True)
 compiled = torch.compile(lambda t: method.apply(layer, t, b), backend="eager", fullgraph=True)
 assert torch.equal(compiled(x), y)
@@ -386,9 +402,9 @@ print("ok")
 
 
 def test_dense_layers_on_mxrepacks_kernels_through_a_registered_op(tmp_path):
-    """The plugin's ``mxrepack`` dense method against a stand-in for the vLLM names it touches: chosen by
-    ``$MXREPACK_DENSE_KERNEL``, lm_head warmed at load to ``max_num_seqs``, the op's result against the reference,
-    and Dynamo tracing it as one call."""
+    """The plugin's ``mxrepack`` dense method against a stand-in for the vLLM names it touches: the op registered only
+    when asked for, every row-count class compiled at load once a shape, the op's result against the reference, bf16
+    activations only, and Dynamo tracing it as one call."""
     for path, text in _VLLM_STAND_IN.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)

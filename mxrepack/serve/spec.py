@@ -420,6 +420,21 @@ def dense_kernel(environ: Mapping[str, str] | None = None) -> str:
     return value
 
 
+def chosen_dense_kernel(quantization_config: Mapping, environ: Mapping[str, str] | None = None) -> str:
+    """The dense kernel of one engine: the one the process that built vLLM's config recorded in its
+    ``quantization_config`` (``dense_kernel``; workers may not see that process's environment: vLLM's Ray executor
+    passes on only its own prefixes), else :func:`dense_kernel`. The record is also what keys vLLM's compile cache to
+    the choice (:meth:`mxrepack.serve.vllm.config.MxRepackConfig.maybe_update_config`)."""
+    recorded = quantization_config.get("dense_kernel")
+    if recorded is None:
+        return dense_kernel(environ)
+    if recorded not in DENSE_KERNELS:
+        raise MxRepackError(
+            f"quantization_config.dense_kernel is {recorded!r}: expected one of {', '.join(DENSE_KERNELS)}"
+        )
+    return recorded
+
+
 # The plugin's own reader (mxrepack.serve.vllm.loader), offered as an option: measured on vLLM 0.26 only (H100, sm80)
 FAST_LOAD_FLAG = "--load-format mxrepack"
 FAST_LOAD_WHY = (

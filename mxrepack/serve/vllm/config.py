@@ -12,7 +12,14 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
 from mxrepack.errors import MxRepackError
-from mxrepack.serve.spec import QUANT_METHOD, ServeSpec, check_checkpoint, check_vllm_version, dense_kernel
+from mxrepack.serve.spec import (
+    DENSE_KERNEL_DEFAULT,
+    QUANT_METHOD,
+    ServeSpec,
+    check_checkpoint,
+    check_vllm_version,
+    chosen_dense_kernel,
+)
 
 
 def vllm_version() -> str:
@@ -31,10 +38,11 @@ def vllm_minor() -> tuple[int, int]:
 class MxRepackConfig(QuantizationConfig):
     """An mxrepack output's ``quantization_config`` (:class:`~mxrepack.serve.spec.ServeSpec`) as vLLM's quant config."""
 
-    def __init__(self, spec: ServeSpec):
+    def __init__(self, spec: ServeSpec, dense_kernel: str = DENSE_KERNEL_DEFAULT):
         super().__init__()
         self.spec = spec
         self.dense_prefixes = spec.quantized_vllm_prefixes()
+        self.dense_kernel = dense_kernel  # chosen once, here; travels to the workers with this object
 
     @classmethod
     def get_name(cls) -> str:
@@ -59,7 +67,7 @@ class MxRepackConfig(QuantizationConfig):
         # vLLM hands over quantization_config alone; the dimensions the spec needs come with the model's hf_config
         # in maybe_update_config, so parse what needs no dimensions now and refine there.
         dims = {"hidden_size": 0, "intermediate_size": 0}
-        return cls(ServeSpec.from_config({**dims, "quantization_config": config}))
+        return cls(ServeSpec.from_config({**dims, "quantization_config": config}), chosen_dense_kernel(config))
 
     def maybe_update_config(self, model_name: str, hf_config=None, *args, **kwargs) -> None:
         """Runs in the first process, before any GPU memory is taken: the real dimensions, and for a local checkpoint
@@ -69,17 +77,17 @@ class MxRepackConfig(QuantizationConfig):
             self.dense_prefixes = self.spec.quantized_vllm_prefixes()
         if Path(model_name).is_dir():
             check_checkpoint(model_name, self.spec)
-        kernel = dense_kernel()  # a misspelt $MXREPACK_DENSE_KERNEL: one line now, not at the first layer built
         qc = getattr(hf_config, "quantization_config", None)
         if isinstance(qc, dict) and (self.dense_prefixes or self.spec.lm_head_quantized):
-            # into what vLLM hashes for its torch.compile cache (hf_config is part of the model config's hash): a
-            # graph compiled for one dense kernel calls that kernel's op on that kernel's parameters, and was loaded
-            # from the cache for the other ("KeyError: 'weight'", vLLM 0.26, H100)
-            qc["dense_kernel"] = kernel
+            # recorded where vLLM hashes it for its torch.compile cache (hf_config is part of the model config's
+            # hash; a graph compiled for one dense kernel calls that kernel's op on its parameters, and was loaded
+            # from the cache for the other: "KeyError: 'weight'", vLLM 0.26, H100), and where a worker that rebuilds
+            # this config reads it (chosen_dense_kernel)
+            qc["dense_kernel"] = self.dense_kernel
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`), MXFP4 on
-        the kernel ``$MXREPACK_DENSE_KERNEL`` names (:func:`.linear.make_dense_method`: vLLM's Marlin by default) for
+        the kernel chosen when this config was built (``$MXREPACK_DENSE_KERNEL``: vLLM's Marlin by default) for
         the dense layers (and lm_head) the checkpoint stores as MXFP4, unquantized for every other linear; None
         (vLLM's default) for anything else. A layer that would be sharded across GPUs is refused in one line."""
         if isinstance(layer, RoutedExperts):
@@ -92,14 +100,14 @@ class MxRepackConfig(QuantizationConfig):
                 from mxrepack.serve.vllm.linear import make_dense_method
 
                 check_single_shard(layer, prefix)
-                return make_dense_method(lm_head=True)
+                return make_dense_method(self.dense_kernel)
             return None
         if isinstance(layer, LinearBase):
             if prefix in self.dense_prefixes:
                 from mxrepack.serve.vllm.linear import make_dense_method
 
                 check_single_shard(layer, prefix)
-                return make_dense_method()
+                return make_dense_method(self.dense_kernel)
             return UnquantizedLinearMethod()
         return None
 

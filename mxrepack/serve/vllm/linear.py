@@ -22,15 +22,11 @@ from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
-from mxrepack.serve.spec import dense_kernel
 
-
-def make_dense_method(lm_head: bool = False) -> LinearMethodBase:
-    """The method for one MXFP4 dense layer, on the kernel ``$MXREPACK_DENSE_KERNEL`` names
-    (:func:`mxrepack.serve.spec.dense_kernel`). ``lm_head``: the layer vLLM runs outside its CUDA graphs."""
-    if dense_kernel() == "mxrepack":
-        return TritonMxfp4LinearMethod(warm_at_load=lm_head)
-    return MarlinMxfp4LinearMethod()
+def make_dense_method(kernel: str) -> LinearMethodBase:
+    """The method for one MXFP4 dense layer on ``kernel`` (:data:`mxrepack.serve.spec.DENSE_KERNELS`), as the
+    engine's quant config chose it once (:func:`mxrepack.serve.spec.chosen_dense_kernel`)."""
+    return TritonMxfp4LinearMethod() if kernel == "mxrepack" else MarlinMxfp4LinearMethod()
 
 
 class _StoredMxfp4Linear(LinearMethodBase):
@@ -86,6 +82,8 @@ def _linear_mxfp4_op(
 ) -> torch.Tensor:
     from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
 
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"mxrepack.linear_mxfp4 takes bf16 activations, got {x.dtype}")
     if x.shape[0] == 0:  # no tokens (a dummy batch): no launch with an empty grid
         return x.new_empty(0, weight.shape[0])
     return linear_mxfp4(x, weight, scale, bias, fold_scale=fold_scale)
@@ -94,22 +92,27 @@ def _linear_mxfp4_op(
 def _linear_mxfp4_fake(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, fold_scale: bool
 ) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0])
+    return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.bfloat16)
+
+
+_LIB: torch.library.Library | None = None  # holds the op while the process lives
 
 
 def _register_op() -> None:
-    """``torch.ops.mxrepack.linear_mxfp4``, registered the way vLLM registers its own kernels (no
-    ``torch.library.custom_op`` dispatch overhead per call)."""
+    """``torch.ops.mxrepack.linear_mxfp4``, registered once, when the first layer asks for mxrepack's kernels (the
+    default Marlin path needs none of it), the way vLLM registers its own kernels (no ``torch.library.custom_op``
+    dispatch overhead per call). A graph loaded from vLLM's compile cache calls it after the model, and so this, is
+    built."""
+    global _LIB
+    if _LIB is not None:
+        return
     try:
         from vllm.utils.torch_utils import direct_register_custom_op
     except ImportError:  # older layouts of vllm.utils
         from vllm.utils import direct_register_custom_op
 
+    _LIB = torch.library.Library("mxrepack", "FRAGMENT")
     direct_register_custom_op("linear_mxfp4", _linear_mxfp4_op, fake_impl=_linear_mxfp4_fake, target_lib=_LIB)
-
-
-_LIB = torch.library.Library("mxrepack", "FRAGMENT")  # the op lives as long as this module
-_register_op()
 
 
 # Rows at which the kernels differ for some layer (the GEMV at 1, 2 and 4; the split-K and swapped tiles to 16 and
@@ -117,26 +120,18 @@ _register_op()
 WARM_ROWS = (1, 2, 3, 4, 16, 17, 32, 64, 65, 256)
 
 
-def _max_logit_rows() -> int:
-    """The most rows vLLM computes logits for in one step (one a sequence), from the config being loaded."""
-    try:
-        from vllm.config import get_current_vllm_config_or_none
-    except ImportError:  # a vLLM without it (0.26 has it; 0.33 unverified): warm every class
-        return max(WARM_ROWS)
-    config = get_current_vllm_config_or_none()
-    return getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None) or max(WARM_ROWS)
-
-
 class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
     """mxrepack's Triton kernels on the stored bytes (:func:`mxrepack.kernels.linear_mxfp4.linear_mxfp4`).
 
-    ``warm_at_load``: compile the kernels for every row count up to vLLM's ``max_num_seqs`` while loading. vLLM warms
-    the layers inside its CUDA graphs by capturing them, but runs lm_head outside them, and its warm-up computes
-    logits at one row count only, so decode's first steps compiled lm_head's kernels during inference (vLLM 0.26's JIT
-    monitor warned; with ``--jit-monitor-mode error`` it would fail)."""
+    Each layer shape's kernels are compiled at load for every row-count class (:data:`WARM_ROWS`), once a process:
+    vLLM warms only what its CUDA graphs capture, runs lm_head outside them (logits at 1 to ``max_num_seqs`` rows, and
+    a whole prompt chunk's for prompt logprobs) and captures nothing with ``enforce_eager``, so its first requests
+    compiled them during inference (vLLM 0.26's JIT monitor warned; ``--jit-monitor-mode error`` would fail)."""
 
-    def __init__(self, warm_at_load: bool = False):
-        self.warm_at_load = warm_at_load
+    warmed: set[tuple] = set()  # (rows, columns, device, folded): shapes whose kernels this process has compiled
+
+    def __init__(self):
+        _register_op()
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         from mxrepack.kernels.arrival import arrival_counters
@@ -145,15 +140,15 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         # asked once per weight here (it synchronizes): the swapped tiles fold E2M1's bias into the scale where the
         # scales allow it (same bits, faster)
         layer.mxrepack_fold_scale = fits_fold(layer.weight_scale)
+        device = layer.weight_packed.device
         # the split-K tiles' counters, before vLLM captures its CUDA graphs (a capture cannot allocate them)
-        arrival_counters(layer.weight_packed.device, 1, "linear")
-        if self.warm_at_load:
-            rows = [m for m in WARM_ROWS if m <= _max_logit_rows()]
-            x = torch.zeros(
-                max(rows), layer.input_size_per_partition, dtype=torch.bfloat16, device=layer.weight_packed.device
-            )
-            for m in rows:
+        arrival_counters(device, 1, "linear")
+        shape = (*layer.weight_packed.shape, str(device), layer.mxrepack_fold_scale)
+        if shape not in self.warmed:
+            x = torch.zeros(max(WARM_ROWS), layer.input_size_per_partition, dtype=torch.bfloat16, device=device)
+            for m in WARM_ROWS:
                 self.apply(layer, x[:m])
+            self.warmed.add(shape)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]
