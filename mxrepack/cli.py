@@ -173,7 +173,9 @@ def convert(
     from mxrepack.serve.spec import serve_hint
 
     s = result.summary()
-    s["serve"] = serve_hint(result.out, result.expert_layout, result.quantization_config, result.expert_options)
+    s["serve"] = serve_hint(
+        result.out, result.expert_layout, result.quantization_config, result.expert_options, result.dense_format
+    )
     for warning in s["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
     if s["quantization_error"] and not as_json:

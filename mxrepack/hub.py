@@ -216,7 +216,14 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     from mxrepack.layouts import get_layout
-    from mxrepack.serve.spec import FAST_LOAD_FLAG, FAST_LOAD_WHY, RUN_HERE, VLLM_SUPPORTED_TEXT, serving
+    from mxrepack.serve.spec import (
+        FAST_LOAD_FLAG,
+        FAST_LOAD_WHY,
+        RUN_HERE,
+        VLLM_SUPPORTED_TEXT,
+        dense_serving,
+        serving,
+    )
 
     target = manifest["target"]
     base = manifest["source"].get("repo_id")
@@ -269,6 +276,9 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
             f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
             f"supports vLLM {VLLM_SUPPORTED_TEXT}. `{FAST_LOAD_FLAG}`: {FAST_LOAD_WHY}."
         )
+        dense_kernels = dense_serving(dense.get("format", "bf16"), mode)
+        if dense_kernels:
+            load += f" {dense_kernels[0].upper()}{dense_kernels[1:]}."
     elif mode == "compressed-tensors":
         load = (
             "Serve it with vLLM and mxrepack's vLLM plugin (stock vLLM 0.26-0.33 cannot: its compressed-tensors "

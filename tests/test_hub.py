@@ -98,6 +98,9 @@ def test_card_metadata_and_body(output, tmp_path, no_network):
     assert "flashinfer-cutlass" in plan.card and "hidden 288→384" in plan.card and "repack verify" in plan.card
     assert 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm121' in plan.card
     assert "`--load-format mxrepack`: the plugin's reader (threads, page-locked staging), optional;" in plan.card
+    assert (
+        "Dense MXFP4 kernel: vLLM's Marlin MXFP4 linear" in plan.card and "MXREPACK_DENSE_KERNEL=mxrepack" in plan.card
+    )
     assert manifest["tool"]["mxrepack"] in plan.card
     # a Hub source carries its base model, the quantized relation and its license
     manifest["source"] = {**manifest["source"], "repo_id": "openai/gpt-oss-120b", "path": None}

@@ -25,6 +25,7 @@ from mxrepack.serve.spec import (
     check_vllm_version,
     chosen_dense_kernel,
     dense_kernel,
+    dense_serving,
     serve_hint,
     serving,
 )
@@ -192,6 +193,15 @@ def test_repack_says_how_to_serve_each_kind_of_target():
     ct = serve_hint("/m", "compressed-tensors", "compressed-tensors")  # stock vLLM cannot: the plugin serves it
     assert ct[0].startswith('serve: pip install "mxrepack[vllm]"')
     assert ct[1].strip() == "vllm serve /m" and ct[-1].strip().startswith("--load-format mxrepack: the plugin's reader")
+
+
+def test_targets_with_mxfp4_dense_say_which_kernel_serves_it_and_the_option():
+    hint = serve_hint("/m", "flashinfer-cutlass", "mxrepack", None, "mxfp4")
+    assert hint[-2].strip().startswith("dense MXFP4 kernel: vLLM's Marlin MXFP4 linear") and (
+        "MXREPACK_DENSE_KERNEL=mxrepack" in hint[-2]
+    )
+    assert not any("dense" in line for line in serve_hint("/m", "marlin", "mxrepack", None, "bf16"))
+    assert dense_serving("mxfp4", "compressed-tensors") is None  # vLLM's own compressed-tensors linear, no choice
 
 
 def test_the_compressed_tensors_target_names_the_versions_it_is_tested_with(monkeypatch):

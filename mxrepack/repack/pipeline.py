@@ -57,6 +57,7 @@ class RepackResult:
     quantization_config: str  # needs to say how to serve it (mxrepack.serve.spec.serve_hint; serve sits above repack)
     warnings: list[str] = dataclasses.field(default_factory=list)  # NaN/Inf written under --allow-nonfinite
     expert_options: dict = dataclasses.field(default_factory=dict)  # the layout's options (strided's byte order)
+    dense_format: str = "bf16"  # the dense layers' format (MXFP4 ones have a choice of kernel when served)
 
     def summary(self) -> dict:
         return {
@@ -420,4 +421,5 @@ def repack(
         recipe.quantization_config,
         guard.warnings(),
         dict(recipe.expert_options),
+        recipe.dense_format,
     )

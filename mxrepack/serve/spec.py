@@ -443,8 +443,23 @@ FAST_LOAD_WHY = (
 )
 
 
+def dense_serving(dense_format: str, quantization_config: str) -> str | None:
+    """How the plugin serves a target's dense layers, where it has a choice (MXFP4 dense under ``quant_method:
+    mxrepack``); None elsewhere."""
+    if dense_format != "mxfp4" or quantization_config != QUANT_METHOD:
+        return None
+    return (
+        f"dense MXFP4 kernel: {DENSE_KERNELS[DENSE_KERNEL_DEFAULT]}; {DENSE_KERNEL_ENV}=mxrepack runs "
+        "mxrepack's Triton kernels on the same bytes (opt-in: measured on an H100 only, docs/SERVING.md)"
+    )
+
+
 def serve_hint(
-    out: str | Path, target_layout: str | None, quantization_config: str, expert_options: dict | None = None
+    out: str | Path,
+    target_layout: str | None,
+    quantization_config: str,
+    expert_options: dict | None = None,
+    dense_format: str = "bf16",
 ) -> list[str]:
     """The lines ``repack`` prints after a conversion: how to serve the output with vLLM."""
     how, kernel = serving(target_layout, quantization_config, expert_options)
@@ -456,6 +471,9 @@ def serve_hint(
         + ("   (no --quantization needed: config.json names the method)" if quantization_config == "mxrepack" else "")
     )
     lines.append(f"       MoE kernel: {kernel}; one GPU (tensor parallelism 1)")
+    dense = dense_serving(dense_format, quantization_config)
+    if dense:
+        lines.append(f"       {dense}")
     if quantization_config in ("mxrepack", "compressed-tensors"):
         lines.append(f"       {FAST_LOAD_FLAG}: {FAST_LOAD_WHY}")
     return lines
