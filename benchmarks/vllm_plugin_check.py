@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from mxrepack.serve.spec import DENSE_KERNEL_ENV  # noqa: E402  (no vLLM, no torch import)
 
 PROMPTS = [[(7 * i + 3 * j) % 5000 + 100 for j in range(24)] for i in range(3)]
 MAX_TOKENS = 8
@@ -73,7 +74,7 @@ _MT = {"enable_multithread_load": True, "num_threads": 8}
 _GRAPHS = {"enforce_eager": False, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128]}}
 _ENV = "_env"  # a case's environment for its engine process, not an LLM argument
 _PROFILE = "_profile"  # --profile: the engine profiles its decode steps, not an LLM argument
-_DENSE_TRITON = {"MXREPACK_DENSE_KERNEL": "mxrepack"}
+_DENSE_TRITON = {DENSE_KERNEL_ENV: "mxrepack"}
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
     "source-marlin": ("source", {"moe_backend": "marlin"}, None, "stock vLLM, Marlin MoE (the baseline)"),
@@ -168,7 +169,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
     record["env"] = kwargs.pop(_ENV, {})
     profile_steps = kwargs.pop(_PROFILE, False)
-    os.environ.pop("MXREPACK_DENSE_KERNEL", None)  # one exported by the caller would make every case's dense the same
+    os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
     try:
         import vllm

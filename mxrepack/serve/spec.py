@@ -409,15 +409,19 @@ def serving(target_layout: str | None, quantization_config: str, expert_options:
     return 'vLLM with the mxrepack plugin: pip install "mxrepack[vllm]"', f"{kernel} [{gpus}]"
 
 
+def _known_dense_kernel(value: str, named: str) -> str:
+    """``value`` if it names a dense kernel, else one line: where it was read (``named``, the text before the value)
+    and the choices."""
+    if value not in DENSE_KERNELS:
+        raise MxRepackError(f"{named}{value!r}: expected one of {', '.join(DENSE_KERNELS)}")
+    return value
+
+
 def dense_kernel(environ: Mapping[str, str] | None = None) -> str:
     """Which kernel the plugin runs MXFP4 dense layers on: ``$MXREPACK_DENSE_KERNEL`` (``marlin``, the default, or
-    ``mxrepack``), read when the engine builds its layers; anything else is refused in one line."""
+    ``mxrepack``), read when vLLM builds the quant config; anything else is refused in one line."""
     value = (os.environ if environ is None else environ).get(DENSE_KERNEL_ENV, "").strip().lower()
-    if not value:
-        return DENSE_KERNEL_DEFAULT
-    if value not in DENSE_KERNELS:
-        raise MxRepackError(f"{DENSE_KERNEL_ENV}={value!r}: expected one of {', '.join(DENSE_KERNELS)}")
-    return value
+    return _known_dense_kernel(value, f"{DENSE_KERNEL_ENV}=") if value else DENSE_KERNEL_DEFAULT
 
 
 def chosen_dense_kernel(quantization_config: Mapping, environ: Mapping[str, str] | None = None) -> str:
@@ -428,11 +432,7 @@ def chosen_dense_kernel(quantization_config: Mapping, environ: Mapping[str, str]
     recorded = quantization_config.get("dense_kernel")
     if recorded is None:
         return dense_kernel(environ)
-    if recorded not in DENSE_KERNELS:
-        raise MxRepackError(
-            f"quantization_config.dense_kernel is {recorded!r}: expected one of {', '.join(DENSE_KERNELS)}"
-        )
-    return recorded
+    return _known_dense_kernel(recorded, "quantization_config.dense_kernel is ")
 
 
 # The plugin's own reader (mxrepack.serve.vllm.loader), offered as an option: measured on vLLM 0.26 only (H100, sm80)

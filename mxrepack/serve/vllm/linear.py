@@ -22,6 +22,8 @@ from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
+from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
+
 
 def make_dense_method(kernel: str) -> LinearMethodBase:
     """The method for one MXFP4 dense layer on ``kernel`` (:data:`mxrepack.serve.spec.DENSE_KERNELS`), as the
@@ -80,8 +82,6 @@ class MarlinMxfp4LinearMethod(_StoredMxfp4Linear):
 def _linear_mxfp4_op(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, fold_scale: bool
 ) -> torch.Tensor:
-    from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
-
     if x.dtype != torch.bfloat16:
         raise ValueError(f"mxrepack.linear_mxfp4 takes bf16 activations, got {x.dtype}")
     if x.shape[0] == 0:  # no tokens (a dummy batch): no launch with an empty grid
