@@ -73,6 +73,7 @@ _MT = {"enable_multithread_load": True, "num_threads": 8}
 # dense kernels at 17-128 rows are captured too, not only the decode steps (3 sequences, padded to 4)
 _GRAPHS = {"enforce_eager": False, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128]}}
 _ENV = "_env"  # a case's environment for its engine process, not an LLM argument
+DECODE_RUNS = 5  # timed generations per batch size, after the first
 _PROFILE = "_profile"  # --profile: the engine profiles its decode steps, not an LLM argument
 _DENSE_TRITON = {DENSE_KERNEL_ENV: "mxrepack"}
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
@@ -224,16 +225,20 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             )
         # generation speed, for scale only (a 2-layer model: lm_head and per-step overheads dominate): 64 greedy
         # tokens for 1 and for 4 sequences, their 24-token prompts' prefill included (a prefix-cache hit on the timed
-        # run), each timed on its second run (the first compiles what the sizes need)
+        # runs); the median of 5 runs after one that compiles what the sizes need (one run of ~0.1 s moved by 10%
+        # between engines of the same case)
         for batch in (1, 4):
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": PROMPTS[i % len(PROMPTS)]} for i in range(batch)]
-            for _ in range(2):
+            runs = []
+            for _ in range(1 + DECODE_RUNS):
                 torch.cuda.synchronize()
                 t = time.perf_counter()
                 llm.generate(prompts, timed, use_tqdm=False)
                 torch.cuda.synchronize()
-                record[f"decode_tok_s_batch{batch}"] = 64 * batch / (time.perf_counter() - t)
+                runs.append(64 * batch / (time.perf_counter() - t))
+            record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
+            record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
         if profile_steps:
             record["profile"] = _profile_decode(llm, SamplingParams)
         record["ok"] = True
@@ -275,6 +280,8 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16) -> dict:
         "runtime_calls": runtime.most_common(12),
         "kernel_us": kernel_us.most_common(20),
         "host_self_us": host_us.most_common(20),
+        # the host time of mxrepack's own ops (the registered dense op, the MoE method's calls) a step
+        "host_mxrepack_us_per_step": sum(v for k, v in host_us.items() if "mxrepack" in k) / tokens,
     }
 
 
