@@ -13,7 +13,8 @@ docs/SERVING.md "Proof"). One run:
    records the time to ready, the weight phase (vLLM's ``load_model``: ``load_weights`` + process after loading, timed
    by wrapping vLLM's loader), the GPU memory the load peaked at above what was allocated before it, greedy tokens and
    the top-5 logprobs of every prompt position and generated token, and the decode speed of 64 greedy tokens for 1 and
-   for 4 sequences (for scale: at the fixture's depth lm_head and per-step overheads dominate it); with ``--profile``
+   for 4 sequences (``--batches``; at 2 layers the host's step dominates it: tens of sequences and ``--layers 12``
+   let the kernels set it); with ``--profile``
    also 16 decode steps under torch.profiler (host against GPU time, graph launches, the costliest ops);
 3. compares each case with its baseline (stock vLLM on the source with the same MoE backend): greedy tokens equal, and
    the largest |logprob difference| over the tokens both list;
@@ -75,6 +76,7 @@ _GRAPHS = {"enforce_eager": False, "compilation_config": {"cudagraph_capture_siz
 _ENV = "_env"  # a case's environment for its engine process, not an LLM argument
 DECODE_RUNS = 5  # timed generations per batch size, after the first
 _PROFILE = "_profile"  # --profile: the engine profiles its decode steps, not an LLM argument
+_BATCHES = "_batches"  # --batches: the sequence counts whose decode is timed, not an LLM argument
 _DENSE_TRITON = {DENSE_KERNEL_ENV: "mxrepack"}
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
@@ -170,6 +172,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
     record["env"] = kwargs.pop(_ENV, {})
     profile_steps = kwargs.pop(_PROFILE, False)
+    batches = kwargs.pop(_BATCHES, [1, 4])
     os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
     try:
@@ -199,7 +202,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             "skip_tokenizer_init": True,
             "enforce_eager": True,
             "max_model_len": 256,
-            "max_num_seqs": 4,
+            "max_num_seqs": max(4, *batches),
             "gpu_memory_utilization": 0.35,
             "seed": 0,
             "tensor_parallel_size": 1,
@@ -227,7 +230,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         # tokens for 1 and for 4 sequences, their 24-token prompts' prefill included (a prefix-cache hit on the timed
         # runs); the median of 5 runs after one that compiles what the sizes need (one run of ~0.1 s moved by 10%
         # between engines of the same case)
-        for batch in (1, 4):
+        for batch in batches:
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": PROMPTS[i % len(PROMPTS)]} for i in range(batch)]
             runs = []
@@ -523,6 +526,12 @@ def main() -> None:
         action="store_true",
         help="each engine also profiles 16 decode steps of one sequence (torch.profiler): host against GPU time",
     )
+    ap.add_argument(
+        "--batches",
+        default="1,4",
+        help="sequence counts whose decode speed is timed (engines take max_num_seqs to match); past a few layers and "
+        "tens of sequences the kernels, not the host's step, set it",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -560,6 +569,7 @@ def main() -> None:
     except Exception:  # noqa: BLE001
         pass
     names = args.cases.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
     for round_, name in [(r, n) for r in range(args.repeat) for n in names]:
         what, kwargs, baseline, expect = CASES[name]
         if round_:
@@ -577,7 +587,7 @@ def main() -> None:
         out.unlink(missing_ok=True)
         t = time.perf_counter()
         _subprocess(
-            ["_engine", str(model), str(out), json.dumps(kwargs | ({_PROFILE: True} if args.profile else {}))],
+            ["_engine", str(model), str(out), json.dumps(kwargs | {_PROFILE: args.profile, _BATCHES: batches})],
             work / f"case-{name}.log",
             {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
         )
@@ -588,17 +598,8 @@ def main() -> None:
         line = {
             k: (round(v, 3) if isinstance(v, float) else v)
             for k, v in rec.items()
-            if k
-            in (
-                "ok",
-                "ready_s",
-                "weight_phase_s",
-                "load_peak_gib",
-                "load_end_gib",
-                "decode_tok_s_batch1",
-                "decode_tok_s_batch4",
-                "error",
-            )
+            if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error")
+            or (k.startswith("decode_tok_s_batch") and not k.endswith("_runs"))
         }
         print(f"== {name}: {line}", flush=True)
         if "profile" in rec:
