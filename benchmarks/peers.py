@@ -5,11 +5,12 @@ Not a test.
 
 Needs vLLM (on the lent GPU: ../shared/tools/vllm-kit; docs/SERVING.md "Reproduce" has the calls). Peers:
 
-* MoE, 120b shapes (128 experts, top-4, H = I = 2880): vLLM's Marlin MXFP4 MoE (``fused_marlin_moe``) and OpenAI's
-  triton_kernels ``matmul_ogs`` as vendored in vLLM (``triton_kernel_fused_experts``, routing metadata built in the
-  timed call as vLLM does), each on the tensors vLLM's own ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` makes
-  from one random gpt-oss layer at vLLM's padding for that backend; mxrepack's ``moe_mxfp4`` on the same layer in the
-  ``strided`` layout. T in {1, 4, 8, 16, 32, 64, 128, 512, 1024, 4096}.
+* MoE, 120b shapes (128 experts, top-4, H = I = 2880; ``--experts 32``: the 20b's): vLLM's Marlin MXFP4 MoE
+  (``fused_marlin_moe``) and OpenAI's triton_kernels ``matmul_ogs`` as vendored in vLLM
+  (``triton_kernel_fused_experts``, routing metadata built in the timed call as vLLM does), each on the tensors vLLM's
+  own ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` makes from one random gpt-oss layer at vLLM's padding for
+  that backend; mxrepack's ``moe_mxfp4`` on the same layer in the ``strided`` layout. T in {1, 4, 8, 16, 32, 64, 128,
+  512, 1024, 4096}.
 * Dense W4A16 (qkv 5120x2880, o 2880x4096, lm_head 201088x2880) at M in {1, 4, 16, 64} and prefill M in {2048, 8192}:
   mxrepack's ``linear_mxfp4``, vLLM's Marlin MXFP4 linear (through the plugin's ``MarlinMxfp4LinearMethod``:
   ``prepare_fp4_layer_for_marlin`` + ``apply_fp4_marlin_linear``) and cuBLAS BF16 (``x @ W.T``); weights rotate through
@@ -658,9 +659,16 @@ def main() -> None:
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
+    ap.add_argument(
+        "--experts",
+        type=int,
+        default=E,
+        help="MoE experts (top-4 of them a token): 128 is gpt-oss-120b, 32 gpt-oss-20b (4x the rows per expert at a T)",
+    )
     ap.add_argument("--commit", help="the commit under test, for the record")
     ap.add_argument("--json")
     args = ap.parse_args()
+    globals()["E"] = args.experts  # read by moe() and moe_sweep() at their call
     import triton
 
     meta = {
@@ -669,6 +677,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
+        "experts": E,
     }
     try:
         import vllm
