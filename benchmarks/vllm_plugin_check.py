@@ -40,7 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from mxrepack.serve.spec import DENSE_KERNEL_ENV  # noqa: E402  (no vLLM, no torch import)
 
-PROMPTS = [[(7 * i + 3 * j) % 5000 + 100 for j in range(24)] for i in range(3)]
+
+def _prompt(i: int) -> list[int]:
+    """The i-th 24-token prompt (token ids; distinct for i < 714)."""
+    return [(7 * i + 3 * j) % 5000 + 100 for j in range(24)]
+
+
+PROMPTS = [_prompt(i) for i in range(3)]
 MAX_TOKENS = 8
 TOP = 5
 
@@ -202,7 +208,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             "skip_tokenizer_init": True,
             "enforce_eager": True,
             "max_model_len": 256,
-            "max_num_seqs": max(4, *batches),
+            "max_num_seqs": max([4, *batches]),
             "gpu_memory_utilization": 0.35,
             "seed": 0,
             "tensor_parallel_size": 1,
@@ -226,13 +232,14 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                     ],
                 }
             )
-        # generation speed, for scale only (a 2-layer model: lm_head and per-step overheads dominate): 64 greedy
-        # tokens for 1 and for 4 sequences, their 24-token prompts' prefill included (a prefix-cache hit on the timed
-        # runs); the median of 5 runs after one that compiles what the sizes need (one run of ~0.1 s moved by 10%
-        # between engines of the same case)
+        # generation speed: 64 greedy tokens for each batch size (1 and 4 sequences unless --batches; at 2 layers
+        # lm_head and the host's step dominate it), their 24-token prompts' prefill included (a prefix-cache hit on
+        # the timed runs); the median of 5 runs after one that compiles what the sizes need (one run of ~0.1 s moved by
+        # 10% between engines of the same case). Each sequence its own prompt: copies of a few would decode the same
+        # tokens and route every copy to the same experts (09f898c's 64 sequences were copies of 3: 12 experts at most)
         for batch in batches:
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
-            prompts = [{"prompt_token_ids": PROMPTS[i % len(PROMPTS)]} for i in range(batch)]
+            prompts = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
             runs = []
             for _ in range(1 + DECODE_RUNS):
                 torch.cuda.synchronize()
@@ -573,7 +580,7 @@ def main() -> None:
     for round_, name in [(r, n) for r in range(args.repeat) for n in names]:
         what, kwargs, baseline, expect = CASES[name]
         if round_:
-            _repeat(name, work, results["cases"])
+            _repeat(name, work, results["cases"], batches)
             if args.json:
                 Path(args.json).write_text(json.dumps(_summary(results), indent=1))
             continue
@@ -637,7 +644,7 @@ def main() -> None:
 _TIMES = ("ready_s", "weight_phase_s", "load_peak_gib")
 
 
-def _repeat(name: str, work: Path, cases: dict) -> None:
+def _repeat(name: str, work: Path, cases: dict, batches: list[int]) -> None:
     """A later round of one case: the same engine run again (same checkpoint, kwargs), only its times kept."""
     rec = cases.get(name)
     if not (rec and rec.get("ok")):
@@ -646,7 +653,7 @@ def _repeat(name: str, work: Path, cases: dict) -> None:
     out.unlink(missing_ok=True)
     log = work / f"case-{name}-again.log"
     _subprocess(
-        ["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1])],
+        ["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1] | {_BATCHES: batches})],
         log,
         {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )

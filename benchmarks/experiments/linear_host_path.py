@@ -1,0 +1,50 @@
+"""The host time of mxrepack's own Python in one ``linear_mxfp4`` call, the kernel launches stubbed out. CPU only.
+
+    python benchmarks/experiments/linear_host_path.py [OUT.json]
+
+vLLM runs lm_head outside its CUDA graphs, so each decode step pays the dense op's host path (PERF_LOG stop 30: 200 us
+a step under torch.profiler on the device, against 61-71 us for Marlin's). This separates the part that is ours (shape
+checks, the dispatch, the output and activation buffers) from Triton's launcher: the three GEMV-path kernels are
+replaced by objects whose launch does nothing, and the call is timed on CPU tensors. The CPU branch picks the portable
+GEMV configurations (the CUDA one also asks ``launches_dependents``); the work per call is otherwise the same.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+import mxrepack.kernels.gemv_mxfp4 as gemv
+from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def main() -> None:
+    gemv._gemv_f16x2_kernel = gemv._prepare_x_kernel = gemv._gemv_mxfp4_kernel = _NoLaunch()
+    shapes = {"lm_head": (201088, 2880), "qkv": (5120, 2880), "o": (2880, 4096)}
+    record = {"torch": torch.__version__, "calls": 5000, "us_per_call": {}}
+    for name, (n, k) in shapes.items():
+        w = torch.zeros(n, k // 2, dtype=torch.uint8)
+        s = torch.zeros(n, k // 32, dtype=torch.uint8)
+        x = torch.zeros(1, k, dtype=torch.bfloat16)
+        for _ in range(200):
+            linear_mxfp4(x, w, s, None, fold_scale=True)
+        t = time.perf_counter()
+        for _ in range(record["calls"]):
+            linear_mxfp4(x, w, s, None, fold_scale=True)
+        record["us_per_call"][name] = (time.perf_counter() - t) / record["calls"] * 1e6
+        print(f"{name} M = 1: {record['us_per_call'][name]:.1f} us of mxrepack's Python a call", flush=True)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
