@@ -167,6 +167,14 @@ CASES = {
         "marlin-dense-graphs",
         "the same dense bytes on mxrepack's kernels against vLLM's Marlin, both compiled + graphs",
     ),
+    # the same without programmatic dependent launch (lm_head's GEMV then waits for its activations' preparation in
+    # the stream): one suspect of the dense option's one-sequence gap (PERF_LOG stop 30)
+    "dense-mxrepack-graphs-nopdl": (
+        "marlin-dense",
+        {_ENV: {**_DENSE_TRITON, "MXREPACK_PDL": "0"}, **_GRAPHS},
+        "dense-mxrepack-graphs",
+        "bit-identical to dense-mxrepack-graphs (the same math, launches one after the other)",
+    ),
 }
 
 
