@@ -1,0 +1,36 @@
+"""The plugin check's case table (benchmarks/vllm_plugin_check.py) is consistent: it runs only on the GPU machine,
+where a typo in a case costs a device call. No vLLM, no GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from mxrepack.recipes import builtin_names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _check_module():
+    spec = importlib.util.spec_from_file_location("vllm_plugin_check", ROOT / "benchmarks" / "vllm_plugin_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_case_names_a_checkpoint_and_a_known_baseline():
+    check = _check_module()
+    checkpoints = {"source", "marlin-dense-twin", *check.RECIPES, *builtin_names()}
+    for name, (what, kwargs, baseline, expect) in check.CASES.items():
+        assert what in checkpoints, f"case {name}: {what!r} is neither a target, a recipe nor the source"
+        assert baseline is None or baseline in check.CASES, f"case {name}: baseline {baseline!r} is not a case"
+        assert baseline != name and expect, name
+        # the check's private keys are popped before LLM(...); anything else must be an LLM argument, not a typo of one
+        assert not {k for k in kwargs if k.startswith("_")} - {check._ENV}, name
+        assert all(isinstance(v, str) for v in kwargs.get(check._ENV, {}).values()), f"case {name}: env values are str"
+
+
+def test_timed_sequences_have_their_own_prompts():
+    check = _check_module()
+    prompts = [tuple(check._prompt(i)) for i in range(64)]
+    assert len(set(prompts)) == 64 and [list(p) for p in prompts[:3]] == check.PROMPTS
