@@ -2,6 +2,7 @@
 Not a test.
 
     python benchmarks/peers.py [--quick] [--json out.json] [--commit C]
+    DISABLE_MMA_V3=1 python benchmarks/peers.py --only moe   # sm_12x's mma.sync code path on a Hopper, against Marlin
 
 Needs vLLM (on the lent GPU: ../shared/tools/vllm-kit; docs/SERVING.md "Reproduce" has the calls). Peers:
 
@@ -27,6 +28,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import sys
 import traceback
 from datetime import date
@@ -197,9 +199,17 @@ def time_it(fn, n: int) -> tuple[float, str]:
         return do_bench(fn, warmup=10, rep=100), "eager (capture failed)"
 
 
+def mma_v3_disabled() -> bool:
+    """Triton's ``DISABLE_MMA_V3`` is on: Hopper builds take ``mma.sync`` as sm_12x's do (``experiments/
+    mma_v2_proxy.py``: the rows order's tiles compile to sm_121a's loops), so this run times GB10's code path on the
+    H100. The wgmma order cannot run then, and triton_kernels (Triton too, its Hopper layouts made for wgmma) is not
+    the peer it is in vLLM: Marlin, an ``mma.sync`` kernel either way, is the peer."""
+    return os.environ.get("DISABLE_MMA_V3", "").lower() in ("1", "true", "on")
+
+
 def wgmma_here() -> bool:
-    """Whether this GPU runs the strided layout's wgmma order (Hopper)."""
-    return torch.cuda.get_device_capability()[0] == 9
+    """Whether this GPU runs the strided layout's wgmma order (Hopper, wgmma not disabled)."""
+    return torch.cuda.get_device_capability()[0] == 9 and not mma_v3_disabled()
 
 
 def wgmma_layer(W: dict) -> dict:
@@ -221,7 +231,8 @@ def moe(rows: list, quick: bool) -> None:
             lambda x, ids, wts: moe_mxfp4(x, ids, wts, Wg, fold_scale=fold, order="wgmma"),
             "strided order wgmma, 2944 x 2944",
         )
-    for name, make in (("vllm_marlin", marlin_moe), ("triton_kernels", triton_kernels_moe)):
+    peers = (("vllm_marlin", marlin_moe),) + (() if mma_v3_disabled() else (("triton_kernels", triton_kernels_moe),))
+    for name, make in peers:
         try:
             impls[name] = make(W)
         except Exception as e:  # noqa: BLE001 - recorded, the others still run
@@ -678,6 +689,7 @@ def main() -> None:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "experts": E,
+        "DISABLE_MMA_V3": mma_v3_disabled(),
     }
     try:
         import vllm
