@@ -5,6 +5,7 @@ layout is checked in the TTGIR (a helper session's finding, 2026-11-25; no GPU h
 
     TRITON_INTERPRET=1 python benchmarks/experiments/mma2_order_probe.py check
     python benchmarks/experiments/mma2_order_probe.py sass [OUT.json]
+    DISABLE_MMA_V3=1 python benchmarks/experiments/mma2_order_probe.py time [OUT.json]   # a Hopper GPU
 
 Why another order: for a bf16 A operand fed from i8 bytes through a ``tl.join``, Triton 3.9 gives the mma v2 dot
 operand kWidth = 8 (the narrowest load in its chain, 8 bits, halved by the join, 32 / 4), so lane 4 g + t of a warp
@@ -202,5 +203,81 @@ def sass(out: str | None = None) -> None:
         Path(out).write_text(json.dumps(rows, indent=1))
 
 
+NSPLIT = {16: 1, 32: 2, 64: 2, 128: 4}  # dots per decoded K tile, as `sass` builds them
+
+
+def time(out: str | None = None) -> None:
+    """GPU. The dense stand-in of ``fragment_order_probe.time`` (32 experts' gate_up rows, K = 2944, 16-128 tokens):
+    the probe on the ``mma2`` order against ``linear_mxfp4``'s shipped swapped tiles on the same weights in natural
+    order, each output checked against the fp32 reference. Run it under ``DISABLE_MMA_V3=1`` on a Hopper
+    (``mma_v2_proxy.py``: both then build sm_12x's ``mma.sync`` loops; without it the probe decodes the wrong bytes
+    there, and the record says which it was)."""
+    import functools
+    import os
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from common import deq, rand_mx
+    from triton.testing import do_bench
+
+    from mxrepack.kernels.linear_mxfp4 import LinearConfig, linear_mxfp4
+
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "triton": triton.__version__,
+        "DISABLE_MMA_V3": os.environ.get("DISABLE_MMA_V3", ""),
+    }
+    rows: list[dict] = []
+
+    def measure(label: str, run, view, ref, flops: float, M: int) -> None:
+        rec = {"M": M, "candidate": label}
+        try:
+            got = view(run())
+            rec["rel_err"] = float((got - ref).norm() / ref.norm())
+            rec["ms"] = do_bench(run, warmup=25, rep=200)
+            rec["tflops"] = flops / rec["ms"] / 1e9
+        except Exception as e:  # noqa: BLE001 - recorded, the others still run
+            rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        rows.append(rec)
+        if out:  # after every row: a run stopped at its time limit keeps what it measured
+            Path(out).write_text(json.dumps({**meta, "rows": rows}, indent=1))
+        shown = f"{rec['ms']:.4f} ms err {rec['rel_err']:.1e}" if "ms" in rec else rec["error"]
+        print(f"M={M:4d} {label:40s} {shown}", flush=True)
+
+    print(json.dumps(meta), flush=True)
+    torch.manual_seed(0)
+    N, K = 5760 * 32, 2944
+    w, ws = rand_mx(N, K)
+    ws.clamp_(max=128)  # the folded decode's precondition (fits_fold), for both
+    wm, sq = mma2_order(w), quad_scale_order(ws)
+    for M in (16, 32, 64, 128):
+        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        ref = x.float() @ deq(w[:4096], ws[:4096]).T  # the first rows: enough to see a wrong order
+        y = torch.empty(N, M, dtype=torch.float32, device="cuda")
+
+        def run(x=x, y=y, M=M):
+            probe_kernel[(N // 64,)](
+                x,
+                wm,
+                sq,
+                y,
+                K,
+                x.stride(0),
+                M=M,
+                BLOCKS=4,
+                ASM=True,
+                ORDER="mma2",
+                NSPLIT=NSPLIT[M],
+                num_warps=4,
+                num_stages=3,
+            )
+            return y
+
+        measure(f"mma2 probe rows64 w4 st3 nsplit{NSPLIT[M]}", run, lambda y: y.T[:, :4096], ref, 2 * M * N * K, M)
+        for bn, warps in ((64, 4), (128, 8)):
+            cfg = LinearConfig(M, bn, 128, 1, warps, 4 if M == 16 else 3, swap_ab=True, fold_scale=True)
+            shipped = functools.partial(linear_mxfp4, x, w, ws, None, "w4a16", cfg, fold_scale=True)
+            measure(f"shipped {cfg.name()}", shipped, lambda y: y[:, :4096].float(), ref, 2 * M * N * K, M)
+
+
 if __name__ == "__main__":
-    {"check": check, "sass": sass}[sys.argv[1]](*sys.argv[2:])
+    {"check": check, "sass": sass, "time": time}[sys.argv[1]](*sys.argv[2:])
