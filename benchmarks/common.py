@@ -56,6 +56,21 @@ def quant_ref(x: torch.Tensor, mode: str) -> torch.Tensor:
     return deq(q, s)
 
 
+def measure_candidate(rec: dict, run, view, ref: torch.Tensor, flops: float) -> dict:
+    """``rec`` with one candidate's relative error (``view(run())`` against ``ref``), time (``do_bench``, ms) and
+    TFLOP/s, or the error that stopped it (e.g. out of shared memory): recorded, the other candidates still run."""
+    from triton.testing import do_bench
+
+    try:
+        got = view(run())
+        rec["rel_err"] = float((got - ref).norm() / ref.norm())
+        rec["ms"] = do_bench(run, warmup=25, rep=200)
+        rec["tflops"] = flops / rec["ms"] / 1e9
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = f"{type(e).__name__}: {e}"[:300]
+    return rec
+
+
 def bench_decode(fn, rep: int = 100) -> float:
     """Decode-sized work (a few microseconds) timed inside a CUDA graph, as engines run decode, so that
     Python launch overhead does not hide the kernel; used for our kernels and cuBLAS alike."""

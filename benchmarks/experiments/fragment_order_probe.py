@@ -1014,21 +1014,13 @@ def time(out: str | None = None, what: str = "all") -> None:
     import json
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from common import deq, rand_mx
-    from triton.testing import do_bench
+    from common import deq, measure_candidate, rand_mx
 
     from mxrepack.kernels.gemv_mxfp4 import pick_gemv_config, sm_count
     from mxrepack.kernels.linear_mxfp4 import LinearConfig, linear_mxfp4
 
     def measure(rows, label, run, view, ref, flops, M):
-        rec = {"M": M, "candidate": label}
-        try:
-            got = view(run())
-            rec["rel_err"] = float((got - ref).norm() / ref.norm())
-            rec["ms"] = do_bench(run, warmup=25, rep=200)
-            rec["tflops"] = flops / rec["ms"] / 1e9
-        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
-            rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        rec = measure_candidate({"M": M, "candidate": label}, run, view, ref, flops)
         rows.append(rec)
         if out:  # after every row: a run stopped at its time limit keeps what it measured
             meta = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "K": K}

@@ -216,8 +216,7 @@ def time(out: str | None = None) -> None:
     import os
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from common import deq, rand_mx
-    from triton.testing import do_bench
+    from common import deq, measure_candidate, rand_mx
 
     from mxrepack.kernels.linear_mxfp4 import LinearConfig, linear_mxfp4
 
@@ -229,14 +228,7 @@ def time(out: str | None = None) -> None:
     rows: list[dict] = []
 
     def measure(label: str, run, view, ref, flops: float, M: int) -> None:
-        rec = {"M": M, "candidate": label}
-        try:
-            got = view(run())
-            rec["rel_err"] = float((got - ref).norm() / ref.norm())
-            rec["ms"] = do_bench(run, warmup=25, rep=200)
-            rec["tflops"] = flops / rec["ms"] / 1e9
-        except Exception as e:  # noqa: BLE001 - recorded, the others still run
-            rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        rec = measure_candidate({"M": M, "candidate": label}, run, view, ref, flops)
         rows.append(rec)
         if out:  # after every row: a run stopped at its time limit keeps what it measured
             Path(out).write_text(json.dumps({**meta, "rows": rows}, indent=1))
