@@ -534,7 +534,7 @@ def main() -> None:
         type=int,
         default=1,
         help="run the case list this many times, interleaved (one engine per case and round); each case's record "
-        "keeps every round's times and their medians, logprobs are compared in the first round",
+        "keeps every round's load times and decode speeds and their medians, logprobs are compared in the first round",
     )
     ap.add_argument(
         "--profile",
@@ -613,8 +613,7 @@ def main() -> None:
         line = {
             k: (round(v, 3) if isinstance(v, float) else v)
             for k, v in rec.items()
-            if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error")
-            or (k.startswith("decode_tok_s_batch") and not k.endswith("_runs"))
+            if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error") or _is_decode_speed(k)
         }
         print(f"== {name}: {line}", flush=True)
         if "profile" in rec:
@@ -652,8 +651,19 @@ def main() -> None:
 _TIMES = ("ready_s", "weight_phase_s", "load_peak_gib")
 
 
+def _is_decode_speed(key: str) -> bool:
+    """A record's median decode speed at one batch size (``decode_tok_s_batch<N>``, not its list of runs)."""
+    return key.startswith("decode_tok_s_batch") and not key.endswith("_runs")
+
+
+def _times(rec: dict) -> dict:
+    """What a round of a case keeps: its load times and its decode speeds."""
+    return {k: v for k, v in rec.items() if k in _TIMES or _is_decode_speed(k)}
+
+
 def _repeat(name: str, work: Path, cases: dict, batches: list[int]) -> None:
-    """A later round of one case: the same engine run again (same checkpoint, kwargs), only its times kept."""
+    """A later round of one case: the same engine run again (same checkpoint, kwargs), only its times (load and
+    decode speed) kept."""
     rec = cases.get(name)
     if not (rec and rec.get("ok")):
         return
@@ -666,12 +676,12 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int]) -> None:
         {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
     again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
-    runs = rec.setdefault("rounds", [{k: rec[k] for k in _TIMES if k in rec}])
+    runs = rec.setdefault("rounds", [_times(rec)])
     if again.get("ok"):
-        runs.append({k: again[k] for k in _TIMES if k in again})
+        runs.append(_times(again))
     else:  # kept with its reason: the medians are of the rounds that ran
         runs.append({"error": again.get("error", "failed"), "log": str(log)})
-    for k in _TIMES:
+    for k in _times(rec):
         vals = [r[k] for r in runs if k in r]
         if vals:
             rec[f"median_{k}"] = statistics.median(vals)

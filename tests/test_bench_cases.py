@@ -4,6 +4,7 @@ where a typo in a case costs a device call. No vLLM, no GPU."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 from mxrepack.recipes import builtin_names
@@ -34,3 +35,23 @@ def test_timed_sequences_have_their_own_prompts():
     check = _check_module()
     prompts = [tuple(check._prompt(i)) for i in range(64)]
     assert len(set(prompts)) == 64 and [list(p) for p in prompts[:3]] == check.PROMPTS
+
+
+def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypatch):
+    check = _check_module()
+    seen = []
+
+    def engine(args, log, env=None):  # the engine subprocess: writes the later round's record
+        seen.append(json.loads(args[3]))
+        Path(args[2]).write_text(json.dumps({"ok": True, "ready_s": 3.0, "decode_tok_s_batch64": 300.0}))
+
+    monkeypatch.setattr(check, "_subprocess", engine)
+    first = {"ok": True, "model": "m", "ready_s": 1.0, "decode_tok_s_batch64": 100.0, "decode_tok_s_batch64_runs": [1]}
+    cases = {"strided-graphs": first}
+    check._repeat("strided-graphs", tmp_path, cases, [1, 64])
+    assert seen[0][check._BATCHES] == [1, 64]  # the later round's engine times the same batch sizes
+    assert first["rounds"] == [
+        {"ready_s": 1.0, "decode_tok_s_batch64": 100.0},
+        {"ready_s": 3.0, "decode_tok_s_batch64": 300.0},
+    ]
+    assert first["median_ready_s"] == 2.0 and first["median_decode_tok_s_batch64"] == 200.0
