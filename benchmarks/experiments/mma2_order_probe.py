@@ -122,6 +122,17 @@ def probe_kernel(
         tl.store(y_ptr + rn[:, None] * M + 3 * MS + rm[None, :], acc3)
 
 
+# probe_kernel's signature for triton.compile (its constexprs given per build)
+PROBE_SIGNATURE = {
+    "x_ptr": "*bf16",
+    "w_ptr": "*u8",
+    "s_ptr": "*u8",
+    "y_ptr": "*fp32",
+    "K": "i32",
+    "stride_x": "i32",
+} | {name: "constexpr" for name in ("M", "BLOCKS", "ASM", "ORDER", "NSPLIT")}
+
+
 def check() -> None:
     from mxrepack.quant import dequantize_mxfp4
 
@@ -180,15 +191,13 @@ def sass(out: str | None = None) -> None:
 
     from mxrepack.kernels import check as kcheck
 
-    sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32", "K": "i32", "stride_x": "i32"}
-    sig |= {name: "constexpr" for name in ("M", "BLOCKS", "ASM", "ORDER", "NSPLIT")}
     shapes = [(121, M, "mma2", {16: 1, 32: 2, 64: 2, 128: 4}[M]) for M in (16, 32, 64, 128)]
     shapes += [(121, M, "frag", 1) for M in (16, 64)] + [(90, M, "frag", 1) for M in (16, 64)] + [(90, 16, "mma2", 1)]
     rows = []
     for cap, M, order, nsplit in shapes:
         const = {"M": M, "BLOCKS": 4, "ASM": True, "ORDER": order, "NSPLIT": nsplit}
         k = triton.compile(
-            kcheck.specialized(ASTSource(probe_kernel, sig, const)),
+            kcheck.specialized(ASTSource(probe_kernel, PROBE_SIGNATURE, const)),
             target=GPUTarget("cuda", cap, 32),
             options={"num_warps": 4, "num_stages": 3},
         )

@@ -31,7 +31,7 @@ from triton.compiler import ASTSource  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mma2_order_probe import pack_ok, probe_kernel  # noqa: E402
+from mma2_order_probe import PROBE_SIGNATURE, pack_ok, probe_kernel  # noqa: E402
 from sass_vs_triton_kernels import loop_counts  # noqa: E402
 
 from mxrepack.kernels import check  # noqa: E402
@@ -70,15 +70,13 @@ def rows_order_tiles() -> list[dict]:
 
 def mma2_order_on_sm90() -> list[dict]:
     """``mma2_order_probe``'s decode under the variable: the operand's kWidth and the packing check, both targets."""
-    sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32", "K": "i32", "stride_x": "i32"}
-    sig |= {name: "constexpr" for name in ("M", "BLOCKS", "ASM", "ORDER", "NSPLIT")}
     rows = []
     for M, nsplit in ((16, 1), (64, 2)):
         rec = {"probe": "mma2 order", "M": M}
         for cap in (121, 90):
             const = {"M": M, "BLOCKS": 4, "ASM": True, "ORDER": "mma2", "NSPLIT": nsplit}
             compiled = triton.compile(
-                check.specialized(ASTSource(probe_kernel, sig, const)),
+                check.specialized(ASTSource(probe_kernel, PROBE_SIGNATURE, const)),
                 target=GPUTarget("cuda", cap, 32),
                 options={"num_warps": 4, "num_stages": 3},
             )
