@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import os
 import sys
 import traceback
 from datetime import date
@@ -52,7 +51,7 @@ from common import (
     vllm_convert,
 )
 
-from mxrepack.kernels.dequant_mxfp4 import fits_fold, with_fold, without_fold  # noqa: E402
+from mxrepack.kernels.dequant_mxfp4 import fits_fold, mma_v3_disabled, with_fold, without_fold  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
 
@@ -199,12 +198,10 @@ def time_it(fn, n: int) -> tuple[float, str]:
         return do_bench(fn, warmup=10, rep=100), "eager (capture failed)"
 
 
-def mma_v3_disabled() -> bool:
-    """Triton's ``DISABLE_MMA_V3`` is on: Hopper builds take ``mma.sync`` as sm_12x's do (``experiments/
-    mma_v2_proxy.py``: the rows order's tiles compile to sm_121a's loops), so this run times GB10's code path on the
-    H100. The wgmma order cannot run then, and triton_kernels (Triton too, its Hopper layouts made for wgmma) is not
-    the peer it is in vLLM: Marlin, an ``mma.sync`` kernel either way, is the peer."""
-    return os.environ.get("DISABLE_MMA_V3", "").lower() in ("1", "true", "on")
+# Under Triton's DISABLE_MMA_V3 (mma_v3_disabled) Hopper builds take mma.sync as sm_12x's do (experiments/
+# mma_v2_proxy.py: the rows order's tiles compile to sm_121a's loops), so a run times GB10's code path on the H100.
+# The wgmma order cannot run then, the mma2 order can, and triton_kernels (Triton too, its Hopper layouts made for
+# wgmma) is not the peer it is in vLLM: Marlin, an mma.sync kernel either way, is the peer.
 
 
 def wgmma_here() -> bool:
@@ -212,11 +209,23 @@ def wgmma_here() -> bool:
     return torch.cuda.get_device_capability()[0] == 9 and not mma_v3_disabled()
 
 
-def wgmma_layer(W: dict) -> dict:
-    """``W`` (the strided layout, rows order) in the wgmma order: the same weights, another byte order."""
+def mma2_here() -> bool:
+    """Whether this GPU runs the strided layout's mma2 order (Triton builds mma.sync: sm_8x, sm_12x, or a Hopper
+    under DISABLE_MMA_V3)."""
+    major = torch.cuda.get_device_capability()[0]
+    return major in (8, 12) or (major == 9 and mma_v3_disabled())
+
+
+def order_of(name: str) -> str:
+    """The byte order a candidate or implementation named ``name`` reads (named for it: "wgmma", "mma2")."""
+    return "wgmma" if "wgmma" in name else "mma2" if "mma2" in name else "rows"
+
+
+def ordered_layer(W: dict, order: str) -> dict:
+    """``W`` (the strided layout, rows order) in byte ``order``: the same weights, another byte order."""
     from mxrepack.layouts import strided
 
-    return strided.from_row_major(strided.to_row_major(W), order="wgmma")
+    return strided.from_row_major(strided.to_row_major(W), order=order)
 
 
 def moe(rows: list, quick: bool) -> None:
@@ -225,11 +234,17 @@ def moe(rows: list, quick: bool) -> None:
         W[n] = W[n].bfloat16().float()
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])  # as the plugin asks at load
     impls = {"mxrepack": (lambda x, ids, wts: moe_mxfp4(x, ids, wts, W, fold_scale=fold), "strided, 2944 x 2944")}
-    if wgmma_here():  # the same layer in the strided layout's wgmma order (Hopper's MMA fragment): sm_90 only
-        Wg = wgmma_layer(W)
-        impls["mxrepack_wgmma"] = (
-            lambda x, ids, wts: moe_mxfp4(x, ids, wts, Wg, fold_scale=fold, order="wgmma"),
-            "strided order wgmma, 2944 x 2944",
+    # the same layer in the strided layout's chunk orders where they run: wgmma (Hopper's MMA fragment) and mma2
+    # (mma.sync's operand: sm_12x's code path)
+    for order in [o for o, here in (("wgmma", wgmma_here()), ("mma2", mma2_here())) if here]:
+        Wo = ordered_layer(W, order)
+        impls[f"mxrepack_{order}"] = (
+            functools.partial(
+                lambda x, ids, wts, Wo, order: moe_mxfp4(x, ids, wts, Wo, fold_scale=fold, order=order),
+                Wo=Wo,
+                order=order,
+            ),
+            f"strided order {order}, 2944 x 2944",
         )
     peers = (("vllm_marlin", marlin_moe),) + (() if mma_v3_disabled() else (("triton_kernels", triton_kernels_moe),))
     for name, make in peers:
@@ -256,8 +271,10 @@ def moe(rows: list, quick: bool) -> None:
             "T": T,
             "experts_touched": int(ids.unique().numel()),
             "mxrepack_config": pick_moe(T, K_TOP, E, H, fold_scale=fold).name(),
-            "mxrepack_wgmma_config": pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma").name(),
         }
+        for order in ("wgmma", "mma2"):
+            if f"mxrepack_{order}" in impls:
+                rec[f"mxrepack_{order}_config"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order).name()
         for name, (fn, padding) in impls.items():
             try:
                 rec[f"{name}_rel_err"] = rel_err(fn(x, ids, wts), ref)
@@ -318,7 +335,8 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap", "down-wide", "stages")
-    Wg = wgmma_layer(W) if orders else None
+    Wg = ordered_layer(W, "wgmma") if orders and wgmma_here() else None
+    Wm = ordered_layer(W, "mma2") if (orders or kind == "mma2") and mma2_here() else None
     for T in Ts:
         torch.manual_seed(T)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
@@ -326,8 +344,17 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         rows_per_expert = T * K_TOP / E
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
-        if orders:
-            cands["shipped wgmma"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
+        if orders or kind == "mma2":
+            for order, Wo in (("wgmma", Wg), ("mma2", Wm)):
+                if Wo is not None:
+                    cands[f"shipped {order}"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order)
+        if kind == "mma2":  # the mma2 order's tiles: tokens, warps, a down tile twice as wide, stages
+            variants, ms_ = (), ()
+            for bm, warps, down, st in itertools.product((16, 32, 64, 128), (4, 8), (0, 128), (2, 3)):
+                if (warps == 8) != (down == 128) or (bm == 128 and st == 3):
+                    continue  # 8 warps split gate_up's 128 rows 16 a warp, and down's only when it has 128
+                cfg = MoeConfig(bm, 64, 128, warps, st, swap_ab=True, fold_scale=fold, order="mma2", down_block_n=down)
+                cands[f"mma2 {cfg.name()}"] = cfg
         if kind == "remainder":  # each order's table tiles with each smaller tile of the table as their remainder
             for key, order in (("shipped", "rows"), ("shipped wgmma", "wgmma")):
                 table = [
@@ -410,9 +437,9 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 "config": f"{name} {cfg.name()}" if name.startswith("shipped") else name,
             }
             # the weights' scales fit the fold (asked once above): no per-call check of the folded configs
-            wgmma = "wgmma" in name  # the wgmma order's candidates, and only they, are named so
-            run = functools.partial(moe_mxfp4, fold_scale=fold, order="wgmma" if wgmma else "rows")
-            Wc = Wg if wgmma else W
+            order = order_of(name)  # a chunk order's candidates, and only they, are named so
+            run = functools.partial(moe_mxfp4, fold_scale=fold, order=order)
+            Wc = {"wgmma": Wg, "mma2": Wm}.get(order, W)
             try:
                 rec["rel_err"] = rel_err(run(x, ids, wts, Wc, config=cfg), ref)
                 rec["ms"], rec["timing"] = time_it(lambda: run(x, ids, wts, Wc, config=cfg), T)
@@ -658,6 +685,7 @@ def main() -> None:
             "overlap",
             "down-wide",
             "stages",
+            "mma2",
         ),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
@@ -666,7 +694,9 @@ def main() -> None:
         "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only), or "
         "only each order's shipped choice (shipped, MoE only: an A/B of two commits on one machine), or the wgmma "
         "order's shipped tile beside its twin keeping a wgmma in flight (overlap, MoE only, Hopper) or with down tiles "
-        "2 and 4 times as wide (down-wide, MoE only, Hopper), or on 2-4 pipeline stages (stages, MoE only, Hopper)",
+        "2 and 4 times as wide (down-wide, MoE only, Hopper), or on 2-4 pipeline stages (stages, MoE only, Hopper), "
+        "or the mma2 order's tiles beside each order's shipped choice (mma2, MoE only; sm_8x, sm_12x, or a Hopper "
+        "under DISABLE_MMA_V3)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")

@@ -131,7 +131,8 @@ def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSou
         "INTERPRETER": False,
         "SWAP_AB": cfg.swap_ab and act == "bf16",
         "MATH": cfg.math,
-        "WAIT_MMA": cfg.order == "wgmma" and cfg.wait_mma,  # the rows order: per arch (for_arch)
+        "WAIT_MMA": cfg.order == "wgmma" and cfg.wait_mma,  # the rows order: per arch (for_arch); mma2: never
+        "DOTS": cfg.token_dots,
         "ORDER": cfg.order,
         "PDL": pdl,
     }
@@ -408,13 +409,14 @@ def shipped_kernels():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
     # A MoE tile's kernels do not depend on its remainder tile: each tile (a table entry's, or its remainder, which
     # may differ from every entry: a wider down tile) is built once, under the first table entry that runs it. The
-    # wgmma order's tiles: sm_90a only (run_check).
+    # wgmma order's tiles: sm_90a only; the mma2 order's: sm_12x (run_check).
     built = set()
     for act, mode, configs, label in (
         ("bf16", "w4a16", moe.MOE_CONFIGS, ""),
         ("e4m3", "w4a8", moe.MOE_CONFIGS_SCALED, ""),
         ("e2m1", "w4a4", moe.MOE_CONFIGS_SCALED, ""),
         ("bf16", "w4a16", moe.MOE_CONFIGS_WGMMA, "wgmma "),
+        ("bf16", "w4a16", moe.MOE_CONFIGS_MMA2, "mma2 "),
     ):
         for name, cfg in _with_folded(configs, act == "bf16").items():
             # on a GPU a tile with a remainder tile lets the remainder's launch overlap it (PDL 1, then 2)
@@ -468,7 +470,7 @@ def specialized(src: ASTSource) -> ASTSource:
 def for_arch(src: ASTSource, cap: int) -> ASTSource:
     """``src`` as launched on compute capability ``cap``: a swapped-operand kernel waits for its MMAs on Hopper only
     (``WAIT_MMA``, as ``dequant_mxfp4.mma_reads_registers_async`` decides at launch)."""
-    if "WAIT_MMA" not in src.signature or _constant(src, "ORDER") == "wgmma":  # sm_90 only: as its config says
+    if "WAIT_MMA" not in src.signature or _constant(src, "ORDER") in ("wgmma", "mma2"):  # as its config says
         return src
     wait = bool(_constant(src, "SWAP_AB")) and cap // 10 == 9
     names = list(src.signature)
@@ -525,10 +527,13 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
         # registers while it still reads them (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md
         # stop 19). dequant_mxfp4.mma_done makes Triton wait for each one.
         problems.append("swapped operands on a wgmma left in flight: a register race (see dequant_mxfp4.mma_done)")
-    if _constant(src, "ORDER") == "wgmma" and not dq.wgmma_words_packed(compiled.asm["ttgir"]):
-        # the tiles' decode takes a word's 4 bytes as 4 consecutive registers: true of the layout Triton derives from
-        # wgmma's A operand (kWidth 2), which it chooses, so each build is checked
-        problems.append("the wgmma order's decode does not receive whole words (Triton chose another layout)")
+    if _constant(src, "ORDER") in ("wgmma", "mma2") and not dq.wgmma_words_packed(compiled.asm["ttgir"]):
+        # the tiles' decode takes a word's 4 bytes as 4 consecutive registers: true of the layouts Triton derives from
+        # wgmma's A operand (kWidth 2) and mma.sync's fed by the mma2 order (kWidth 8), which it chooses, so each
+        # build is checked
+        problems.append(
+            f"the {_constant(src, 'ORDER')} order's decode does not receive whole words (Triton chose another layout)"
+        )
     if _no_mma(kernel):
         if rec["mma"]:
             problems.append("MMA instructions in a CUDA-core kernel")
@@ -579,7 +584,8 @@ def run_check(caps: list[int] | None = None, kernels: list[str] | None = None, j
         for i, k in enumerate(_shipped())
         if not kernels or k[0] in kernels
         for cap in caps
-        if cap // 10 == 9 or _constant(k[3], "ORDER") != "wgmma"  # the wgmma order is Hopper's fragment
+        # the wgmma order is Hopper's fragment; the mma2 order mma.sync's (sm_12x here; sm_90a and sm_100a build others)
+        if {"wgmma": cap // 10 == 9, "mma2": cap >= 120}.get(_constant(k[3], "ORDER"), True)
     ]
     jobs = jobs or os.cpu_count() or 1
     if jobs == 1:

@@ -301,6 +301,32 @@ def _fragment_bytes(wb, BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def _decode_words_asm(wb, sf, MATH: tl.constexpr):
+    """The PTX decode of stored words ``wb`` (bytes, 4 per word) with one bf16 scale per byte ``sf``: per word, r0 the
+    bf16 pairs of its bytes 0 and 1 (low code first), r1 of bytes 2 and 3 (:data:`WORD_ASM`)."""
+    tl.static_assert(MATH == "asm" or MATH == "asm-fold", "chunk-order decode: MATH is asm, asm-fold or ops")
+    if MATH == "asm-fold":
+        r0, r1 = tl.inline_asm_elementwise(
+            WORD_ASM_FOLDED, "=r,=r,=r,=r,r,r,r", [wb, sf], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
+    else:
+        r0, r1 = tl.inline_asm_elementwise(
+            WORD_ASM, "=r,=r,=r,=r,r,r,r", [wb, sf], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
+    return r0, r1
+
+
+@triton.jit
+def _scale_bf16(sc, MATH: tl.constexpr):
+    """E8M0 scale bytes as the PTX decode multiplies by them (folded: 2^(E-1); else 2^(E-127))."""
+    if MATH == "asm-fold":
+        s = e8m0_to_bf16_folded(sc)
+    else:
+        s = e8m0_to_bf16(sc)
+    return s
+
+
+@triton.jit
 def _wgmma_words(wb, sc, BLOCKS: tl.constexpr, MATH: tl.constexpr):
     """Lane bytes ``[BLOCKS, 32, 32]`` and the lane's E8M0 scales ``[BLOCKS, 32, 8]`` (at 2 j + c: group j, row
     g + 8 c) -> (r0, r1) bf16 ``[BLOCKS, 32, 32]``: per word, r0 = (low, high code) of its bytes 0 and 1 (row g), r1
@@ -312,17 +338,25 @@ def _wgmma_words(wb, sc, BLOCKS: tl.constexpr, MATH: tl.constexpr):
         v = tl.reshape(v, (BLOCKS, 32, 8, 2, 4))  # s, c, (kh, nibble)
         r0, r1 = tl.split(tl.permute(v, (0, 1, 2, 4, 3)))
         r0, r1 = tl.reshape(r0, (BLOCKS, 32, 32)), tl.reshape(r1, (BLOCKS, 32, 32))
-    elif MATH == "asm-fold":  # one scale per byte, in the lane's byte order 4 s + 2 c + kh (s = 2 j + s % 2)
-        sf = _per_lane_byte(e8m0_to_bf16_folded(sc), BLOCKS)
-        r0, r1 = tl.inline_asm_elementwise(
-            WORD_ASM_FOLDED, "=r,=r,=r,=r,r,r,r", [wb, sf], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
-        )
-    else:
-        tl.static_assert(MATH == "asm", "wgmma decode: MATH is asm, asm-fold or ops")
-        sf = _per_lane_byte(e8m0_to_bf16(sc), BLOCKS)
-        r0, r1 = tl.inline_asm_elementwise(
-            WORD_ASM, "=r,=r,=r,=r,r,r,r", [wb, sf], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
-        )
+    else:  # one scale per byte, in the lane's byte order 4 s + 2 c + kh (s = 2 j + s % 2)
+        r0, r1 = _decode_words_asm(wb, _per_lane_byte(_scale_bf16(sc, MATH), BLOCKS), MATH)
+    return r0, r1
+
+
+@triton.jit
+def _mma2_words(wb, sc, BLOCKS: tl.constexpr, MATH: tl.constexpr):
+    """Lane bytes ``[BLOCKS, 32, 32]`` in the mma2 order and the lane's E8M0 scales ``[BLOCKS, 32, 8]`` (at 2 q + c:
+    group q, row g + 8 c, the scale of its word 2 q + c) -> (r0, r1) bf16 ``[BLOCKS, 32, 32]``: per word, r0 its codes
+    0-3 (bytes 0 and 1), r1 its codes 4-7 (bytes 2 and 3), all of one row and one scale group."""
+    if MATH == "ops":  # the portable twin: fp32 values, the same arrangement
+        w = tl.reshape(_fragment_bytes(wb, BLOCKS).to(tl.int32), (BLOCKS, 32, 8, 2, 2))  # word, J, byte of J
+        s = e8m0_to_fp32(tl.reshape(sc.to(tl.int32), (BLOCKS, 32, 8, 1, 1)))
+        v = tl.join(e2m1_to_fp32(w & 15) * s, e2m1_to_fp32(w >> 4) * s)  # [.., word, J, byte, nibble]
+        r0, r1 = tl.split(tl.permute(v, (0, 1, 2, 4, 5, 3)))
+        r0, r1 = tl.reshape(r0, (BLOCKS, 32, 32)), tl.reshape(r1, (BLOCKS, 32, 32))
+    else:  # the word's scale for each of its 4 bytes
+        sf = tl.broadcast_to(tl.reshape(_scale_bf16(sc, MATH), (BLOCKS, 32, 8, 1)), (BLOCKS, 32, 8, 4))
+        r0, r1 = _decode_words_asm(wb, tl.reshape(sf, (BLOCKS, 32, 32)), MATH)
     return r0, r1
 
 
@@ -334,23 +368,31 @@ def _per_lane_byte(s, BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def wgmma_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr):
-    """W's rows of ``BLOCKS`` 16-row blocks over one K tile, in the wgmma order, as ``[16 BLOCKS, 128]`` in natural
-    order (row 16 i + r of block i, code k): ``w_off`` / ``s_off`` ``[BLOCKS]``, the byte offsets of each block's 1 KB
-    weight chunk and 64-byte scale piece (scales ``[g][j][c]``, the 8 a quad of lanes needs contiguous). The decoded
-    pairs are relabelled to natural order by a join, reshape and permute that Triton lowers without moving data on
-    sm_90a (each lane's values are its own A fragment)."""
+def chunk_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr, ORDER: tl.constexpr):
+    """W's rows of ``BLOCKS`` 16-row blocks over one K tile, in a chunk order (``ORDER`` "wgmma" or "mma2"), as
+    ``[16 BLOCKS, 128]`` in natural order (row 16 i + r of block i, code k): ``w_off`` / ``s_off`` ``[BLOCKS]``, the
+    byte offsets of each block's 1 KB weight chunk and 64-byte scale piece (scales ``[g][j][c]``, the 8 a quad of
+    lanes needs contiguous). The decoded pairs are relabelled to natural order by a join, reshape and permute that
+    Triton lowers without moving data where the order is the MMA's operand (each lane's values are its own fragment:
+    wgmma's on sm_90a, mma.sync's kWidth 8 on sm_12x / sm_8x)."""
     lane = tl.arange(0, 32)[None, :, None]
     wb = tl.load(w_ptr + w_off[:, None, None] + lane * 32 + tl.arange(0, 32)[None, None, :])
     sc = tl.load(s_ptr + s_off[:, None, None] + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
-    r0, r1 = _wgmma_words(wb, sc, BLOCKS, MATH)
-    x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 8, 2, 2, 2))  # block, g, t, s, kh, kl, c
-    x = tl.permute(x, (0, 6, 1, 3, 4, 2, 5))  # block, c, g | s, kh, t, kl
+    if ORDER == "mma2":
+        r0, r1 = _mma2_words(wb, sc, BLOCKS, MATH)
+        # r_J at (block, 4 g + t, 8 q + 4 c + e) = code 32 q + 8 t + 4 J + e of row 8 c + g
+        x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 4, 2, 4, 2))  # block, g, t, q, c, e, J
+        x = tl.permute(x, (0, 4, 1, 3, 2, 6, 5))  # block, c, g | q, t, J, e
+    else:
+        tl.static_assert(ORDER == "wgmma", "chunk orders: wgmma or mma2")
+        r0, r1 = _wgmma_words(wb, sc, BLOCKS, MATH)
+        x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 8, 2, 2, 2))  # block, g, t, s, kh, kl, c
+        x = tl.permute(x, (0, 6, 1, 3, 4, 2, 5))  # block, c, g | s, kh, t, kl
     return tl.reshape(x, (16 * BLOCKS, 128))
 
 
 @triton.jit
-def dot_w_wgmma(
+def dot_w_chunks(
     w_ptr,
     s_ptr,
     w_off,
@@ -361,11 +403,19 @@ def dot_w_wgmma(
     MATH: tl.constexpr,
     INTERPRETER: tl.constexpr,
     WAIT_MMA: tl.constexpr = False,
+    ORDER: tl.constexpr = "wgmma",
 ):
-    """``acc + W @ a.T`` as ``[16 BLOCKS, M]`` for one K tile: W from the wgmma order (:func:`wgmma_tile`), ``a`` the
-    tokens' ``[M, 128]`` activations in natural order. One dot per K tile. ``WAIT_MMA``: wait for it before the next
-    decode (:func:`mma_done`); without, Triton keeps one wgmma group in flight while the next K tile is decoded."""
-    w = wgmma_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH)
+    """``acc + W @ a.T`` as ``[16 BLOCKS, M]`` for one K tile: W from a chunk order (:func:`chunk_tile`), ``a`` the
+    tokens' ``[M, 128]`` activations in natural order. One dot per K tile. ``WAIT_MMA`` (wgmma): wait for it before
+    the next decode (:func:`mma_done`); without, Triton keeps one wgmma group in flight while the next K tile is
+    decoded."""
+    w = chunk_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, ORDER)
+    return dot_w_tile(w, a, acc, INTERPRETER, WAIT_MMA)
+
+
+@triton.jit
+def dot_w_tile(w, a, acc, INTERPRETER: tl.constexpr, WAIT_MMA: tl.constexpr = False):
+    """``acc + w @ a.T`` for a decoded K tile ``w`` ``[R, 128]`` and activations ``a`` ``[M, 128]``."""
     if INTERPRETER:  # fp32 operands: Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
         return tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), acc)
     acc = tl.dot(w, tl.trans(a), acc)
@@ -434,8 +484,8 @@ def check_wgmma_packing(compiled) -> None:
         _PACKING_CHECKED[key] = wgmma_words_packed(compiled.asm["ttgir"])
     if not _PACKING_CHECKED[key]:
         raise RuntimeError(
-            f"{compiled.name}: the wgmma order's decode does not receive whole memory words in this build (Triton "
-            "chose another MMA layout, e.g. for an operand under 64 rows): it would decode the wrong bytes"
+            f"{compiled.name}: a chunk order's (wgmma, mma2) decode does not receive whole memory words in this build "
+            "(Triton chose another MMA layout, e.g. for an operand under 64 rows): it would decode the wrong bytes"
         )
 
 
@@ -500,6 +550,12 @@ def mma_reads_registers_async(device: torch.device) -> bool:
     """Whether the swapped-operand step must wait for its MMAs (:func:`mma_done`): Hopper (sm_90), whose ``wgmma``
     reads the decoded W from registers asynchronously."""
     return device.type == "cuda" and _capability(device.index if device.index is not None else 0)[0] == 9
+
+
+def mma_v3_disabled() -> bool:
+    """Triton's ``DISABLE_MMA_V3`` is on: Hopper builds take ``mma.sync`` as sm_12x's do (an H100 then runs sm_12x's
+    code path: ``benchmarks/experiments/mma_v2_proxy.py``)."""
+    return os.environ.get("DISABLE_MMA_V3", "").lower() in ("1", "true", "on")
 
 
 def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -42,12 +42,14 @@ from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
     check_fold_scale,
     check_wgmma_packing,
+    chunk_tile,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
-    dot_w_wgmma,
+    dot_w_tile,
     launches_dependents,
     load_split,
     mma_reads_registers_async,
+    mma_v3_disabled,
     split_column,
     split_pairs,
     wgmma_chunks,
@@ -91,8 +93,10 @@ class MoeConfig:
     # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2:
     # dequant_mxfp4.fits_fold); the dispatch folds the swapped MOE_TILES for weights that fit (pick_moe_config)
     fold_scale: bool = False
-    # the weights' byte order (the strided layout's ``order``): "rows", or "wgmma" -- each K tile of W decoded from
-    # wgmma's fragment order into one dot, the activations in natural order (sm_90 only; swapped operands)
+    # the weights' byte order (the strided layout's ``order``): "rows"; "wgmma" -- each K tile of W decoded from
+    # wgmma's fragment order into one dot, the activations in natural order (sm_90 only; swapped operands); "mma2" --
+    # the same from mma.sync's kWidth-8 operand order (sm_12x, sm_8x), the tokens in dots of at most 32
+    # (:attr:`token_dots`)
     order: str = "rows"
     # the wgmma order on Hopper: wait for each K tile's wgmma before the next decode (dequant_mxfp4.mma_done), as the
     # rows order's swapped tiles always do; False keeps one in flight while the next tile is decoded
@@ -121,18 +125,21 @@ class MoeConfig:
             )
         if self.fold_scale and not self.swap_ab:
             raise ValueError("fold_scale is a decode of the swapped operands: it needs swap_ab")
-        if self.order not in ("rows", "wgmma"):
-            raise ValueError(f"order must be rows or wgmma, got {self.order!r}")
-        if self.order == "wgmma" and not (self.swap_ab and self.block_n % 64 == 0):
-            # under 64 weight rows (down's block_n) Triton lowers the dot to mma.sync, whose fragment is other bytes
+        if self.order not in ("rows", "wgmma", "mma2"):
+            raise ValueError(f"order must be rows, wgmma or mma2, got {self.order!r}")
+        if self.order != "rows" and not (self.swap_ab and self.block_n % 64 == 0):
+            # wgmma: under 64 weight rows (down's block_n) Triton lowers the dot to mma.sync, whose fragment is other
+            # bytes; mma2: 16 weight rows per warp on 4 warps, so that no warp decodes another's rows again
             raise ValueError(
-                f"the wgmma order is read by the swapped tiles on wgmma's 64-row operands: swap_ab and block_n % 64 "
+                f"the {self.order} order is read by the swapped tiles on 64-row operands: swap_ab and block_n % 64 "
                 f"== 0, got swap_ab={self.swap_ab}, block_n={self.block_n}"
             )
+        if self.order == "mma2" and self.block_m not in (16, 32, 64, 128):
+            raise ValueError(f"the mma2 order's tiles take 16, 32, 64 or 128 tokens, got block_m {self.block_m}")
         d = self.down_block_n
-        if d and (self.order != "wgmma" or d < max(64, self.block_n) or d & (d - 1)):
+        if d and (self.order == "rows" or d < max(64, self.block_n) or d & (d - 1)):
             raise ValueError(
-                f"down_block_n is a wider tile of the wgmma order's down kernel: a power of 2, at least block_n and "
+                f"down_block_n is a wider tile of a chunk order's down kernel: a power of 2, at least block_n and "
                 f"64 (whole wgmma operands), got {d} for order {self.order} and block_n {self.block_n}"
             )
         if not self.wait_mma and self.order != "wgmma":
@@ -153,7 +160,7 @@ class MoeConfig:
             + ("d" if self.manual_dequant else "")
             + ("s" if self.swap_ab else "")
             + ("f" if self.fold_scale else "")
-            + ("-wgmma" if self.order == "wgmma" else "")
+            + (f"-{self.order}" if self.order != "rows" else "")
             + ("-overlap" if self.order == "wgmma" and not self.wait_mma else "")
             + (f"-down{self.down_block_n}" if self.down_block_n else "")
             + (f"+r{self.remainder.name()}" if self.remainder is not None else "")
@@ -168,6 +175,13 @@ class MoeConfig:
     def down_n(self) -> int:
         """Rows of H per down tile."""
         return self.down_block_n or self.block_n
+
+    @property
+    def token_dots(self) -> int:
+        """The dots a K tile's decoded W feeds: the mma2 order's tokens in parts of 16 (block_m up to 32) or 32, so
+        that Triton's ``mma.sync`` warps split W's rows and not the tokens (warps along the tokens would each load
+        and decode the same rows: ``benchmarks/experiments/mma2_order_probe.py``, its ``NSPLIT``); one otherwise."""
+        return self.block_m // (16 if self.block_m <= 32 else 32) if self.order == "mma2" else 1
 
 
 # Scheduled-tile shapes by the mean number of rows (token, slot assignments) per expert, T * k / E: the first
@@ -254,8 +268,26 @@ MOE_TILES_WGMMA = (
     (64, dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_MID_WGMMA, down_block_n=128))),
     (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128))),
 )
+# Weights in the mma2 order (the strided layout's ``order: mma2``: sm_12x, sm_8x): these tiles at every T, decode
+# included, the tokens in dots of 16 or 32 (``MoeConfig.token_dots``). First table, by analogy with the wgmma order's
+# and mma2_order_probe.py's shapes (64 weight rows, 4 warps): the probe on this order against the rows order's
+# shipped swapped tiles, both on mma.sync (an H100 under Triton's DISABLE_MMA_V3, GB10's code path), a dense stand-in
+# of 32 experts' gate_up at M = 16 / 32 / 64 / 128: 0.140 / 0.188 / 0.289 / 0.495 ms against 0.199 / 0.253 / 0.399
+# / 0.753 (docs/bench/mma2_order_time_mmav2_h100_2026-11-27_d29fe89.json). Not yet swept in the MoE kernels.
+_SMALL_16_MMA2 = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
+_SMALL_32_MMA2 = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
+_MID_MMA2 = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
+_WIDE_MMA2 = MoeConfig(128, 64, 128, num_warps=4, num_stages=2, swap_ab=True, order="mma2")
+MOE_TILES_MMA2 = (
+    (8, _SMALL_16_MMA2),
+    (16, dataclasses.replace(_SMALL_32_MMA2, remainder=_SMALL_16_MMA2)),
+    (48, dataclasses.replace(_MID_MMA2, remainder=_SMALL_32_MMA2)),
+    (float("inf"), dataclasses.replace(_WIDE_MMA2, remainder=_SMALL_32_MMA2)),
+)
+MOE_TILES_BY_ORDER = {"wgmma": MOE_TILES_WGMMA, "mma2": MOE_TILES_MMA2}  # the chunk orders' tables
 MOE_CONFIGS = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES}
 MOE_CONFIGS_WGMMA = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_WGMMA}
+MOE_CONFIGS_MMA2 = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_MMA2}
 MOE_CONFIGS_SCALED = {f"rows<={bound:g}": cfg for bound, cfg in MOE_TILES_SCALED}
 
 
@@ -333,10 +365,10 @@ def pick_moe_config(
     tokens: int, topk: int, experts: int, activations: str = "bf16", fold_scale: bool = False, order: str = "rows"
 ) -> MoeConfig:
     """The scheduled-tile shape for ``tokens`` routed to ``topk`` of ``experts`` (:data:`MOE_TILES`; for MXFP8/MXFP4
-    activations :data:`MOE_TILES_SCALED`; weights in the wgmma ``order`` :data:`MOE_TILES_WGMMA`); a swapped tile with
-    the scale folded where ``fold_scale`` (the weights' scales fit it: ``dequant_mxfp4.fits_fold``)."""
+    activations :data:`MOE_TILES_SCALED`; weights in a chunk ``order`` :data:`MOE_TILES_BY_ORDER`'s); a swapped tile
+    with the scale folded where ``fold_scale`` (the weights' scales fit it: ``dequant_mxfp4.fits_fold``)."""
     rows = tokens * topk / experts
-    tiles = MOE_TILES_WGMMA if order == "wgmma" else MOE_TILES if activations == "bf16" else MOE_TILES_SCALED
+    tiles = MOE_TILES_BY_ORDER.get(order) or (MOE_TILES if activations == "bf16" else MOE_TILES_SCALED)
     cfg = next(cfg for bound, cfg in tiles if rows <= bound)
     return with_fold(cfg, activations == "bf16", fold_scale)
 
@@ -353,7 +385,7 @@ def pick_moe(
 ) -> MoeConfig | MoeGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (the rows order, BF16
     activations, ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles
-    (the wgmma order: always, :data:`MOE_TILES_WGMMA`)."""
+    (the chunk orders, wgmma and mma2: always, :data:`MOE_TILES_BY_ORDER`)."""
     if order == "rows" and activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
         return pick_moe_gemv_config(tokens * topk, cuda)
     return pick_moe_config(tokens, topk, experts, activations, fold_scale, order)
@@ -617,38 +649,77 @@ def _tile_of(n_tiles):
 
 
 @triton.jit
-def _gate_up_wgmma(
-    x_ptr,
+def _part_rows(order_ptr, start, end, part, MS: tl.constexpr, TOPK, GATHER: tl.constexpr):
+    """Rows of the ``part``-th ``MS`` sorted positions of a block: the token each is (``GATHER``: x's rows) or the
+    position itself (the intermediate's rows), and whether it is one of the block's."""
+    pos = start + part * MS + tl.arange(0, MS)
+    ok = pos < end
+    if GATHER:
+        return tl.load(order_ptr + pos, mask=ok, other=0) // TOPK, ok
+    return pos, ok
+
+
+@triton.jit
+def _load_part(a_ptr, rows, ok, rk, k_ok, stride_a):
+    return tl.load(a_ptr + rows[:, None] * stride_a + rk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _chunk_dots(
+    a_ptr,
+    order_ptr,
+    start,
+    end,
+    TOPK,
+    K,
+    stride_a,
     w_e,
     s_e,
-    tok,
-    row_ok,
-    pid_n,
-    H,
-    Hp,
-    stride_x,
-    stride_wn,
-    stride_wsn,
+    w_off,
+    s_off,
+    w_step,
+    s_step,
+    k_tiles,
+    BLOCKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    DOTS: tl.constexpr,
+    GATHER: tl.constexpr,
     MATH: tl.constexpr,
+    ORDER: tl.constexpr,
     INTERPRETER: tl.constexpr,
     WAIT_MMA: tl.constexpr,
 ):
-    """Gate and up ``[BLOCK_N, BLOCK_M]`` of intermediate rows ``pid_n * BLOCK_N ..`` from W in the wgmma order: both
-    projections' rows one ``[2 BLOCK_N, 128]`` operand (blocks i < NB gate, NB + i up), so each K tile is one dot
-    (waited for before the next decode with ``WAIT_MMA``); x in natural order, masked past H."""
-    NB: tl.constexpr = BLOCK_N // 16
-    blk = tl.arange(0, 2 * NB)
-    w_off, s_off = wgmma_chunks(_w13_rows(pid_n * BLOCK_N + 16 * (blk % NB), blk // NB), stride_wn, stride_wsn, 64)
-    acc = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kt in range(0, Hp // 128):  # kt, not k0 // 128: see _load_w
+    """``W @ a.T`` ``[16 BLOCKS, BLOCK_M]`` over ``k_tiles`` K tiles for W in a chunk order (wgmma, mma2): each K
+    tile's W decoded once (``chunk_tile``) and fed to ``DOTS`` dots of ``BLOCK_M / DOTS`` tokens (``MoeConfig.
+    token_dots``); a's rows (``_part_rows``) masked past ``K``. W's block offsets ``w_off`` / ``s_off`` step by
+    ``w_step`` / ``s_step`` bytes per K tile."""
+    MS: tl.constexpr = BLOCK_M // DOTS
+    rows0, ok0 = _part_rows(order_ptr, start, end, 0, MS, TOPK, GATHER)
+    rows1, ok1 = _part_rows(order_ptr, start, end, 1 % DOTS, MS, TOPK, GATHER)
+    rows2, ok2 = _part_rows(order_ptr, start, end, 2 % DOTS, MS, TOPK, GATHER)
+    rows3, ok3 = _part_rows(order_ptr, start, end, 3 % DOTS, MS, TOPK, GATHER)
+    acc0 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    acc1 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    acc2 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    acc3 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    for kt in range(0, k_tiles):  # kt, not k0 // 128: see _load_w
         rk = kt * 128 + tl.arange(0, 128)
-        a = tl.load(x_ptr + tok[:, None] * stride_x + rk[None, :], mask=row_ok[:, None] & (rk < H)[None, :], other=0.0)
-        acc = dot_w_wgmma(
-            w_e, s_e, w_off + kt * (64 * 64), s_off + kt * (64 * 4), a, acc, 2 * NB, MATH, INTERPRETER, WAIT_MMA
-        )
-    return tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+        k_ok = rk < K
+        a = _load_part(a_ptr, rows0, ok0, rk, k_ok, stride_a)
+        w = chunk_tile(w_e, s_e, w_off + kt * w_step, s_off + kt * s_step, BLOCKS, MATH, ORDER)
+        acc0 = dot_w_tile(w, a, acc0, INTERPRETER, WAIT_MMA)
+        if DOTS >= 2:
+            acc1 = dot_w_tile(w, _load_part(a_ptr, rows1, ok1, rk, k_ok, stride_a), acc1, INTERPRETER, WAIT_MMA)
+        if DOTS >= 4:
+            acc2 = dot_w_tile(w, _load_part(a_ptr, rows2, ok2, rk, k_ok, stride_a), acc2, INTERPRETER, WAIT_MMA)
+            acc3 = dot_w_tile(w, _load_part(a_ptr, rows3, ok3, rk, k_ok, stride_a), acc3, INTERPRETER, WAIT_MMA)
+    tl.static_assert(DOTS == 1 or DOTS == 2 or DOTS == 4, "one, two or four token dots")
+    if DOTS == 2:  # token d * MS + m at column (d, m)
+        acc0 = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (16 * BLOCKS, BLOCK_M))
+    elif DOTS == 4:
+        both = tl.join(tl.join(acc0, acc1), tl.join(acc2, acc3))  # [rows, m, d % 2, d // 2]
+        acc0 = tl.reshape(tl.permute(both, (0, 3, 2, 1)), (16 * BLOCKS, BLOCK_M))
+    return acc0
 
 
 @triton.jit
@@ -686,6 +757,7 @@ def _gate_up_kernel(
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
     ORDER: tl.constexpr = "rows",
+    DOTS: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
     rows_lo=0,
     rows_hi=1 << 30,
@@ -709,25 +781,37 @@ def _gate_up_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Ip (Ip % BLOCK_N == 0)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
-    if ORDER == "wgmma":
-        gate, up = _gate_up_wgmma(
+    if ORDER != "rows":
+        # gate and up rows one [2 BLOCK_N, 128] operand per K tile (blocks i < NB gate, NB + i up); x in natural order
+        NB: tl.constexpr = BLOCK_N // 16
+        blk = tl.arange(0, 2 * NB)
+        rows = _w13_rows(pid_n * BLOCK_N + 16 * (blk % NB), blk // NB)
+        w_off, s_off = wgmma_chunks(rows, stride_wn, stride_wsn, 64)
+        acc = _chunk_dots(
             x_ptr,
+            order_ptr,
+            start,
+            end,
+            TOPK,
+            H,
+            stride_x,
             w_e,
             s_e,
-            tok,
-            row_ok,
-            pid_n,
-            H,
-            Hp,
-            stride_x,
-            stride_wn,
-            stride_wsn,
+            w_off,
+            s_off,
+            64 * 64,
+            64 * 4,
+            Hp // 128,
+            2 * NB,
             BLOCK_M,
-            BLOCK_N,
+            DOTS,
+            True,
             MATH,
+            ORDER,
             INTERPRETER,
             WAIT_MMA,
         )
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
     else:
         if SWAP_AB:  # W @ x.T into [BLOCK_N, BLOCK_M]; x split (even | odd columns per K tile) and padded to Hp
             gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -752,7 +836,7 @@ def _gate_up_kernel(
                 up = _dot(
                     a, xs_ptr, tok, row_ok, k0, H, stride_xs, wu, su, up, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
                 )
-    if ORDER == "wgmma":
+    if ORDER != "rows":
         gate, up = tl.trans(gate), tl.trans(up)
         col = rn
     elif SWAP_AB:
@@ -799,6 +883,7 @@ def _down_kernel(
     MATH: tl.constexpr = "asm",
     WAIT_MMA: tl.constexpr = False,
     ORDER: tl.constexpr = "rows",
+    DOTS: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
     rows_lo=0,
     rows_hi=1 << 30,
@@ -825,25 +910,34 @@ def _down_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if ORDER == "wgmma":
+    if ORDER != "rows":
         # rows past Hp (the last tile of a down_block_n that does not divide it) load the last 16 rows again
         blocks = tl.minimum(pid_n * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), Hp - 16)
         w_off, s_off = wgmma_chunks(blocks, stride_wn, stride_wsn, _DOWN_ROWS)
-        for kt in range(0, Ip // 128):
-            rk = kt * 128 + tl.arange(0, 128)
-            a = tl.load(h_ptr + pos[:, None] * stride_h + rk[None, :], mask=row_ok[:, None], other=0.0)
-            acc = dot_w_wgmma(
-                w_e,
-                s_e,
-                w_off + kt * (_DOWN_ROWS * 64),
-                s_off + kt * (_DOWN_ROWS * 4),
-                a,
-                acc,
-                BLOCK_N // 16,
-                MATH,
-                INTERPRETER,
-                WAIT_MMA,
-            )
+        acc = _chunk_dots(
+            h_ptr,
+            order_ptr,
+            start,
+            end,
+            1,
+            Ip,
+            stride_h,
+            w_e,
+            s_e,
+            w_off,
+            s_off,
+            _DOWN_ROWS * 64,
+            _DOWN_ROWS * 4,
+            Ip // 128,
+            BLOCK_N // 16,
+            BLOCK_M,
+            DOTS,
+            False,
+            MATH,
+            ORDER,
+            INTERPRETER,
+            WAIT_MMA,
+        )
     else:
         for k0 in range(0, Ip, BLOCK_K):
             if SWAP_AB:
@@ -859,7 +953,7 @@ def _down_kernel(
                 )
     if SWAP_AB:
         acc = tl.trans(acc)
-    if ORDER == "wgmma":  # a wider down tile's last may pass Hp (down_block_n)
+    if ORDER != "rows":  # a wider down tile's last may pass Hp (down_block_n)
         acc += tl.load(b_ptr + e * Hp + rn, mask=rn < Hp, other=0.0)[None, :]
     else:
         acc += tl.load(b_ptr + e * Hp + rn)[None, :]
@@ -1165,20 +1259,29 @@ def _moe_gemv(
 
 
 def check_order(order: str, activations: str, device: torch.device) -> None:
-    """Whether weights in byte ``order`` can run here: "rows" anywhere; "wgmma" with BF16 activations, on Hopper
-    (sm_90, whose wgmma fragment the order is: on sm_8x/sm_12x ``mma.sync`` would decode other bytes) or off CUDA
-    (the interpreter's portable decode)."""
-    if order not in ("rows", "wgmma"):
-        raise ValueError(f"order must be rows or wgmma, got {order!r}")
-    if order == "wgmma":
-        if activations != "bf16":
-            raise ValueError(f"the wgmma order is read with BF16 activations only, got {activations}")
-        if device.type == "cuda" and not mma_reads_registers_async(device):
-            cap = torch.cuda.get_device_capability(device)
-            raise ValueError(
-                f"the wgmma order is Hopper's (sm_90) MMA fragment; this GPU is sm_{cap[0]}{cap[1]}, where it would "
-                "decode the wrong bytes: repack with the strided layout's order rows"
-            )
+    """Whether weights in byte ``order`` can run here: "rows" anywhere; the chunk orders with BF16 activations, on the
+    GPUs whose MMA operand the order is, or off CUDA (the interpreter's portable decode): "wgmma" on Hopper (sm_90:
+    on sm_8x/sm_12x ``mma.sync`` would decode other bytes), "mma2" where Triton builds ``mma.sync`` (sm_8x, sm_12x;
+    on sm_90 only under Triton's ``DISABLE_MMA_V3``, the H100 stand-in for sm_12x's code path)."""
+    if order not in ("rows", "wgmma", "mma2"):
+        raise ValueError(f"order must be rows, wgmma or mma2, got {order!r}")
+    if order == "rows":
+        return
+    if activations != "bf16":
+        raise ValueError(f"the {order} order is read with BF16 activations only, got {activations}")
+    if device.type != "cuda":
+        return
+    cap = torch.cuda.get_device_capability(device)
+    if order == "wgmma" and not mma_reads_registers_async(device):
+        raise ValueError(
+            f"the wgmma order is Hopper's (sm_90) MMA fragment; this GPU is sm_{cap[0]}{cap[1]}, where it would "
+            "decode the wrong bytes: repack with the strided layout's order rows"
+        )
+    if order == "mma2" and not (cap[0] in (8, 12) or (cap[0] == 9 and mma_v3_disabled())):
+        raise ValueError(
+            f"the mma2 order is mma.sync's operand (sm_8x, sm_12x); this GPU is sm_{cap[0]}{cap[1]}, where Triton "
+            "builds another MMA: repack with the strided layout's order rows (or wgmma on sm_90)"
+        )
 
 
 def moe_mxfp4(
@@ -1223,9 +1326,9 @@ def moe_mxfp4(
     gemv = isinstance(cfg, MoeGemvConfig)
     if not gemv and cfg.order != order:
         raise ValueError(f"config {cfg.name()} reads the {cfg.order} order, the weights are {order}")
-    if gemv and order == "wgmma":
+    if gemv and order != "rows":
         raise ValueError(
-            f"the wgmma order runs the scheduled tiles only (a MoeConfig with order='wgmma'), got {cfg.name()}"
+            f"the {order} order runs the scheduled tiles only (a MoeConfig with order='{order}'), got {cfg.name()}"
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
@@ -1283,12 +1386,12 @@ def _moe_scheduled(
     order, blk_e, blk_s, blk_end = moe_schedule(topk_ids, E, cfg.block_m)
     nb = blk_e.numel()
     swap = cfg.swap_ab and activations == "bf16"
-    wgmma = cfg.order == "wgmma"
+    chunked = cfg.order != "rows"
     if swap and (Ip % 128 or Hp % 128):  # whole 128-column K tiles in split order: the loads have no K mask
         raise ValueError(f"swap_ab needs padded widths that are multiples of 128, got {Ip}/{Hp}")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     x = x.contiguous()
-    if wgmma:  # natural order: the wgmma order's operand is W's K tile in natural order
+    if chunked:  # natural order: the chunk orders' operand is W's K tile in natural order
         a, a_s = x, None
     elif swap:
         a, a_s = split_pairs(x, Hp), None
@@ -1304,7 +1407,8 @@ def _moe_scheduled(
     overlap = ptx and r is not None and launches_dependents(x.device)
     parts = [(cfg, r.block_m if r is not None else 0, 1 << 30, int(overlap))]
     parts += [(r, 0, r.block_m, 2 * int(overlap))] if r is not None else []
-    wait_here = swap and not interpreter and mma_reads_registers_async(x.device)  # Hopper: wgmma reads registers late
+    # Hopper: wgmma reads registers late (the mma2 order builds mma.sync there only under Triton's DISABLE_MMA_V3)
+    wait_here = swap and not interpreter and mma_reads_registers_async(x.device)
 
     def launch(tile: MoeConfig, rows_lo: int, rows_hi: int, pdl: int) -> dict:  # a tile and its options
         return dict(
@@ -1316,8 +1420,9 @@ def _moe_scheduled(
             INTERPRETER=interpreter,
             SWAP_AB=swap,
             MATH=(tile.math if swap else "asm") if ptx else "ops",
-            WAIT_MMA=wait_here and (tile.wait_mma or not wgmma),
+            WAIT_MMA=wait_here and tile.order != "mma2" and (tile.wait_mma or tile.order == "rows"),
             ORDER=tile.order,
+            DOTS=tile.token_dots,
             PDL=pdl,
             rows_lo=rows_lo,
             rows_hi=rows_hi,
@@ -1390,7 +1495,7 @@ def _moe_scheduled(
                 **(launch(tile, rows_lo, rows_hi, pdl) | {"BLOCK_N": tile.down_n}),
             )
         )
-    if wgmma and ptx:  # what a build's decode receives is Triton's choice
+    if chunked and ptx:  # what a build's decode receives is Triton's choice
         for kernel in built:
             check_wgmma_packing(kernel)
     return y

@@ -1,4 +1,4 @@
-"""``strided``: the layout mxrepack's own Triton kernels consume (``mxrepack.kernels``), in one of two byte orders.
+"""``strided``: the layout mxrepack's own Triton kernels consume (``mxrepack.kernels``), in one of three byte orders.
 
 Plain packed bytes, nothing a TMA descriptor or a swizzled shared-memory atom would need:
 
@@ -26,9 +26,16 @@ Option ``order`` (:data:`ORDERS`), the order of the bytes inside those blocks:
   Hopper wgmma's register A fragments (:func:`wgmma_order`: lane ``4g + t``'s 32 bytes together, one 32-bit word
   per k16 step), each word's 32 bits then placed for a rotate-and-mask decode (:data:`WORD_ROTATIONS`; since
   mxrepack 0.2.0, whose kernels do not read the byte-wise words written before), and the scales tiled the same way,
-  each chunk's 64 scales together in the quad order (:func:`wgmma_scales`). For the sm_90 kernels only: on sm_12x
-  the ``mma.sync`` fragment is another order, and these bytes decode wrong there. The shapes are the same as
-  ``"rows"``', only the byte order differs.
+  each chunk's 64 scales together in the quad order (:func:`quad_scales`). For the sm_90 kernels only: on sm_12x
+  the ``mma.sync`` fragment is another order, and these bytes decode wrong there;
+* ``"mma2"``: the same chunks in the order of the ``mma.sync`` (mma v2) A operand Triton builds from them on sm_12x
+  (and sm_80-89): lane ``4g + t``'s 32 bytes together, its word ``2q + c`` the 4 bytes ``16q + 4t ..`` of chunk row
+  ``8c + g`` -- 8 consecutive codes of one row, the operand's kWidth 8 (:func:`mma2_order`;
+  ``benchmarks/experiments/mma2_order_probe.py`` found and timed it) -- each word's bits placed as in the wgmma order
+  (the pairs are again byte p's two codes, so the same decode serves), and the scales in the same quad order. For
+  the ``mma.sync`` kernels (sm_12x, sm_80-89); on sm_90 Triton builds wgmma, whose fragment this is not.
+
+The shapes are the same in every order; only the byte order inside each chunk differs.
 """
 
 from __future__ import annotations
@@ -54,9 +61,9 @@ UPSTREAM = "mxrepack.kernels (moe_mxfp4 / linear_mxfp4 Triton kernels)"
 GATE_UP_TILE = 32  # intermediate rows per w13 row tile: 32 gate rows, then the same 32 up rows
 DOWN_TILE_ROWS = 16  # w2 rows per row tile
 K_TILE_BYTES = 64  # packed bytes of one K tile (128 codes, four scale groups)
-ORDERS = ("rows", "wgmma")  # the byte orders of option ``order`` (mxrepack.serve.spec.STRIDED_ORDERS repeats them)
-CHUNK_BYTES = 1024  # 16 rows x one K tile: the unit inside which the wgmma order permutes the bytes
-# rows per row tile of each scale tensor (the weights': the wgmma order tiles the scales as the weights)
+ORDERS = ("rows", "wgmma", "mma2")  # the byte orders of option ``order`` (mxrepack.serve.spec.STRIDED_ORDERS repeats)
+CHUNK_BYTES = 1024  # 16 rows x one K tile: the unit inside which the wgmma and mma2 orders permute the bytes
+# rows per row tile of each scale tensor (the weights': the chunk orders tile the scales as the weights)
 SCALE_ROWS_PER_TILE = {"w13_weight_scale": 2 * GATE_UP_TILE, "w2_weight_scale": DOWN_TILE_ROWS}
 
 
@@ -249,11 +256,66 @@ def _wgmma_chunks_cpu(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) 
     return out.view(x.shape)
 
 
-def wgmma_scales(scales: torch.Tensor, rows_per_tile: int) -> torch.Tensor:
-    """Row-major E8M0 scales ``[E, N, G]`` (rows in the stored order, ``G = Kp/32``) -> the same shape in the wgmma
-    order: tiled as the weights (row tiles of ``rows_per_tile`` rows, in each the K tiles, in each the 16-row
-    blocks: ``[E, N/R, G/4, R/16, 64]``), each block's 64 scales with (row ``8c + g``, group ``j`` of the K tile) at
-    ``8g + 2j + c`` -- the 8 that quad g's lanes all need, together."""
+def mma2_order(k_tiled: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """K-tiled bytes (:func:`k_tiled`'s, whole 1024-byte chunks in memory order) -> the same bytes in the A-operand
+    order of ``mma.sync`` as Triton builds it from a packed decode (kWidth 8): in each chunk (16 rows x 64 bytes of one
+    K tile), lane ``4g + t``'s 32 bytes together, its 32-bit word ``2q + c`` the bytes ``16q + 4t .. 16q + 4t + 3`` of
+    row ``8c + g`` (whole words move: a gather of 32-bit words, no byte is split from its word); then each word's bits
+    placed as in the wgmma order (:data:`WORD_ROTATIONS`: byte p of the word is pair p there too)."""
+    return _mma2_chunks(k_tiled, out, inverse=False)
+
+
+def k_tiled_from_mma2(stored: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of :func:`mma2_order`: mma2-ordered bytes -> K-tiled bytes."""
+    return _mma2_chunks(stored, out, inverse=True)
+
+
+def _mma2_chunks(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) -> torch.Tensor:
+    """A chunk's words in source order are ``(c, g, q, t)`` (row ``8c + g``, word ``4q + t`` of its 16); stored, they
+    are ``(g, t, q, c)``. On the CPU a block of chunks at a time (the block in L2 through the gather and the word bits),
+    blocks over the cores; ``out`` may be ``x``."""
+    if x.dtype != torch.uint8 or x.numel() % CHUNK_BYTES:
+        raise ValueError(f"mma2 order: {x.dtype} {list(x.shape)} is not whole {CHUNK_BYTES}-byte chunks of bytes")
+    if x.device.type != "cpu":
+        words = _aligned(x).view(-1).view(torch.int32)
+        if inverse:
+            words = _permute_word_bits_torch(words, inverse=True).view(-1, 8, 4, 4, 2).permute(0, 4, 1, 3, 2)
+            y = words.reshape(-1).view(torch.uint8).view(x.shape)
+        else:
+            words = words.view(-1, 2, 8, 4, 4).permute(0, 2, 4, 3, 1).reshape(-1)
+            y = _permute_word_bits_torch(words, inverse=False).view(torch.uint8).view(x.shape)
+        return y if out is None else out.copy_(y)
+    if out is not None and not out.is_contiguous():
+        raise ValueError("mma2 order: out must be contiguous")
+    src = x.contiguous().numpy().reshape(-1, CHUNK_BYTES).view(np.uint32)
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dst = out.numpy().reshape(-1, CHUNK_BYTES).view(np.uint32)
+    n = src.shape[0]
+    per_block = min(n, BLOCK_BYTES // CHUNK_BYTES)
+
+    def work(i: int, scratch: np.ndarray) -> None:
+        a, b = i * per_block, min(n, (i + 1) * per_block)
+        w = scratch[: b - a]
+        np.copyto(w, src[a:b])  # read whole before dst (which may be src) is written
+        if inverse:
+            _permute_word_bits(w.reshape(-1), inverse=True)
+            dst[a:b].reshape(-1, 2, 8, 4, 4)[...] = w.reshape(-1, 8, 4, 4, 2).transpose(0, 4, 1, 3, 2)
+        else:
+            stored = dst[a:b].reshape(-1, 8, 4, 4, 2)
+            stored[...] = w.reshape(-1, 2, 8, 4, 4).transpose(0, 2, 4, 3, 1)
+            _permute_word_bits(dst[a:b].reshape(-1), inverse=False)
+
+    if n:
+        for_each_block(-(-n // per_block), work, lambda: np.empty((per_block, CHUNK_BYTES // 4), np.uint32))
+    return out.view(x.shape)
+
+
+def quad_scales(scales: torch.Tensor, rows_per_tile: int) -> torch.Tensor:
+    """Row-major E8M0 scales ``[E, N, G]`` (rows in the stored order, ``G = Kp/32``) -> the same shape in the quad
+    order of the chunk orders (wgmma and mma2): tiled as the weights (row tiles of ``rows_per_tile`` rows, in each the
+    K tiles, in each the 16-row blocks: ``[E, N/R, G/4, R/16, 64]``), each block's 64 scales with (row ``8c + g``,
+    group ``j`` of the K tile) at ``8g + 2j + c`` -- the 8 that quad g's lanes all need, together."""
     E, N, G = scales.shape
     R = rows_per_tile
     words = _aligned(scales).view(torch.int32).view(E, N // R, R // 16, 2, 8, G // 4)  # (c, g, K tile), bytes j
@@ -263,8 +325,8 @@ def wgmma_scales(scales: torch.Tensor, rows_per_tile: int) -> torch.Tensor:
     return pairs.view(torch.uint8).view(E, N, G)
 
 
-def scales_from_wgmma(stored: torch.Tensor, rows_per_tile: int) -> torch.Tensor:
-    """Inverse of :func:`wgmma_scales`: ``[E, N, G]`` wgmma-ordered -> row-major."""
+def scales_from_quad(stored: torch.Tensor, rows_per_tile: int) -> torch.Tensor:
+    """Inverse of :func:`quad_scales`: ``[E, N, G]`` in the quad order -> row-major."""
     E, N, G = stored.shape
     R = rows_per_tile
     pairs = _byte_swap(_aligned(stored).reshape(-1).view(torch.int64), 8, 0x0000FF000000FF00)
@@ -287,6 +349,10 @@ def _byte_swap(x: torch.Tensor, shift: int, mask: int) -> torch.Tensor:
     return x ^ t ^ (t << shift)
 
 
+# the chunk orders' weight byte orders: (K-tiled -> order, order -> K-tiled); both take the scales in the quad order
+CHUNK_ORDERS = {"wgmma": (wgmma_order, k_tiled_from_wgmma), "mma2": (mma2_order, k_tiled_from_mma2)}
+
+
 def in_order(stored: dict[str, torch.Tensor], order: str, in_place: bool = False) -> dict[str, torch.Tensor]:
     """The layout's tensors in the ``"rows"`` order -> in byte order ``order``: the weights and scales present
     reordered (the weights into their own storage with ``in_place``), the rest as they are."""
@@ -295,10 +361,10 @@ def in_order(stored: dict[str, torch.Tensor], order: str, in_place: bool = False
     out = dict(stored)
     for name in ("w13_weight", "w2_weight"):
         if name in out:
-            out[name] = wgmma_order(out[name], out=out[name] if in_place else None)
+            out[name] = CHUNK_ORDERS[order][0](out[name], out=out[name] if in_place else None)
     for name, rows in SCALE_ROWS_PER_TILE.items():
         if name in out:
-            out[name] = wgmma_scales(out[name], rows)
+            out[name] = quad_scales(out[name], rows)
     return out
 
 
@@ -309,10 +375,10 @@ def rows_order(stored: dict[str, torch.Tensor], order: str) -> dict[str, torch.T
     out = dict(stored)
     for name in ("w13_weight", "w2_weight"):
         if name in out:
-            out[name] = k_tiled_from_wgmma(out[name])
+            out[name] = CHUNK_ORDERS[order][1](out[name])
     for name, rows in SCALE_ROWS_PER_TILE.items():
         if name in out:
-            out[name] = scales_from_wgmma(out[name], rows)
+            out[name] = scales_from_quad(out[name], rows)
     return out
 
 
@@ -367,6 +433,12 @@ class StridedLayout(ExpertLayout):
             "tiled likewise, 64 per piece in quad order (sm_90 H100/H200 only: sm_12x's mma.sync fragment differs, "
             "these bytes decode wrong there)"
         ),
+        "mma2": (
+            "; order mma2: each 16-row x 64-byte piece of a K tile in the mma.sync A-operand order of a packed "
+            "decode (kWidth 8: 4 consecutive bytes of one row per word; each word's bits placed as in order wgmma), "
+            "the scales tiled likewise, 64 per piece in quad order (sm_12x and sm_80-89; not sm_90, where Triton "
+            "builds wgmma)"
+        ),
     }
 
     def __init__(self, tile: int = 128, order: str = "rows"):
@@ -382,16 +454,16 @@ class StridedLayout(ExpertLayout):
 
     def outputs(self, d: ExpertDims) -> list[OutputSpec]:
         Hp, Ip = self.padded(d)
-        wgmma = self.order == "wgmma"
+        chunked = CHUNK_ORDERS.get(self.order)
 
         def fp32_column(bias):
             return bias.to(torch.float32).unsqueeze(-1)
 
         def ordered(tiled):  # k_tiled's output, reordered in place
-            return wgmma_order(tiled, out=tiled) if wgmma else tiled
+            return chunked[0](tiled, out=tiled) if chunked else tiled
 
         def ordered_scales(rows, name):
-            return wgmma_scales(rows, SCALE_ROWS_PER_TILE[name]) if wgmma else rows
+            return quad_scales(rows, SCALE_ROWS_PER_TILE[name]) if chunked else rows
 
         def w13(gate_up_proj_blocks):
             x = gate_up_proj_blocks.flatten(2)  # [E, 2I, H/2], gate/up rows interleaved
