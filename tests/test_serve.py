@@ -312,7 +312,12 @@ def test_strided_order_is_read_from_the_config(tiny, tmp_path):
     experts.pop("options")
     assert ServeSpec.from_config(config).strided_order == "rows"
     experts["options"] = {"order": "mma2"}
-    with pytest.raises(MxRepackError, match=r"experts\.options\.order is 'mma2': .*rows, wgmma") as e:
+    assert ServeSpec.from_config(config).strided_order == "mma2"
+    assert serving("strided", "mxrepack", {"order": "mma2"})[1].endswith(
+        "mma2 order [sm120/sm121 and sm80-sm89; not sm90/sm100]"
+    )
+    experts["options"] = {"order": "mma_sync"}
+    with pytest.raises(MxRepackError, match=r"experts\.options\.order is 'mma_sync': .*rows, wgmma, mma2") as e:
         ServeSpec.from_config(config)
     assert "\n" not in str(e.value)
     # order wgmma written before its words' bits were rotated (mxrepack 0.1.0, or no version): refused in one line by

@@ -21,7 +21,7 @@ from mxrepack.errors import MxRepackError
 QUANT_METHOD = "mxrepack"
 # the byte orders of the strided layout's option ``order`` (mxrepack.layouts.strided.ORDERS; repeated here, as reading
 # a config needs no torch)
-STRIDED_ORDERS = ("rows", "wgmma")
+STRIDED_ORDERS = ("rows", "wgmma", "mma2")
 # the release from which the strided order wgmma's words hold their bits rotated for the kernels' decode
 # (mxrepack.layouts.strided.WORD_ROTATIONS); an output written before holds them byte-wise and would decode wrong
 WGMMA_WORD_BITS_SINCE = "0.2.0"
@@ -190,7 +190,7 @@ class ServeSpec:
     @property
     def strided_order(self) -> str:
         """The byte order of ``strided`` experts (option ``order``; ``"rows"`` where the config records none, as
-        every output written before the option): ``"wgmma"`` is for sm_90 only."""
+        every output written before the option): ``"wgmma"`` is for sm_90 only, ``"mma2"`` for sm_12x and sm_8x."""
         return self.expert_options.get("order", "rows")
 
     @property
@@ -383,7 +383,8 @@ def check_vllm_version(version: str) -> None:
 
 def serving(target_layout: str | None, quantization_config: str, expert_options: dict | None = None) -> tuple[str, str]:
     """(how vLLM loads a target, the MoE kernel that computes with it), from its recipe's expert layout (and its
-    options: strided's byte order ``wgmma`` runs on sm90 only) and its ``config.quantization_config`` mode."""
+    options: strided's byte order ``wgmma`` runs on sm90 only, ``mma2`` on sm_12x and sm_8x) and its
+    ``config.quantization_config`` mode."""
     if quantization_config == "remove":
         return "stock vLLM (unquantized BF16 MoE)", "vLLM's BF16 fused MoE"
     if quantization_config == "native":
@@ -404,8 +405,11 @@ def serving(target_layout: str | None, quantization_config: str, expert_options:
     if backend is None:
         return "no vLLM path", "-"
     kernel, gpus = backend.kernel, backend.gpus
-    if target_layout == "strided" and (expert_options or {}).get("order") == "wgmma":
+    order = (expert_options or {}).get("order", "rows") if target_layout == "strided" else "rows"
+    if order == "wgmma":
         kernel, gpus = f"{kernel}, wgmma order", "sm90 (H100/H200) only"
+    elif order == "mma2":
+        kernel, gpus = f"{kernel}, mma2 order", "sm120/sm121 and sm80-sm89; not sm90/sm100"
     return 'vLLM with the mxrepack plugin: pip install "mxrepack[vllm]"', f"{kernel} [{gpus}]"
 
 

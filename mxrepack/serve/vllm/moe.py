@@ -224,7 +224,8 @@ def _retype(layer: torch.nn.Module, name: str, dtype: torch.dtype) -> None:
 
 class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
     """The ``strided`` layout on :func:`mxrepack.kernels.moe_mxfp4.moe_mxfp4` (BF16 activations), in the byte order
-    the checkpoint records (``ServeSpec.strided_order``; the wgmma order refused off sm_90 at load)."""
+    the checkpoint records (``ServeSpec.strided_order``; a chunk order refused at load off the GPUs whose MMA operand
+    it is: ``moe_mxfp4.check_order``)."""
 
     def __init__(self, moe, spec: ServeSpec):
         super().__init__(moe)
@@ -238,16 +239,14 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
 
     def process_weights_after_loading(self, layer) -> None:
         from mxrepack.kernels.dequant_mxfp4 import fits_fold
-        from mxrepack.kernels.moe_mxfp4 import reserve_decode_counters
+        from mxrepack.kernels.moe_mxfp4 import check_order, reserve_decode_counters
 
         self._check_loaded(layer)
-        if self.spec.strided_order == "wgmma":
-            cap = torch.cuda.get_device_capability(layer.w2_weight.device)
-            if cap[0] != 9:
-                raise MxRepackError(
-                    f"this checkpoint's experts are in the strided layout's wgmma order, for sm_90 (H100/H200) only; "
-                    f"this GPU is sm_{cap[0]}{cap[1]}: repack with experts.options {{order: rows}} for it"
-                )
+        order = self.spec.strided_order
+        try:  # the chunk orders are one GPU family's MMA operand: refused at load elsewhere, not at the first step
+            check_order(order, "bf16", layer.w2_weight.device)
+        except ValueError as e:
+            raise MxRepackError(f"this checkpoint's experts are in the strided layout's {order} order: {e}") from None
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed
         reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1])
         # whether these experts take the folded decode: asked once here (a synchronization), not per call. Scales
