@@ -38,6 +38,7 @@ from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import (
     MOE_CONFIGS,
+    MOE_CONFIGS_MMA2,
     MOE_CONFIGS_WGMMA,
     MOE_GEMV,
     MOE_TILES,
@@ -726,15 +727,90 @@ def test_moe_wgmma_order_matches_reference():
         moe_mxfp4(x, ids, wts, rows, "bf16", MoeConfig(16, 64, 128, swap_ab=True, order="wgmma"))
     with pytest.raises(ValueError, match="BF16 activations only"):
         moe_mxfp4(x, ids, wts, wgmma, "e4m3", order="wgmma")
-    with pytest.raises(ValueError, match="order must be rows or wgmma"):
+    with pytest.raises(ValueError, match="order must be rows, wgmma or mma2"):
         moe_mxfp4(x, ids, wts, rows, order="mma_sync")
     with pytest.raises(ValueError, match="64-row operands"):  # down's 32 rows would be an mma.sync operand on sm_90
         MoeConfig(16, 32, 128, swap_ab=True, order="wgmma")
     with pytest.raises(ValueError, match="wgmma order's tiles only"):
         MoeConfig(16, 64, 128, swap_ab=True, wait_mma=False)
     for order, down in (("rows", 128), ("wgmma", 96), ("wgmma", 192), ("wgmma", 32)):
-        with pytest.raises(ValueError, match="down_block_n is a wider tile of the wgmma order's down kernel"):
+        with pytest.raises(ValueError, match="down_block_n is a wider tile of a chunk order's down kernel"):
             MoeConfig(16, 64, 128, swap_ab=True, order=order, down_block_n=down)
+
+
+def test_moe_mma2_order_matches_reference():
+    """The strided layout's mma2 order (mma.sync's kWidth-8 operand order, sm_12x / sm_8x) through the scheduled tiles
+    that read it, at every T, decode included (portable decode here; the PTX one is compiled for sm_121a in the
+    kernels check and run by the GPU test below): the tokens in 1, 2 or 4 dots a K tile, a remainder tile, a down tile
+    wider than block_n. No GEMV on this order; other activations are refused."""
+    E, H, I, k = 4, 288, 96, 2
+    dims, mma2, native = _strided_layer(E, H, I, order="mma2")
+    assert [MoeConfig(m, 64, 128, swap_ab=True, order="mma2").token_dots for m in (16, 32, 64, 128)] == [1, 2, 2, 4]
+    for T in (1, 40):
+        x = torch.randn(T, H).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+        wts = torch.softmax(torch.randn(T, k), -1)
+        ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
+        for cfg in (
+            None,
+            MoeConfig(32, 64, 128, swap_ab=True, order="mma2"),
+            MoeConfig(
+                128, 64, 128, swap_ab=True, order="mma2", remainder=MoeConfig(16, 64, 128, swap_ab=True, order="mma2")
+            ),
+            MoeConfig(64, 64, 128, 8, swap_ab=True, order="mma2", down_block_n=256),
+        ):
+            y = moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2")
+            assert rel(y, ref) <= 1e-2, (T, cfg, rel(y, ref))
+    assert all(isinstance(pick_moe(T, 4, 128, 2880, order="mma2"), MoeConfig) for T in (1, 16, 4096))
+    with pytest.raises(ValueError, match="mma2 order runs the scheduled tiles only"):
+        moe_mxfp4(x, ids, wts, mma2, "bf16", MOE_GEMV.portable(), order="mma2")
+    with pytest.raises(ValueError, match="BF16 activations only"):
+        moe_mxfp4(x, ids, wts, mma2, "e4m3", order="mma2")
+    with pytest.raises(ValueError, match="16, 32, 64 or 128 tokens"):
+        MoeConfig(48, 64, 128, swap_ab=True, order="mma2")
+
+
+@pytest.mark.parametrize(
+    "cap,disabled,runs",
+    [((12, 1), "", True), ((8, 9), "", True), ((9, 0), "", False), ((9, 0), "1", True), ((10, 0), "1", False)],
+)
+def test_mma2_order_runs_where_triton_builds_mma_sync(monkeypatch, cap, disabled, runs):
+    """The mma2 order is mma.sync's operand: accepted on sm_12x and sm_8x, and on sm_90 only under Triton's
+    DISABLE_MMA_V3 (the H100 stand-in for sm_12x's code path); refused in one line elsewhere."""
+    from mxrepack.kernels import moe_mxfp4 as moe
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    monkeypatch.setattr(moe, "mma_reads_registers_async", lambda device: cap[0] == 9)
+    monkeypatch.setenv("DISABLE_MMA_V3", disabled)
+    if runs:
+        moe.check_order("mma2", "bf16", torch.device("cuda"))
+    else:
+        with pytest.raises(ValueError, match=r"mma2 order is mma\.sync's operand .*order rows") as e:
+            moe.check_order("mma2", "bf16", torch.device("cuda"))
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or not (torch.cuda.get_device_capability()[0] in (8, 12) or os.environ.get("DISABLE_MMA_V3") == "1"),
+    reason="the mma2 order's PTX decode feeds mma.sync (sm_8x, sm_12x, or a Hopper under DISABLE_MMA_V3)",
+)
+def test_moe_mma2_order_on_mma_sync():
+    """On a GPU that builds mma.sync: the mma2 order's shipped tiles (folded and not) against the reference at
+    gpt-oss's widths, decode sizes included, the same bits on every repeat."""
+    E, H, I, k = 8, 2880, 2880, 4
+    dims, mma2, native = _strided_layer(E, H, I, order="mma2")
+    mma2 = {n: t.cuda() for n, t in mma2.items()}
+    for T in (1, 5, 64, 300):
+        x = torch.randn(T, H).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+        wts = torch.softmax(torch.randn(T, k), -1)
+        ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
+        x, ids, wts = x.cuda(), ids.cuda(), wts.cuda()
+        for cfg in (None, *MOE_CONFIGS_MMA2.values(), *(with_fold(c, True, True) for c in MOE_CONFIGS_MMA2.values())):
+            y = moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2")
+            assert rel(y.cpu(), ref) <= 1e-2, (T, cfg, rel(y.cpu(), ref))
+            assert all(torch.equal(moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2"), y) for _ in range(3))
 
 
 @pytest.mark.skipif(

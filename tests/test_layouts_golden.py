@@ -368,8 +368,6 @@ def _wgmma_chunk(rows: torch.Tensor) -> torch.Tensor:
     """16 rows x 64 bytes -> wgmma's A-fragment order, by the definition (fragment_order_probe.fragment_order): byte
     8s + 4kh + t of row 8c + g at 32 (4g + t) + 4s + 2c + kh; then each 32-bit word's bits placed, bit j of nibble h
     of byte p at ``strided.word_bit(p, h, j)``."""
-    from mxrepack.layouts.strided import word_bit
-
     out = torch.empty(1024, dtype=torch.uint8)
     for c in range(2):
         for g in range(8):
@@ -377,6 +375,26 @@ def _wgmma_chunk(rows: torch.Tensor) -> torch.Tensor:
                 for kh in range(2):
                     for t in range(4):
                         out[32 * (4 * g + t) + 4 * s + 2 * c + kh] = rows[8 * c + g, 8 * s + 4 * kh + t]
+    return _place_word_bits(out)
+
+
+def _mma2_chunk(rows: torch.Tensor) -> torch.Tensor:
+    """16 rows x 64 bytes -> the mma2 order, by the definition (mma2_order_probe.mma2_order): byte 16q + 4t + e of
+    row 8c + g at 32 (4g + t) + 8q + 4c + e; then each word's bits placed as in the wgmma order."""
+    out = torch.empty(1024, dtype=torch.uint8)
+    for c in range(2):
+        for g in range(8):
+            for q in range(4):
+                for t in range(4):
+                    for e in range(4):
+                        out[32 * (4 * g + t) + 8 * q + 4 * c + e] = rows[8 * c + g, 16 * q + 4 * t + e]
+    return _place_word_bits(out)
+
+
+def _place_word_bits(out: torch.Tensor) -> torch.Tensor:
+    """Each 32-bit word's bits placed: bit j of nibble h of byte p at ``strided.word_bit(p, h, j)``."""
+    from mxrepack.layouts.strided import word_bit
+
     for i in range(0, 1024, 4):
         word = int.from_bytes(bytes(out[i : i + 4].tolist()), "little")
         placed = sum(
@@ -450,16 +468,49 @@ def test_strided_wgmma_order_is_the_fragment_order_of_each_chunk():
     assert torch.equal(strided.wgmma_order(k_tiled), out["w13_weight"])
 
 
-def test_strided_wgmma_round_trip_and_row_major_helpers():
-    """order wgmma unpacks to the source exactly at gpt-oss-like widths that are not multiples of 128 (2880 / 2880
-    scaled down: 288 / 160), for any expert range; the benchmarks' row-major helpers take the order and invert each
-    other, and from_row_major(order="wgmma") gives the layout's pack."""
+def test_strided_mma2_order_is_the_mma_sync_operand_order_of_each_chunk():
+    """order mma2: every 16-row x 64-byte chunk of a K tile holds its bytes in the order of mma.sync's kWidth-8
+    operand (4 consecutive bytes of one row a word), each word's bits placed as in order wgmma, and its 64 scales in
+    the same quad order, checked against the definition on the source rows (a partial K tile, an up block, padding);
+    the GPUs' torch permutation gives the CPU loop's bytes both ways."""
+    from mxrepack.layouts import make_layout, strided
+
+    dims = ExpertDims(2, 160, 96)
+    parts = _random_parts(2, 160, 96, 7)
+    out = _pack(make_layout("strided", {"order": "mma2"}), parts, dims)
+    rows_out = _pack(get_layout("strided"), parts, dims)
+    assert {n: x.shape for n, x in out.items()} == {n: x.shape for n, x in rows_out.items()}
+    Ip, Hp = 128, 256
+    w2, s2 = parts["down_proj_blocks"].flatten(2), parts["down_proj_scales"]
+    chunks2 = out["w2_weight"].reshape(2, Hp // 16, Ip // 128, 1024)
+    pieces2 = out["w2_weight_scale"].reshape(2, Hp // 16, Ip // 128, 64)
+    for e, tile in ((0, 0), (1, 9), (0, 12)):  # tile 12: padding
+        rows = _padded(w2[e, 16 * tile : 16 * tile + 16], 16, Ip // 2)
+        assert torch.equal(chunks2[e, tile, 0], _mma2_chunk(rows))
+        assert torch.equal(pieces2[e, tile, 0], _wgmma_scale_piece(_padded(s2[e, 16 * tile : 16 * tile + 16], 16, 4)))
+    w13, s13 = parts["gate_up_proj_blocks"].flatten(2), parts["gate_up_proj_scales"]
+    chunks13 = out["w13_weight"].reshape(2, Ip // 32, Hp // 128, 4, 1024)
+    pieces13 = out["w13_weight_scale"].reshape(2, Ip // 32, Hp // 128, 4, 64)
+    assert torch.equal(chunks13[1, 1, 1, 3], _mma2_chunk(_padded(w13[1, 97:128:2, 64:], 16, 64)))  # up, partial K
+    assert torch.equal(pieces13[1, 1, 1, 3], _wgmma_scale_piece(_padded(s13[1, 97:128:2, 4:], 16, 4)))
+    k_tiled = rows_out["w13_weight"]
+    words = k_tiled.view(-1).view(torch.int32)  # the GPU path (torch ops on any device)
+    stored = strided._permute_word_bits_torch(words.view(-1, 2, 8, 4, 4).permute(0, 2, 4, 3, 1).reshape(-1), False)
+    assert torch.equal(stored.view(torch.uint8).view(k_tiled.shape), out["w13_weight"])
+    assert torch.equal(strided.k_tiled_from_mma2(out["w13_weight"]), k_tiled)
+
+
+@pytest.mark.parametrize("order", ["wgmma", "mma2"])
+def test_strided_chunk_order_round_trip_and_row_major_helpers(order):
+    """A chunk order (wgmma, mma2) unpacks to the source exactly at gpt-oss-like widths that are not multiples of 128
+    (2880 / 2880 scaled down: 288 / 160), for any expert range; the benchmarks' row-major helpers take the order and
+    invert each other, and from_row_major(order=...) gives the layout's pack."""
     from mxrepack.layouts import make_layout, strided
 
     dims = ExpertDims(3, 288, 160)
     parts = _random_parts(3, 288, 160, 11)
-    layout = make_layout("strided", {"order": "wgmma"})
-    assert layout.order == "wgmma" and get_layout("strided").order == "rows"
+    layout = make_layout("strided", {"order": order})
+    assert layout.order == order and get_layout("strided").order == "rows"
     out = _pack(layout, parts, dims)
     back = layout.unpack(out, dims)
     assert all(torch.equal(back[k], parts[k]) for k in parts)
@@ -467,10 +518,10 @@ def test_strided_wgmma_round_trip_and_row_major_helpers():
     assert all(torch.equal(part[k], parts[k][1:2]) for k in parts)
     rows_out = _pack(get_layout("strided"), parts, dims)
     rm = strided.to_row_major(rows_out)
-    assert torch.equal(strided.to_row_major(out, order="wgmma")["w2_weight_scale"], rows_out["w2_weight_scale"])
-    wg = strided.from_row_major(rm, order="wgmma")
+    assert torch.equal(strided.to_row_major(out, order=order)["w2_weight_scale"], rows_out["w2_weight_scale"])
+    wg = strided.from_row_major(rm, order=order)
     assert all(torch.equal(wg[n], out[n]) for n in out)
-    again = strided.to_row_major(wg, order="wgmma")
+    again = strided.to_row_major(wg, order=order)
     assert all(torch.equal(again[n], rm[n]) for n in rm)
     assert all(torch.equal(strided.from_row_major(rm)[n], rows_out[n]) for n in rows_out)  # the default: rows
     assert "sm_90" in layout.description and "sm_12x" in layout.description
@@ -479,7 +530,7 @@ def test_strided_wgmma_round_trip_and_row_major_helpers():
 def test_strided_order_option_is_checked():
     from mxrepack.layouts import make_layout
 
-    with pytest.raises(MxRepackError, match=r"strided option order='bogus': expected one of rows, wgmma") as e:
+    with pytest.raises(MxRepackError, match=r"strided option order='bogus': expected one of rows, wgmma, mma2") as e:
         make_layout("strided", {"order": "bogus"})
     assert "\n" not in str(e.value)
     from mxrepack.layouts import strided

@@ -140,7 +140,7 @@ class MoeConfig:
         if d and (self.order == "rows" or d < max(64, self.block_n) or d & (d - 1)):
             raise ValueError(
                 f"down_block_n is a wider tile of a chunk order's down kernel: a power of 2, at least block_n and "
-                f"64 (whole wgmma operands), got {d} for order {self.order} and block_n {self.block_n}"
+                f"64 (whole 64-row operands), got {d} for order {self.order} and block_n {self.block_n}"
             )
         if not self.wait_mma and self.order != "wgmma":
             raise ValueError(
@@ -269,11 +269,16 @@ MOE_TILES_WGMMA = (
     (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128))),
 )
 # Weights in the mma2 order (the strided layout's ``order: mma2``: sm_12x, sm_8x): these tiles at every T, decode
-# included, the tokens in dots of 16 or 32 (``MoeConfig.token_dots``). First table, by analogy with the wgmma order's
-# and mma2_order_probe.py's shapes (64 weight rows, 4 warps): the probe on this order against the rows order's
-# shipped swapped tiles, both on mma.sync (an H100 under Triton's DISABLE_MMA_V3, GB10's code path), a dense stand-in
-# of 32 experts' gate_up at M = 16 / 32 / 64 / 128: 0.140 / 0.188 / 0.289 / 0.495 ms against 0.199 / 0.253 / 0.399
-# / 0.753 (docs/bench/mma2_order_time_mmav2_h100_2026-11-27_d29fe89.json). Not yet swept in the MoE kernels.
+# included, the tokens in dots of 16 or 32 (``MoeConfig.token_dots``), 64 weight rows a block on 4 warps as in
+# mma2_order_probe.py (whose order, against the rows order's swapped tiles on mma.sync, was 1.34-1.52x on a dense
+# stand-in of gate_up: docs/bench/mma2_order_time_mmav2_h100_2026-11-27_d29fe89.json). Measured on sm_12x's code path
+# (an H100 under Triton's DISABLE_MMA_V3), 120b shapes, CUDA graphs, ``peers.py --sweep-moe 16,64,512,4096
+# --sweep-kind mma2`` (e7c9cdb, docs/bench/moe_sweep_mma2_mmav2_h100_2026-11-27_e7c9cdb.json): each shipped choice
+# best of 14 candidates (16-128 tokens, 4 or 8 warps, 2 or 3 stages; 8 warps with a 128-row down tile lost at every
+# T): T = 16 0.330 ms, 64 0.691, 512 0.920 (the 32-token tile + 16 remainder; 32 alone 1.041, 16 alone 1.088), 4096
+# 3.750 (128 tokens on 2 stages + 32 remainder; 64 alone 4.283); the rows order's shipped 0.333 / 0.961 / 1.311 /
+# 7.056. The 128-token tile holds 255 registers with a small spill (gate_up 4 LDL in its loop on sm_121a); 3 stages of
+# it pass sm_12x's shared memory.
 _SMALL_16_MMA2 = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
 _SMALL_32_MMA2 = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
 _MID_MMA2 = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
