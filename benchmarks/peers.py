@@ -326,17 +326,19 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     """mxrepack's scheduled MoE tiles at each T: the shipped choice against tile shapes, stages, the integer-op
     dequant (``MoeConfig.manual_dequant``) and the swapped operands (``MoeConfig.swap_ab``); ``kind`` "swap" sweeps
     only the latter beside the shipped choice, "fold" the shipped swapped tile (folded where the weights fit:
-    ``MoeConfig.fold_scale``) beside its unfolded twin and triton_kernels' tile. mxrepack only, no peers (for
-    choosing ``MOE_TILES``)."""
+    ``MoeConfig.fold_scale``) beside its unfolded twin and triton_kernels' tile, "mma2" the mma2 order's tiles beside
+    each order's shipped choice, and the wgmma kinds that order's variants. mxrepack only, no peers (for choosing
+    ``MOE_TILES`` and the chunk orders' tables)."""
     import itertools
 
-    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_WGMMA, MoeConfig
+    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_BY_ORDER, MoeConfig
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap", "down-wide", "stages")
     Wg = ordered_layer(W, "wgmma") if orders and wgmma_here() else None
     Wm = ordered_layer(W, "mma2") if (orders or kind == "mma2") and mma2_here() else None
+    chunked = (("wgmma", Wg), ("mma2", Wm))  # the chunk orders' layers, None where the order cannot run here
     for T in Ts:
         torch.manual_seed(T)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
@@ -345,22 +347,20 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         ms_ = [m for m in (16, 32, 64, 128) if m <= max(16, 4 * rows_per_expert)][-2:]
         cands = {"shipped": pick_moe(T, K_TOP, E, H, fold_scale=fold)}
         if orders or kind == "mma2":
-            for order, Wo in (("wgmma", Wg), ("mma2", Wm)):
+            for order, Wo in chunked:
                 if Wo is not None:
                     cands[f"shipped {order}"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order)
         if kind == "mma2":  # the mma2 order's tiles: tokens, warps, a down tile twice as wide, stages
-            variants, ms_ = (), ()
+            ms_ = ()
             for bm, warps, down, st in itertools.product((16, 32, 64, 128), (4, 8), (0, 128), (2, 3)):
                 if (warps == 8) != (down == 128) or (bm == 128 and st == 3):
                     continue  # 8 warps split gate_up's 128 rows 16 a warp, and down's only when it has 128
                 cfg = MoeConfig(bm, 64, 128, warps, st, swap_ab=True, fold_scale=fold, order="mma2", down_block_n=down)
                 cands[f"mma2 {cfg.name()}"] = cfg
         if kind == "remainder":  # each order's table tiles with each smaller tile of the table as their remainder
-            for key, order in (("shipped", "rows"), ("shipped wgmma", "wgmma")):
-                table = [
-                    with_fold(dataclasses.replace(c, remainder=None), True, fold)
-                    for _, c in (MOE_TILES if order == "rows" else MOE_TILES_WGMMA)
-                ]
+            here = [("shipped", MOE_TILES)] + [(f"shipped {o}", MOE_TILES_BY_ORDER[o]) for o, Wo in chunked if Wo]
+            for key, tiles in here:
+                table = [with_fold(dataclasses.replace(c, remainder=None), True, fold) for _, c in tiles]
                 for main, small in itertools.product(table, table):
                     if small.block_m < main.block_m and small.swap_ab == main.swap_ab:
                         cfg = dataclasses.replace(main, remainder=small)
@@ -732,6 +732,14 @@ def main() -> None:
     rows = Record(meta, args.json)
     if args.sweep_moe and args.sweep_kind == "rows":
         ap.error("--sweep-kind rows is a dense sweep: use it with --sweep-dense")
+    if (
+        args.sweep_moe
+        and args.sweep_kind in ("wgmma", "wgmma-wide", "overlap", "down-wide", "stages")
+        and not wgmma_here()
+    ):
+        ap.error(f"--sweep-kind {args.sweep_kind} sweeps the wgmma order: a Hopper without DISABLE_MMA_V3")
+    if args.sweep_moe and args.sweep_kind == "mma2" and not mma2_here():
+        ap.error("--sweep-kind mma2 needs mma.sync builds: sm_8x, sm_12x, or a Hopper under DISABLE_MMA_V3=1")
     if args.sweep_moe:
         moe_sweep(rows, tuple(int(t) for t in args.sweep_moe.split(",")), args.sweep_kind)
     if args.sweep_dense:

@@ -15,7 +15,8 @@ docs/SERVING.md "Proof"). One run:
    the top-5 logprobs of every prompt position and generated token, and the decode speed of 64 greedy tokens for 1 and
    for 4 sequences (``--batches``; at 2 layers the host's step dominates it: tens of sequences and ``--layers 12``
    let the kernels set it); with ``--profile``
-   also 16 decode steps under torch.profiler (host against GPU time, graph launches, the costliest ops);
+   also 16 decode steps under torch.profiler (host against GPU time, graph launches, the costliest ops) of one
+   sequence, or of ``--profile-batch`` sequences;
 3. compares each case with its baseline (stock vLLM on the source with the same MoE backend): greedy tokens equal, and
    the largest |logprob difference| over the tokens both list;
 4. ``_convert``: for every expert layout, the tensors the plugin hands to vLLM's kernel (the stored bytes, retyped as
@@ -59,6 +60,13 @@ RECIPES = {
         "dense": {"format": "bf16"},
         "config": {"quantization_config": "mxrepack"},
     },
+    "strided-mma2": {
+        "name": "strided-mma2",
+        "description": "strided experts in the mma2 order (sm_12x's mma.sync operand) on mxrepack's Triton kernels",
+        "experts": {"layout": "strided", "options": {"order": "mma2"}},
+        "dense": {"format": "bf16"},
+        "config": {"quantization_config": "mxrepack"},
+    },
     "marlin-dense": {
         "name": "marlin-dense",
         "description": "Marlin experts, MXFP4 q/k/v/o/lm_head (the sm121 dense)",
@@ -84,6 +92,7 @@ DECODE_RUNS = 5  # timed generations per batch size, after the first
 _PROFILE = "_profile"  # --profile: the engine profiles its decode steps, not an LLM argument
 _BATCHES = "_batches"  # --batches: the sequence counts whose decode is timed, not an LLM argument
 _DENSE_TRITON = {DENSE_KERNEL_ENV: "mxrepack"}
+_MMA_V2 = {"DISABLE_MMA_V3": "1"}  # Triton builds mma.sync on a Hopper, as on sm_12x (the mma2 order needs it there)
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
     "source-marlin": ("source", {"moe_backend": "marlin"}, None, "stock vLLM, Marlin MoE (the baseline)"),
@@ -167,6 +176,26 @@ CASES = {
         "marlin-dense-graphs",
         "the same dense bytes on mxrepack's kernels against vLLM's Marlin, both compiled + graphs",
     ),
+    # sm_12x's code path on a Hopper: every Triton kernel of the engine built with mma.sync (Triton's DISABLE_MMA_V3),
+    # the strided layout's mma2 order beside the rows order and stock Marlin (an mma.sync kernel either way) under it
+    "source-marlin-mmav2-graphs": (
+        "source",
+        {"moe_backend": "marlin", _ENV: _MMA_V2, **_GRAPHS},
+        None,
+        "stock vLLM, Marlin MoE, graphs, Triton without wgmma (the baseline of sm_12x's code path)",
+    ),
+    "strided-mmav2-graphs": (
+        "strided",
+        {_ENV: _MMA_V2, **_GRAPHS},
+        "source-marlin-mmav2-graphs",
+        "within the kernels' bound, Triton without wgmma",
+    ),
+    "strided-mma2-graphs": (
+        "strided-mma2",
+        {_ENV: _MMA_V2, **_GRAPHS},
+        "strided-mmav2-graphs",
+        "the same weights in the mma2 order, Triton without wgmma: within the kernels' bound",
+    ),
     # the same without programmatic dependent launch (lm_head's GEMV then waits for its activations' preparation in
     # the stream): one suspect of the dense option's one-sequence gap (PERF_LOG stop 30)
     "dense-mxrepack-graphs-nopdl": (
@@ -185,7 +214,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     kwargs = json.loads(kwargs_json)
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
     record["env"] = kwargs.pop(_ENV, {})
-    profile_steps = kwargs.pop(_PROFILE, False)
+    profile_batch = kwargs.pop(_PROFILE, 0)  # sequences in the profiled steps (0: none)
     batches = kwargs.pop(_BATCHES, [1, 4])
     os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
@@ -257,8 +286,8 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                 runs.append(64 * batch / (time.perf_counter() - t))
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
-        if profile_steps:
-            record["profile"] = _profile_decode(llm, SamplingParams)
+        if profile_batch:
+            record["profile"] = _profile_decode(llm, SamplingParams, batch=int(profile_batch))
         record["ok"] = True
     except BaseException as e:  # noqa: BLE001 - the record says what failed
         record["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -266,17 +295,18 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     Path(out).write_text(json.dumps(record))
 
 
-def _profile_decode(llm, SamplingParams, tokens: int = 16) -> dict:
-    """Where one sequence's decode steps spend their time: ``tokens`` greedy tokens under torch.profiler (after the
-    timed runs, so nothing compiles): the steps' wall time, the GPU kernels' summed time, graph launches against
-    single kernel launches made by the host, and the host ops and kernels that took the most."""
+def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> dict:
+    """Where ``batch`` sequences' decode steps spend their time (each its own prompt, as the timed runs): ``tokens``
+    greedy tokens under torch.profiler (after the timed runs, so nothing compiles), their prompts' prefill (a
+    prefix-cache hit) included: the steps' wall time, the GPU kernels' summed time, graph launches against single
+    kernel launches made by the host, and the host ops and kernels that took the most."""
     import collections
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     sp = SamplingParams(temperature=0.0, max_tokens=tokens, detokenize=False, ignore_eos=True)
-    prompt = [{"prompt_token_ids": PROMPTS[0]}]
+    prompt = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -293,6 +323,7 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16) -> dict:
             host_us[e.name[:80]] += e.self_cpu_time_total
     return {
         "steps": tokens,
+        "batch": batch,
         "ms_per_step_profiled": wall / tokens * 1e3,
         "gpu_kernel_ms_per_step": sum(kernel_us.values()) / tokens / 1e3,
         "runtime_calls": runtime.most_common(12),
@@ -542,6 +573,12 @@ def main() -> None:
         help="each engine also profiles 16 decode steps of one sequence (torch.profiler): host against GPU time",
     )
     ap.add_argument(
+        "--profile-batch",
+        type=int,
+        default=1,
+        help="--profile: the sequences decoding together in the profiled steps (each its own prompt)",
+    )
+    ap.add_argument(
         "--batches",
         default="1,4",
         help="sequence counts whose decode speed is timed (engines take max_num_seqs to match); past a few layers and "
@@ -602,7 +639,12 @@ def main() -> None:
         out.unlink(missing_ok=True)
         t = time.perf_counter()
         _subprocess(
-            ["_engine", str(model), str(out), json.dumps(kwargs | {_PROFILE: args.profile, _BATCHES: batches})],
+            [
+                "_engine",
+                str(model),
+                str(out),
+                json.dumps(kwargs | {_PROFILE: args.profile and args.profile_batch, _BATCHES: batches}),
+            ],
             work / f"case-{name}.log",
             {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
         )

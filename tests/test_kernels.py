@@ -738,6 +738,19 @@ def test_moe_wgmma_order_matches_reference():
             MoeConfig(16, 64, 128, swap_ab=True, order=order, down_block_n=down)
 
 
+def test_kernels_check_sources_follow_the_kernels_arguments():
+    """Every source the kernels check builds lists its arguments in the kernel's order (Triton 3.9 keys constexprs and
+    alignment facts by argument index), and each MoE tile's ORDER is its table's: the check builds the wgmma order for
+    sm_90a only and the mma2 order for sm_12x only, and checks the decode's packing of both, by that constant."""
+    from mxrepack.kernels import check
+
+    for kernel, config, _, src, _, _ in check.shipped_kernels():
+        assert list(src.signature) == list(src.fn.arg_names), (kernel, config)
+        if kernel.startswith("moe_") and "ORDER" in src.fn.arg_names:
+            label = config.split(" ")[0]
+            assert check._constant(src, "ORDER") == (label if label in ("wgmma", "mma2") else "rows"), config
+
+
 def test_moe_mma2_order_matches_reference():
     """The strided layout's mma2 order (mma.sync's kWidth-8 operand order, sm_12x / sm_8x) through the scheduled tiles
     that read it, at every T, decode included (portable decode here; the PTX one is compiled for sm_121a in the
@@ -761,6 +774,17 @@ def test_moe_mma2_order_matches_reference():
         ):
             y = moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2")
             assert rel(y, ref) <= 1e-2, (T, cfg, rel(y, ref))
+    # past 96 rows per expert (2 experts, both taken by every token): every dot of the 128-token tile has rows
+    dims2, mma2_2, native2 = _strided_layer(2, H, I, order="mma2")
+    x2 = torch.randn(100, H).to(torch.bfloat16)
+    ids2 = torch.stack([torch.randperm(2) for _ in range(100)])
+    wts2 = torch.softmax(torch.randn(100, 2), -1)
+    ref2 = layout_moe_reference(x2, native2, get_layout("mxfp4"), dims2, ids2, wts2, padded=False)
+    for cfg in (
+        MoeConfig(128, 64, 128, swap_ab=True, order="mma2"),
+        MoeConfig(64, 64, 128, swap_ab=True, order="mma2"),
+    ):
+        assert rel(moe_mxfp4(x2, ids2, wts2, mma2_2, "bf16", cfg, order="mma2"), ref2) <= 1e-2, cfg
     assert all(isinstance(pick_moe(T, 4, 128, 2880, order="mma2"), MoeConfig) for T in (1, 16, 4096))
     with pytest.raises(ValueError, match="mma2 order runs the scheduled tiles only"):
         moe_mxfp4(x, ids, wts, mma2, "bf16", MOE_GEMV.portable(), order="mma2")
@@ -779,8 +803,7 @@ def test_mma2_order_runs_where_triton_builds_mma_sync(monkeypatch, cap, disabled
     DISABLE_MMA_V3 (the H100 stand-in for sm_12x's code path); refused in one line elsewhere."""
     from mxrepack.kernels import moe_mxfp4 as moe
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
-    monkeypatch.setattr(moe, "mma_reads_registers_async", lambda device: cap[0] == 9)
+    monkeypatch.setattr(moe, "device_capability", lambda device: cap)
     monkeypatch.setenv("DISABLE_MMA_V3", disabled)
     if runs:
         moe.check_order("mma2", "bf16", torch.device("cuda"))
@@ -788,11 +811,20 @@ def test_mma2_order_runs_where_triton_builds_mma_sync(monkeypatch, cap, disabled
         with pytest.raises(ValueError, match=r"mma2 order is mma\.sync's operand .*order rows") as e:
             moe.check_order("mma2", "bf16", torch.device("cuda"))
         assert "\n" not in str(e.value)
+    # the wgmma order is the other way round: where Triton builds wgmma only
+    if cap[0] == 9 and not disabled:
+        moe.check_order("wgmma", "bf16", torch.device("cuda"))
+    else:
+        with pytest.raises(ValueError, match=r"wgmma order is Hopper's .*order rows \(or mma2"):
+            moe.check_order("wgmma", "bf16", torch.device("cuda"))
 
 
 @pytest.mark.skipif(
     not torch.cuda.is_available()
-    or not (torch.cuda.get_device_capability()[0] in (8, 12) or os.environ.get("DISABLE_MMA_V3") == "1"),
+    or not (
+        torch.cuda.get_device_capability()[0] in (8, 12)
+        or (torch.cuda.get_device_capability()[0] == 9 and os.environ.get("DISABLE_MMA_V3") == "1")
+    ),
     reason="the mma2 order's PTX decode feeds mma.sync (sm_8x, sm_12x, or a Hopper under DISABLE_MMA_V3)",
 )
 def test_moe_mma2_order_on_mma_sync():

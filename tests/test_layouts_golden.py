@@ -494,9 +494,8 @@ def test_strided_mma2_order_is_the_mma_sync_operand_order_of_each_chunk():
     assert torch.equal(chunks13[1, 1, 1, 3], _mma2_chunk(_padded(w13[1, 97:128:2, 64:], 16, 64)))  # up, partial K
     assert torch.equal(pieces13[1, 1, 1, 3], _wgmma_scale_piece(_padded(s13[1, 97:128:2, 4:], 16, 4)))
     k_tiled = rows_out["w13_weight"]
-    words = k_tiled.view(-1).view(torch.int32)  # the GPU path (torch ops on any device)
-    stored = strided._permute_word_bits_torch(words.view(-1, 2, 8, 4, 4).permute(0, 2, 4, 3, 1).reshape(-1), False)
-    assert torch.equal(stored.view(torch.uint8).view(k_tiled.shape), out["w13_weight"])
+    assert torch.equal(strided._mma2_chunks_torch(k_tiled, inverse=False), out["w13_weight"])  # the GPUs' path
+    assert torch.equal(strided._mma2_chunks_torch(out["w13_weight"], inverse=True), k_tiled)
     assert torch.equal(strided.k_tiled_from_mma2(out["w13_weight"]), k_tiled)
 
 

@@ -132,8 +132,8 @@ def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSou
         "SWAP_AB": cfg.swap_ab and act == "bf16",
         "MATH": cfg.math,
         "WAIT_MMA": cfg.order == "wgmma" and cfg.wait_mma,  # the rows order: per arch (for_arch); mma2: never
-        "DOTS": cfg.token_dots,
         "ORDER": cfg.order,
+        "DOTS": cfg.token_dots,
         "PDL": pdl,
     }
     gate_up = {
@@ -358,11 +358,7 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64, max_chunks: int
     piece = moe._schedule_piece(e_p2)
     shape = {"PIECE": piece, "E_P2": e_p2}
     count = {"ids_ptr": "*i32", "hist_ptr": "*i32", "n": "i32", "chunk": "i32", **{k: "constexpr" for k in shape}}
-    place_shape = shape | {
-        "BLOCK_M": block_m,
-        "MAX_CHUNKS": max_chunks,
-        "BLOCKS_PER_PROGRAM": moe.SCHEDULE_BLOCKS,
-    }
+    place_shape = {"BLOCK_M": block_m, **shape, "MAX_CHUNKS": max_chunks, "BLOCKS_PER_PROGRAM": moe.SCHEDULE_BLOCKS}
     place = {
         "ids_ptr": "*i32",
         "hist_ptr": "*i32",
@@ -473,7 +469,7 @@ def for_arch(src: ASTSource, cap: int) -> ASTSource:
     if "WAIT_MMA" not in src.signature or _constant(src, "ORDER") in ("wgmma", "mma2"):  # as its config says
         return src
     wait = bool(_constant(src, "SWAP_AB")) and cap // 10 == 9
-    names = list(src.signature)
+    names = list(src.fn.arg_names)
     const = {k: v for k, v in src.constants.items() if k not in ("WAIT_MMA", (names.index("WAIT_MMA"),))}
     return ASTSource(src.fn, src.signature, const | {"WAIT_MMA": wait}, src.attrs)
 
@@ -482,7 +478,7 @@ def _constant(src: ASTSource, name: str):
     """A constexpr argument's value (Triton keys them by name or, in newer releases, by ``(argument index,)``)."""
     if name in src.constants:
         return src.constants[name]
-    names = list(src.signature)
+    names = list(src.fn.arg_names)  # the kernel's own argument order (a signature dict may list them otherwise)
     return src.constants.get((names.index(name),)) if name in names else None
 
 

@@ -287,8 +287,9 @@ def _rotl(x, r: tl.constexpr):
 
 @triton.jit
 def _fragment_bytes(wb, BLOCKS: tl.constexpr):
-    """Stored wgmma-order bytes ``[BLOCKS, 32, 32]`` -> the fragment bytes before the word-bit placement (the
-    portable twin of the PTX decode's rotations and masks): per word, each pair's two codes back in one byte."""
+    """Stored chunk-order bytes ``[BLOCKS, 32, 32]`` (wgmma or mma2: the same word bits) -> the fragment bytes before
+    the word-bit placement (the portable twin of the PTX decode's rotations and masks): per word, each pair's two codes
+    back in one byte."""
     sh = (8 * tl.arange(0, 4)).to(tl.uint32)
     word = tl.sum(tl.reshape(wb.to(tl.uint32), (BLOCKS, 32, 8, 4)) << sh[None, None, None, :], axis=3)
     p = tl.arange(0, 4)[None, None, None, :]
@@ -304,7 +305,7 @@ def _fragment_bytes(wb, BLOCKS: tl.constexpr):
 def _decode_words_asm(wb, sf, MATH: tl.constexpr):
     """The PTX decode of stored words ``wb`` (bytes, 4 per word) with one bf16 scale per byte ``sf``: per word, r0 the
     bf16 pairs of its bytes 0 and 1 (low code first), r1 of bytes 2 and 3 (:data:`WORD_ASM`)."""
-    tl.static_assert(MATH == "asm" or MATH == "asm-fold", "chunk-order decode: MATH is asm, asm-fold or ops")
+    tl.static_assert(MATH == "asm" or MATH == "asm-fold", "the chunk orders' PTX decode: MATH is asm or asm-fold")
     if MATH == "asm-fold":
         r0, r1 = tl.inline_asm_elementwise(
             WORD_ASM_FOLDED, "=r,=r,=r,=r,r,r,r", [wb, sf], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
@@ -392,28 +393,6 @@ def chunk_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.conste
 
 
 @triton.jit
-def dot_w_chunks(
-    w_ptr,
-    s_ptr,
-    w_off,
-    s_off,
-    a,
-    acc,
-    BLOCKS: tl.constexpr,
-    MATH: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    WAIT_MMA: tl.constexpr = False,
-    ORDER: tl.constexpr = "wgmma",
-):
-    """``acc + W @ a.T`` as ``[16 BLOCKS, M]`` for one K tile: W from a chunk order (:func:`chunk_tile`), ``a`` the
-    tokens' ``[M, 128]`` activations in natural order. One dot per K tile. ``WAIT_MMA`` (wgmma): wait for it before
-    the next decode (:func:`mma_done`); without, Triton keeps one wgmma group in flight while the next K tile is
-    decoded."""
-    w = chunk_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, ORDER)
-    return dot_w_tile(w, a, acc, INTERPRETER, WAIT_MMA)
-
-
-@triton.jit
 def dot_w_tile(w, a, acc, INTERPRETER: tl.constexpr, WAIT_MMA: tl.constexpr = False):
     """``acc + w @ a.T`` for a decoded K tile ``w`` ``[R, 128]`` and activations ``a`` ``[M, 128]``."""
     if INTERPRETER:  # fp32 operands: Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
@@ -437,9 +416,11 @@ def wgmma_words_packed(ttgir: str) -> bool:
     """Whether every inline-asm decode of bytes (``tt.elementwise_inline_asm`` on an i8 tensor) in a compiled kernel's
     TTGIR receives bytes 0..3 of one 32-bit memory word in its registers 0..3 (its layout's first two register bases
     step the innermost dimension by 1 and 2, and no other basis moves a byte within its word), as :data:`WORD_ASM`'s
-    ``pack=4`` assumes. Triton derives that layout from the MMA operand: true of wgmma's (kWidth 2), false of
-    ``mma.sync``'s (an sm_12x build, or an operand under 64 rows on sm_90). False for a layout it cannot read, and
-    for a kernel with no such decode."""
+    ``pack=4`` assumes. Triton derives that layout from the MMA operand: true of wgmma's (kWidth 2) fed by the wgmma
+    order and of ``mma.sync``'s (kWidth 8) fed by the mma2 order; false of either fed by the other order's relabel
+    (the wgmma order on sm_12x, the mma2 order on sm_90), and of a consumer that is no MMA operand (a GEMV's reduction:
+    ``benchmarks/experiments/mma2_gemv_probe.py``). False for a layout it cannot read, and for a kernel with no such
+    decode."""
     layouts = {m.group(1): m.group(2) for m in re.finditer(r"^(#[\w.]+) = (.*)$", ttgir, re.M)}
     found = False
     for line in ttgir.splitlines():
@@ -476,7 +457,7 @@ _PACKING_CHECKED: dict[str, bool] = {}
 
 
 def check_wgmma_packing(compiled) -> None:
-    """Raise if a launched wgmma-order tile's decode does not receive whole words (:func:`wgmma_words_packed`): once
+    """Raise if a launched chunk-order tile's decode does not receive whole words (:func:`wgmma_words_packed`): once
     per compiled kernel, so that a config Triton lowers to another MMA fails loudly instead of multiplying the wrong
     bytes. ``compiled``: what a Triton launch returns."""
     key = compiled.hash
@@ -531,8 +512,14 @@ def check_fold_scale(*scales: torch.Tensor) -> None:
 
 
 @functools.cache
+@functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """A CUDA device's compute capability, asked once per device (the kernels' entry points ask it every call)."""
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def launches_dependents(device: torch.device) -> bool:
@@ -543,13 +530,13 @@ def launches_dependents(device: torch.device) -> bool:
     sgl-project/sglang#18596; mxrepack's PDL launches were captured in vLLM 0.26's graphs on an H100 only)."""
     if os.environ.get("MXREPACK_PDL", "1") == "0":
         return False
-    return device.type == "cuda" and _capability(device.index if device.index is not None else 0)[0] >= 9
+    return device.type == "cuda" and device_capability(device)[0] >= 9
 
 
 def mma_reads_registers_async(device: torch.device) -> bool:
     """Whether the swapped-operand step must wait for its MMAs (:func:`mma_done`): Hopper (sm_90), whose ``wgmma``
     reads the decoded W from registers asynchronously."""
-    return device.type == "cuda" and _capability(device.index if device.index is not None else 0)[0] == 9
+    return device.type == "cuda" and device_capability(device)[0] == 9
 
 
 def mma_v3_disabled() -> bool:

@@ -43,6 +43,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     check_fold_scale,
     check_wgmma_packing,
     chunk_tile,
+    device_capability,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     dot_w_tile,
@@ -101,10 +102,10 @@ class MoeConfig:
     # the wgmma order on Hopper: wait for each K tile's wgmma before the next decode (dequant_mxfp4.mma_done), as the
     # rows order's swapped tiles always do; False keeps one in flight while the next tile is decoded
     wait_mma: bool = True
-    # The wgmma order: rows of H per down tile (0: ``block_n``). Gate_up's operand is 2 x block_n rows (gate and up);
-    # down's is block_n, so on 8 warps each warpgroup gets half the MMA work a K step of gate_up's, for the same
-    # decode and activation tile overheads. A down tile wider than block_n need not divide the padded hidden width
-    # (2944 = 23 x 128): the last tile's rows past it repeat the last 16 rows' loads and are not stored.
+    # A chunk order (wgmma, mma2): rows of H per down tile (0: ``block_n``). Gate_up's operand is 2 x block_n rows
+    # (gate and up); down's is block_n, so on 8 warps each warpgroup gets half the MMA work a K step of gate_up's, for
+    # the same decode and activation tile overheads. A down tile wider than block_n need not divide the padded hidden
+    # width (2944 = 23 x 128): the last tile's rows past it repeat the last 16 rows' loads and are not stored.
     down_block_n: int = 0
     # A smaller tile for the blocks of at most ``remainder.block_m`` rows (an expert's last, partial block): launched
     # beside this one on the same schedule, so that a few rows past a multiple of ``block_m`` do not pay a whole
@@ -665,8 +666,14 @@ def _part_rows(order_ptr, start, end, part, MS: tl.constexpr, TOPK, GATHER: tl.c
 
 
 @triton.jit
-def _load_part(a_ptr, rows, ok, rk, k_ok, stride_a):
-    return tl.load(a_ptr + rows[:, None] * stride_a + rk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+def _load_part(a_ptr, rows, ok, rk, K, stride_a, MASK_K: tl.constexpr):
+    """Rows ``rows`` (where ``ok``) of a K tile of ``a``; columns past ``K`` zero where ``MASK_K`` (x's hidden width
+    is not padded; the intermediate's is)."""
+    if MASK_K:
+        mask = ok[:, None] & (rk < K)[None, :]
+    else:
+        mask = ok[:, None]
+    return tl.load(a_ptr + rows[:, None] * stride_a + rk[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -696,7 +703,8 @@ def _chunk_dots(
 ):
     """``W @ a.T`` ``[16 BLOCKS, BLOCK_M]`` over ``k_tiles`` K tiles for W in a chunk order (wgmma, mma2): each K
     tile's W decoded once (``chunk_tile``) and fed to ``DOTS`` dots of ``BLOCK_M / DOTS`` tokens (``MoeConfig.
-    token_dots``); a's rows (``_part_rows``) masked past ``K``. W's block offsets ``w_off`` / ``s_off`` step by
+    token_dots``); a's rows (``_part_rows``), gathered by token (``GATHER``: x) or by position (the intermediate),
+    masked past ``K`` (x: ``GATHER``). W's block offsets ``w_off`` / ``s_off`` step by
     ``w_step`` / ``s_step`` bytes per K tile."""
     MS: tl.constexpr = BLOCK_M // DOTS
     rows0, ok0 = _part_rows(order_ptr, start, end, 0, MS, TOPK, GATHER)
@@ -709,15 +717,14 @@ def _chunk_dots(
     acc3 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
     for kt in range(0, k_tiles):  # kt, not k0 // 128: see _load_w
         rk = kt * 128 + tl.arange(0, 128)
-        k_ok = rk < K
-        a = _load_part(a_ptr, rows0, ok0, rk, k_ok, stride_a)
+        a = _load_part(a_ptr, rows0, ok0, rk, K, stride_a, GATHER)
         w = chunk_tile(w_e, s_e, w_off + kt * w_step, s_off + kt * s_step, BLOCKS, MATH, ORDER)
         acc0 = dot_w_tile(w, a, acc0, INTERPRETER, WAIT_MMA)
         if DOTS >= 2:
-            acc1 = dot_w_tile(w, _load_part(a_ptr, rows1, ok1, rk, k_ok, stride_a), acc1, INTERPRETER, WAIT_MMA)
+            acc1 = dot_w_tile(w, _load_part(a_ptr, rows1, ok1, rk, K, stride_a, GATHER), acc1, INTERPRETER, WAIT_MMA)
         if DOTS >= 4:
-            acc2 = dot_w_tile(w, _load_part(a_ptr, rows2, ok2, rk, k_ok, stride_a), acc2, INTERPRETER, WAIT_MMA)
-            acc3 = dot_w_tile(w, _load_part(a_ptr, rows3, ok3, rk, k_ok, stride_a), acc3, INTERPRETER, WAIT_MMA)
+            acc2 = dot_w_tile(w, _load_part(a_ptr, rows2, ok2, rk, K, stride_a, GATHER), acc2, INTERPRETER, WAIT_MMA)
+            acc3 = dot_w_tile(w, _load_part(a_ptr, rows3, ok3, rk, K, stride_a, GATHER), acc3, INTERPRETER, WAIT_MMA)
     tl.static_assert(DOTS == 1 or DOTS == 2 or DOTS == 4, "one, two or four token dots")
     if DOTS == 2:  # token d * MS + m at column (d, m)
         acc0 = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (16 * BLOCKS, BLOCK_M))
@@ -770,8 +777,9 @@ def _gate_up_kernel(
     """Grid (row blocks x N tiles, the N tiles of a block consecutive: ``_tile_of``): block ``pid_b`` (expert ``e``'s
     sorted rows; padding blocks, expert -1, return) x the ``pid_n``-th BLOCK_N intermediate columns: gate and up over
     the whole K, SwiGLU, stored in the intermediate.
-    ``ORDER`` "wgmma": W in the wgmma order, gate and up rows one ``[2 BLOCK_N, 128]`` operand of one dot per K tile,
-    x in natural order (masked past H), the intermediate stored in natural order."""
+    ``ORDER`` "wgmma" or "mma2" (a chunk order): gate and up rows one ``[2 BLOCK_N, 128]`` operand per K tile, decoded
+    once for ``DOTS`` dots of the block's tokens, x in natural order (masked past H), the intermediate stored in
+    natural order."""
     _remainder_overlap(PDL)
     pid_b, pid_n = _tile_of(Ip // BLOCK_N)
     e = tl.load(blk_e_ptr + pid_b)
@@ -895,8 +903,8 @@ def _down_kernel(
 ):
     """Grid (row blocks x N tiles, as ``_gate_up_kernel``'s): block ``pid_b`` (expert ``e``'s sorted rows; padding
     blocks return) x the ``pid_n``-th BLOCK_N output columns: each assignment's weighted output row, stored at its
-    index (t * k + slot). ``ORDER`` "wgmma": W in the wgmma order, one dot per K tile, the intermediate in natural
-    order."""
+    index (t * k + slot). ``ORDER`` "wgmma" or "mma2": W in that chunk order, decoded once a K tile for ``DOTS``
+    dots, the intermediate in natural order."""
     _remainder_overlap(PDL)
     pid_b, pid_n = _tile_of(tl.cdiv(Hp, BLOCK_N))
     e = tl.load(blk_e_ptr + pid_b)
@@ -907,11 +915,11 @@ def _down_kernel(
         return
     pos = start + tl.arange(0, BLOCK_M)
     row_ok = pos < end
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp, but for a wider wgmma-order tile's last (down_block_n)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # < Hp, but for a wider chunk-order tile's last (down_block_n)
     w_e = w_ptr + e.to(tl.int64) * stride_we
     s_e = ws_ptr + e.to(tl.int64) * stride_wse
     if SWAP_AB:  # W @ h.T into [BLOCK_N, BLOCK_M]; the intermediate as the gate_up kernel wrote it (split order, or
-        # natural for the wgmma order)
+        # natural for the chunk orders)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -1265,9 +1273,9 @@ def _moe_gemv(
 
 def check_order(order: str, activations: str, device: torch.device) -> None:
     """Whether weights in byte ``order`` can run here: "rows" anywhere; the chunk orders with BF16 activations, on the
-    GPUs whose MMA operand the order is, or off CUDA (the interpreter's portable decode): "wgmma" on Hopper (sm_90:
-    on sm_8x/sm_12x ``mma.sync`` would decode other bytes), "mma2" where Triton builds ``mma.sync`` (sm_8x, sm_12x;
-    on sm_90 only under Triton's ``DISABLE_MMA_V3``, the H100 stand-in for sm_12x's code path)."""
+    GPUs whose MMA operand the order is, or off CUDA (the interpreter's portable decode): "wgmma" where Triton builds
+    wgmma (sm_90, not under its ``DISABLE_MMA_V3``: ``mma.sync`` would decode other bytes), "mma2" where it builds
+    ``mma.sync`` (sm_8x, sm_12x; on sm_90 only under ``DISABLE_MMA_V3``, the H100 stand-in for sm_12x's code path)."""
     if order not in ("rows", "wgmma", "mma2"):
         raise ValueError(f"order must be rows, wgmma or mma2, got {order!r}")
     if order == "rows":
@@ -1276,15 +1284,17 @@ def check_order(order: str, activations: str, device: torch.device) -> None:
         raise ValueError(f"the {order} order is read with BF16 activations only, got {activations}")
     if device.type != "cuda":
         return
-    cap = torch.cuda.get_device_capability(device)
-    if order == "wgmma" and not mma_reads_registers_async(device):
+    major, minor = device_capability(device)
+    wgmma = major == 9 and not mma_v3_disabled()
+    if order == "wgmma" and not wgmma:
         raise ValueError(
-            f"the wgmma order is Hopper's (sm_90) MMA fragment; this GPU is sm_{cap[0]}{cap[1]}, where it would "
-            "decode the wrong bytes: repack with the strided layout's order rows"
+            f"the wgmma order is Hopper's (sm_90) wgmma fragment; this GPU builds mma.sync (sm_{major}{minor}"
+            f"{', DISABLE_MMA_V3' if major == 9 else ''}), where it would decode the wrong bytes: repack with the "
+            "strided layout's order rows (or mma2 for batches on sm_12x / sm_8x)"
         )
-    if order == "mma2" and not (cap[0] in (8, 12) or (cap[0] == 9 and mma_v3_disabled())):
+    if order == "mma2" and not (major in (8, 12) or (major == 9 and not wgmma)):
         raise ValueError(
-            f"the mma2 order is mma.sync's operand (sm_8x, sm_12x); this GPU is sm_{cap[0]}{cap[1]}, where Triton "
+            f"the mma2 order is mma.sync's operand (sm_8x, sm_12x); this GPU is sm_{major}{minor}, where Triton "
             "builds another MMA: repack with the strided layout's order rows (or wgmma on sm_90)"
         )
 
@@ -1308,7 +1318,8 @@ def moe_mxfp4(
     kernels, :meth:`MoeGemvConfig.from_single`), or None to choose by shape. ``fold_scale``: ``w``'s scales fit the
     folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
     chosen swapped tiles then fold (same bits, faster) and nothing is checked per call. ``order``: the weights' byte
-    order (the strided layout's option): "rows", or "wgmma" (BF16 activations, Hopper or the interpreter only).
+    order (the strided layout's option): "rows", "wgmma" (BF16 activations, Hopper or the interpreter) or "mma2"
+    (BF16 activations, sm_12x / sm_8x or the interpreter: :func:`check_order`).
     """
     if activations not in ("bf16", "e4m3", "e2m1"):
         raise ValueError(f"activations must be bf16, e4m3 or e2m1, got {activations!r}")
@@ -1337,7 +1348,7 @@ def moe_mxfp4(
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
-    # row tiles that must divide the padded widths (a wider down tile of the wgmma order may end past Hp)
+    # row tiles that must divide the padded widths (a wider down tile of a chunk order may end past Hp)
     tiles = (
         [(cfg.gate_up.block_n, cfg.down.block_n)]
         if gemv

@@ -276,14 +276,8 @@ def _mma2_chunks(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) -> to
     blocks over the cores; ``out`` may be ``x``."""
     if x.dtype != torch.uint8 or x.numel() % CHUNK_BYTES:
         raise ValueError(f"mma2 order: {x.dtype} {list(x.shape)} is not whole {CHUNK_BYTES}-byte chunks of bytes")
-    if x.device.type != "cpu":
-        words = _aligned(x).view(-1).view(torch.int32)
-        if inverse:
-            words = _permute_word_bits_torch(words, inverse=True).view(-1, 8, 4, 4, 2).permute(0, 4, 1, 3, 2)
-            y = words.reshape(-1).view(torch.uint8).view(x.shape)
-        else:
-            words = words.view(-1, 2, 8, 4, 4).permute(0, 2, 4, 3, 1).reshape(-1)
-            y = _permute_word_bits_torch(words, inverse=False).view(torch.uint8).view(x.shape)
+    if x.device.type != "cpu":  # a GPU gathers words at memory speed
+        y = _mma2_chunks_torch(x, inverse)
         return y if out is None else out.copy_(y)
     if out is not None and not out.is_contiguous():
         raise ValueError("mma2 order: out must be contiguous")
@@ -309,6 +303,17 @@ def _mma2_chunks(x: torch.Tensor, out: torch.Tensor | None, inverse: bool) -> to
     if n:
         for_each_block(-(-n // per_block), work, lambda: np.empty((per_block, CHUNK_BYTES // 4), np.uint32))
     return out.view(x.shape)
+
+
+def _mma2_chunks_torch(x: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """:func:`_mma2_chunks` as one torch permutation of 32-bit words and a table gather per 16 bits for the word bits
+    (GPUs; the CPU path's twin)."""
+    words = _aligned(x).view(-1).view(torch.int32)
+    if inverse:
+        words = _permute_word_bits_torch(words, inverse=True).view(-1, 8, 4, 4, 2).permute(0, 4, 1, 3, 2)
+        return words.reshape(-1).view(torch.uint8).view(x.shape)
+    words = words.view(-1, 2, 8, 4, 4).permute(0, 2, 4, 3, 1).reshape(-1)
+    return _permute_word_bits_torch(words, inverse=False).view(torch.uint8).view(x.shape)
 
 
 def quad_scales(scales: torch.Tensor, rows_per_tile: int) -> torch.Tensor:
