@@ -53,7 +53,7 @@ from common import (
 
 from mxrepack.kernels.dequant_mxfp4 import fits_fold, mma_v3_disabled, with_fold, without_fold  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import GEMV_MAX_ASSIGNMENTS, MMA2_GEMV, moe_mxfp4, pick_moe  # noqa: E402
 
 E, H, I, K_TOP = 128, 2880, 2880, 4
 HP, IP = 2944, 2944  # the strided layout's padding
@@ -236,15 +236,16 @@ def moe(rows: list, quick: bool) -> None:
     impls = {"mxrepack": (lambda x, ids, wts: moe_mxfp4(x, ids, wts, W, fold_scale=fold), "strided, 2944 x 2944")}
     # the same layer in the strided layout's chunk orders where they run: wgmma (Hopper's MMA fragment) and mma2
     # (mma.sync's operand: sm_12x's code path)
-    for order in [o for o, here in (("wgmma", wgmma_here()), ("mma2", mma2_here())) if here]:
-        Wo = ordered_layer(W, order)
+    layers = {o: ordered_layer(W, o) for o, here in (("wgmma", wgmma_here()), ("mma2", mma2_here())) if here}
+    for order, Wo in layers.items():
         impls[f"mxrepack_{order}"] = (
-            functools.partial(
-                lambda x, ids, wts, Wo, order: moe_mxfp4(x, ids, wts, Wo, fold_scale=fold, order=order),
-                Wo=Wo,
-                order=order,
-            ),
+            functools.partial(moe_mxfp4, w=Wo, fold_scale=fold, order=order),
             f"strided order {order}, 2944 x 2944",
+        )
+    if "mma2" in layers:  # the mma2 order's own decode GEMVs (by hand, not yet the dispatch's), to T * k = 64
+        impls["mxrepack_mma2_gemv"] = (
+            functools.partial(moe_mxfp4, w=layers["mma2"], config=MMA2_GEMV, fold_scale=fold, order="mma2"),
+            "strided order mma2, 2944 x 2944, decode GEMVs",
         )
     peers = (("vllm_marlin", marlin_moe),) + (() if mma_v3_disabled() else (("triton_kernels", triton_kernels_moe),))
     for name, make in peers:
@@ -276,6 +277,8 @@ def moe(rows: list, quick: bool) -> None:
             if f"mxrepack_{order}" in impls:
                 rec[f"mxrepack_{order}_config"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order).name()
         for name, (fn, padding) in impls.items():
+            if name == "mxrepack_mma2_gemv" and T * K_TOP > GEMV_MAX_ASSIGNMENTS:
+                continue  # per-assignment GEMVs: decode sizes only, as the rows order's
             try:
                 rec[f"{name}_rel_err"] = rel_err(fn(x, ids, wts), ref)
                 rec[f"{name}_ms"], rec[f"{name}_timing"] = time_it(lambda: fn(x, ids, wts), T)
@@ -331,7 +334,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     ``MOE_TILES`` and the chunk orders' tables)."""
     import itertools
 
-    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_BY_ORDER, MoeConfig
+    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_BY_ORDER, Mma2GemvConfig, MoeConfig
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
@@ -352,6 +355,10 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                     cands[f"shipped {order}"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order)
         if kind == "mma2":  # the mma2 order's tiles: tokens, warps, a down tile twice as wide, stages
             ms_ = ()
+            if T * K_TOP <= GEMV_MAX_ASSIGNMENTS:  # and its decode GEMVs: 16-row blocks a program, warps
+                for gu, gw, dn, dw in ((1, 2, 1, 2), (1, 4, 1, 4), (2, 2, 1, 2), (2, 4, 2, 4), (1, 1, 1, 1)):
+                    cfg = Mma2GemvConfig(gu, gw, dn, dw)
+                    cands[cfg.name()] = cfg
             for bm, warps, down, st in itertools.product((16, 32, 64, 128), (4, 8), (0, 128), (2, 3)):
                 if (warps == 8) != (down == 128) or (bm == 128 and st == 3):
                     continue  # 8 warps split gate_up's 128 rows 16 a warp, and down's only when it has 128

@@ -37,12 +37,14 @@ from mxrepack.kernels.dequant_mxfp4 import (
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import (
+    MMA2_GEMV,
     MOE_CONFIGS,
     MOE_CONFIGS_MMA2,
     MOE_CONFIGS_WGMMA,
     MOE_GEMV,
     MOE_TILES,
     MOE_TILES_WGMMA,
+    Mma2GemvConfig,
     MoeConfig,
     MoeGemvConfig,
     moe_mxfp4,
@@ -717,7 +719,7 @@ def test_moe_wgmma_order_matches_reference():
         assert isinstance(cfg, MoeConfig) and cfg.order == "wgmma", (T, cfg)
     assert pick_moe(1, 4, 128, 2880, order="wgmma", cuda=False) == MOE_TILES_WGMMA[0][1]
     for gemv in (GemvConfig(16, 128, 4, 1, "ops"), MOE_GEMV.portable()):
-        with pytest.raises(ValueError, match="wgmma order runs the scheduled tiles only"):
+        with pytest.raises(ValueError, match="wgmma order runs its scheduled tiles"):
             moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, order="wgmma")
     tiles = [pick_moe_config(T, 4, 128, order="wgmma") for T in (1, 64, 512, 1024, 4096, 8192)]
     assert all(c.order == "wgmma" for c in tiles) and [c.block_m for c in tiles] == sorted(c.block_m for c in tiles)
@@ -786,7 +788,18 @@ def test_moe_mma2_order_matches_reference():
     ):
         assert rel(moe_mxfp4(x2, ids2, wts2, mma2_2, "bf16", cfg, order="mma2"), ref2) <= 1e-2, cfg
     assert all(isinstance(pick_moe(T, 4, 128, 2880, order="mma2"), MoeConfig) for T in (1, 16, 4096))
-    with pytest.raises(ValueError, match="mma2 order runs the scheduled tiles only"):
+    # the order's own decode GEMVs (chosen by hand: Mma2GemvConfig), no schedule
+    for T in (1, 3):
+        x = torch.randn(T, H).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+        wts = torch.softmax(torch.randn(T, k), -1)
+        ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
+        for cfg in (MMA2_GEMV, Mma2GemvConfig(2, 4, 2, 1)):
+            assert rel(moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2"), ref) <= 1e-2, (T, cfg)
+    _, rows, _ = _strided_layer(E, H, I)
+    with pytest.raises(ValueError, match="reads the mma2 order, the weights are rows"):
+        moe_mxfp4(x, ids, wts, rows, "bf16", MMA2_GEMV)
+    with pytest.raises(ValueError, match="mma2 order runs its scheduled tiles .* or Mma2GemvConfig"):
         moe_mxfp4(x, ids, wts, mma2, "bf16", MOE_GEMV.portable(), order="mma2")
     with pytest.raises(ValueError, match="BF16 activations only"):
         moe_mxfp4(x, ids, wts, mma2, "e4m3", order="mma2")
@@ -839,7 +852,8 @@ def test_moe_mma2_order_on_mma_sync():
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
         x, ids, wts = x.cuda(), ids.cuda(), wts.cuda()
-        for cfg in (None, *MOE_CONFIGS_MMA2.values(), *(with_fold(c, True, True) for c in MOE_CONFIGS_MMA2.values())):
+        tiles = (*MOE_CONFIGS_MMA2.values(), *(with_fold(c, True, True) for c in MOE_CONFIGS_MMA2.values()))
+        for cfg in (None, *tiles, MMA2_GEMV):
             y = moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2")
             assert rel(y.cpu(), ref) <= 1e-2, (T, cfg, rel(y.cpu(), ref))
             assert all(torch.equal(moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2"), y) for _ in range(3))
@@ -925,6 +939,8 @@ def test_kernels_check_builds_for_sm12x_without_tma():
         "gemv_prepare_x",
         "gemv_moe_gate_up_f16x2",
         "gemv_moe_down",
+        "gemv_moe_gate_up_mma2",
+        "gemv_moe_down_mma2",
         "dequant_mxfp4",
         "moe_schedule_count",
         "moe_schedule_place",

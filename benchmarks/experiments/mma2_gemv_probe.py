@@ -6,12 +6,15 @@
 
 The ``mma2`` order's MoE tiles are at or above vLLM's Marlin at every T on sm_12x's code path, but at T = 1-8 the rows
 order's decode GEMVs are 1.1-1.9x faster than those tiles (docs/PERF.md), and one checkpoint holds one order. This
-probe is a GEMV over ``mma2`` bytes: each 32-bit word is 8 consecutive codes of one row in one scale group (lane
-``4g + t``'s word ``2q + c``: row ``8c + g``, codes ``32q + 8t ..``), so a program decodes whole words as the tiles
-do (the rotate-and-mask decode, one scale a word) and multiplies each by an 8-value slice of x, accumulating per
-(row, lane, word) across the K tiles and reducing once at the end: no shuffle in the loop. ``time`` sets it beside the
-shipped rows-order GEMV (``linear_mxfp4`` at M = 1) on the same weights, at the MoE decode's N at T = 1 (4 experts'
-gate_up, 23040 x 2944; their down, 11520 x 2944) and lm_head's, in CUDA graphs.
+probe times ``gemv_mxfp4.gemv_mma2``, a GEMV over ``mma2`` bytes (each 32-bit word is 8 consecutive codes of one row
+in one scale group: lane ``4g + t``'s word ``2q + c`` is row ``8c + g``, codes ``32q + 8t ..``; a program decodes
+whole words as the tiles do, one scale a word, and multiplies each by an 8-value slice of x, accumulating per (row,
+lane, word) across the K tiles and reducing once at the end: no shuffle in the loop), on a dense matrix.
+Its first GPU run (2026-11-27) had these functions inside the probe; they moved into the package after it, the same
+code. A first version that decoded bytes four at a time (the tiles' ``pack = 4`` form) failed ``wgmma_words_packed``
+in every build: a GEMV's reduction gives Triton no MMA operand layout to follow, so the decode takes one int32 word.
+``time`` sets it beside the shipped rows-order GEMV (``linear_mxfp4`` at M = 1) on the same weights, at the MoE
+decode's N at T = 1 (4 experts' gate_up, 23040 x 2944; their down, 11520 x 2944) and lm_head's, in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -26,90 +29,18 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mxrepack.kernels import dequant_mxfp4 as dq  # noqa: E402
-
-# The tiles' word decode (dequant_mxfp4.WORD_ASM_FOLDED: rotate, mask, times the scale) with one scale for the whole
-# word (an mma2 word is one row's codes in one scale group), on one int32 word at a time: elementwise over words, so
-# no layout Triton picks can hand it another word's bytes (the tiles' byte form, pack = 4, relies on the MMA operand's
-# layout, which a GEMV does not have: a first version's builds failed ``wgmma_words_packed``). Outputs: the word's 4
-# bf16 pairs, pair p = codes 2p (low half) and 2p + 1.
-WORD_ASM_GEMV = tl.constexpr(dq.WORD_ASM_FOLDED.value.replace("$6", "$5"))
-
-
-@triton.jit
-def _bf16_pair_values(pair):
-    """A bf16 pair in an int32 -> (low, high) as fp32."""
-    return (pair << 16).to(tl.float32, bitcast=True), (pair & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _word_values(w_ptr, piece, lane, sc, MATH: tl.constexpr):
-    """The 8 codes' values (fp32, each ``[BLOCKS, 32, 8]``: block, lane, word) of the words at ``piece`` (the chunk
-    index of each block), times their scales ``sc`` (E8M0 bytes, one a word)."""
-    word = tl.arange(0, 8)[None, None, :]
-    if MATH == "ops":  # the portable twin: the words' bytes back in fragment order, then each nibble
-        wb = tl.load(w_ptr + piece * 1024 + lane * 32 + tl.arange(0, 32)[None, None, :])
-        b = tl.reshape(dq._fragment_bytes(wb, wb.shape[0]).to(tl.int32), (wb.shape[0], 32, 8, 2, 2))  # p = 2 p1 + p0
-        s = dq.e8m0_to_fp32(sc.to(tl.int32))
-        e01, e23 = tl.split(tl.permute(b, (0, 1, 2, 4, 3)))  # p1 = 0: bytes 0, 1; p1 = 1: bytes 2, 3
-        b0, b1 = tl.split(e01)
-        b2, b3 = tl.split(e23)
-        v0, v1 = dq.e2m1_to_fp32(b0 & 15) * s, dq.e2m1_to_fp32(b0 >> 4) * s
-        v2, v3 = dq.e2m1_to_fp32(b1 & 15) * s, dq.e2m1_to_fp32(b1 >> 4) * s
-        v4, v5 = dq.e2m1_to_fp32(b2 & 15) * s, dq.e2m1_to_fp32(b2 >> 4) * s
-        v6, v7 = dq.e2m1_to_fp32(b3 & 15) * s, dq.e2m1_to_fp32(b3 >> 4) * s
-    else:
-        tl.static_assert(MATH == "asm-fold", "MATH is asm-fold (scales <= 128) or ops")
-        words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + piece * 256 + lane * 8 + word)
-        s16 = dq.e8m0_to_bf16_folded(sc).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        p0, p1, p2, p3 = tl.inline_asm_elementwise(
-            WORD_ASM_GEMV,
-            "=r,=r,=r,=r,r,r",
-            [words, s16 | (s16 << 16)],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-            is_pure=True,
-            pack=1,
-        )
-        v0, v1 = _bf16_pair_values(p0)
-        v2, v3 = _bf16_pair_values(p1)
-        v4, v5 = _bf16_pair_values(p2)
-        v6, v7 = _bf16_pair_values(p3)
-    return v0, v1, v2, v3, v4, v5, v6, v7
-
-
-@triton.jit
-def _x(x_ptr, kt, j: tl.constexpr):
-    """x at code j of every word (t, q) of a K tile, ``[1, 4 (g's place), 4 t, 4 q, 1]`` -> fits ``[B, 8g, 4t, 4q, 2c]``
-    after a reshape of the words' ``[B, 32, 8]``."""
-    t = tl.arange(0, 4)[:, None]
-    q = tl.arange(0, 4)[None, :]
-    return tl.reshape(tl.load(x_ptr + kt * 128 + 32 * q + 8 * t + j).to(tl.float32), (1, 1, 4, 4, 1))
+from mxrepack.kernels.gemv_mxfp4 import gemv_mma2  # noqa: E402
 
 
 @triton.jit
 def gemv_mma2_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: tl.constexpr):
-    """``y[rows] = W[rows] @ x`` for ``BLOCKS`` 16-row blocks: W ``[N/16, K/128, 1024]`` bytes in the mma2 order,
-    scales ``[N/16, K/128, 64]`` in the quad order, x ``[K]`` bf16, y fp32."""
+    """``y[rows] = W[rows] @ x`` for ``BLOCKS`` 16-row blocks (``gemv_mxfp4.gemv_mma2``, what the MoE decode GEMVs on
+    this order run): W ``[N/16, K/128, 1024]`` bytes in the mma2 order, scales ``[N/16, K/128, 64]`` in the quad
+    order, x ``[K]`` bf16, y fp32."""
     k_tiles = K // 128
     blk = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
-    lane = tl.arange(0, 32)[None, :, None]
-    acc = tl.zeros((BLOCKS, 8, 4, 4, 2), dtype=tl.float32)  # block, g, t, q, c: one word's 8 products summed
-    for kt in range(0, k_tiles):
-        piece = blk[:, None, None] * k_tiles + kt
-        sc = tl.load(s_ptr + piece * 64 + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])  # word 2q + c's scale
-        v0, v1, v2, v3, v4, v5, v6, v7 = _word_values(w_ptr, piece, lane, sc, MATH)
-        part = tl.reshape(v0, (BLOCKS, 8, 4, 4, 2)) * _x(x_ptr, kt, 0)
-        part += tl.reshape(v1, (BLOCKS, 8, 4, 4, 2)) * _x(x_ptr, kt, 1)
-        part += tl.reshape(v2, (BLOCKS, 8, 4, 4, 2)) * _x(x_ptr, kt, 2)
-        part += tl.reshape(v3, (BLOCKS, 8, 4, 4, 2)) * _x(x_ptr, kt, 3)
-        part += tl.reshape(v4, (BLOCKS, 8, 4, 4, 2)) * _x(x_ptr, kt, 4)
-        part += tl.reshape(v5, (BLOCKS, 8, 4, 4, 2)) * _x(x_ptr, kt, 5)
-        part += tl.reshape(v6, (BLOCKS, 8, 4, 4, 2)) * _x(x_ptr, kt, 6)
-        part += tl.reshape(v7, (BLOCKS, 8, 4, 4, 2)) * _x(x_ptr, kt, 7)
-        acc += part
-    y = tl.sum(tl.sum(acc, axis=3), axis=2)  # [block, g, c]
-    rows = 16 * blk[:, None, None] + 8 * tl.arange(0, 2)[None, None, :] + tl.arange(0, 8)[None, :, None]
-    tl.store(y_ptr + rows, y)
+    y = gemv_mma2(x_ptr, K, w_ptr, s_ptr, blk * k_tiles * 1024, blk * k_tiles * 64, 1024, 64, k_tiles, BLOCKS, MATH)
+    tl.store(y_ptr + tl.program_id(0) * 16 * BLOCKS + tl.arange(0, 16 * BLOCKS), y)
 
 
 SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "y_ptr": "*fp32", "K": "i32"} | {
@@ -130,7 +61,7 @@ def mma2_matrix(w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return strided.mma2_order(tiled).view(N // 16, KH // 64, 1024), scales
 
 
-def gemv_mma2(x: torch.Tensor, wm: torch.Tensor, sm: torch.Tensor, y: torch.Tensor, blocks: int, warps: int, math):
+def run_gemv_mma2(x: torch.Tensor, wm: torch.Tensor, sm: torch.Tensor, y: torch.Tensor, blocks: int, warps: int, math):
     gemv_mma2_kernel[(wm.shape[0] // blocks,)](x, wm, sm, y, x.shape[-1], BLOCKS=blocks, MATH=math, num_warps=warps)
     return y
 
@@ -146,7 +77,7 @@ def check() -> None:
     ref = dequantize_mxfp4(w, s, torch.float32) @ x.float()
     wm, sm = mma2_matrix(w, s)
     for blocks in (1, 2, 4):
-        y = gemv_mma2(x, wm, sm, torch.empty(N), blocks, 4, "ops")
+        y = run_gemv_mma2(x, wm, sm, torch.empty(N), blocks, 4, "ops")
         err = ((y - ref).norm() / ref.norm()).item()
         print(f"BLOCKS={blocks}: relative error {err:.2e}", flush=True)
         assert err < 1e-5, err
@@ -199,7 +130,7 @@ def time(out: str | None = None) -> None:
         runs = {"shipped rows GEMV": functools.partial(linear_mxfp4, x, w, s, None, "w4a16", fold_scale=True)}
         for blocks, warps in CANDIDATES:
             runs[f"mma2 gemv {16 * blocks} rows w{warps}"] = functools.partial(
-                gemv_mma2, x[0], wm, sm, y, blocks, warps, "asm-fold"
+                run_gemv_mma2, x[0], wm, sm, y, blocks, warps, "asm-fold"
             )
         for name, run in runs.items():
             rec = {"shape": label, "N": N, "K": K, "candidate": name}

@@ -385,6 +385,53 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64, max_chunks: int
     }
 
 
+def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSource]:
+    """The mma2 order's decode GEMVs (``moe_mxfp4.Mma2GemvConfig``), PTX decode ``math`` ("asm" or "asm-fold")."""
+    w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
+    gate_up = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "b_ptr": "*fp32",
+        "h_ptr": "*bf16",
+        "ids_ptr": "*i32",
+        "H": "i32",
+        "Hp": "i32",
+        "Ip": "i32",
+        "TOPK": "i32",
+        "stride_x": "i32",
+        **w_strides,
+        "stride_h": "i32",
+        "alpha": "fp32",
+        "limit": "fp32",
+        "BLOCKS": "constexpr",
+        "MATH": "constexpr",
+    }
+    down = {
+        "h_ptr": "*bf16",
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "b_ptr": "*fp32",
+        "y_ptr": "*bf16",
+        "ids_ptr": "*i32",
+        "wts_ptr": "*fp32",
+        "H": "i32",
+        "Hp": "i32",
+        "Ip": "i32",
+        "stride_h": "i32",
+        **w_strides,
+        "stride_y": "i32",
+        "BLOCKS": "constexpr",
+        "MATH": "constexpr",
+    }
+    return {
+        "gemv_moe_gate_up_mma2": ASTSource(
+            moe._gate_up_gemv_mma2_kernel, gate_up, {"BLOCKS": cfg.gate_up_blocks, "MATH": math}
+        ),
+        "gemv_moe_down_mma2": ASTSource(moe._down_gemv_mma2_kernel, down, {"BLOCKS": cfg.down_blocks, "MATH": math}),
+    }
+
+
 def _no_mma(kernel: str) -> bool:
     """Kernels that run on CUDA cores by design: the decode GEMVs, the MoE schedule and combine, and the prefill's
     dequantizer."""
@@ -438,6 +485,10 @@ def shipped_kernels():
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
         one = moe.MOE_GEMV.gate_up if "gate_up" in kernel else moe.MOE_GEMV.down
         yield kernel, f"decode:{one.name()}", "w4a16", src, one.num_warps, one.num_stages
+    for math in ("asm", "asm-fold"):  # the mma2 order's decode GEMVs, by hand only (moe_mxfp4.Mma2GemvConfig)
+        for kernel, src in _mma2_gemv_sources(moe.MMA2_GEMV, math).items():
+            warps = moe.MMA2_GEMV.gate_up_warps if "gate_up" in kernel else moe.MMA2_GEMV.down_warps
+            yield kernel, f"mma2 decode:{moe.MMA2_GEMV.name()} {math}", "w4a16", src, warps, 1
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
     # CUDA cores, any activations: checked once, the placing kernel at each chunk count a call may take
     chunk_counts = [1 << i for i in range(1, moe.SCHEDULE_CHUNKS.bit_length())]

@@ -368,6 +368,63 @@ def _per_lane_byte(s, BLOCKS: tl.constexpr):
     return tl.reshape(s, (BLOCKS, 32, 32))
 
 
+# The mma2 order's decode for a GEMV: WORD_ASM's rotations and masks, times one scale for the whole word (an mma2 word
+# is 8 codes of one row in one scale group), taking one int32 word at a time. Elementwise over words, so no layout
+# Triton picks can hand it another word's bytes: the tiles' byte form (pack = 4) relies on the layout of the MMA
+# operand it feeds, which a GEMV has not (its builds fail :func:`wgmma_words_packed`). Outputs: the word's 4 bf16
+# pairs, pair p = codes 2p (low half) and 2p + 1.
+WORD_ASM_ONE_SCALE = tl.constexpr(WORD_ASM.value.replace("$6", "$5"))
+WORD_ASM_ONE_SCALE_FOLDED = tl.constexpr(WORD_ASM_FOLDED.value.replace("$6", "$5"))
+
+
+@triton.jit
+def _bf16_pair_values(pair):
+    """A bf16 pair in an int32 -> (low, high) as fp32."""
+    return (pair << 16).to(tl.float32, bitcast=True), (pair & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mma2_word_values(w_ptr, w_off, lane, sc, MATH: tl.constexpr):
+    """The 8 codes' values (fp32, each ``[BLOCKS, 32, 8]``: block, lane ``4g + t``, word ``2q + c``) of the mma2
+    order's chunks at byte offsets ``w_off`` ``[BLOCKS, 1, 1]`` (``lane`` ``[1, 32, 1]``), times their scales ``sc``
+    (E8M0 bytes ``[BLOCKS, 32, 8]``, one a word): value j of word (g, t, q, c) is code 32 q + 8 t + j of row 8 c + g."""
+    if MATH == "ops":  # the portable twin: the words' bytes back in fragment order, then each nibble
+        wb = tl.load(w_ptr + w_off + lane * 32 + tl.arange(0, 32)[None, None, :])
+        blocks: tl.constexpr = wb.shape[0]
+        b = tl.reshape(_fragment_bytes(wb, blocks).to(tl.int32), (blocks, 32, 8, 2, 2))  # byte 2 p1 + p0
+        s = e8m0_to_fp32(sc.to(tl.int32))
+        b01, b23 = tl.split(tl.permute(b, (0, 1, 2, 4, 3)))  # p1 = 0, 1
+        b0, b1 = tl.split(b01)
+        b2, b3 = tl.split(b23)
+        v0, v1 = e2m1_to_fp32(b0 & 15) * s, e2m1_to_fp32(b0 >> 4) * s
+        v2, v3 = e2m1_to_fp32(b1 & 15) * s, e2m1_to_fp32(b1 >> 4) * s
+        v4, v5 = e2m1_to_fp32(b2 & 15) * s, e2m1_to_fp32(b2 >> 4) * s
+        v6, v7 = e2m1_to_fp32(b3 & 15) * s, e2m1_to_fp32(b3 >> 4) * s
+    else:
+        tl.static_assert(MATH == "asm" or MATH == "asm-fold", "the mma2 GEMV decode: MATH is asm, asm-fold or ops")
+        words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + w_off // 4 + lane * 8 + tl.arange(0, 8)[None, None, :])
+        s16 = _scale_bf16(sc, MATH).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        pair_scale = s16 | (s16 << 16)
+        if MATH == "asm-fold":
+            p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                WORD_ASM_ONE_SCALE_FOLDED,
+                "=r,=r,=r,=r,r,r",
+                [words, pair_scale],
+                dtype=(tl.int32,) * 4,
+                is_pure=True,
+                pack=1,
+            )
+        else:
+            p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                WORD_ASM_ONE_SCALE, "=r,=r,=r,=r,r,r", [words, pair_scale], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+            )
+        v0, v1 = _bf16_pair_values(p0)
+        v2, v3 = _bf16_pair_values(p1)
+        v4, v5 = _bf16_pair_values(p2)
+        v6, v7 = _bf16_pair_values(p3)
+    return v0, v1, v2, v3, v4, v5, v6, v7
+
+
 @triton.jit
 def chunk_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr, ORDER: tl.constexpr):
     """W's rows of ``BLOCKS`` 16-row blocks over one K tile, in a chunk order (``ORDER`` "wgmma" or "mma2"), as

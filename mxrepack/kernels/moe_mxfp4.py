@@ -60,6 +60,7 @@ from mxrepack.kernels.gemv_mxfp4 import (
     GemvConfig,
     gdc_launch_dependents,
     gdc_wait,
+    gemv_mma2,
     gemv_rows,
     gemv_rows_f16x2,
     pack_groups,
@@ -359,6 +360,27 @@ class MoeGemvConfig:
 # of the best at every T from 1 to 64: gate_up 32 intermediate rows (64 weight rows) x 256 k on 8 warps, down
 # 16 rows x 512 k on 4 warps. Each GEMV is launched while the kernel before it runs (``pdl``).
 MOE_GEMV = MoeGemvConfig(GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(16, 512, 4, 1, "f16x2", pdl=1))
+
+
+@dataclass(frozen=True)
+class Mma2GemvConfig:
+    """The mma2 order's decode path: per (token, slot) assignment GEMVs straight on the stored chunks
+    (``gemv_mxfp4.gemv_mma2``), then the combine; no schedule. ``gate_up_blocks``: 16-row blocks of intermediate rows
+    a gate_up program (it runs as many gate and up blocks); ``down_blocks``: of H rows a down program. Chosen by hand
+    (``moe_mxfp4(config=...)``), not yet by the dispatch: its dense twin beat the rows order's GEMV on an H100 at
+    the MoE's decode shapes (``benchmarks/experiments/mma2_gemv_probe.py``), the MoE path itself is not yet timed."""
+
+    gate_up_blocks: int = 1
+    gate_up_warps: int = 2
+    down_blocks: int = 1
+    down_warps: int = 2
+    order = "mma2"  # the byte order it reads (a class constant, as MoeConfig's field)
+
+    def name(self) -> str:
+        return f"mma2-gemv gu{16 * self.gate_up_blocks}w{self.gate_up_warps} d{16 * self.down_blocks}w{self.down_warps}"
+
+
+MMA2_GEMV = Mma2GemvConfig()  # the probe's best shapes: 32 weight rows on 2 warps (gate_up), 16 on 2 (down)
 
 
 def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
@@ -1153,6 +1175,161 @@ def _down_gemv_kernel(
         tl.atomic_xchg(counter, 0)
 
 
+@triton.jit
+def _gate_up_gemv_mma2_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    h_ptr,
+    ids_ptr,
+    H,
+    Hp,
+    Ip,
+    TOPK,
+    stride_x,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_h,
+    alpha,
+    limit,
+    BLOCKS: tl.constexpr,
+    MATH: tl.constexpr,
+):
+    """Assignment ``program_id(0)`` (t * k + slot) x the ``program_id(1)``-th 16 BLOCKS intermediate rows: gate and up
+    (W in the mma2 order, one GEMV over 2 BLOCKS weight blocks), bias, SwiGLU, stored in natural order."""
+    p = tl.program_id(0)
+    n0 = tl.program_id(1) * 16 * BLOCKS
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    blk = tl.arange(0, 2 * BLOCKS)  # gate blocks, then up blocks
+    w_off, s_off = wgmma_chunks(_w13_rows(n0 + 16 * (blk % BLOCKS), blk // BLOCKS), stride_wn, stride_wsn, 64)
+    y = gemv_mma2(
+        x_ptr + (p // TOPK) * stride_x,
+        H,
+        w_ptr + e * stride_we,
+        ws_ptr + e * stride_wse,
+        w_off,
+        s_off,
+        64 * 64,
+        64 * 4,
+        Hp // 128,
+        2 * BLOCKS,
+        MATH,
+    )
+    gate, up = tl.split(tl.permute(tl.reshape(y, (2, 16 * BLOCKS)), (1, 0)))
+    rn = n0 + tl.arange(0, 16 * BLOCKS)
+    h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit)
+    tl.store(h_ptr + p * stride_h + rn, h.to(h_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _down_gemv_mma2_kernel(
+    h_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    ids_ptr,
+    wts_ptr,
+    H,
+    Hp,
+    Ip,
+    stride_h,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    stride_y,
+    BLOCKS: tl.constexpr,
+    MATH: tl.constexpr,
+):
+    """Assignment ``program_id(0)`` x the ``program_id(1)``-th 16 BLOCKS rows of H: its weighted output rows (W in
+    the mma2 order, the intermediate in natural order), stored at its index for the combine."""
+    p = tl.program_id(0)
+    n0 = tl.program_id(1) * 16 * BLOCKS
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    w_off, s_off = wgmma_chunks(n0 + 16 * tl.arange(0, BLOCKS), stride_wn, stride_wsn, _DOWN_ROWS)
+    y = gemv_mma2(
+        h_ptr + p * stride_h,
+        Ip,
+        w_ptr + e * stride_we,
+        ws_ptr + e * stride_wse,
+        w_off,
+        s_off,
+        _DOWN_ROWS * 64,
+        _DOWN_ROWS * 4,
+        Ip // 128,
+        BLOCKS,
+        MATH,
+    )
+    rn = n0 + tl.arange(0, 16 * BLOCKS)
+    y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
+    tl.store(y_ptr + p.to(tl.int64) * stride_y + rn, y.to(y_ptr.dtype.element_ty), mask=rn < H)
+
+
+def _moe_gemv_mma2(
+    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: Mma2GemvConfig, fold_scale: bool
+) -> torch.Tensor:
+    """Decode on the mma2 order: each assignment's weighted output row ``[T*k, H]`` bf16, for the combine."""
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    E, Ip2, _ = w13.shape
+    Ip, Hp = Ip2 // 2, w2.shape[1]
+    ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
+    wts = topk_weights.to(torch.float32).contiguous().view(-1)
+    ptx = os.environ.get("TRITON_INTERPRET") != "1" and x.device.type == "cuda"
+    math = ("asm-fold" if fold_scale else "asm") if ptx else "ops"
+    h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
+    _gate_up_gemv_mma2_kernel[(T * k, Ip // (16 * cfg.gate_up_blocks))](
+        x,
+        w13,
+        s13,
+        b13,
+        h,
+        ids,
+        H,
+        Hp,
+        Ip,
+        k,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        s13.stride(0),
+        s13.stride(1),
+        h.stride(0),
+        SWIGLU_ALPHA,
+        SWIGLU_LIMIT,
+        BLOCKS=cfg.gate_up_blocks,
+        MATH=math,
+        num_warps=cfg.gate_up_warps,
+    )
+    y = torch.empty(T * k, H, dtype=torch.bfloat16, device=x.device)
+    _down_gemv_mma2_kernel[(T * k, Hp // (16 * cfg.down_blocks))](
+        h,
+        w2,
+        s2,
+        b2,
+        y,
+        ids,
+        wts,
+        H,
+        Hp,
+        Ip,
+        h.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        s2.stride(0),
+        s2.stride(1),
+        y.stride(0),
+        BLOCKS=cfg.down_blocks,
+        MATH=math,
+        num_warps=cfg.down_warps,
+    )
+    return y
+
+
 _COMBINE = "moe_combine"
 
 
@@ -1305,7 +1482,7 @@ def moe_mxfp4(
     topk_weights: torch.Tensor,
     w: dict[str, torch.Tensor],
     activations: str = "bf16",
-    config: MoeConfig | MoeGemvConfig | GemvConfig | None = None,
+    config: MoeConfig | MoeGemvConfig | GemvConfig | Mma2GemvConfig | None = None,
     out: torch.Tensor | None = None,
     fold_scale: bool = False,
     order: str = "rows",
@@ -1340,24 +1517,28 @@ def moe_mxfp4(
     if isinstance(cfg, GemvConfig):
         cfg = MoeGemvConfig.from_single(cfg)
     gemv = isinstance(cfg, MoeGemvConfig)
+    mma2_gemv = isinstance(cfg, Mma2GemvConfig)
     if not gemv and cfg.order != order:
         raise ValueError(f"config {cfg.name()} reads the {cfg.order} order, the weights are {order}")
-    if gemv and order != "rows":
+    if gemv and order != "rows":  # the rows order's GEMVs read its rows; the mma2 order has its own (Mma2GemvConfig)
+        own = " or Mma2GemvConfig" if order == "mma2" else ""
         raise ValueError(
-            f"the {order} order runs the scheduled tiles only (a MoeConfig with order='{order}'), got {cfg.name()}"
+            f"the {order} order runs its scheduled tiles (a MoeConfig with order='{order}'){own}, not the rows "
+            f"order's GEMVs: got {cfg.name()}"
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
     # row tiles that must divide the padded widths (a wider down tile of a chunk order may end past Hp)
-    tiles = (
-        [(cfg.gate_up.block_n, cfg.down.block_n)]
-        if gemv
-        else [(t.block_n, DOWN_TILE_ROWS if t.down_block_n else t.block_n) for t in (cfg, cfg.remainder) if t]
-    )
+    if gemv:
+        tiles = [(cfg.gate_up.block_n, cfg.down.block_n)]
+    elif mma2_gemv:
+        tiles = [(16 * cfg.gate_up_blocks, 16 * cfg.down_blocks)]
+    else:
+        tiles = [(t.block_n, DOWN_TILE_ROWS if t.down_block_n else t.block_n) for t in (cfg, cfg.remainder) if t]
     for ip_tile, hp_tile in tiles:
         if Ip % ip_tile or Hp % hp_tile:
             raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
-    if not gemv and cfg.fold_scale and activations == "bf16" and not fold_scale:  # a folded tile chosen by hand
+    if isinstance(cfg, MoeConfig) and cfg.fold_scale and activations == "bf16" and not fold_scale:  # folded by hand
         check_fold_scale(s13, s2)
     # both paths end in a kernel that writes unit-stride rows in the target's dtype: out itself when its rows are so,
     # else a buffer of out's dtype copied into it
@@ -1368,7 +1549,10 @@ def moe_mxfp4(
             cfg = cfg.each(pdl=0)
         _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
     else:
-        y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
+        if mma2_gemv:
+            y = _moe_gemv_mma2(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, fold_scale)
+        else:
+            y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
         if T:
             _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK))](
                 y, target, H, y.stride(0), target.stride(0), TOPK=k, BLOCK=COMBINE_BLOCK
