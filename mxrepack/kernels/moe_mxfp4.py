@@ -1199,7 +1199,8 @@ def _gate_up_gemv_mma2_kernel(
     MATH: tl.constexpr,
 ):
     """Assignment ``program_id(0)`` (t * k + slot) x the ``program_id(1)``-th 16 BLOCKS intermediate rows: gate and up
-    (W in the mma2 order, one GEMV over 2 BLOCKS weight blocks), bias, SwiGLU, stored in natural order."""
+    (W in the mma2 order, one GEMV over 2 BLOCKS weight blocks), bias, SwiGLU, stored in natural order. x padded to
+    ``Hp`` (the GEMV reads whole K tiles)."""
     p = tl.program_id(0)
     n0 = tl.program_id(1) * 16 * BLOCKS
     e = tl.load(ids_ptr + p).to(tl.int64)
@@ -1207,7 +1208,6 @@ def _gate_up_gemv_mma2_kernel(
     w_off, s_off = wgmma_chunks(_w13_rows(n0 + 16 * (blk % BLOCKS), blk // BLOCKS), stride_wn, stride_wsn, 64)
     y = gemv_mma2(
         x_ptr + (p // TOPK) * stride_x,
-        H,
         w_ptr + e * stride_we,
         ws_ptr + e * stride_wse,
         w_off,
@@ -1253,7 +1253,6 @@ def _down_gemv_mma2_kernel(
     w_off, s_off = wgmma_chunks(n0 + 16 * tl.arange(0, BLOCKS), stride_wn, stride_wsn, _DOWN_ROWS)
     y = gemv_mma2(
         h_ptr + p * stride_h,
-        Ip,
         w_ptr + e * stride_we,
         ws_ptr + e * stride_wse,
         w_off,
@@ -1281,6 +1280,8 @@ def _moe_gemv_mma2(
     wts = topk_weights.to(torch.float32).contiguous().view(-1)
     ptx = os.environ.get("TRITON_INTERPRET") != "1" and x.device.type == "cuda"
     math = ("asm-fold" if fold_scale else "asm") if ptx else "ops"
+    if H < Hp:  # whole K tiles for the GEMV (W's padding columns are zero codes)
+        x = torch.nn.functional.pad(x, (0, Hp - H))
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
     _gate_up_gemv_mma2_kernel[(T * k, Ip // (16 * cfg.gate_up_blocks))](
         x,
