@@ -753,6 +753,27 @@ def test_kernels_check_sources_follow_the_kernels_arguments():
             assert check._constant(src, "ORDER") == (label if label in ("wgmma", "mma2") else "rows"), config
 
 
+def test_warm_counts_compile_what_every_call_size_launches():
+    """The plugin's load-time warm-up: the token counts it runs cover every variant (dispatch choice, schedule counts
+    tile, Triton's integer specializations) that a call of 1 to max_tokens tokens compiles, each once; the schedule's
+    sizes are the ones moe_schedule launches with. At 120b and 20b shapes a few dozen calls stand for 8192 sizes."""
+    from mxrepack.kernels import moe_mxfp4 as moe
+
+    for experts, order in ((128, "rows"), (32, "wgmma"), (32, "mma2")):
+        counts = moe.warm_token_counts(4, experts, 2880, 8192, True, order)
+        assert counts[0] == 1 and counts == sorted(set(counts)) and len(counts) < 64, (experts, order, len(counts))
+        variants = {moe.launch_variant(t, 4, experts, 2880, True, order) for t in counts}
+        assert len(variants) == len(counts)  # each count compiles something the others do not
+        for t in (2, 16, 17, 100, 513, 1000, 4096, 8191):
+            assert moe.launch_variant(t, 4, experts, 2880, True, order) in variants, (experts, order, t)
+    # on the interpreter: the warm-up's calls run (a strided layer's rows and mma2 orders), and a small max_tokens
+    # needs few of them
+    for order in ("rows", "mma2"):
+        _, w, _ = _strided_layer(4, 288, 96, order=order)
+        ran = moe.warm_moe(w, 2, 288, 24, order=order)
+        assert ran == moe.warm_token_counts(2, 4, 288, 24, order=order) and len(ran) <= 8, ran
+
+
 def test_moe_mma2_order_matches_reference():
     """The strided layout's mma2 order (mma.sync's kWidth-8 operand order, sm_12x / sm_8x) through the scheduled tiles
     that read it, at every T, decode included (portable decode here; the PTX one is compiled for sm_121a in the

@@ -510,6 +510,65 @@ def _schedule_place_kernel(
         tl.store(blk_end_ptr + b, end, mask=ok)
 
 
+def _schedule_shape(n: int, experts: int, block_m: int) -> tuple[int, int, int, int, int, int]:
+    """:func:`moe_schedule`'s sizes for ``n`` assignments: (blocks, experts rounded to a power of 2, assignments a
+    program compares at once, assignments a chunk, chunks, the chunks' power of 2 every placing program tiles)."""
+    nb = max(1, triton.cdiv(n + (block_m - 1) * min(experts, n), block_m))  # one empty block when T = 0
+    e_p2 = triton.next_power_of_2(max(experts, 2))
+    piece = _schedule_piece(e_p2)
+    chunk = max(piece, triton.next_power_of_2(triton.cdiv(max(n, 1), SCHEDULE_CHUNKS)))
+    chunks = triton.cdiv(n, chunk)
+    max_chunks = triton.next_power_of_2(max(chunks, 2))  # the counts tile every program holds: [max_chunks, e_p2]
+    return nb, e_p2, piece, chunk, chunks, max_chunks
+
+
+def _specialized(v: int) -> int:
+    """How Triton specializes an integer argument when it compiles: as the constant 1, as a multiple of 16, or not."""
+    return 1 if v == 1 else 16 if v % 16 == 0 else 0
+
+
+def launch_variant(
+    tokens: int, topk: int, experts: int, hidden: int, fold_scale: bool = False, order: str = "rows"
+) -> tuple:
+    """What :func:`moe_mxfp4` compiles for a call of ``tokens`` tokens (BF16 activations, on CUDA), as far as the
+    call's size decides it: the dispatch's choice and, for the scheduled tiles, the schedule's counts tile and
+    Triton's specializations of its integer arguments (the tiles' and the GEMVs' own arguments do not depend on
+    ``tokens``). Calls with equal variants launch the same compiled kernels."""
+    cfg = pick_moe(tokens, topk, experts, hidden, "bf16", True, fold_scale, order)
+    if not isinstance(cfg, MoeConfig):
+        return (cfg.name(),)
+    n = tokens * topk
+    nb, _, _, chunk, chunks, max_chunks = _schedule_shape(n, experts, cfg.block_m)
+    return (cfg.name(), max_chunks, *map(_specialized, (n, nb, chunk, chunks)))
+
+
+def warm_token_counts(
+    topk: int, experts: int, hidden: int, max_tokens: int, fold_scale: bool = False, order: str = "rows"
+) -> list[int]:
+    """The fewest token counts whose calls compile what every call of 1 to ``max_tokens`` tokens launches (the first
+    count of each :func:`launch_variant`): an engine that runs them at load compiles nothing while it serves."""
+    first: dict[tuple, int] = {}
+    for t in range(1, max_tokens + 1):
+        first.setdefault(launch_variant(t, topk, experts, hidden, fold_scale, order), t)
+    return sorted(first.values())
+
+
+def warm_moe(
+    w: dict[str, torch.Tensor], topk: int, hidden: int, max_tokens: int, fold_scale: bool = False, order: str = "rows"
+) -> list[int]:
+    """Run :func:`moe_mxfp4` on zeros at each of :func:`warm_token_counts`' token counts for the strided layer ``w``,
+    so that every kernel variant a call of 1 to ``max_tokens`` tokens launches is compiled now (the experts each
+    token takes are distinct, as a router's top-k). Returns the counts run."""
+    experts, device = w["w13_weight"].shape[0], w["w13_weight"].device
+    counts = warm_token_counts(topk, experts, hidden, max_tokens, fold_scale, order)
+    x = torch.zeros(max(counts), hidden, dtype=torch.bfloat16, device=device)
+    ids = (torch.arange(max(counts) * topk, device=device) % experts).to(torch.int32).view(-1, topk)
+    wts = torch.full(ids.shape, 1.0 / topk, device=device)
+    for t in counts:
+        moe_mxfp4(x[:t], ids[:t], wts[:t], w, fold_scale=fold_scale, order=order)
+    return counts
+
+
 def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
     """(sorted assignment ids, per-block expert, start, end); blocks past the real ones have expert -1.
 
@@ -524,12 +583,7 @@ def moe_schedule(topk_ids: torch.Tensor, experts: int, block_m: int):
     """
     flat = topk_ids.reshape(-1).contiguous()  # a column slice's flatten() is a strided view
     n = flat.numel()
-    nb = max(1, triton.cdiv(n + (block_m - 1) * min(experts, n), block_m))  # one empty block when T = 0
-    e_p2 = triton.next_power_of_2(max(experts, 2))
-    piece = _schedule_piece(e_p2)
-    chunk = max(piece, triton.next_power_of_2(triton.cdiv(max(n, 1), SCHEDULE_CHUNKS)))
-    chunks = triton.cdiv(n, chunk)
-    max_chunks = triton.next_power_of_2(max(chunks, 2))  # the counts tile every program holds: [max_chunks, e_p2]
+    nb, e_p2, piece, chunk, chunks, max_chunks = _schedule_shape(n, experts, block_m)
     dev = flat.device
     hist = torch.empty(max(chunks, 1), e_p2, dtype=torch.int32, device=dev)
     order = torch.empty(n, dtype=torch.int32, device=dev)
