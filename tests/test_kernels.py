@@ -774,6 +774,63 @@ def test_warm_counts_compile_what_every_call_size_launches():
         assert ran == moe.warm_token_counts(2, 4, 288, 24, order=order) and len(ran) <= 8, ran
 
 
+_WARM_COVERAGE = """
+import json, sys, torch
+from triton.runtime import jit as tjit
+from triton.backends.nvidia.compiler import CUDABackend
+from mxrepack.kernels import gemv_mxfp4, moe_mxfp4 as moe
+
+# every launch recorded as Triton's own binder specializes it (kernel, argument specialization, options), not run
+launched, binders = [], {}
+def record(self, *args, grid, warmup, **kwargs):
+    b = binders.get(id(self))
+    if b is None:
+        b = binders[id(self)] = tjit.create_function_from_signature(self.signature, self.params, CUDABackend)
+    _, spec, opts = b(*args, **kwargs)
+    launched.append((self.fn.__name__, str(spec), str(sorted(opts.items()))))
+tjit.JITFunction.run = record
+pick = moe.pick_moe  # the dispatch as on CUDA, the launches as on a GPU with PDL
+moe.pick_moe = lambda T, k, E, H, a="bf16", c=True, f=False, o="rows": pick(T, k, E, H, a, True, f, o)
+moe.launches_dependents = gemv_mxfp4.launches_dependents = lambda device: True
+out = {}
+for order, E, max_tokens in json.loads(sys.argv[1]):
+    k, H, P = 4, 2880, 2944
+    meta = lambda *shape, dtype=torch.uint8: torch.empty(*shape, dtype=dtype, device="meta")
+    w = {"w13_weight": meta(E, 2 * P, P // 2), "w13_weight_scale": meta(E, 2 * P, P // 32),
+         "w13_bias": meta(E, 2 * P, dtype=torch.float32), "w2_weight": meta(E, P, P // 2),
+         "w2_weight_scale": meta(E, P, P // 32), "w2_bias": meta(E, P, dtype=torch.float32)}
+    x, ids = torch.zeros(max_tokens, H, dtype=torch.bfloat16), (torch.arange(max_tokens * k) % E).int().view(-1, k)
+    wts = torch.full(ids.shape, 0.25)
+    by_size = {}
+    for t in range(1, max_tokens + 1):
+        launched.clear()
+        moe.moe_mxfp4(x[:t], ids[:t], wts[:t], w, fold_scale=True, order=order)
+        by_size[t] = set(launched)
+    warm = set().union(*(by_size[t] for t in moe.warm_token_counts(k, E, H, max_tokens, True, order)))
+    out[f"{order} {E}"] = [t for t, s in by_size.items() if s - warm]
+print(json.dumps(out))
+"""
+
+
+def test_warm_counts_compile_what_triton_specializes():
+    """The warm-up's key model against Triton itself: every launch moe_mxfp4 makes at 1 to 2048 tokens, specialized
+    by Triton's own binder (kernel, constexprs, integer and pointer specializations, launch options), is among those
+    the warm-up's counts make; so a kernel that gains a size-dependent argument fails here, not while serving. CPU: the
+    launches are recorded, not run (weights on the meta device)."""
+    from triton.runtime import jit as tjit
+
+    if not hasattr(tjit, "create_function_from_signature"):
+        pytest.skip("this Triton has no create_function_from_signature (the binder the recorder calls)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cases = [["rows", 128, 2048], ["wgmma", 32, 2048], ["mma2", 32, 2048]]
+    proc = subprocess.run(
+        [sys.executable, "-c", _WARM_COVERAGE, json.dumps(cases)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    missing = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert missing == {f"{o} {e}": [] for o, e, _ in cases}, missing
+
+
 def test_moe_mma2_order_matches_reference():
     """The strided layout's mma2 order (mma.sync's kWidth-8 operand order, sm_12x / sm_8x) through the scheduled tiles
     that read it, at every T, decode included (portable decode here; the PTX one is compiled for sm_121a in the
@@ -878,6 +935,9 @@ def test_moe_mma2_order_on_mma_sync():
             y = moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2")
             assert rel(y.cpu(), ref) <= 1e-2, (T, cfg, rel(y.cpu(), ref))
             assert all(torch.equal(moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2"), y) for _ in range(3))
+        if T <= 16:  # the decode GEMVs with the scale folded (these random scales fit): the same bits
+            folded = moe_mxfp4(x, ids, wts, mma2, "bf16", MMA2_GEMV, fold_scale=True, order="mma2")
+            assert torch.equal(folded, moe_mxfp4(x, ids, wts, mma2, "bf16", MMA2_GEMV, order="mma2"))
 
 
 @pytest.mark.skipif(

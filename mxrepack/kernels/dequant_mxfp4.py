@@ -373,8 +373,14 @@ def _per_lane_byte(s, BLOCKS: tl.constexpr):
 # Triton picks can hand it another word's bytes: the tiles' byte form (pack = 4) relies on the layout of the MMA
 # operand it feeds, which a GEMV has not (its builds fail :func:`wgmma_words_packed`). Outputs: the word's 4 bf16
 # pairs, pair p = codes 2p (low half) and 2p + 1.
-WORD_ASM_ONE_SCALE = tl.constexpr(WORD_ASM.value.replace("$6", "$5"))
-WORD_ASM_ONE_SCALE_FOLDED = tl.constexpr(WORD_ASM_FOLDED.value.replace("$6", "$5"))
+def _one_scale(asm: str) -> str:
+    """A word decode's text with pairs 2 and 3 multiplied by the scale of pairs 0 and 1 (operand $5 for $6)."""
+    assert "$6" in asm and "$7" not in asm, "the word decode's operands: outputs $0-$3, word $4, scales $5 and $6"
+    return asm.replace("$6", "$5")
+
+
+WORD_ASM_ONE_SCALE = tl.constexpr(_one_scale(WORD_ASM.value))
+WORD_ASM_ONE_SCALE_FOLDED = tl.constexpr(_one_scale(WORD_ASM_FOLDED.value))
 
 
 @triton.jit

@@ -376,6 +376,12 @@ class Mma2GemvConfig:
     down_warps: int = 2
     order = "mma2"  # the byte order it reads (a class constant, as MoeConfig's field)
 
+    def __post_init__(self):
+        for name in ("gate_up_blocks", "gate_up_warps", "down_blocks", "down_warps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"Mma2GemvConfig.{name} must be a power of 2 (a Triton block shape), got {v!r}")
+
     def name(self) -> str:
         return f"mma2-gemv gu{16 * self.gate_up_blocks}w{self.gate_up_warps} d{16 * self.down_blocks}w{self.down_warps}"
 

@@ -266,7 +266,9 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         layer.mxrepack_fold_scale = fits_fold(layer.w13_weight_scale, layer.w2_weight_scale)
         self._warm(layer)
 
-    warmed: set[tuple] = set()  # (stored shapes, device, order, fold): experts whose kernels this process compiled
+    warmed: set[tuple] = (
+        set()
+    )  # (shapes, device, order, fold, topk, hidden, tokens): experts whose kernels are compiled
 
     def _warm(self, layer) -> None:
         """Compile at load every kernel variant that a call of 1 to ``max_num_batched_tokens`` tokens launches
@@ -278,14 +280,23 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
 
         device = layer.w2_weight.device
         w = {name: getattr(layer, name) for name in self.spec.stored}
-        fold, order = layer.mxrepack_fold_scale, self.spec.strided_order
-        key = (tuple(tuple(t.shape) for t in w.values()), str(device), order, fold)
+        fold, order, topk, hidden = (
+            layer.mxrepack_fold_scale,
+            self.spec.strided_order,
+            self.moe.experts_per_token,
+            self.spec.hidden[0],
+        )
+        # a step's tokens; all-gathered over data- (and prefill-context-) parallel ranks before the experts, which
+        # take no dispatch of their own (vLLM's naive dispatch)
+        tokens = _max_batched_tokens() * getattr(self.moe, "dp_size", 1) * getattr(self.moe, "pcp_size", 1)
+        key = (tuple(tuple(t.shape) for t in w.values()), str(device), order, fold, topk, hidden, tokens)
         if key in self.warmed:
             return
-        warm_moe(w, self.moe.experts_per_token, self.spec.hidden[0], _max_batched_tokens(), fold, order)
+        warm_moe(w, topk, hidden, tokens, fold, order)
         torch.cuda.synchronize(device)
+        # no torch.cuda.empty_cache(): vLLM empties the cache before it profiles memory, and under its sleep mode the
+        # load runs in a memory pool where emptying the cache is what it avoids (vllm/device_allocator/cumem.py)
         self.warmed.add(key)
-        torch.cuda.empty_cache()  # the warm-up's buffers are not the engine's: its memory profile comes after
 
     def get_fused_moe_quant_config(self, layer):
         return None  # no vLLM modular kernel: apply() calls mxrepack's kernels
