@@ -260,9 +260,12 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
     return {"gemv_mxfp4": ASTSource(gemv._gemv_mxfp4_kernel, dense, {"HAS_BIAS": True, **const})}
 
 
+# an expert layer's strides (experts, rows) of its weights and of their scales, as the MoE GEMVs take them
+_W_STRIDES = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
+
+
 def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
     ids_dims = {"ids_ptr": "*i32", "H": "i32", "Ip": "i32", "TOPK": "i32"}
-    w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
     act = {"alpha": "fp32", "limit": "fp32"}
     gu, d = cfg.gate_up, cfg.down
     if cfg.prepared:
@@ -278,7 +281,7 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
             **ids_dims,
             "stride_xp": "i32",
             "stride_xe": "i32",
-            **w_strides,
+            **_W_STRIDES,
             "stride_hp": "i32",
             "stride_he": "i32",
             **act,
@@ -295,7 +298,7 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
             "h_ptr": "*bf16",
             **ids_dims,
             "stride_x": "i32",
-            **w_strides,
+            **_W_STRIDES,
             "stride_h": "i32",
             **act,
             **{k: "constexpr" for k in const},
@@ -325,7 +328,7 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
         "Ip": "i32",
         "stride_h": "i32",
         "stride_he": "i32",
-        **w_strides,
+        **_W_STRIDES,
         "stride_part": "i32",
         "stride_out": "i32",
         "TOPK": "i32",
@@ -387,7 +390,6 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64, max_chunks: int
 
 def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSource]:
     """The mma2 order's decode GEMVs (``moe_mxfp4.Mma2GemvConfig``), PTX decode ``math`` ("asm" or "asm-fold")."""
-    w_strides = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
     gate_up = {
         "x_ptr": "*bf16",
         "w_ptr": "*u8",
@@ -395,12 +397,11 @@ def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSourc
         "b_ptr": "*fp32",
         "h_ptr": "*bf16",
         "ids_ptr": "*i32",
-        "H": "i32",
         "Hp": "i32",
         "Ip": "i32",
         "TOPK": "i32",
         "stride_x": "i32",
-        **w_strides,
+        **_W_STRIDES,
         "stride_h": "i32",
         "alpha": "fp32",
         "limit": "fp32",
@@ -419,7 +420,7 @@ def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSourc
         "Hp": "i32",
         "Ip": "i32",
         "stride_h": "i32",
-        **w_strides,
+        **_W_STRIDES,
         "stride_y": "i32",
         "BLOCKS": "constexpr",
         "MATH": "constexpr",

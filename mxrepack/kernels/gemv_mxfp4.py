@@ -636,9 +636,8 @@ def gemv_mma2(x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, k_tiles, BLOCKS
     mma2 order: block b's weight chunk and scale piece of K tile 0 at byte offsets ``w_off[b]`` / ``s_off[b]``, each
     K tile ``w_step`` / ``s_step`` further; x one row (bf16) of ``k_tiles`` whole K tiles, unmasked (a mask on its 8
     slices a tile took 56 instructions a word on sm_121a where the timed probe's loop took 45: the caller pads x).
-    Each word's 8 values
-    (``mma2_word_values``) times its 8-value slice of x accumulate per (block, lane, word) across the K tiles, reduced
-    once after them: no shuffle in the loop (``benchmarks/experiments/mma2_gemv_probe.py``)."""
+    Each word's 8 values (``mma2_word_values``) times its 8-value slice of x accumulate per (block, lane, word) across
+    the K tiles, reduced once after them: no shuffle in the loop (``benchmarks/experiments/mma2_gemv_probe.py``)."""
     lane = tl.arange(0, 32)[None, :, None]
     acc = tl.zeros((BLOCKS, 8, 4, 4, 2), dtype=tl.float32)  # block, g, t, q, c
     for kt in range(0, k_tiles):

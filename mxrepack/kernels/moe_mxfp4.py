@@ -1243,7 +1243,6 @@ def _gate_up_gemv_mma2_kernel(
     b_ptr,
     h_ptr,
     ids_ptr,
-    H,
     Hp,
     Ip,
     TOPK,
@@ -1336,8 +1335,7 @@ def _moe_gemv_mma2(
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
     Ip, Hp = Ip2 // 2, w2.shape[1]
-    ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
-    wts = topk_weights.to(torch.float32).contiguous().view(-1)
+    ids, wts = _flat_routing(topk_ids, topk_weights)
     ptx = os.environ.get("TRITON_INTERPRET") != "1" and x.device.type == "cuda"
     math = ("asm-fold" if fold_scale else "asm") if ptx else "ops"
     if H < Hp:  # whole K tiles for the GEMV (W's padding columns are zero codes)
@@ -1350,7 +1348,6 @@ def _moe_gemv_mma2(
         b13,
         h,
         ids,
-        H,
         Hp,
         Ip,
         k,
@@ -1400,6 +1397,14 @@ def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
     arrival_counters(device, GEMV_MAX_ASSIGNMENTS * (hidden_padded // MOE_GEMV.down.block_n), _COMBINE)
 
 
+def _flat_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's ids and weights as the per-assignment GEMVs read them, one entry an assignment (t * k + slot):
+    int32 or int64 ids as they come (a conversion would be one more launch per call), fp32 weights (converted here:
+    no launch between the GEMVs)."""
+    ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
+    return ids, topk_weights.to(torch.float32).contiguous().view(-1)
+
+
 def _moe_gemv(
     x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: MoeGemvConfig, out: torch.Tensor
 ) -> torch.Tensor:
@@ -1410,9 +1415,7 @@ def _moe_gemv(
     E, Ip2, _ = w13.shape
     Ip, Hp = Ip2 // 2, w2.shape[1]
     gu, d = cfg.gate_up, cfg.down
-    # the kernels read int32 or int64 ids as they come (a conversion would be one more launch per call)
-    ids = (topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.to(torch.int32)).contiguous().view(-1)
-    wts = topk_weights.to(torch.float32).contiguous().view(-1)  # converted here: no launch between the GEMVs
+    ids, wts = _flat_routing(topk_ids, topk_weights)
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(gu.pdl))
         h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)  # fp16 pairs

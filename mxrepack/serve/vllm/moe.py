@@ -266,9 +266,8 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         layer.mxrepack_fold_scale = fits_fold(layer.w13_weight_scale, layer.w2_weight_scale)
         self._warm(layer)
 
-    warmed: set[tuple] = (
-        set()
-    )  # (shapes, device, order, fold, topk, hidden, tokens): experts whose kernels are compiled
+    # (shapes, device, order, fold, topk, hidden, tokens): experts whose kernels this process compiled
+    warmed: set[tuple] = set()
 
     def _warm(self, layer) -> None:
         """Compile at load every kernel variant that a call of 1 to ``max_num_batched_tokens`` tokens launches
@@ -280,12 +279,8 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
 
         device = layer.w2_weight.device
         w = {name: getattr(layer, name) for name in self.spec.stored}
-        fold, order, topk, hidden = (
-            layer.mxrepack_fold_scale,
-            self.spec.strided_order,
-            self.moe.experts_per_token,
-            self.spec.hidden[0],
-        )
+        fold, order = layer.mxrepack_fold_scale, self.spec.strided_order
+        topk, hidden = self.moe.experts_per_token, self.spec.hidden[0]
         # a step's tokens; all-gathered over data- (and prefill-context-) parallel ranks before the experts, which
         # take no dispatch of their own (vLLM's naive dispatch)
         tokens = _max_batched_tokens() * getattr(self.moe, "dp_size", 1) * getattr(self.moe, "pcp_size", 1)
