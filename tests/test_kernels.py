@@ -865,8 +865,9 @@ def test_moe_mma2_order_matches_reference():
         MoeConfig(64, 64, 128, swap_ab=True, order="mma2"),
     ):
         assert rel(moe_mxfp4(x2, ids2, wts2, mma2_2, "bf16", cfg, order="mma2"), ref2) <= 1e-2, cfg
-    assert all(isinstance(pick_moe(T, 4, 128, 2880, order="mma2"), MoeConfig) for T in (1, 16, 4096))
-    # the order's own decode GEMVs (chosen by hand: Mma2GemvConfig), no schedule
+    # the order's own decode GEMVs (Mma2GemvConfig), no schedule: the dispatch's to T * k = MMA2_GEMV_MAX_ASSIGNMENTS
+    assert pick_moe(1, 4, 128, 2880, order="mma2") == MMA2_GEMV == pick_moe(16, 4, 128, 2880, order="mma2")
+    assert isinstance(pick_moe(17, 4, 128, 2880, order="mma2"), MoeConfig)
     for T in (1, 3):
         x = torch.randn(T, H).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])

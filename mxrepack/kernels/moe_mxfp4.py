@@ -388,6 +388,9 @@ class Mma2GemvConfig:
 
 MMA2_GEMV = Mma2GemvConfig()  # the probe's best shapes: 32 weight rows on 2 warps (gate_up), 16 on 2 (down)
 
+# T * k up to which the mma2 order's decode GEMVs (:data:`MMA2_GEMV`) take a call instead of its tiles.
+MMA2_GEMV_MAX_ASSIGNMENTS = GEMV_MAX_ASSIGNMENTS
+
 
 def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
     """The decode GEMV configs for ``assignments`` = T * k (portable, without PTX, off CUDA). One pair serves
@@ -416,12 +419,15 @@ def pick_moe(
     cuda: bool = True,
     fold_scale: bool = False,
     order: str = "rows",
-) -> MoeConfig | MoeGemvConfig:
-    """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMV (the rows order, BF16
-    activations, ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments), else the scheduled tiles
-    (the chunk orders, wgmma and mma2: always, :data:`MOE_TILES_BY_ORDER`)."""
+) -> MoeConfig | MoeGemvConfig | Mma2GemvConfig:
+    """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMVs of the rows order (BF16
+    activations, ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments) or of the mma2 order (at
+    most :data:`MMA2_GEMV_MAX_ASSIGNMENTS`), else the scheduled tiles (the wgmma order always,
+    :data:`MOE_TILES_BY_ORDER`)."""
     if order == "rows" and activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
         return pick_moe_gemv_config(tokens * topk, cuda)
+    if order == "mma2" and tokens * topk <= MMA2_GEMV_MAX_ASSIGNMENTS:  # the order takes BF16 activations only
+        return MMA2_GEMV
     return pick_moe_config(tokens, topk, experts, activations, fold_scale, order)
 
 
