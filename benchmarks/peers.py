@@ -356,9 +356,19 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         if kind == "mma2":  # the mma2 order's tiles: tokens, warps, a down tile twice as wide, stages
             ms_ = ()
             if T * K_TOP <= GEMV_MAX_ASSIGNMENTS:  # and its decode GEMVs: 16-row blocks a program, warps
-                for gu, gw, dn, dw in ((1, 2, 1, 2), (1, 4, 1, 4), (2, 2, 1, 2), (2, 4, 2, 4), (1, 1, 1, 1)):
-                    cfg = Mma2GemvConfig(gu, gw, dn, dw)
-                    cands[cfg.name()] = cfg
+                shapes = (
+                    (1, 2, 1, 2),
+                    (1, 4, 1, 4),
+                    (1, 4, 1, 2),
+                    (1, 2, 1, 4),
+                    (2, 4, 1, 4),
+                    (2, 4, 2, 4),
+                    (1, 1, 1, 1),
+                )
+                for (gu, gw, dn, dw), pdl in itertools.product(shapes, (True, False)):
+                    if pdl or (gu, gw, dn, dw) == (1, 4, 1, 4):  # one shape launched one kernel after the other
+                        cfg = Mma2GemvConfig(gu, gw, dn, dw, pdl)
+                        cands[cfg.name()] = cfg
             for bm, warps, down, st in itertools.product((16, 32, 64, 128), (4, 8), (0, 128), (2, 3)):
                 if (warps == 8) != (down == 128) or (bm == 128 and st == 3):
                     continue  # 8 warps split gate_up's 128 rows 16 a warp, and down's only when it has 128

@@ -38,6 +38,7 @@ from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import (
     MMA2_GEMV,
+    MMA2_GEMV_MAX_ASSIGNMENTS,
     MOE_CONFIGS,
     MOE_CONFIGS_MMA2,
     MOE_CONFIGS_WGMMA,
@@ -866,8 +867,8 @@ def test_moe_mma2_order_matches_reference():
     ):
         assert rel(moe_mxfp4(x2, ids2, wts2, mma2_2, "bf16", cfg, order="mma2"), ref2) <= 1e-2, cfg
     # the order's own decode GEMVs (Mma2GemvConfig), no schedule: the dispatch's to T * k = MMA2_GEMV_MAX_ASSIGNMENTS
-    assert pick_moe(1, 4, 128, 2880, order="mma2") == MMA2_GEMV == pick_moe(16, 4, 128, 2880, order="mma2")
-    assert isinstance(pick_moe(17, 4, 128, 2880, order="mma2"), MoeConfig)
+    for T in (1, 2, 4, 8, 16, 17):
+        assert (pick_moe(T, 4, 128, 2880, order="mma2") == MMA2_GEMV) == (4 * T <= MMA2_GEMV_MAX_ASSIGNMENTS), T
     for T in (1, 3):
         x = torch.randn(T, H).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])

@@ -39,7 +39,7 @@ def gemv_mma2_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: 
     order, x ``[K]`` bf16, y fp32."""
     k_tiles = K // 128
     blk = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
-    y = gemv_mma2(x_ptr, w_ptr, s_ptr, blk * k_tiles * 1024, blk * k_tiles * 64, 1024, 64, k_tiles, BLOCKS, MATH)
+    y = gemv_mma2(x_ptr, w_ptr, s_ptr, blk * k_tiles * 1024, blk * k_tiles * 64, 1024, 64, K, BLOCKS, MATH)
     tl.store(y_ptr + tl.program_id(0) * 16 * BLOCKS + tl.arange(0, 16 * BLOCKS), y)
 
 

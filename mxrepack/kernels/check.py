@@ -397,7 +397,7 @@ def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSourc
         "b_ptr": "*fp32",
         "h_ptr": "*bf16",
         "ids_ptr": "*i32",
-        "Hp": "i32",
+        "H": "i32",
         "Ip": "i32",
         "TOPK": "i32",
         "stride_x": "i32",
@@ -407,13 +407,16 @@ def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSourc
         "limit": "fp32",
         "BLOCKS": "constexpr",
         "MATH": "constexpr",
+        "PDL": "constexpr",
     }
     down = {
         "h_ptr": "*bf16",
         "w_ptr": "*u8",
         "ws_ptr": "*u8",
         "b_ptr": "*fp32",
-        "y_ptr": "*bf16",
+        "part_ptr": "*fp32",
+        "count_ptr": "*i32",
+        "out_ptr": "*bf16",
         "ids_ptr": "*i32",
         "wts_ptr": "*fp32",
         "H": "i32",
@@ -421,15 +424,21 @@ def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSourc
         "Ip": "i32",
         "stride_h": "i32",
         **_W_STRIDES,
-        "stride_y": "i32",
+        "stride_part": "i32",
+        "stride_out": "i32",
+        "TOPK": "i32",
         "BLOCKS": "constexpr",
         "MATH": "constexpr",
+        "PDL": "constexpr",
     }
+    pdl = int(cfg.pdl)
     return {
         "gemv_moe_gate_up_mma2": ASTSource(
-            moe._gate_up_gemv_mma2_kernel, gate_up, {"BLOCKS": cfg.gate_up_blocks, "MATH": math}
+            moe._gate_up_gemv_mma2_kernel, gate_up, {"BLOCKS": cfg.gate_up_blocks, "MATH": math, "PDL": pdl}
         ),
-        "gemv_moe_down_mma2": ASTSource(moe._down_gemv_mma2_kernel, down, {"BLOCKS": cfg.down_blocks, "MATH": math}),
+        "gemv_moe_down_mma2": ASTSource(
+            moe._down_gemv_mma2_kernel, down, {"BLOCKS": cfg.down_blocks, "MATH": math, "PDL": pdl}
+        ),
     }
 
 

@@ -623,36 +623,64 @@ def _step_f16x2(
 
 
 @triton.jit
-def _x_slice(x_row, kt, j: tl.constexpr):
+def _x_slice(x_row, kt, j: tl.constexpr, K, MASKED: tl.constexpr):
     """x at code j of every mma2 word (t, q) of K tile ``kt`` (code 32 q + 8 t + j), as ``[1, 1, 4 t, 4 q, 1]``: it
-    multiplies a K tile's word values ``[blocks, 8 g, 4 t, 4 q, 2 c]``."""
+    multiplies a K tile's word values ``[blocks, 8 g, 4 t, 4 q, 2 c]``. ``MASKED``: the partial last tile (codes
+    from ``K`` on read as 0)."""
     k = kt * 128 + 32 * tl.arange(0, 4)[None, :] + 8 * tl.arange(0, 4)[:, None] + j
-    return tl.reshape(tl.load(x_row + k).to(tl.float32), (1, 1, 4, 4, 1))
+    x = tl.load(x_row + k, mask=k < K, other=0.0) if MASKED else tl.load(x_row + k)
+    return tl.reshape(x.to(tl.float32), (1, 1, 4, 4, 1))
 
 
 @triton.jit
-def gemv_mma2(x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, k_tiles, BLOCKS: tl.constexpr, MATH: tl.constexpr):
+def _mma2_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, kt, K, MATH: tl.constexpr, MASKED: tl.constexpr):
+    """``acc`` plus K tile ``kt``'s products, per (block, g, t, q, c) word: each word's 8 values times x's codes."""
+    BLOCKS: tl.constexpr = acc.shape[0]
+    lane = tl.arange(0, 32)[None, :, None]
+    wo = w_off[:, None, None] + kt * w_step
+    sc = tl.load(s_ptr + s_off[:, None, None] + kt * s_step + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
+    v0, v1, v2, v3, v4, v5, v6, v7 = mma2_word_values(w_ptr, wo, lane, sc, MATH)
+    part = tl.reshape(v0, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 0, K, MASKED)
+    part += tl.reshape(v1, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 1, K, MASKED)
+    part += tl.reshape(v2, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 2, K, MASKED)
+    part += tl.reshape(v3, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 3, K, MASKED)
+    part += tl.reshape(v4, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 4, K, MASKED)
+    part += tl.reshape(v5, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 5, K, MASKED)
+    part += tl.reshape(v6, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 6, K, MASKED)
+    part += tl.reshape(v7, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 7, K, MASKED)
+    return acc + part
+
+
+@triton.jit
+def gemv_mma2(
+    x_row,
+    w_ptr,
+    s_ptr,
+    w_off,
+    s_off,
+    w_step,
+    s_step,
+    K,
+    BLOCKS: tl.constexpr,
+    MATH: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     """``W @ x`` ``[16 BLOCKS]`` (row 16 b + r of block b) for ``BLOCKS`` 16-row blocks of W in the strided layout's
     mma2 order: block b's weight chunk and scale piece of K tile 0 at byte offsets ``w_off[b]`` / ``s_off[b]``, each
-    K tile ``w_step`` / ``s_step`` further; x one row (bf16) of ``k_tiles`` whole K tiles, unmasked (a mask on its 8
-    slices a tile took 56 instructions a word on sm_121a where the timed probe's loop took 45: the caller pads x).
-    Each word's 8 values (``mma2_word_values``) times its 8-value slice of x accumulate per (block, lane, word) across
-    the K tiles, reduced once after them: no shuffle in the loop (``benchmarks/experiments/mma2_gemv_probe.py``)."""
-    lane = tl.arange(0, 32)[None, :, None]
+    K tile ``w_step`` / ``s_step`` further; x one row (bf16) of ``K`` codes (W's columns past K zero codes to its
+    padded width). The whole K tiles read x unmasked, a partial last one masked after them (a mask in the loop, on
+    its 8 slices a tile, took 56 instructions a word on sm_121a where the unmasked loop takes 45). Each word's 8 values
+    (``mma2_word_values``) times its 8-value slice of x accumulate per (block, lane, word) across the K tiles, reduced
+    once after them: no shuffle in the loop (``benchmarks/experiments/mma2_gemv_probe.py``). ``PDL``: x is written by
+    the kernel launched before this one, which may still run: wait for it first."""
     acc = tl.zeros((BLOCKS, 8, 4, 4, 2), dtype=tl.float32)  # block, g, t, q, c
-    for kt in range(0, k_tiles):
-        wo = w_off[:, None, None] + kt * w_step
-        sc = tl.load(s_ptr + s_off[:, None, None] + kt * s_step + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
-        v0, v1, v2, v3, v4, v5, v6, v7 = mma2_word_values(w_ptr, wo, lane, sc, MATH)
-        part = tl.reshape(v0, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 0)
-        part += tl.reshape(v1, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 1)
-        part += tl.reshape(v2, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 2)
-        part += tl.reshape(v3, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 3)
-        part += tl.reshape(v4, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 4)
-        part += tl.reshape(v5, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 5)
-        part += tl.reshape(v6, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 6)
-        part += tl.reshape(v7, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 7)
-        acc += part
+    if PDL:
+        gdc_wait()
+    n_full = K // 128
+    for kt in range(0, n_full):
+        acc = _mma2_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, kt, K, MATH, False)
+    if n_full * 128 < K:
+        acc = _mma2_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, n_full, K, MATH, True)
     y = tl.sum(tl.sum(acc, axis=3), axis=2)  # [block, g, c]: row 8 c + g
     return tl.reshape(tl.permute(y, (0, 2, 1)), (16 * BLOCKS,))
 

@@ -365,15 +365,15 @@ MOE_GEMV = MoeGemvConfig(GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(1
 @dataclass(frozen=True)
 class Mma2GemvConfig:
     """The mma2 order's decode path: per (token, slot) assignment GEMVs straight on the stored chunks
-    (``gemv_mxfp4.gemv_mma2``), then the combine; no schedule. ``gate_up_blocks``: 16-row blocks of intermediate rows
-    a gate_up program (it runs as many gate and up blocks); ``down_blocks``: of H rows a down program. Chosen by hand
-    (``moe_mxfp4(config=...)``), not yet by the dispatch: its dense twin beat the rows order's GEMV on an H100 at
-    the MoE's decode shapes (``benchmarks/experiments/mma2_gemv_probe.py``), the MoE path itself is not yet timed."""
+    (``gemv_mxfp4.gemv_mma2``), the down kernel combining the k slots; no schedule. ``gate_up_blocks``: 16-row blocks
+    of intermediate rows a gate_up program (it runs as many gate and up blocks); ``down_blocks``: of H rows a down
+    program. ``pdl``: the down kernel is launched while the gate_up kernel runs (where the GPU can: sm_90 and newer)."""
 
     gate_up_blocks: int = 1
     gate_up_warps: int = 2
     down_blocks: int = 1
     down_warps: int = 2
+    pdl: bool = True
     order = "mma2"  # the byte order it reads (a class constant, as MoeConfig's field)
 
     def __post_init__(self):
@@ -381,15 +381,18 @@ class Mma2GemvConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise ValueError(f"Mma2GemvConfig.{name} must be a power of 2 (a Triton block shape), got {v!r}")
+        if not isinstance(self.pdl, bool):
+            raise ValueError(f"Mma2GemvConfig.pdl must be True or False, got {self.pdl!r}")
 
     def name(self) -> str:
-        return f"mma2-gemv gu{16 * self.gate_up_blocks}w{self.gate_up_warps} d{16 * self.down_blocks}w{self.down_warps}"
+        blocks = f"gu{16 * self.gate_up_blocks}w{self.gate_up_warps} d{16 * self.down_blocks}w{self.down_warps}"
+        return f"mma2-gemv {blocks}{' pdl' if self.pdl else ''}"
 
 
 MMA2_GEMV = Mma2GemvConfig()  # the probe's best shapes: 32 weight rows on 2 warps (gate_up), 16 on 2 (down)
 
 # T * k up to which the mma2 order's decode GEMVs (:data:`MMA2_GEMV`) take a call instead of its tiles.
-MMA2_GEMV_MAX_ASSIGNMENTS = GEMV_MAX_ASSIGNMENTS
+MMA2_GEMV_MAX_ASSIGNMENTS = 0
 
 
 def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
@@ -1230,11 +1233,20 @@ def _down_gemv_kernel(
             h_ptr + p * stride_h, w_e, s_e, rn, Ip, stride_wn, stride_wsn, BLOCK_N, BLOCK_K, DECODE, _DOWN_ROWS
         )
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
+    _combine_slots(y, part_ptr, count_ptr, out_ptr, p, tile, rn, H, stride_part, stride_out, TOPK)
+
+
+@triton.jit
+def _combine_slots(y, part_ptr, count_ptr, out_ptr, p, tile, rn, H, stride_part, stride_out, TOPK):
+    """The decode GEMVs' combine, in the down kernel: assignment ``p``'s weighted rows ``rn`` (row tile ``tile`` of
+    ``tl.num_programs(1)``) stored as its fp32 partial; the last of its token's k programs for the tile (an arrival
+    counter per (token, tile)) sums the k partials in slot order, so the result does not depend on which finished
+    last, writes the token's rows in ``out``'s dtype and resets the counter."""
     tl.store(part_ptr + p * stride_part + rn, y)
     t = p // TOPK
     counter = count_ptr + t * tl.num_programs(1) + tile
     if last_to_arrive(counter, TOPK):
-        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        total = tl.zeros(y.shape, dtype=tl.float32)
         for j in range(TOPK):
             total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
         tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
@@ -1249,7 +1261,7 @@ def _gate_up_gemv_mma2_kernel(
     b_ptr,
     h_ptr,
     ids_ptr,
-    Hp,
+    H,
     Ip,
     TOPK,
     stride_x,
@@ -1262,10 +1274,13 @@ def _gate_up_gemv_mma2_kernel(
     limit,
     BLOCKS: tl.constexpr,
     MATH: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     """Assignment ``program_id(0)`` (t * k + slot) x the ``program_id(1)``-th 16 BLOCKS intermediate rows: gate and up
-    (W in the mma2 order, one GEMV over 2 BLOCKS weight blocks), bias, SwiGLU, stored in natural order. x padded to
-    ``Hp`` (the GEMV reads whole K tiles)."""
+    (W in the mma2 order, one GEMV over 2 BLOCKS weight blocks), bias, SwiGLU, stored in natural order. ``PDL``: let
+    the down kernel launch now (it waits for these stores itself)."""
+    if PDL:
+        gdc_launch_dependents()
     p = tl.program_id(0)
     n0 = tl.program_id(1) * 16 * BLOCKS
     e = tl.load(ids_ptr + p).to(tl.int64)
@@ -1279,7 +1294,7 @@ def _gate_up_gemv_mma2_kernel(
         s_off,
         64 * 64,
         64 * 4,
-        Hp // 128,
+        H,
         2 * BLOCKS,
         MATH,
     )
@@ -1295,7 +1310,9 @@ def _down_gemv_mma2_kernel(
     w_ptr,
     ws_ptr,
     b_ptr,
-    y_ptr,
+    part_ptr,
+    count_ptr,
+    out_ptr,
     ids_ptr,
     wts_ptr,
     H,
@@ -1306,12 +1323,16 @@ def _down_gemv_mma2_kernel(
     stride_wn,
     stride_wse,
     stride_wsn,
-    stride_y,
+    stride_part,
+    stride_out,
+    TOPK,
     BLOCKS: tl.constexpr,
     MATH: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     """Assignment ``program_id(0)`` x the ``program_id(1)``-th 16 BLOCKS rows of H: its weighted output rows (W in
-    the mma2 order, the intermediate in natural order), stored at its index for the combine."""
+    the mma2 order, the intermediate in natural order), and the combine (:func:`_combine_slots`). ``PDL``: launched
+    while the gate_up kernel runs."""
     p = tl.program_id(0)
     n0 = tl.program_id(1) * 16 * BLOCKS
     e = tl.load(ids_ptr + p).to(tl.int64)
@@ -1324,19 +1345,21 @@ def _down_gemv_mma2_kernel(
         s_off,
         _DOWN_ROWS * 64,
         _DOWN_ROWS * 4,
-        Ip // 128,
+        Ip,
         BLOCKS,
         MATH,
+        PDL,
     )
     rn = n0 + tl.arange(0, 16 * BLOCKS)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
-    tl.store(y_ptr + p.to(tl.int64) * stride_y + rn, y.to(y_ptr.dtype.element_ty), mask=rn < H)
+    _combine_slots(y, part_ptr, count_ptr, out_ptr, p, tl.program_id(1), rn, H, stride_part, stride_out, TOPK)
 
 
 def _moe_gemv_mma2(
-    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: Mma2GemvConfig, fold_scale: bool
+    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: Mma2GemvConfig, fold_scale: bool, out: torch.Tensor
 ) -> torch.Tensor:
-    """Decode on the mma2 order: each assignment's weighted output row ``[T*k, H]`` bf16, for the combine."""
+    """Decode on the mma2 order: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` (stored in its
+    dtype) by the down kernel; two launches, the second launched while the first runs where the GPU can."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
@@ -1344,8 +1367,7 @@ def _moe_gemv_mma2(
     ids, wts = _flat_routing(topk_ids, topk_weights)
     ptx = os.environ.get("TRITON_INTERPRET") != "1" and x.device.type == "cuda"
     math = ("asm-fold" if fold_scale else "asm") if ptx else "ops"
-    if H < Hp:  # whole K tiles for the GEMV (W's padding columns are zero codes)
-        x = torch.nn.functional.pad(x, (0, Hp - H))
+    pdl = int(cfg.pdl and ptx and launches_dependents(x.device))  # sm_8x: one after the other
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
     _gate_up_gemv_mma2_kernel[(T * k, Ip // (16 * cfg.gate_up_blocks))](
         x,
@@ -1354,7 +1376,7 @@ def _moe_gemv_mma2(
         b13,
         h,
         ids,
-        Hp,
+        H,
         Ip,
         k,
         x.stride(0),
@@ -1367,15 +1389,20 @@ def _moe_gemv_mma2(
         SWIGLU_LIMIT,
         BLOCKS=cfg.gate_up_blocks,
         MATH=math,
+        PDL=pdl,
         num_warps=cfg.gate_up_warps,
     )
-    y = torch.empty(T * k, H, dtype=torch.bfloat16, device=x.device)
-    _down_gemv_mma2_kernel[(T * k, Hp // (16 * cfg.down_blocks))](
+    part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
+    tiles = Hp // (16 * cfg.down_blocks)
+    counters = arrival_counters(x.device, T * tiles, _COMBINE)
+    _down_gemv_mma2_kernel[(T * k, tiles)](
         h,
         w2,
         s2,
         b2,
-        y,
+        part,
+        counters,
+        out,
         ids,
         wts,
         H,
@@ -1386,12 +1413,16 @@ def _moe_gemv_mma2(
         w2.stride(1),
         s2.stride(0),
         s2.stride(1),
-        y.stride(0),
+        part.stride(0),
+        out.stride(0),
+        k,
         BLOCKS=cfg.down_blocks,
         MATH=math,
+        PDL=pdl,
         num_warps=cfg.down_warps,
+        **({"launch_pdl": True} if pdl else {}),
     )
-    return y
+    return out
 
 
 _COMBINE = "moe_combine"
@@ -1400,7 +1431,8 @@ _COMBINE = "moe_combine"
 def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
     """Allocate the decode combine's arrival counters for every T the GEMV path takes (at least one slot per
     token), so that no later call allocates them, e.g. inside a CUDA graph capture (:func:`arrival_counters`)."""
-    arrival_counters(device, GEMV_MAX_ASSIGNMENTS * (hidden_padded // MOE_GEMV.down.block_n), _COMBINE)
+    tile = min(MOE_GEMV.down.block_n, 16 * MMA2_GEMV.down_blocks)  # the rows order's down tile, the mma2 order's
+    arrival_counters(device, max(GEMV_MAX_ASSIGNMENTS, MMA2_GEMV_MAX_ASSIGNMENTS) * (hidden_padded // tile), _COMBINE)
 
 
 def _flat_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1618,11 +1650,10 @@ def moe_mxfp4(
         if not launches_dependents(x.device) and (cfg.gate_up.pdl or cfg.down.pdl):  # sm_8x: one after the other
             cfg = cfg.each(pdl=0)
         _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
+    elif mma2_gemv:
+        _moe_gemv_mma2(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, fold_scale, target)
     else:
-        if mma2_gemv:
-            y = _moe_gemv_mma2(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, fold_scale)
-        else:
-            y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
+        y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
         if T:
             _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK))](
                 y, target, H, y.stride(0), target.stride(0), TOPK=k, BLOCK=COMBINE_BLOCK
