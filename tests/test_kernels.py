@@ -836,7 +836,8 @@ def test_moe_mma2_order_matches_reference():
     """The strided layout's mma2 order (mma.sync's kWidth-8 operand order, sm_12x / sm_8x) through the scheduled tiles
     that read it, at every T, decode included (portable decode here; the PTX one is compiled for sm_121a in the
     kernels check and run by the GPU test below): the tokens in 1, 2 or 4 dots a K tile, a remainder tile, a down tile
-    wider than block_n. No GEMV on this order; other activations are refused."""
+    wider than block_n; and its own decode GEMVs (x read unpadded, the k slots combined in the down kernel), the
+    dispatch's at the smallest T. The rows order's GEMVs and other activations are refused."""
     E, H, I, k = 4, 288, 96, 2
     dims, mma2, native = _strided_layer(E, H, I, order="mma2")
     assert [MoeConfig(m, 64, 128, swap_ab=True, order="mma2").token_dots for m in (16, 32, 64, 128)] == [1, 2, 2, 4]
@@ -867,15 +868,18 @@ def test_moe_mma2_order_matches_reference():
     ):
         assert rel(moe_mxfp4(x2, ids2, wts2, mma2_2, "bf16", cfg, order="mma2"), ref2) <= 1e-2, cfg
     # the order's own decode GEMVs (Mma2GemvConfig), no schedule: the dispatch's to T * k = MMA2_GEMV_MAX_ASSIGNMENTS
-    for T in (1, 2, 4, 8, 16, 17):
-        assert (pick_moe(T, 4, 128, 2880, order="mma2") == MMA2_GEMV) == (4 * T <= MMA2_GEMV_MAX_ASSIGNMENTS), T
+    assert MMA2_GEMV_MAX_ASSIGNMENTS == 8  # T <= 2 at top-4
+    assert [T for T in (1, 2, 3, 4, 8, 16) if pick_moe(T, 4, 128, 2880, order="mma2") == MMA2_GEMV] == [1, 2]
     for T in (1, 3):
         x = torch.randn(T, H).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
-        for cfg in (MMA2_GEMV, Mma2GemvConfig(2, 4, 2, 1)):
-            assert rel(moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2"), ref) <= 1e-2, (T, cfg)
+        for cfg in (MMA2_GEMV, Mma2GemvConfig(2, 4, 2, 1, pdl=False)):
+            y = moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2")
+            assert rel(y, ref) <= 1e-2, (T, cfg)
+            # the combine's arrival counters are back at zero: the next call's result is the same
+            assert torch.equal(moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2"), y), (T, cfg)
     _, rows, _ = _strided_layer(E, H, I)
     with pytest.raises(ValueError, match="reads the mma2 order, the weights are rows"):
         moe_mxfp4(x, ids, wts, rows, "bf16", MMA2_GEMV)
@@ -885,6 +889,8 @@ def test_moe_mma2_order_matches_reference():
         moe_mxfp4(x, ids, wts, mma2, "e4m3", order="mma2")
     with pytest.raises(ValueError, match="16, 32, 64 or 128 tokens"):
         MoeConfig(48, 64, 128, swap_ab=True, order="mma2")
+    with pytest.raises(ValueError, match="pdl must be True or False"):
+        Mma2GemvConfig(pdl=1)
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,9 @@ its expert's rows (``_gate_up_gemv_kernel`` or, on prepared activations with pac
 ``_gate_up_gemv_f16x2_kernel``; then ``_down_gemv_kernel``), so that no 16-row tile is spent on one token
 and only the routed experts' bytes are read. The down kernel also combines: the last of a token's k
 programs for a row tile sums the k partials and writes the output, so decode is two or three launches
-and no torch ops.
+and no torch ops. Weights in the mma2 order have their own decode GEMVs (``_gate_up_gemv_mma2_kernel``,
+``_down_gemv_mma2_kernel``: :data:`MMA2_GEMV`, to :data:`MMA2_GEMV_MAX_ASSIGNMENTS` pairs), two launches, the same
+combine; the wgmma order runs its tiles at every size.
 
 ``activations="e4m3"|"e2m1"`` quantizes x and the intermediate on the fly (MXFP8 / MXFP4), as the dense
 kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_moe_reference`.
@@ -280,7 +282,13 @@ MOE_TILES_WGMMA = (
 # T): T = 16 0.330 ms, 64 0.691, 512 0.920 (the 32-token tile + 16 remainder; 32 alone 1.041, 16 alone 1.088), 4096
 # 3.750 (128 tokens on 2 stages + 32 remainder; 64 alone 4.283); the rows order's shipped 0.333 / 0.961 / 1.311 /
 # 7.056. The 128-token tile holds 255 registers with a small spill (gate_up 4 LDL in its loop on sm_121a); 3 stages of
-# it pass sm_12x's shared memory.
+# it pass sm_12x's shared memory. At 64 rows per expert (never swept at e7c9cdb, which took the 128-token tile from 48
+# rows on) half of each 128-token block was empty: the 64-token tile with a 16-token remainder, against the 128 + 32
+# then shipped, 0.570 ms against 0.823 at gpt-oss-20b's 32 experts, T = 512, and 2.192 against 3.022 at 128 experts,
+# T = 2048; at 128 rows per expert the 128 + 32 stays ahead (32 experts, T = 1024: 0.941 against 64 + 16's 1.021), at
+# 32 rows the 64 + 32 (T = 256: 0.388 against 64 + 16's 0.460). Same code path, ``--sweep-kind remainder`` (92a1bcc,
+# docs/bench/moe_sweep_remainder_e{32,128}_mmav2_h100_2026-11-27_92a1bcc.json). The bound between 64 and 128 rows (96)
+# is not measured.
 _SMALL_16_MMA2 = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
 _SMALL_32_MMA2 = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
 _MID_MMA2 = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
@@ -289,6 +297,7 @@ MOE_TILES_MMA2 = (
     (8, _SMALL_16_MMA2),
     (16, dataclasses.replace(_SMALL_32_MMA2, remainder=_SMALL_16_MMA2)),
     (48, dataclasses.replace(_MID_MMA2, remainder=_SMALL_32_MMA2)),
+    (96, dataclasses.replace(_MID_MMA2, remainder=_SMALL_16_MMA2)),
     (float("inf"), dataclasses.replace(_WIDE_MMA2, remainder=_SMALL_32_MMA2)),
 )
 MOE_TILES_BY_ORDER = {"wgmma": MOE_TILES_WGMMA, "mma2": MOE_TILES_MMA2}  # the chunk orders' tables
@@ -389,10 +398,18 @@ class Mma2GemvConfig:
         return f"mma2-gemv {blocks}{' pdl' if self.pdl else ''}"
 
 
-MMA2_GEMV = Mma2GemvConfig()  # the probe's best shapes: 32 weight rows on 2 warps (gate_up), 16 on 2 (down)
+# The mma2 order's decode GEMVs against its 16-token tile, on sm_12x's code path (an H100 under DISABLE_MMA_V3), 120b
+# shapes, CUDA graphs, ``peers.py --sweep-moe 1,2,4,8,16 --sweep-kind mma2`` (92a1bcc,
+# docs/bench/moe_sweep_mma2_gemv_mmav2_h100_2026-11-27_92a1bcc.json), best of 8 GEMV shapes: gate_up 16 intermediate
+# rows (32 weight rows) on 2 warps, down 16 rows on 4, the down kernel launched while gate_up runs: T = 1 0.040 ms
+# against the tile's 0.056, T = 2 0.059 against 0.069; T = 4 0.104 against 0.103, T = 8 0.191 against 0.197 (ties),
+# T = 16 0.370 against 0.331. Launching the down kernel after gate_up instead: 0.0405 against 0.0398 at T = 1 (the
+# 4-warp twin). The rows order's GEMVs remain faster at T = 1 (0.030 ms, same run).
+MMA2_GEMV = Mma2GemvConfig(gate_up_blocks=1, gate_up_warps=2, down_blocks=1, down_warps=4)
 
-# T * k up to which the mma2 order's decode GEMVs (:data:`MMA2_GEMV`) take a call instead of its tiles.
-MMA2_GEMV_MAX_ASSIGNMENTS = 0
+# T * k up to which the mma2 order's decode GEMVs (:data:`MMA2_GEMV`) take a call instead of its tiles: T <= 2 at
+# top-4, where they are clearly ahead (above); the tiles from T = 3, ties at T = 4 and 8 going to them.
+MMA2_GEMV_MAX_ASSIGNMENTS = 8
 
 
 def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
