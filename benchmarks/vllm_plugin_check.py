@@ -60,13 +60,6 @@ RECIPES = {
         "dense": {"format": "bf16"},
         "config": {"quantization_config": "mxrepack"},
     },
-    "strided-mma2": {
-        "name": "strided-mma2",
-        "description": "strided experts in the mma2 order (sm_12x's mma.sync operand) on mxrepack's Triton kernels",
-        "experts": {"layout": "strided", "options": {"order": "mma2"}},
-        "dense": {"format": "bf16"},
-        "config": {"quantization_config": "mxrepack"},
-    },
     "marlin-dense": {
         "name": "marlin-dense",
         "description": "Marlin experts, MXFP4 q/k/v/o/lm_head (the sm121 dense)",
@@ -191,7 +184,7 @@ CASES = {
         "within the kernels' bound, Triton without wgmma",
     ),
     "strided-mma2-graphs": (
-        "strided-mma2",
+        "sm121-strided",
         {_ENV: _MMA_V2, **_GRAPHS},
         "strided-mmav2-graphs",
         "the same weights in the mma2 order, Triton without wgmma: within the kernels' bound",

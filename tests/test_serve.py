@@ -294,6 +294,7 @@ def test_strided_order_is_read_from_the_config(tiny, tmp_path):
     assert STRIDED_ORDERS == strided.ORDERS
     # the shipped target on this order, and what repack and `repack targets` say serves it
     assert load_recipe("sm90-strided").expert_options == {"order": "wgmma"}
+    assert load_recipe("sm121-strided").expert_options == {"order": "mma2"}
     assert serving("strided", "mxrepack", {"order": "wgmma"})[1].endswith("wgmma order [sm90 (H100/H200) only]")
     assert "sm120/sm121 included" in serving("strided", "mxrepack")[1]
     recipe = tmp_path / "wgmma.yaml"
