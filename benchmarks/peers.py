@@ -242,7 +242,7 @@ def moe(rows: list, quick: bool) -> None:
             functools.partial(moe_mxfp4, w=Wo, fold_scale=fold, order=order),
             f"strided order {order}, 2944 x 2944",
         )
-    if "mma2" in layers:  # the mma2 order's own decode GEMVs (by hand, not yet the dispatch's), to T * k = 64
+    if "mma2" in layers:  # the mma2 order's own decode GEMVs at every T * k to 64 (the dispatch takes them to 8)
         impls["mxrepack_mma2_gemv"] = (
             functools.partial(moe_mxfp4, w=layers["mma2"], config=MMA2_GEMV, fold_scale=fold, order="mma2"),
             "strided order mma2, 2944 x 2944, decode GEMVs",
@@ -366,7 +366,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                     (1, 1, 1, 1),
                 )
                 for (gu, gw, dn, dw), pdl in itertools.product(shapes, (True, False)):
-                    if pdl or (gu, gw, dn, dw) == (1, 4, 1, 4):  # one shape launched one kernel after the other
+                    if pdl or (gu, gw, dn, dw) in ((1, 4, 1, 4), (1, 2, 1, 4)):  # and two launched one after the other
                         cfg = Mma2GemvConfig(gu, gw, dn, dw, pdl)
                         cands[cfg.name()] = cfg
             for bm, warps, down, st in itertools.product((16, 32, 64, 128), (4, 8), (0, 128), (2, 3)):

@@ -834,10 +834,10 @@ def test_warm_counts_compile_what_triton_specializes():
 
 def test_moe_mma2_order_matches_reference():
     """The strided layout's mma2 order (mma.sync's kWidth-8 operand order, sm_12x / sm_8x) through the scheduled tiles
-    that read it, at every T, decode included (portable decode here; the PTX one is compiled for sm_121a in the
-    kernels check and run by the GPU test below): the tokens in 1, 2 or 4 dots a K tile, a remainder tile, a down tile
-    wider than block_n; and its own decode GEMVs (x read unpadded, the k slots combined in the down kernel), the
-    dispatch's at the smallest T. The rows order's GEMVs and other activations are refused."""
+    that read it, decode sizes included (portable decode here; the PTX one is compiled for sm_121a in the kernels check
+    and run by the GPU test below): the tokens in 1, 2 or 4 dots a K tile, a remainder tile, a down tile wider than
+    block_n; and its own decode GEMVs (x read unpadded, a partial last K tile, the k slots combined in the down
+    kernel), the dispatch's at T x k <= 8. The rows order's GEMVs and other activations are refused."""
     E, H, I, k = 4, 288, 96, 2
     dims, mma2, native = _strided_layer(E, H, I, order="mma2")
     assert [MoeConfig(m, 64, 128, swap_ab=True, order="mma2").token_dots for m in (16, 32, 64, 128)] == [1, 2, 2, 4]
@@ -870,6 +870,10 @@ def test_moe_mma2_order_matches_reference():
     # the order's own decode GEMVs (Mma2GemvConfig), no schedule: the dispatch's to T * k = MMA2_GEMV_MAX_ASSIGNMENTS
     assert MMA2_GEMV_MAX_ASSIGNMENTS == 8  # T <= 2 at top-4
     assert [T for T in (1, 2, 3, 4, 8, 16) if pick_moe(T, 4, 128, 2880, order="mma2") == MMA2_GEMV] == [1, 2]
+    assert all(isinstance(pick_moe(T, 4, 128, 2880, order="mma2"), MoeConfig) for T in (3, 16, 4096))
+    empty = torch.zeros(0, H).to(torch.bfloat16)  # no tokens: an empty output, no launch
+    no_ids, no_wts = torch.zeros(0, k, dtype=torch.int64), torch.zeros(0, k)
+    assert moe_mxfp4(empty, no_ids, no_wts, mma2, "bf16", MMA2_GEMV, order="mma2").shape == (0, H)
     for T in (1, 3):
         x = torch.randn(T, H).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
@@ -943,9 +947,12 @@ def test_moe_mma2_order_on_mma_sync():
             y = moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2")
             assert rel(y.cpu(), ref) <= 1e-2, (T, cfg, rel(y.cpu(), ref))
             assert all(torch.equal(moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2"), y) for _ in range(3))
-        if T <= 16:  # the decode GEMVs with the scale folded (these random scales fit): the same bits
+        if T <= 16:  # the decode GEMVs with the scale folded (these random scales fit), and launched one after the
+            # other (no PDL): the same bits
             folded = moe_mxfp4(x, ids, wts, mma2, "bf16", MMA2_GEMV, fold_scale=True, order="mma2")
             assert torch.equal(folded, moe_mxfp4(x, ids, wts, mma2, "bf16", MMA2_GEMV, order="mma2"))
+            serial = dataclasses.replace(MMA2_GEMV, pdl=not MMA2_GEMV.pdl)
+            assert torch.equal(folded, moe_mxfp4(x, ids, wts, mma2, "bf16", serial, order="mma2"))
 
 
 @pytest.mark.skipif(
@@ -1131,3 +1138,6 @@ def test_decode_counters_reserved_for_every_gemv_call():
     buf = arrival._COUNTERS[(dev, "moe_combine")]
     most = GEMV_MAX_ASSIGNMENTS * (2944 // MOE_GEMV.down.block_n)  # T <= T * k <= GEMV_MAX_ASSIGNMENTS
     assert arrival.arrival_counters(dev, most, "moe_combine") is buf and not buf.any()
+    # the mma2 order's GEMVs: a counter per token and down row tile (16 rows a block)
+    most_mma2 = MMA2_GEMV_MAX_ASSIGNMENTS * (2944 // (16 * MMA2_GEMV.down_blocks))
+    assert arrival.arrival_counters(dev, most_mma2, "moe_combine") is buf

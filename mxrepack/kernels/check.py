@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import re
 
 import triton
@@ -495,10 +496,14 @@ def shipped_kernels():
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
         one = moe.MOE_GEMV.gate_up if "gate_up" in kernel else moe.MOE_GEMV.down
         yield kernel, f"decode:{one.name()}", "w4a16", src, one.num_warps, one.num_stages
-    for math in ("asm", "asm-fold"):  # the mma2 order's decode GEMVs, by hand only (moe_mxfp4.Mma2GemvConfig)
-        for kernel, src in _mma2_gemv_sources(moe.MMA2_GEMV, math).items():
-            warps = moe.MMA2_GEMV.gate_up_warps if "gate_up" in kernel else moe.MMA2_GEMV.down_warps
-            yield kernel, f"mma2 decode:{moe.MMA2_GEMV.name()} {math}", "w4a16", src, warps, 1
+    # the mma2 order's decode GEMVs (moe_mxfp4.MMA2_GEMV, the dispatch's at T x k <= 8), with and without PDL (the
+    # build a GPU without it runs)
+    for cfg, math in itertools.product(
+        (moe.MMA2_GEMV, dataclasses.replace(moe.MMA2_GEMV, pdl=not moe.MMA2_GEMV.pdl)), ("asm", "asm-fold")
+    ):
+        for kernel, src in _mma2_gemv_sources(cfg, math).items():
+            warps = cfg.gate_up_warps if "gate_up" in kernel else cfg.down_warps
+            yield kernel, f"mma2 decode:{cfg.name()} {math}", "w4a16", src, warps, 1
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
     # CUDA cores, any activations: checked once, the placing kernel at each chunk count a call may take
     chunk_counts = [1 << i for i in range(1, moe.SCHEDULE_CHUNKS.bit_length())]

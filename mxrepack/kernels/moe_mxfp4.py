@@ -272,21 +272,22 @@ MOE_TILES_WGMMA = (
     (64, dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_MID_WGMMA, down_block_n=128))),
     (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128))),
 )
-# Weights in the mma2 order (the strided layout's ``order: mma2``: sm_12x, sm_8x): these tiles at every T, decode
-# included, the tokens in dots of 16 or 32 (``MoeConfig.token_dots``), 64 weight rows a block on 4 warps as in
-# mma2_order_probe.py (whose order, against the rows order's swapped tiles on mma.sync, was 1.34-1.52x on a dense
-# stand-in of gate_up: docs/bench/mma2_order_time_mmav2_h100_2026-11-27_d29fe89.json). Measured on sm_12x's code path
-# (an H100 under Triton's DISABLE_MMA_V3), 120b shapes, CUDA graphs, ``peers.py --sweep-moe 16,64,512,4096
-# --sweep-kind mma2`` (e7c9cdb, docs/bench/moe_sweep_mma2_mmav2_h100_2026-11-27_e7c9cdb.json): each shipped choice
-# best of 14 candidates (16-128 tokens, 4 or 8 warps, 2 or 3 stages; 8 warps with a 128-row down tile lost at every
-# T): T = 16 0.330 ms, 64 0.691, 512 0.920 (the 32-token tile + 16 remainder; 32 alone 1.041, 16 alone 1.088), 4096
-# 3.750 (128 tokens on 2 stages + 32 remainder; 64 alone 4.283); the rows order's shipped 0.333 / 0.961 / 1.311 /
-# 7.056. The 128-token tile holds 255 registers with a small spill (gate_up 4 LDL in its loop on sm_121a); 3 stages of
-# it pass sm_12x's shared memory. At 64 rows per expert (never swept at e7c9cdb, which took the 128-token tile from 48
-# rows on) half of each 128-token block was empty: the 64-token tile with a 16-token remainder, against the 128 + 32
-# then shipped, 0.570 ms against 0.823 at gpt-oss-20b's 32 experts, T = 512, and 2.192 against 3.022 at 128 experts,
-# T = 2048; at 128 rows per expert the 128 + 32 stays ahead (32 experts, T = 1024: 0.941 against 64 + 16's 1.021), at
-# 32 rows the 64 + 32 (T = 256: 0.388 against 64 + 16's 0.460). Same code path, ``--sweep-kind remainder`` (92a1bcc,
+# Weights in the mma2 order (the strided layout's ``order: mma2``: sm_12x, sm_8x): these tiles from T x k = 9 (its
+# decode GEMVs below that: MMA2_GEMV_MAX_ASSIGNMENTS), the tokens in dots of 16 or 32 (``MoeConfig.token_dots``), 64
+# weight rows a block on 4 warps as in mma2_order_probe.py (whose order, against the rows order's swapped tiles on
+# mma.sync, was 1.34-1.52x on a dense stand-in of gate_up:
+# docs/bench/mma2_order_time_mmav2_h100_2026-11-27_d29fe89.json). Measured on sm_12x's code path (an H100 under Triton's
+# DISABLE_MMA_V3), 120b shapes, CUDA graphs, ``peers.py --sweep-moe 16,64,512,4096 --sweep-kind mma2`` (e7c9cdb,
+# docs/bench/moe_sweep_mma2_mmav2_h100_2026-11-27_e7c9cdb.json): each shipped choice best of 14 candidates (16-128
+# tokens, 4 or 8 warps, 2 or 3 stages; 8 warps with a 128-row down tile lost at every T): T = 16 0.330 ms, 64 0.691, 512
+# 0.920 (the 32-token tile + 16 remainder; 32 alone 1.041, 16 alone 1.088), 4096 3.750 (128 tokens on 2 stages + 32
+# remainder; 64 alone 4.283); the rows order's shipped 0.333 / 0.961 / 1.311 / 7.056. The 128-token tile holds 255
+# registers with a small spill (gate_up 4 LDL in its loop on sm_121a); 3 stages of it pass sm_12x's shared memory. At 64
+# rows per expert (never swept at e7c9cdb, which took the 128-token tile from 48 rows on) half of each 128-token block
+# was empty: the 64-token tile with a 16-token remainder, against the 128 + 32 then shipped, 0.570 ms against 0.823 at
+# gpt-oss-20b's 32 experts, T = 512, and 2.192 against 3.022 at 128 experts, T = 2048; at 128 rows per expert the 128 +
+# 32 stays ahead (32 experts, T = 1024: 0.941 against 64 + 16's 1.021), at 32 rows the 64 + 32 (T = 256: 0.388 against
+# 64 + 16's 0.460). Same code path, ``--sweep-kind remainder`` (92a1bcc,
 # docs/bench/moe_sweep_remainder_e{32,128}_mmav2_h100_2026-11-27_92a1bcc.json). The bound between 64 and 128 rows (96)
 # is not measured.
 _SMALL_16_MMA2 = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
@@ -381,7 +382,7 @@ class Mma2GemvConfig:
     gate_up_blocks: int = 1
     gate_up_warps: int = 2
     down_blocks: int = 1
-    down_warps: int = 2
+    down_warps: int = 4
     pdl: bool = True
     order = "mma2"  # the byte order it reads (a class constant, as MoeConfig's field)
 
@@ -1385,7 +1386,11 @@ def _moe_gemv_mma2(
     ptx = os.environ.get("TRITON_INTERPRET") != "1" and x.device.type == "cuda"
     math = ("asm-fold" if fold_scale else "asm") if ptx else "ops"
     pdl = int(cfg.pdl and ptx and launches_dependents(x.device))  # sm_8x: one after the other
+    # everything the down kernel needs is allocated before the gate_up launch: nothing between the two launches
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
+    part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
+    tiles = Hp // (16 * cfg.down_blocks)
+    counters = arrival_counters(x.device, T * tiles, _COMBINE)
     _gate_up_gemv_mma2_kernel[(T * k, Ip // (16 * cfg.gate_up_blocks))](
         x,
         w13,
@@ -1409,9 +1414,6 @@ def _moe_gemv_mma2(
         PDL=pdl,
         num_warps=cfg.gate_up_warps,
     )
-    part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
-    tiles = Hp // (16 * cfg.down_blocks)
-    counters = arrival_counters(x.device, T * tiles, _COMBINE)
     _down_gemv_mma2_kernel[(T * k, tiles)](
         h,
         w2,
