@@ -1613,7 +1613,8 @@ def moe_mxfp4(
     ``w``: the strided layout's tensors by suffix (``w13_weight``, ``w13_weight_scale``, ``w13_bias``,
     ``w2_weight``, ``w2_weight_scale``, ``w2_bias``). ``config``: a :class:`MoeConfig` (scheduled tiles),
     a :class:`MoeGemvConfig` (decode GEMV: the rows order, BF16 activations; a single :class:`GemvConfig` serves both
-    kernels, :meth:`MoeGemvConfig.from_single`), or None to choose by shape. ``fold_scale``: ``w``'s scales fit the
+    kernels, :meth:`MoeGemvConfig.from_single`), a :class:`Mma2GemvConfig` (the mma2 order's decode GEMVs), or None
+    to choose by shape (:func:`pick_moe`). ``fold_scale``: ``w``'s scales fit the
     folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
     chosen swapped tiles then fold (same bits, faster) and nothing is checked per call. ``order``: the weights' byte
     order (the strided layout's option): "rows", "wgmma" (BF16 activations, Hopper or the interpreter) or "mma2"
