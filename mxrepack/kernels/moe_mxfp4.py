@@ -282,14 +282,15 @@ MOE_TILES_WGMMA = (
 # tokens, 4 or 8 warps, 2 or 3 stages; 8 warps with a 128-row down tile lost at every T): T = 16 0.330 ms, 64 0.691, 512
 # 0.920 (the 32-token tile + 16 remainder; 32 alone 1.041, 16 alone 1.088), 4096 3.750 (128 tokens on 2 stages + 32
 # remainder; 64 alone 4.283); the rows order's shipped 0.333 / 0.961 / 1.311 / 7.056. The 128-token tile holds 255
-# registers with a small spill (gate_up 4 LDL in its loop on sm_121a); 3 stages of it pass sm_12x's shared memory. At 64
-# rows per expert (never swept at e7c9cdb, which took the 128-token tile from 48 rows on) half of each 128-token block
-# was empty: the 64-token tile with a 16-token remainder, against the 128 + 32 then shipped, 0.570 ms against 0.823 at
-# gpt-oss-20b's 32 experts, T = 512, and 2.192 against 3.022 at 128 experts, T = 2048; at 128 rows per expert the 128 +
-# 32 stays ahead (32 experts, T = 1024: 0.941 against 64 + 16's 1.021), at 32 rows the 64 + 32 (T = 256: 0.388 against
-# 64 + 16's 0.460). Same code path, ``--sweep-kind remainder`` (92a1bcc,
-# docs/bench/moe_sweep_remainder_e{32,128}_mmav2_h100_2026-11-27_92a1bcc.json). The bound between 64 and 128 rows (96)
-# is not measured.
+# registers with a small spill (gate_up 4 LDL in its loop on sm_121a); 3 stages of it pass sm_12x's shared memory. From
+# 48 to 96 rows per expert (never swept at e7c9cdb, which took the 128-token tile from 48 rows on, half of each
+# 128-token block empty at 64) the 64-token tile with a 32-token remainder: at gpt-oss-20b's 32 experts, T = 640 / 768
+# (80 / 96 rows) 0.728 / 0.803 ms against the 128 + 32's 0.831 / 0.839 and the 64 + 16's 0.778 / 0.905 (c3693bc,
+# docs/bench/moe_sweep_remainder_e32_bound_mmav2_h100_2026-11-27_c3693bc.json), T = 512 (64 rows) 0.597 against 0.823
+# (the 64 + 16: 0.570, the one size where it led), at 128 experts T = 2048 (64 rows) 2.289 against 3.022 (64 + 16:
+# 2.192). At 112 rows and beyond the 128 + 32 leads (T = 896: 0.848 against the 64-token tiles' 0.920-0.930; T = 1024:
+# 0.941 against 1.019-1.021). Same code path, ``--sweep-kind remainder`` (92a1bcc and c3693bc,
+# docs/bench/moe_sweep_remainder_e{32,128}_mmav2_h100_2026-11-27_92a1bcc.json).
 _SMALL_16_MMA2 = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
 _SMALL_32_MMA2 = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
 _MID_MMA2 = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="mma2")
@@ -297,8 +298,7 @@ _WIDE_MMA2 = MoeConfig(128, 64, 128, num_warps=4, num_stages=2, swap_ab=True, or
 MOE_TILES_MMA2 = (
     (8, _SMALL_16_MMA2),
     (16, dataclasses.replace(_SMALL_32_MMA2, remainder=_SMALL_16_MMA2)),
-    (48, dataclasses.replace(_MID_MMA2, remainder=_SMALL_32_MMA2)),
-    (96, dataclasses.replace(_MID_MMA2, remainder=_SMALL_16_MMA2)),
+    (96, dataclasses.replace(_MID_MMA2, remainder=_SMALL_32_MMA2)),
     (float("inf"), dataclasses.replace(_WIDE_MMA2, remainder=_SMALL_32_MMA2)),
 )
 MOE_TILES_BY_ORDER = {"wgmma": MOE_TILES_WGMMA, "mma2": MOE_TILES_MMA2}  # the chunk orders' tables
