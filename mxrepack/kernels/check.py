@@ -265,57 +265,31 @@ def _gemv_sources(cfg: gemv.GemvConfig) -> dict[str, ASTSource]:
 _W_STRIDES = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stride_wsn": "i32"}
 
 
-def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
-    ids_dims = {"ids_ptr": "*i32", "H": "i32", "Ip": "i32", "TOPK": "i32"}
-    act = {"alpha": "fp32", "limit": "fp32"}
-    gu, d = cfg.gate_up, cfg.down
-    if cfg.prepared:
-        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PREFETCH": gu.prefetch, "PDL": gu.pdl}
-        sig = {
-            "xp_ptr": "*i32",
-            "xe_ptr": "*fp32",
-            "w_ptr": "*u8",
-            "ws_ptr": "*u8",
-            "b_ptr": "*fp32",
-            "hp_ptr": "*i32",
-            "he_ptr": "*fp32",
-            **ids_dims,
-            "stride_xp": "i32",
-            "stride_xe": "i32",
-            **_W_STRIDES,
-            "stride_hp": "i32",
-            "stride_he": "i32",
-            **act,
-            **{k: "constexpr" for k in const},
-        }
-        gate_up = {"gemv_moe_gate_up_f16x2": ASTSource(moe._gate_up_gemv_f16x2_kernel, sig, const)}
-    else:
-        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "DECODE": gu.decode}
-        sig = {
-            "x_ptr": "*bf16",
-            "w_ptr": "*u8",
-            "ws_ptr": "*u8",
-            "b_ptr": "*fp32",
-            "h_ptr": "*bf16",
-            **ids_dims,
-            "stride_x": "i32",
-            **_W_STRIDES,
-            "stride_h": "i32",
-            **act,
-            **{k: "constexpr" for k in const},
-        }
-        gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
-    const = {
-        "BLOCK_N": d.block_n,
-        "BLOCK_K": d.block_k,
-        "DECODE": d.math if d.prepared else d.decode,
-        "PREPARED": d.prepared,
-        "PREFETCH": d.prefetch,
-        "PDL": d.pdl,
-    }
-    down = {
-        "h_ptr": "*i32" if d.prepared else "*bf16",
-        "he_ptr": "*fp32",
+_IDS_DIMS = {"ids_ptr": "*i32", "H": "i32", "Ip": "i32", "TOPK": "i32"}
+_SWIGLU = {"alpha": "fp32", "limit": "fp32"}
+# the decode gate_up GEMVs on BF16 activations (the rows order's fp32 GEMV, the mma2 order's), constexprs apart
+_GATE_UP_BF16 = {
+    "x_ptr": "*bf16",
+    "w_ptr": "*u8",
+    "ws_ptr": "*u8",
+    "b_ptr": "*fp32",
+    "h_ptr": "*bf16",
+    **_IDS_DIMS,
+    "stride_x": "i32",
+    **_W_STRIDES,
+    "stride_h": "i32",
+    **_SWIGLU,
+}
+
+
+def _down_combine_args(h: str, group_factors: bool) -> dict[str, str]:
+    """The decode down GEMVs' arguments, constexprs apart (both orders; they combine the k slots): the intermediate
+    ``h`` of type ``h``, with its group factors (``he_ptr``, ``stride_he``: the rows order's kernel) or not."""
+    he = {"he_ptr": "*fp32"} if group_factors else {}
+    stride_he = {"stride_he": "i32"} if group_factors else {}
+    return {
+        "h_ptr": h,
+        **he,
         "w_ptr": "*u8",
         "ws_ptr": "*u8",
         "b_ptr": "*fp32",
@@ -328,13 +302,49 @@ def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
         "Hp": "i32",
         "Ip": "i32",
         "stride_h": "i32",
-        "stride_he": "i32",
+        **stride_he,
         **_W_STRIDES,
         "stride_part": "i32",
         "stride_out": "i32",
         "TOPK": "i32",
-        **{k: "constexpr" for k in const},
     }
+
+
+def _moe_gemv_sources(cfg: moe.MoeGemvConfig) -> dict[str, ASTSource]:
+    gu, d = cfg.gate_up, cfg.down
+    if cfg.prepared:
+        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "MATH": gu.math, "PREFETCH": gu.prefetch, "PDL": gu.pdl}
+        sig = {
+            "xp_ptr": "*i32",
+            "xe_ptr": "*fp32",
+            "w_ptr": "*u8",
+            "ws_ptr": "*u8",
+            "b_ptr": "*fp32",
+            "hp_ptr": "*i32",
+            "he_ptr": "*fp32",
+            **_IDS_DIMS,
+            "stride_xp": "i32",
+            "stride_xe": "i32",
+            **_W_STRIDES,
+            "stride_hp": "i32",
+            "stride_he": "i32",
+            **_SWIGLU,
+            **{k: "constexpr" for k in const},
+        }
+        gate_up = {"gemv_moe_gate_up_f16x2": ASTSource(moe._gate_up_gemv_f16x2_kernel, sig, const)}
+    else:
+        const = {"BLOCK_N": gu.block_n, "BLOCK_K": gu.block_k, "DECODE": gu.decode}
+        sig = {**_GATE_UP_BF16, **{k: "constexpr" for k in const}}
+        gate_up = {"gemv_moe_gate_up": ASTSource(moe._gate_up_gemv_kernel, sig, const)}
+    const = {
+        "BLOCK_N": d.block_n,
+        "BLOCK_K": d.block_k,
+        "DECODE": d.math if d.prepared else d.decode,
+        "PREPARED": d.prepared,
+        "PREFETCH": d.prefetch,
+        "PDL": d.pdl,
+    }
+    down = {**_down_combine_args("*i32" if d.prepared else "*bf16", True), **{k: "constexpr" for k in const}}
     return {**gate_up, "gemv_moe_down": ASTSource(moe._down_gemv_kernel, down, const)}
 
 
@@ -391,47 +401,9 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64, max_chunks: int
 
 def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSource]:
     """The mma2 order's decode GEMVs (``moe_mxfp4.Mma2GemvConfig``), PTX decode ``math`` ("asm" or "asm-fold")."""
-    gate_up = {
-        "x_ptr": "*bf16",
-        "w_ptr": "*u8",
-        "ws_ptr": "*u8",
-        "b_ptr": "*fp32",
-        "h_ptr": "*bf16",
-        "ids_ptr": "*i32",
-        "H": "i32",
-        "Ip": "i32",
-        "TOPK": "i32",
-        "stride_x": "i32",
-        **_W_STRIDES,
-        "stride_h": "i32",
-        "alpha": "fp32",
-        "limit": "fp32",
-        "BLOCKS": "constexpr",
-        "MATH": "constexpr",
-        "PDL": "constexpr",
-    }
-    down = {
-        "h_ptr": "*bf16",
-        "w_ptr": "*u8",
-        "ws_ptr": "*u8",
-        "b_ptr": "*fp32",
-        "part_ptr": "*fp32",
-        "count_ptr": "*i32",
-        "out_ptr": "*bf16",
-        "ids_ptr": "*i32",
-        "wts_ptr": "*fp32",
-        "H": "i32",
-        "Hp": "i32",
-        "Ip": "i32",
-        "stride_h": "i32",
-        **_W_STRIDES,
-        "stride_part": "i32",
-        "stride_out": "i32",
-        "TOPK": "i32",
-        "BLOCKS": "constexpr",
-        "MATH": "constexpr",
-        "PDL": "constexpr",
-    }
+    const = {"BLOCKS": "constexpr", "MATH": "constexpr", "PDL": "constexpr"}
+    gate_up = {**_GATE_UP_BF16, **const}
+    down = {**_down_combine_args("*bf16", False), **const}
     pdl = int(cfg.pdl)
     return {
         "gemv_moe_gate_up_mma2": ASTSource(

@@ -1388,9 +1388,8 @@ def _moe_gemv_mma2(
     pdl = int(cfg.pdl and ptx and launches_dependents(x.device))  # sm_8x: one after the other
     # everything the down kernel needs is allocated before the gate_up launch: nothing between the two launches
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
-    part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
     tiles = Hp // (16 * cfg.down_blocks)
-    counters = arrival_counters(x.device, T * tiles, _COMBINE)
+    part, counters = _combine_buffers(x.device, T, k, Hp, tiles)
     _gate_up_gemv_mma2_kernel[(T * k, Ip // (16 * cfg.gate_up_blocks))](
         x,
         w13,
@@ -1452,6 +1451,13 @@ def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
     token), so that no later call allocates them, e.g. inside a CUDA graph capture (:func:`arrival_counters`)."""
     tile = min(MOE_GEMV.down.block_n, 16 * MMA2_GEMV.down_blocks)  # the rows order's down tile, the mma2 order's
     arrival_counters(device, max(GEMV_MAX_ASSIGNMENTS, MMA2_GEMV_MAX_ASSIGNMENTS) * (hidden_padded // tile), _COMBINE)
+
+
+def _combine_buffers(device: torch.device, T: int, k: int, Hp: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`_combine_slots` needs for a decode call of ``T`` tokens, ``k`` slots each, down in ``tiles`` row
+    tiles of ``Hp``: each assignment's fp32 partial and a zeroed arrival counter per (token, tile)."""
+    part = torch.empty(T * k, Hp, dtype=torch.float32, device=device)
+    return part, arrival_counters(device, T * tiles, _COMBINE)
 
 
 def _flat_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1532,9 +1538,8 @@ def _moe_gemv(
             DECODE=gu.decode,
             **gu.launch_options(),
         )
-    part = torch.empty(T * k, Hp, dtype=torch.float32, device=x.device)
     tiles = Hp // d.block_n
-    counters = arrival_counters(x.device, T * tiles, _COMBINE)
+    part, counters = _combine_buffers(x.device, T, k, Hp, tiles)
     _down_gemv_kernel[(T * k, tiles)](
         h,
         he,
