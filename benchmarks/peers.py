@@ -53,7 +53,13 @@ from common import (
 
 from mxrepack.kernels.dequant_mxfp4 import fits_fold, mma_v3_disabled, with_fold, without_fold  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
-from mxrepack.kernels.moe_mxfp4 import GEMV_MAX_ASSIGNMENTS, MMA2_GEMV, moe_mxfp4, pick_moe  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import (  # noqa: E402
+    CHUNK_GEMVS,
+    GEMV_MAX_ASSIGNMENTS,
+    ChunkGemvConfig,
+    moe_mxfp4,
+    pick_moe,
+)
 
 E, H, I, K_TOP = 128, 2880, 2880, 4
 HP, IP = 2944, 2944  # the strided layout's padding
@@ -242,10 +248,13 @@ def moe(rows: list, quick: bool) -> None:
             functools.partial(moe_mxfp4, w=Wo, fold_scale=fold, order=order),
             f"strided order {order}, 2944 x 2944",
         )
-    if "mma2" in layers:  # the mma2 order's own decode GEMVs at every T * k to 64 (the dispatch takes them to 8)
-        impls["mxrepack_mma2_gemv"] = (
-            functools.partial(moe_mxfp4, w=layers["mma2"], config=MMA2_GEMV, fold_scale=fold, order="mma2"),
-            "strided order mma2, 2944 x 2944, decode GEMVs",
+    # each chunk order's decode GEMVs at every T * k to 64 (the dispatch's to 8; the wgmma order's, not dispatched, as
+    # ChunkGemvConfig's defaults)
+    for order, Wo in layers.items():
+        cfg = CHUNK_GEMVS.get(order, ChunkGemvConfig(order))
+        impls[f"mxrepack_{order}_gemv"] = (
+            functools.partial(moe_mxfp4, w=Wo, config=cfg, fold_scale=fold, order=order),
+            f"strided order {order}, 2944 x 2944, decode GEMVs",
         )
     peers = (("vllm_marlin", marlin_moe),) + (() if mma_v3_disabled() else (("triton_kernels", triton_kernels_moe),))
     for name, make in peers:
@@ -277,7 +286,7 @@ def moe(rows: list, quick: bool) -> None:
             if f"mxrepack_{order}" in impls:
                 rec[f"mxrepack_{order}_config"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order).name()
         for name, (fn, padding) in impls.items():
-            if name == "mxrepack_mma2_gemv" and T * K_TOP > GEMV_MAX_ASSIGNMENTS:
+            if name.endswith("_gemv") and T * K_TOP > GEMV_MAX_ASSIGNMENTS:
                 continue  # per-assignment GEMVs: decode sizes only, as the rows order's
             try:
                 rec[f"{name}_rel_err"] = rel_err(fn(x, ids, wts), ref)
@@ -334,11 +343,12 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     ``MOE_TILES`` and the chunk orders' tables)."""
     import itertools
 
-    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_BY_ORDER, Mma2GemvConfig, MoeConfig
+    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_BY_ORDER, MoeConfig
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap", "down-wide", "stages")
+    gemv_order = {"mma2": "mma2", "wgmma-gemv": "wgmma"}.get(kind)  # whose decode GEMV shapes it sweeps
     Wg = ordered_layer(W, "wgmma") if orders and wgmma_here() else None
     Wm = ordered_layer(W, "mma2") if (orders or kind == "mma2") and mma2_here() else None
     chunked = (("wgmma", Wg), ("mma2", Wm))  # the chunk orders' layers, None where the order cannot run here
@@ -353,22 +363,14 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
             for order, Wo in chunked:
                 if Wo is not None:
                     cands[f"shipped {order}"] = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order)
+        if gemv_order and T * K_TOP <= GEMV_MAX_ASSIGNMENTS:  # a chunk order's GEMVs: 16-row blocks a program, warps
+            shapes = ((1, 2, 1, 2), (1, 4, 1, 4), (1, 4, 1, 2), (1, 2, 1, 4), (2, 4, 1, 4), (2, 4, 2, 4), (1, 1, 1, 1))
+            for (gu, gw, dn, dw), pdl in itertools.product(shapes, (True, False)):
+                if pdl or (gu, gw, dn, dw) in ((1, 4, 1, 4), (1, 2, 1, 4)):  # and two launched one after the other
+                    cfg = ChunkGemvConfig(gemv_order, gu, gw, dn, dw, pdl)
+                    cands[cfg.name()] = cfg
         if kind == "mma2":  # the mma2 order's tiles: tokens, warps, a down tile twice as wide, stages
             ms_ = ()
-            if T * K_TOP <= GEMV_MAX_ASSIGNMENTS:  # and its decode GEMVs: 16-row blocks a program, warps
-                shapes = (
-                    (1, 2, 1, 2),
-                    (1, 4, 1, 4),
-                    (1, 4, 1, 2),
-                    (1, 2, 1, 4),
-                    (2, 4, 1, 4),
-                    (2, 4, 2, 4),
-                    (1, 1, 1, 1),
-                )
-                for (gu, gw, dn, dw), pdl in itertools.product(shapes, (True, False)):
-                    if pdl or (gu, gw, dn, dw) in ((1, 4, 1, 4), (1, 2, 1, 4)):  # and two launched one after the other
-                        cfg = Mma2GemvConfig(gu, gw, dn, dw, pdl)
-                        cands[cfg.name()] = cfg
             for bm, warps, down, st in itertools.product((16, 32, 64, 128), (4, 8), (0, 128), (2, 3)):
                 if (warps == 8) != (down == 128) or (bm == 128 and st == 3):
                     continue  # 8 warps split gate_up's 128 rows 16 a warp, and down's only when it has 128
@@ -703,6 +705,7 @@ def main() -> None:
             "down-wide",
             "stages",
             "mma2",
+            "wgmma-gemv",
         ),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
@@ -712,8 +715,9 @@ def main() -> None:
         "only each order's shipped choice (shipped, MoE only: an A/B of two commits on one machine), or the wgmma "
         "order's shipped tile beside its twin keeping a wgmma in flight (overlap, MoE only, Hopper) or with down tiles "
         "2 and 4 times as wide (down-wide, MoE only, Hopper), or on 2-4 pipeline stages (stages, MoE only, Hopper), "
-        "or the mma2 order's tiles beside each order's shipped choice (mma2, MoE only; sm_8x, sm_12x, or a Hopper "
-        "under DISABLE_MMA_V3)",
+        "or the mma2 order's tiles and decode GEMVs beside each order's shipped choice (mma2, MoE only; sm_8x, sm_12x, "
+        "or a Hopper under DISABLE_MMA_V3), or the wgmma order's decode GEMV shapes beside each order's shipped choice "
+        "(wgmma-gemv, MoE only, Hopper)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
@@ -751,7 +755,7 @@ def main() -> None:
         ap.error("--sweep-kind rows is a dense sweep: use it with --sweep-dense")
     if (
         args.sweep_moe
-        and args.sweep_kind in ("wgmma", "wgmma-wide", "overlap", "down-wide", "stages")
+        and args.sweep_kind in ("wgmma", "wgmma-wide", "overlap", "down-wide", "stages", "wgmma-gemv")
         and not wgmma_here()
     ):
         ap.error(f"--sweep-kind {args.sweep_kind} sweeps the wgmma order: a Hopper without DISABLE_MMA_V3")

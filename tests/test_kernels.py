@@ -37,15 +37,16 @@ from mxrepack.kernels.dequant_mxfp4 import (
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, pick_gemv_config
 from mxrepack.kernels.linear_mxfp4 import CONFIGS, LinearConfig, linear_mxfp4, pick_config, use_dequant_gemm, use_gemv
 from mxrepack.kernels.moe_mxfp4 import (
+    CHUNK_GEMV_MAX_ASSIGNMENTS,
+    CHUNK_GEMVS,
     MMA2_GEMV,
-    MMA2_GEMV_MAX_ASSIGNMENTS,
     MOE_CONFIGS,
     MOE_CONFIGS_MMA2,
     MOE_CONFIGS_WGMMA,
     MOE_GEMV,
     MOE_TILES,
     MOE_TILES_WGMMA,
-    Mma2GemvConfig,
+    ChunkGemvConfig,
     MoeConfig,
     MoeGemvConfig,
     moe_mxfp4,
@@ -836,8 +837,7 @@ def test_moe_mma2_order_matches_reference():
     """The strided layout's mma2 order (mma.sync's kWidth-8 operand order, sm_12x / sm_8x) through the scheduled tiles
     that read it, decode sizes included (portable decode here; the PTX one is compiled for sm_121a in the kernels check
     and run by the GPU test below): the tokens in 1, 2 or 4 dots a K tile, a remainder tile, a down tile wider than
-    block_n; and its own decode GEMVs (x read unpadded, a partial last K tile, the k slots combined in the down
-    kernel), the dispatch's at T x k <= 8. The rows order's GEMVs and other activations are refused."""
+    block_n (its decode GEMVs: :func:`test_moe_chunk_order_gemvs_match_reference`). Other activations are refused."""
     E, H, I, k = 4, 288, 96, 2
     dims, mma2, native = _strided_layer(E, H, I, order="mma2")
     assert [MoeConfig(m, 64, 128, swap_ab=True, order="mma2").token_dots for m in (16, 32, 64, 128)] == [1, 2, 2, 4]
@@ -867,34 +867,49 @@ def test_moe_mma2_order_matches_reference():
         MoeConfig(64, 64, 128, swap_ab=True, order="mma2"),
     ):
         assert rel(moe_mxfp4(x2, ids2, wts2, mma2_2, "bf16", cfg, order="mma2"), ref2) <= 1e-2, cfg
-    # the order's own decode GEMVs (Mma2GemvConfig), no schedule: the dispatch's to T * k = MMA2_GEMV_MAX_ASSIGNMENTS
-    assert MMA2_GEMV_MAX_ASSIGNMENTS == 8  # T <= 2 at top-4
-    assert [T for T in (1, 2, 3, 4, 8, 16) if pick_moe(T, 4, 128, 2880, order="mma2") == MMA2_GEMV] == [1, 2]
-    assert all(isinstance(pick_moe(T, 4, 128, 2880, order="mma2"), MoeConfig) for T in (3, 16, 4096))
+    with pytest.raises(ValueError, match="BF16 activations only"):
+        moe_mxfp4(x, ids, wts, mma2, "e4m3", order="mma2")
+    with pytest.raises(ValueError, match="16, 32, 64 or 128 tokens"):
+        MoeConfig(48, 64, 128, swap_ab=True, order="mma2")
+
+
+@pytest.mark.parametrize("order", ["mma2", "wgmma"])
+def test_moe_chunk_order_gemvs_match_reference(order):
+    """A chunk order's own decode GEMVs (:class:`ChunkGemvConfig`: x read unpadded, a partial last K tile, the k slots
+    combined in the down kernel; the dispatch's at T x k <= 8) against the reference, portable decode (the PTX one is
+    compiled in the kernels check and run by the GPU tests); the rows order's GEMVs and another order's are refused."""
+    E, H, I, k = 4, 288, 96, 2
+    dims, chunked, native = _strided_layer(E, H, I, order=order)
+    gemv = CHUNK_GEMVS.get(order, ChunkGemvConfig(order))  # the wgmma order's: not in the dispatch
+    if order in CHUNK_GEMVS:
+        assert gemv.order == order and CHUNK_GEMV_MAX_ASSIGNMENTS == 8  # T <= 2 at top-4
+        assert [T for T in (1, 2, 3, 4, 8, 16) if pick_moe(T, 4, 128, 2880, order=order) == gemv] == [1, 2]
+    assert all(isinstance(pick_moe(T, 4, 128, 2880, order=order), MoeConfig) for T in (3, 16, 4096))
     empty = torch.zeros(0, H).to(torch.bfloat16)  # no tokens: an empty output, no launch
     no_ids, no_wts = torch.zeros(0, k, dtype=torch.int64), torch.zeros(0, k)
-    assert moe_mxfp4(empty, no_ids, no_wts, mma2, "bf16", MMA2_GEMV, order="mma2").shape == (0, H)
+    assert moe_mxfp4(empty, no_ids, no_wts, chunked, "bf16", gemv, order=order).shape == (0, H)
     for T in (1, 3):
         x = torch.randn(T, H).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
-        for cfg in (MMA2_GEMV, Mma2GemvConfig(2, 4, 2, 1, pdl=False)):
-            y = moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2")
+        for cfg in (gemv, ChunkGemvConfig(order, 2, 4, 2, 1, pdl=False)):
+            y = moe_mxfp4(x, ids, wts, chunked, "bf16", cfg, order=order)
             assert rel(y, ref) <= 1e-2, (T, cfg)
             # the combine's arrival counters are back at zero: the next call's result is the same
-            assert torch.equal(moe_mxfp4(x, ids, wts, mma2, "bf16", cfg, order="mma2"), y), (T, cfg)
+            assert torch.equal(moe_mxfp4(x, ids, wts, chunked, "bf16", cfg, order=order), y), (T, cfg)
     _, rows, _ = _strided_layer(E, H, I)
-    with pytest.raises(ValueError, match="reads the mma2 order, the weights are rows"):
-        moe_mxfp4(x, ids, wts, rows, "bf16", MMA2_GEMV)
-    with pytest.raises(ValueError, match="mma2 order runs its scheduled tiles .* or Mma2GemvConfig"):
-        moe_mxfp4(x, ids, wts, mma2, "bf16", MOE_GEMV.portable(), order="mma2")
-    with pytest.raises(ValueError, match="BF16 activations only"):
-        moe_mxfp4(x, ids, wts, mma2, "e4m3", order="mma2")
-    with pytest.raises(ValueError, match="16, 32, 64 or 128 tokens"):
-        MoeConfig(48, 64, 128, swap_ab=True, order="mma2")
+    with pytest.raises(ValueError, match=f"reads the {order} order, the weights are rows"):
+        moe_mxfp4(x, ids, wts, rows, "bf16", gemv)
+    other = ChunkGemvConfig("wgmma" if order == "mma2" else "mma2")
+    with pytest.raises(ValueError, match=f"reads the {other.order} order, the weights are {order}"):
+        moe_mxfp4(x, ids, wts, chunked, "bf16", other, order=order)
+    with pytest.raises(ValueError, match=rf"{order} order runs its scheduled tiles .* or its GEMVs \(ChunkGemvConfig"):
+        moe_mxfp4(x, ids, wts, chunked, "bf16", MOE_GEMV.portable(), order=order)
     with pytest.raises(ValueError, match="pdl must be True or False"):
-        Mma2GemvConfig(pdl=1)
+        ChunkGemvConfig(order, pdl=1)
+    with pytest.raises(ValueError, match="order must be mma2 or wgmma"):
+        ChunkGemvConfig("rows")
 
 
 @pytest.mark.parametrize(
@@ -961,8 +976,9 @@ def test_moe_mma2_order_on_mma_sync():
 )
 def test_moe_wgmma_order_on_hopper():
     """On an H100/H200: the wgmma order's tiles with the PTX decode (scales folded and not, each wgmma waited for and
-    one kept in flight while the next K tile decodes) against the reference at gpt-oss's widths, decode sizes
-    included, and the same bits on every repeat (a register race shows as non-finite or differing outputs)."""
+    one kept in flight while the next K tile decodes) and a decode GEMV on its bytes against the reference at gpt-oss's
+    widths, decode sizes included, and the same bits on every repeat (a register race shows as non-finite or differing
+    outputs)."""
     E, H, I, k = 8, 2880, 2880, 4
     dims, wgmma, native = _strided_layer(E, H, I, order="wgmma")
     wgmma = {n: t.cuda() for n, t in wgmma.items()}
@@ -978,10 +994,14 @@ def test_moe_wgmma_order_on_hopper():
         # down tiles wider than block_n (2944 = 11.5 x 256: the last one partial)
         configs.append(MoeConfig(128, 128, 128, 8, swap_ab=True, fold_scale=True, order="wgmma", down_block_n=256))
         configs.append(MoeConfig(64, 64, 128, swap_ab=True, order="wgmma", down_block_n=128))
+        gemv = ChunkGemvConfig("wgmma")  # a GEMV on its bytes (not dispatched): folded and not, with PDL and without
+        configs += [gemv, dataclasses.replace(gemv, pdl=not gemv.pdl)]
         for cfg in configs:
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma")
             assert rel(y.cpu(), ref) <= 1e-2, (T, cfg, rel(y.cpu(), ref))
             assert all(torch.equal(moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma"), y) for _ in range(5))
+        folded = moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, fold_scale=True, order="wgmma")
+        assert torch.equal(folded, moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, order="wgmma")), T
 
 
 _TTGIR_ASM = (
@@ -1138,6 +1158,7 @@ def test_decode_counters_reserved_for_every_gemv_call():
     buf = arrival._COUNTERS[(dev, "moe_combine")]
     most = GEMV_MAX_ASSIGNMENTS * (2944 // MOE_GEMV.down.block_n)  # T <= T * k <= GEMV_MAX_ASSIGNMENTS
     assert arrival.arrival_counters(dev, most, "moe_combine") is buf and not buf.any()
-    # the mma2 order's GEMVs: a counter per token and down row tile (16 rows a block)
-    most_mma2 = MMA2_GEMV_MAX_ASSIGNMENTS * (2944 // (16 * MMA2_GEMV.down_blocks))
-    assert arrival.arrival_counters(dev, most_mma2, "moe_combine") is buf
+    # the chunk orders' GEMVs: a counter per token and down row tile (16 rows a block)
+    for gemv in CHUNK_GEMVS.values():
+        most_chunks = CHUNK_GEMV_MAX_ASSIGNMENTS * (2944 // (16 * gemv.down_blocks))
+        assert arrival.arrival_counters(dev, most_chunks, "moe_combine") is buf

@@ -5,16 +5,17 @@
     python benchmarks/experiments/mma2_gemv_probe.py time [OUT.json]      # a GPU (no MMA: no DISABLE_MMA_V3 needed)
 
 The ``mma2`` order's MoE tiles are at or above vLLM's Marlin at every T on sm_12x's code path, but at T = 1-8 the rows
-order's decode GEMVs are 1.1-1.9x faster than those tiles (docs/PERF.md), and one checkpoint holds one order. This
-probe times ``gemv_mxfp4.gemv_mma2``, a GEMV over ``mma2`` bytes (each 32-bit word is 8 consecutive codes of one row
-in one scale group: lane ``4g + t``'s word ``2q + c`` is row ``8c + g``, codes ``32q + 8t ..``; a program decodes
-whole words as the tiles do, one scale a word, and multiplies each by an 8-value slice of x, accumulating per (row,
-lane, word) across the K tiles and reducing once at the end: no shuffle in the loop), on a dense matrix.
-Its first GPU run (2026-11-27) had these functions inside the probe; they moved into the package after it, the same
-code. A first version that decoded bytes four at a time (the tiles' ``pack = 4`` form) failed ``wgmma_words_packed``
-in every build: a GEMV's reduction gives Triton no MMA operand layout to follow, so the decode takes one int32 word.
-``time`` sets it beside the shipped rows-order GEMV (``linear_mxfp4`` at M = 1) on the same weights, at the MoE
-decode's N at T = 1 (4 experts' gate_up, 23040 x 2944; their down, 11520 x 2944) and lm_head's, in CUDA graphs.
+order's decode GEMVs are 1.1-1.9x faster than those tiles (docs/PERF.md), and one checkpoint holds one order. This probe
+times ``gemv_mxfp4.gemv_chunks`` on the ``mma2`` order (``gemv_mma2`` when it was first run), a GEMV over ``mma2`` bytes
+(each 32-bit word is 8 consecutive codes of one row in one scale group: lane ``4g + t``'s word ``2q + c`` is row ``8c +
+g``, codes ``32q + 8t ..``; a program decodes whole words as the tiles do, one scale a word, and multiplies each by an
+8-value slice of x, accumulating per (row, lane, word) across the K tiles and reducing once at the end: no shuffle in
+the loop), on a dense matrix. Its first GPU run (2026-11-27) had these functions inside the probe; they moved into the
+package after it, the same code. A first version that decoded bytes four at a time (the tiles' ``pack = 4`` form) failed
+``wgmma_words_packed`` in every build: a GEMV's reduction gives Triton no MMA operand layout to follow, so the decode
+takes one int32 word. ``time`` sets it beside the shipped rows-order GEMV (``linear_mxfp4`` at M = 1) on the same
+weights, at the MoE decode's N at T = 1 (4 experts' gate_up, 23040 x 2944; their down, 11520 x 2944) and lm_head's, in
+CUDA graphs.
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mxrepack.kernels.gemv_mxfp4 import gemv_mma2  # noqa: E402
+from mxrepack.kernels.gemv_mxfp4 import gemv_chunks  # noqa: E402
 
 
 @triton.jit
 def gemv_mma2_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: tl.constexpr):
-    """``y[rows] = W[rows] @ x`` for ``BLOCKS`` 16-row blocks (``gemv_mxfp4.gemv_mma2``, what the MoE decode GEMVs on
+    """``y[rows] = W[rows] @ x`` for ``BLOCKS`` 16-row blocks (``gemv_mxfp4.gemv_chunks``, what the MoE decode GEMVs on
     this order run): W ``[N/16, K/128, 1024]`` bytes in the mma2 order, scales ``[N/16, K/128, 64]`` in the quad
     order, x ``[K]`` bf16, y fp32."""
     k_tiles = K // 128
     blk = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
-    y = gemv_mma2(x_ptr, w_ptr, s_ptr, blk * k_tiles * 1024, blk * k_tiles * 64, 1024, 64, K, BLOCKS, MATH)
+    y = gemv_chunks(x_ptr, w_ptr, s_ptr, blk * k_tiles * 1024, blk * k_tiles * 64, 1024, 64, K, BLOCKS, "mma2", MATH)
     tl.store(y_ptr + tl.program_id(0) * 16 * BLOCKS + tl.arange(0, 16 * BLOCKS), y)
 
 

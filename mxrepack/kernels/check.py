@@ -267,7 +267,7 @@ _W_STRIDES = {"stride_we": "i32", "stride_wn": "i32", "stride_wse": "i32", "stri
 
 _IDS_DIMS = {"ids_ptr": "*i32", "H": "i32", "Ip": "i32", "TOPK": "i32"}
 _SWIGLU = {"alpha": "fp32", "limit": "fp32"}
-# the decode gate_up GEMVs on BF16 activations (the rows order's fp32 GEMV, the mma2 order's), constexprs apart
+# the decode gate_up GEMVs on BF16 activations (the rows order's fp32 GEMV, the chunk orders'), constexprs apart
 _GATE_UP_BF16 = {
     "x_ptr": "*bf16",
     "w_ptr": "*u8",
@@ -399,18 +399,18 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64, max_chunks: int
     }
 
 
-def _mma2_gemv_sources(cfg: moe.Mma2GemvConfig, math: str) -> dict[str, ASTSource]:
-    """The mma2 order's decode GEMVs (``moe_mxfp4.Mma2GemvConfig``), PTX decode ``math`` ("asm" or "asm-fold")."""
-    const = {"BLOCKS": "constexpr", "MATH": "constexpr", "PDL": "constexpr"}
+def _chunk_gemv_sources(cfg: moe.ChunkGemvConfig, math: str) -> dict[str, ASTSource]:
+    """A chunk order's decode GEMVs (``moe_mxfp4.ChunkGemvConfig``), PTX decode ``math`` ("asm" or "asm-fold")."""
+    const = {"BLOCKS": "constexpr", "ORDER": "constexpr", "MATH": "constexpr", "PDL": "constexpr"}
     gate_up = {**_GATE_UP_BF16, **const}
     down = {**_down_combine_args("*bf16", False), **const}
-    pdl = int(cfg.pdl)
+    each = {"ORDER": cfg.order, "MATH": math, "PDL": int(cfg.pdl)}
     return {
-        "gemv_moe_gate_up_mma2": ASTSource(
-            moe._gate_up_gemv_mma2_kernel, gate_up, {"BLOCKS": cfg.gate_up_blocks, "MATH": math, "PDL": pdl}
+        f"gemv_moe_gate_up_{cfg.order}": ASTSource(
+            moe._gate_up_gemv_chunks_kernel, gate_up, {"BLOCKS": cfg.gate_up_blocks, **each}
         ),
-        "gemv_moe_down_mma2": ASTSource(
-            moe._down_gemv_mma2_kernel, down, {"BLOCKS": cfg.down_blocks, "MATH": math, "PDL": pdl}
+        f"gemv_moe_down_{cfg.order}": ASTSource(
+            moe._down_gemv_chunks_kernel, down, {"BLOCKS": cfg.down_blocks, **each}
         ),
     }
 
@@ -468,14 +468,13 @@ def shipped_kernels():
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
         one = moe.MOE_GEMV.gate_up if "gate_up" in kernel else moe.MOE_GEMV.down
         yield kernel, f"decode:{one.name()}", "w4a16", src, one.num_warps, one.num_stages
-    # the mma2 order's decode GEMVs (moe_mxfp4.MMA2_GEMV, the dispatch's at T x k <= 8), with and without PDL (the
-    # build a GPU without it runs)
-    for cfg, math in itertools.product(
-        (moe.MMA2_GEMV, dataclasses.replace(moe.MMA2_GEMV, pdl=not moe.MMA2_GEMV.pdl)), ("asm", "asm-fold")
-    ):
-        for kernel, src in _mma2_gemv_sources(cfg, math).items():
-            warps = cfg.gate_up_warps if "gate_up" in kernel else cfg.down_warps
-            yield kernel, f"mma2 decode:{cfg.name()} {math}", "w4a16", src, warps, 1
+    # the chunk orders' decode GEMVs (moe_mxfp4.CHUNK_GEMVS, the dispatch's at T x k <= 8), with and without PDL (the
+    # build a GPU without it runs); each order built where it runs (run_check)
+    for gemv_cfg, math in itertools.product(moe.CHUNK_GEMVS.values(), ("asm", "asm-fold")):
+        for cfg in (gemv_cfg, dataclasses.replace(gemv_cfg, pdl=not gemv_cfg.pdl)):
+            for kernel, src in _chunk_gemv_sources(cfg, math).items():
+                warps = cfg.gate_up_warps if "gate_up" in kernel else cfg.down_warps
+                yield kernel, f"{cfg.order} decode:{cfg.name()} {math}", "w4a16", src, warps, 1
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
     # CUDA cores, any activations: checked once, the placing kernel at each chunk count a call may take
     chunk_counts = [1 << i for i in range(1, moe.SCHEDULE_CHUNKS.bit_length())]
@@ -561,7 +560,8 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
         # registers while it still reads them (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md
         # stop 19). dequant_mxfp4.mma_done makes Triton wait for each one.
         problems.append("swapped operands on a wgmma left in flight: a register race (see dequant_mxfp4.mma_done)")
-    if _constant(src, "ORDER") in ("wgmma", "mma2") and not dq.wgmma_words_packed(compiled.asm["ttgir"]):
+    tile = not _no_mma(kernel)  # a chunk order's decode GEMVs take whole int32 words, whatever the layout
+    if tile and _constant(src, "ORDER") in ("wgmma", "mma2") and not dq.wgmma_words_packed(compiled.asm["ttgir"]):
         # the tiles' decode takes a word's 4 bytes as 4 consecutive registers: true of the layouts Triton derives from
         # wgmma's A operand (kWidth 2) and mma.sync's fed by the mma2 order (kWidth 8), which it chooses, so each
         # build is checked

@@ -368,11 +368,12 @@ def _per_lane_byte(s, BLOCKS: tl.constexpr):
     return tl.reshape(s, (BLOCKS, 32, 32))
 
 
-# The mma2 order's decode for a GEMV: WORD_ASM's rotations and masks, times one scale for the whole word (an mma2 word
-# is 8 codes of one row in one scale group), taking one int32 word at a time. Elementwise over words, so no layout
-# Triton picks can hand it another word's bytes: the tiles' byte form (pack = 4) relies on the layout of the MMA
-# operand it feeds, which a GEMV has not (its builds fail :func:`wgmma_words_packed`). Outputs: the word's 4 bf16
-# pairs, pair p = codes 2p (low half) and 2p + 1.
+# A chunk order's decode for a GEMV: WORD_ASM's rotations and masks, taking one int32 word at a time. Elementwise over
+# words, so no layout Triton picks can hand it another word's bytes: the tiles' byte form (pack = 4) relies on the
+# layout of the MMA operand it feeds, which a GEMV has not (its builds fail :func:`wgmma_words_packed`). Outputs: the
+# word's 4 bf16 pairs, pair p = byte p's codes (low half first). An mma2 word is 8 codes of one row in one scale group:
+# one scale for the whole word (WORD_ASM_ONE_SCALE); a wgmma word holds two rows (pairs 0, 1 row g; 2, 3 row g + 8),
+# each with its own scale (WORD_ASM).
 def _one_scale(asm: str) -> str:
     """A word decode's text with pairs 2 and 3 multiplied by the scale of pairs 0 and 1 (operand $5 for $6)."""
     assert "$6" in asm and "$7" not in asm, "the word decode's operands: outputs $0-$3, word $4, scales $5 and $6"
@@ -390,40 +391,72 @@ def _bf16_pair_values(pair):
 
 
 @triton.jit
-def mma2_word_values(w_ptr, w_off, lane, sc, MATH: tl.constexpr):
-    """The 8 codes' values (fp32, each ``[BLOCKS, 32, 8]``: block, lane ``4g + t``, word ``2q + c``) of the mma2
-    order's chunks at byte offsets ``w_off`` ``[BLOCKS, 1, 1]`` (``lane`` ``[1, 32, 1]``), times their scales ``sc``
-    (E8M0 bytes ``[BLOCKS, 32, 8]``, one a word): value j of word (g, t, q, c) is code 32 q + 8 t + j of row 8 c + g."""
+def _pair_scale(sc, MATH: tl.constexpr):
+    """E8M0 bytes -> the PTX decode's scale operand: the bf16 scale in both halves of an int32."""
+    s16 = _scale_bf16(sc, MATH).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return s16 | (s16 << 16)
+
+
+@triton.jit
+def _word_scales(sc, ORDER: tl.constexpr):
+    """A lane's 8 E8M0 scales ``[BLOCKS, 32, 8]`` (at 2 j + c: group j, row g + 8 c) -> (scale of pairs 0 and 1,
+    scale of pairs 2 and 3) of each of its 8 words: mma2 word 2 q + c is one row and group (sc itself, twice); wgmma
+    word s is group s // 2 of rows g (pairs 0, 1) and g + 8 (pairs 2, 3)."""
+    if ORDER == "wgmma":
+        blocks: tl.constexpr = sc.shape[0]
+        g_lo, g_hi = tl.split(tl.reshape(sc, (blocks, 32, 4, 2)))
+        lo = tl.reshape(tl.broadcast_to(tl.reshape(g_lo, (blocks, 32, 4, 1)), (blocks, 32, 4, 2)), (blocks, 32, 8))
+        hi = tl.reshape(tl.broadcast_to(tl.reshape(g_hi, (blocks, 32, 4, 1)), (blocks, 32, 4, 2)), (blocks, 32, 8))
+    else:
+        tl.static_assert(ORDER == "mma2", "chunk orders: wgmma or mma2")
+        lo = sc
+        hi = sc
+    return lo, hi
+
+
+@triton.jit
+def chunk_word_values(w_ptr, w_off, lane, sc, ORDER: tl.constexpr, MATH: tl.constexpr):
+    """The 8 codes' values (fp32, each ``[BLOCKS, 32, 8]``: block, lane ``4g + t``, word) of a chunk order's chunks at
+    byte offsets ``w_off`` ``[BLOCKS, 1, 1]`` (``lane`` ``[1, 32, 1]``), times their scales ``sc`` (E8M0 bytes
+    ``[BLOCKS, 32, 8]`` at 2 j + c: group j, row 8 c + g). Value j of word w, mma2 (w = 2 q + c): code 32 q + 8 t + j
+    of row 8 c + g; wgmma (w = s, the k16 step): code 16 s + 2 t + (0, 1, 8, 9)[j % 4] of row g (j < 4) or g + 8."""
+    s_lo, s_hi = _word_scales(sc, ORDER)
     if MATH == "ops":  # the portable twin: the words' bytes back in fragment order, then each nibble
         wb = tl.load(w_ptr + w_off + lane * 32 + tl.arange(0, 32)[None, None, :])
         blocks: tl.constexpr = wb.shape[0]
         b = tl.reshape(_fragment_bytes(wb, blocks).to(tl.int32), (blocks, 32, 8, 2, 2))  # byte 2 p1 + p0
-        s = e8m0_to_fp32(sc.to(tl.int32))
+        f_lo = e8m0_to_fp32(s_lo.to(tl.int32))
+        f_hi = e8m0_to_fp32(s_hi.to(tl.int32))
         b01, b23 = tl.split(tl.permute(b, (0, 1, 2, 4, 3)))  # p1 = 0, 1
         b0, b1 = tl.split(b01)
         b2, b3 = tl.split(b23)
-        v0, v1 = e2m1_to_fp32(b0 & 15) * s, e2m1_to_fp32(b0 >> 4) * s
-        v2, v3 = e2m1_to_fp32(b1 & 15) * s, e2m1_to_fp32(b1 >> 4) * s
-        v4, v5 = e2m1_to_fp32(b2 & 15) * s, e2m1_to_fp32(b2 >> 4) * s
-        v6, v7 = e2m1_to_fp32(b3 & 15) * s, e2m1_to_fp32(b3 >> 4) * s
+        v0, v1 = e2m1_to_fp32(b0 & 15) * f_lo, e2m1_to_fp32(b0 >> 4) * f_lo
+        v2, v3 = e2m1_to_fp32(b1 & 15) * f_lo, e2m1_to_fp32(b1 >> 4) * f_lo
+        v4, v5 = e2m1_to_fp32(b2 & 15) * f_hi, e2m1_to_fp32(b2 >> 4) * f_hi
+        v6, v7 = e2m1_to_fp32(b3 & 15) * f_hi, e2m1_to_fp32(b3 >> 4) * f_hi
     else:
-        tl.static_assert(MATH == "asm" or MATH == "asm-fold", "the mma2 GEMV decode: MATH is asm, asm-fold or ops")
+        tl.static_assert(MATH == "asm" or MATH == "asm-fold", "the chunk GEMV decode: MATH is asm, asm-fold or ops")
         words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + w_off // 4 + lane * 8 + tl.arange(0, 8)[None, None, :])
-        s16 = _scale_bf16(sc, MATH).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        pair_scale = s16 | (s16 << 16)
-        if MATH == "asm-fold":
-            p0, p1, p2, p3 = tl.inline_asm_elementwise(
-                WORD_ASM_ONE_SCALE_FOLDED,
-                "=r,=r,=r,=r,r,r",
-                [words, pair_scale],
-                dtype=(tl.int32,) * 4,
-                is_pure=True,
-                pack=1,
-            )
+        if ORDER == "wgmma":
+            args = [words, _pair_scale(s_lo, MATH), _pair_scale(s_hi, MATH)]
+            if MATH == "asm-fold":
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                    WORD_ASM_FOLDED, "=r,=r,=r,=r,r,r,r", args, dtype=(tl.int32,) * 4, is_pure=True, pack=1
+                )
+            else:
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                    WORD_ASM, "=r,=r,=r,=r,r,r,r", args, dtype=(tl.int32,) * 4, is_pure=True, pack=1
+                )
         else:
-            p0, p1, p2, p3 = tl.inline_asm_elementwise(
-                WORD_ASM_ONE_SCALE, "=r,=r,=r,=r,r,r", [words, pair_scale], dtype=(tl.int32,) * 4, is_pure=True, pack=1
-            )
+            args = [words, _pair_scale(s_lo, MATH)]
+            if MATH == "asm-fold":
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                    WORD_ASM_ONE_SCALE_FOLDED, "=r,=r,=r,=r,r,r", args, dtype=(tl.int32,) * 4, is_pure=True, pack=1
+                )
+            else:
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                    WORD_ASM_ONE_SCALE, "=r,=r,=r,=r,r,r", args, dtype=(tl.int32,) * 4, is_pure=True, pack=1
+                )
         v0, v1 = _bf16_pair_values(p0)
         v2, v3 = _bf16_pair_values(p1)
         v4, v5 = _bf16_pair_values(p2)

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from mxrepack.kernels.dequant_mxfp4 import e8m0_to_fp32, launches_dependents, mma2_word_values
+from mxrepack.kernels.dequant_mxfp4 import chunk_word_values, e8m0_to_fp32, launches_dependents
 
 
 @dataclass(frozen=True)
@@ -623,36 +623,73 @@ def _step_f16x2(
 
 
 @triton.jit
-def _x_slice(x_row, kt, j: tl.constexpr, K, MASKED: tl.constexpr):
-    """x at code j of every mma2 word (t, q) of K tile ``kt`` (code 32 q + 8 t + j), as ``[1, 1, 4 t, 4 q, 1]``: it
-    multiplies a K tile's word values ``[blocks, 8 g, 4 t, 4 q, 2 c]``. ``MASKED``: the partial last tile (codes
-    from ``K`` on read as 0)."""
-    k = kt * 128 + 32 * tl.arange(0, 4)[None, :] + 8 * tl.arange(0, 4)[:, None] + j
+def _x_codes(x_row, kt, j: tl.constexpr, K, ORDER: tl.constexpr, MASKED: tl.constexpr):
+    """x at the codes a chunk order's words of K tile ``kt`` hold at value ``j`` (:func:`chunk_word_values`), shaped to
+    multiply the words' values: mma2 code 32 q + 8 t + j as ``[1, 1, 4 t, 4 q, 1]`` (word 2 q + c); wgmma code 16 s + 2
+    t + j as ``[1, 1, 4 t, 8 s]`` (word s). ``MASKED``: the partial last tile (codes from ``K`` on read as 0)."""
+    t = tl.arange(0, 4)[:, None]
+    if ORDER == "wgmma":
+        k = kt * 128 + 16 * tl.arange(0, 8)[None, :] + 2 * t + j
+    else:
+        k = kt * 128 + 32 * tl.arange(0, 4)[None, :] + 8 * t + j
     x = tl.load(x_row + k, mask=k < K, other=0.0) if MASKED else tl.load(x_row + k)
-    return tl.reshape(x.to(tl.float32), (1, 1, 4, 4, 1))
+    if ORDER == "wgmma":
+        x = tl.reshape(x.to(tl.float32), (1, 1, 4, 8))
+    else:
+        x = tl.reshape(x.to(tl.float32), (1, 1, 4, 4, 1))
+    return x
 
 
 @triton.jit
-def _mma2_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, kt, K, MATH: tl.constexpr, MASKED: tl.constexpr):
-    """``acc`` plus K tile ``kt``'s products, per (block, g, t, q, c) word: each word's 8 values times x's codes."""
+def _chunk_tile(
+    acc,
+    x_row,
+    w_ptr,
+    s_ptr,
+    w_off,
+    s_off,
+    w_step,
+    s_step,
+    kt,
+    K,
+    ORDER: tl.constexpr,
+    MATH: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """``acc`` ``[blocks, 8 g, 4 t, words, 2 c]`` plus K tile ``kt``'s products: each word's 8 values times x's codes
+    (mma2: words as (4 q, 2 c), all 8 values of row 8 c + g; wgmma: 8 s, values 0-3 of row g into c = 0, 4-7 of row
+    g + 8 into c = 1)."""
     BLOCKS: tl.constexpr = acc.shape[0]
     lane = tl.arange(0, 32)[None, :, None]
     wo = w_off[:, None, None] + kt * w_step
     sc = tl.load(s_ptr + s_off[:, None, None] + kt * s_step + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
-    v0, v1, v2, v3, v4, v5, v6, v7 = mma2_word_values(w_ptr, wo, lane, sc, MATH)
-    part = tl.reshape(v0, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 0, K, MASKED)
-    part += tl.reshape(v1, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 1, K, MASKED)
-    part += tl.reshape(v2, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 2, K, MASKED)
-    part += tl.reshape(v3, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 3, K, MASKED)
-    part += tl.reshape(v4, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 4, K, MASKED)
-    part += tl.reshape(v5, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 5, K, MASKED)
-    part += tl.reshape(v6, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 6, K, MASKED)
-    part += tl.reshape(v7, (BLOCKS, 8, 4, 4, 2)) * _x_slice(x_row, kt, 7, K, MASKED)
+    v0, v1, v2, v3, v4, v5, v6, v7 = chunk_word_values(w_ptr, wo, lane, sc, ORDER, MATH)
+    if ORDER == "wgmma":
+        x0 = _x_codes(x_row, kt, 0, K, ORDER, MASKED)
+        x1 = _x_codes(x_row, kt, 1, K, ORDER, MASKED)
+        x8 = _x_codes(x_row, kt, 8, K, ORDER, MASKED)
+        x9 = _x_codes(x_row, kt, 9, K, ORDER, MASKED)
+        shape: tl.constexpr = (BLOCKS, 8, 4, 8)
+        row_g = tl.reshape(v0, shape) * x0 + tl.reshape(v1, shape) * x1
+        row_g += tl.reshape(v2, shape) * x8 + tl.reshape(v3, shape) * x9
+        row_g8 = tl.reshape(v4, shape) * x0 + tl.reshape(v5, shape) * x1
+        row_g8 += tl.reshape(v6, shape) * x8 + tl.reshape(v7, shape) * x9
+        part = tl.join(row_g, row_g8)
+    else:
+        shape: tl.constexpr = (BLOCKS, 8, 4, 4, 2)
+        part = tl.reshape(v0, shape) * _x_codes(x_row, kt, 0, K, ORDER, MASKED)
+        part += tl.reshape(v1, shape) * _x_codes(x_row, kt, 1, K, ORDER, MASKED)
+        part += tl.reshape(v2, shape) * _x_codes(x_row, kt, 2, K, ORDER, MASKED)
+        part += tl.reshape(v3, shape) * _x_codes(x_row, kt, 3, K, ORDER, MASKED)
+        part += tl.reshape(v4, shape) * _x_codes(x_row, kt, 4, K, ORDER, MASKED)
+        part += tl.reshape(v5, shape) * _x_codes(x_row, kt, 5, K, ORDER, MASKED)
+        part += tl.reshape(v6, shape) * _x_codes(x_row, kt, 6, K, ORDER, MASKED)
+        part += tl.reshape(v7, shape) * _x_codes(x_row, kt, 7, K, ORDER, MASKED)
     return acc + part
 
 
 @triton.jit
-def gemv_mma2(
+def gemv_chunks(
     x_row,
     w_ptr,
     s_ptr,
@@ -662,25 +699,28 @@ def gemv_mma2(
     s_step,
     K,
     BLOCKS: tl.constexpr,
+    ORDER: tl.constexpr,
     MATH: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
-    """``W @ x`` ``[16 BLOCKS]`` (row 16 b + r of block b) for ``BLOCKS`` 16-row blocks of W in the strided layout's
-    mma2 order: block b's weight chunk and scale piece of K tile 0 at byte offsets ``w_off[b]`` / ``s_off[b]``, each
-    K tile ``w_step`` / ``s_step`` further; x one row (bf16) of ``K`` codes (W's columns past K zero codes to its
-    padded width). The whole K tiles read x unmasked, a partial last one masked after them (a mask in the loop, on
-    its 8 slices a tile, took 56 instructions a word on sm_121a where the unmasked loop takes 45). Each word's 8 values
-    (``mma2_word_values``) times its 8-value slice of x accumulate per (block, lane, word) across the K tiles, reduced
-    once after them: no shuffle in the loop (``benchmarks/experiments/mma2_gemv_probe.py``). ``PDL``: x is written by
-    the kernel launched before this one, which may still run: wait for it first."""
-    acc = tl.zeros((BLOCKS, 8, 4, 4, 2), dtype=tl.float32)  # block, g, t, q, c
+    """``W @ x`` ``[16 BLOCKS]`` (row 16 b + r of block b) for ``BLOCKS`` 16-row blocks of W in a chunk order of the
+    strided layout (``ORDER`` "mma2" or "wgmma"): block b's weight chunk and scale piece of K tile 0 at byte offsets
+    ``w_off[b]`` / ``s_off[b]``, each K tile ``w_step`` / ``s_step`` further; x one row (bf16) of ``K`` codes (W's
+    columns past K zero codes to its padded width). The whole K tiles read x unmasked, a partial last one masked after
+    them (a mask in the loop, on its 8 slices a tile, took 56 instructions a word on sm_121a where the unmasked loop
+    takes 45). Each word's 8 values (``chunk_word_values``) times their x accumulate per (block, lane, word, row)
+    across the K tiles, reduced once after them: no shuffle in the loop (``benchmarks/experiments/
+    mma2_gemv_probe.py``). ``PDL``: x is written by the kernel launched before this one, which may still run: wait for
+    it first."""
+    WORDS: tl.constexpr = 8 if ORDER == "wgmma" else 4  # accumulators a lane's row pair: words (wgmma) or groups q
+    acc = tl.zeros((BLOCKS, 8, 4, WORDS, 2), dtype=tl.float32)  # block, g, t, word, c
     if PDL:
         gdc_wait()
     n_full = K // 128
     for kt in range(0, n_full):
-        acc = _mma2_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, kt, K, MATH, False)
+        acc = _chunk_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, kt, K, ORDER, MATH, False)
     if n_full * 128 < K:
-        acc = _mma2_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, n_full, K, MATH, True)
+        acc = _chunk_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, n_full, K, ORDER, MATH, True)
     y = tl.sum(tl.sum(acc, axis=3), axis=2)  # [block, g, c]: row 8 c + g
     return tl.reshape(tl.permute(y, (0, 2, 1)), (16 * BLOCKS,))
 

@@ -22,9 +22,9 @@ its expert's rows (``_gate_up_gemv_kernel`` or, on prepared activations with pac
 ``_gate_up_gemv_f16x2_kernel``; then ``_down_gemv_kernel``), so that no 16-row tile is spent on one token
 and only the routed experts' bytes are read. The down kernel also combines: the last of a token's k
 programs for a row tile sums the k partials and writes the output, so decode is two or three launches
-and no torch ops. Weights in the mma2 order have their own decode GEMVs (``_gate_up_gemv_mma2_kernel``,
-``_down_gemv_mma2_kernel``: :data:`MMA2_GEMV`, to :data:`MMA2_GEMV_MAX_ASSIGNMENTS` pairs), two launches, the same
-combine; the wgmma order runs its tiles at every size.
+and no torch ops. Weights in a chunk order (mma2, wgmma) have their own decode GEMVs (``_gate_up_gemv_chunks_kernel``,
+``_down_gemv_chunks_kernel``: :data:`CHUNK_GEMVS`, to :data:`CHUNK_GEMV_MAX_ASSIGNMENTS` pairs), two launches, the
+same combine.
 
 ``activations="e4m3"|"e2m1"`` quantizes x and the intermediate on the fly (MXFP8 / MXFP4), as the dense
 kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_moe_reference`.
@@ -62,7 +62,7 @@ from mxrepack.kernels.gemv_mxfp4 import (
     GemvConfig,
     gdc_launch_dependents,
     gdc_wait,
-    gemv_mma2,
+    gemv_chunks,
     gemv_rows,
     gemv_rows_f16x2,
     pack_groups,
@@ -273,7 +273,7 @@ MOE_TILES_WGMMA = (
     (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128))),
 )
 # Weights in the mma2 order (the strided layout's ``order: mma2``: sm_12x, sm_8x): these tiles from T x k = 9 (its
-# decode GEMVs below that: MMA2_GEMV_MAX_ASSIGNMENTS), the tokens in dots of 16 or 32 (``MoeConfig.token_dots``), 64
+# decode GEMVs below that: CHUNK_GEMV_MAX_ASSIGNMENTS), the tokens in dots of 16 or 32 (``MoeConfig.token_dots``), 64
 # weight rows a block on 4 warps as in mma2_order_probe.py (whose order, against the rows order's swapped tiles on
 # mma.sync, was 1.34-1.52x on a dense stand-in of gate_up:
 # docs/bench/mma2_order_time_mmav2_h100_2026-11-27_d29fe89.json). Measured on sm_12x's code path (an H100 under Triton's
@@ -373,30 +373,33 @@ MOE_GEMV = MoeGemvConfig(GemvConfig(32, 256, 8, 1, "f16x2", pdl=1), GemvConfig(1
 
 
 @dataclass(frozen=True)
-class Mma2GemvConfig:
-    """The mma2 order's decode path: per (token, slot) assignment GEMVs straight on the stored chunks
-    (``gemv_mxfp4.gemv_mma2``), the down kernel combining the k slots; no schedule. ``gate_up_blocks``: 16-row blocks
-    of intermediate rows a gate_up program (it runs as many gate and up blocks); ``down_blocks``: of H rows a down
-    program. ``pdl``: the down kernel is launched while the gate_up kernel runs (where the GPU can: sm_90 and newer)."""
+class ChunkGemvConfig:
+    """A chunk order's decode path (``order`` "mma2" or "wgmma"): per (token, slot) assignment GEMVs straight on the
+    stored chunks (``gemv_mxfp4.gemv_chunks``), the down kernel combining the k slots; no schedule.
+    ``gate_up_blocks``: 16-row blocks of intermediate rows a gate_up program (it runs as many gate and up blocks);
+    ``down_blocks``: of H rows a down program. ``pdl``: the down kernel is launched while the gate_up kernel runs
+    (where the GPU can: sm_90 and newer)."""
 
+    order: str
     gate_up_blocks: int = 1
     gate_up_warps: int = 2
     down_blocks: int = 1
     down_warps: int = 4
     pdl: bool = True
-    order = "mma2"  # the byte order it reads (a class constant, as MoeConfig's field)
 
     def __post_init__(self):
+        if self.order not in ("mma2", "wgmma"):
+            raise ValueError(f"ChunkGemvConfig.order must be mma2 or wgmma (a chunk order), got {self.order!r}")
         for name in ("gate_up_blocks", "gate_up_warps", "down_blocks", "down_warps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"Mma2GemvConfig.{name} must be a power of 2 (a Triton block shape), got {v!r}")
+                raise ValueError(f"ChunkGemvConfig.{name} must be a power of 2 (a Triton block shape), got {v!r}")
         if not isinstance(self.pdl, bool):
-            raise ValueError(f"Mma2GemvConfig.pdl must be True or False, got {self.pdl!r}")
+            raise ValueError(f"ChunkGemvConfig.pdl must be True or False, got {self.pdl!r}")
 
     def name(self) -> str:
         blocks = f"gu{16 * self.gate_up_blocks}w{self.gate_up_warps} d{16 * self.down_blocks}w{self.down_warps}"
-        return f"mma2-gemv {blocks}{' pdl' if self.pdl else ''}"
+        return f"{self.order}-gemv {blocks}{' pdl' if self.pdl else ''}"
 
 
 # The mma2 order's decode GEMVs against its 16-token tile, on sm_12x's code path (an H100 under DISABLE_MMA_V3), 120b
@@ -406,11 +409,14 @@ class Mma2GemvConfig:
 # against the tile's 0.056, T = 2 0.059 against 0.069; T = 4 0.104 against 0.103, T = 8 0.191 against 0.197 (ties),
 # T = 16 0.370 against 0.331. Launching the down kernel after gate_up instead: 0.0405 against 0.0398 at T = 1 (the
 # 4-warp twin). The rows order's GEMVs remain faster at T = 1 (0.030 ms, same run).
-MMA2_GEMV = Mma2GemvConfig(gate_up_blocks=1, gate_up_warps=2, down_blocks=1, down_warps=4)
+MMA2_GEMV = ChunkGemvConfig("mma2", gate_up_blocks=1, gate_up_warps=2, down_blocks=1, down_warps=4)
+# The chunk orders' GEMVs the dispatch runs. The wgmma order has none: its 16 x 64 tile beat the GEMVs written for
+# it at e98e4de (below, at MOE_TILES_WGMMA); ChunkGemvConfig("wgmma") runs this GEMV on its bytes, for measuring.
+CHUNK_GEMVS = {"mma2": MMA2_GEMV}
 
-# T * k up to which the mma2 order's decode GEMVs (:data:`MMA2_GEMV`) take a call instead of its tiles: T <= 2 at
-# top-4, where they are clearly ahead (above); the tiles from T = 3, ties at T = 4 and 8 going to them.
-MMA2_GEMV_MAX_ASSIGNMENTS = 8
+# T * k up to which a chunk order's decode GEMVs (:data:`CHUNK_GEMVS`) take a call instead of its tiles: T <= 2 at
+# top-4, where the mma2 order's are clearly ahead (above); the tiles from T = 3, ties at T = 4 and 8 going to them.
+CHUNK_GEMV_MAX_ASSIGNMENTS = 8
 
 
 def pick_moe_gemv_config(assignments: int, cuda: bool = True) -> MoeGemvConfig:
@@ -440,15 +446,15 @@ def pick_moe(
     cuda: bool = True,
     fold_scale: bool = False,
     order: str = "rows",
-) -> MoeConfig | MoeGemvConfig | Mma2GemvConfig:
+) -> MoeConfig | MoeGemvConfig | ChunkGemvConfig:
     """What :func:`moe_mxfp4` runs when given no config: the per-assignment decode GEMVs of the rows order (BF16
-    activations, ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments) or of the mma2 order (at
-    most :data:`MMA2_GEMV_MAX_ASSIGNMENTS`), else the scheduled tiles (the wgmma order always,
-    :data:`MOE_TILES_BY_ORDER`)."""
+    activations, ``hidden % 32 == 0``, at most :data:`GEMV_MAX_ASSIGNMENTS` assignments) or of a chunk order (at
+    most :data:`CHUNK_GEMV_MAX_ASSIGNMENTS`: :data:`CHUNK_GEMVS`), else the scheduled tiles
+    (:data:`MOE_TILES_BY_ORDER`)."""
     if order == "rows" and activations == "bf16" and tokens * topk <= GEMV_MAX_ASSIGNMENTS and hidden % 32 == 0:
         return pick_moe_gemv_config(tokens * topk, cuda)
-    if order == "mma2" and tokens * topk <= MMA2_GEMV_MAX_ASSIGNMENTS:  # the order takes BF16 activations only
-        return MMA2_GEMV
+    if order in CHUNK_GEMVS and tokens * topk <= CHUNK_GEMV_MAX_ASSIGNMENTS:  # the orders take BF16 activations only
+        return CHUNK_GEMVS[order]
     return pick_moe_config(tokens, topk, experts, activations, fold_scale, order)
 
 
@@ -1272,7 +1278,7 @@ def _combine_slots(y, part_ptr, count_ptr, out_ptr, p, tile, rn, H, stride_part,
 
 
 @triton.jit
-def _gate_up_gemv_mma2_kernel(
+def _gate_up_gemv_chunks_kernel(
     x_ptr,
     w_ptr,
     ws_ptr,
@@ -1291,12 +1297,13 @@ def _gate_up_gemv_mma2_kernel(
     alpha,
     limit,
     BLOCKS: tl.constexpr,
+    ORDER: tl.constexpr,
     MATH: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     """Assignment ``program_id(0)`` (t * k + slot) x the ``program_id(1)``-th 16 BLOCKS intermediate rows: gate and up
-    (W in the mma2 order, one GEMV over 2 BLOCKS weight blocks), bias, SwiGLU, stored in natural order. ``PDL``: let
-    the down kernel launch now (it waits for these stores itself)."""
+    (W in chunk order ``ORDER``, one GEMV over 2 BLOCKS weight blocks), bias, SwiGLU, stored in natural order.
+    ``PDL``: let the down kernel launch now (it waits for these stores itself)."""
     if PDL:
         gdc_launch_dependents()
     p = tl.program_id(0)
@@ -1304,7 +1311,7 @@ def _gate_up_gemv_mma2_kernel(
     e = tl.load(ids_ptr + p).to(tl.int64)
     blk = tl.arange(0, 2 * BLOCKS)  # gate blocks, then up blocks
     w_off, s_off = wgmma_chunks(_w13_rows(n0 + 16 * (blk % BLOCKS), blk // BLOCKS), stride_wn, stride_wsn, 64)
-    y = gemv_mma2(
+    y = gemv_chunks(
         x_ptr + (p // TOPK) * stride_x,
         w_ptr + e * stride_we,
         ws_ptr + e * stride_wse,
@@ -1314,6 +1321,7 @@ def _gate_up_gemv_mma2_kernel(
         64 * 4,
         H,
         2 * BLOCKS,
+        ORDER,
         MATH,
     )
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, 16 * BLOCKS)), (1, 0)))
@@ -1323,7 +1331,7 @@ def _gate_up_gemv_mma2_kernel(
 
 
 @triton.jit
-def _down_gemv_mma2_kernel(
+def _down_gemv_chunks_kernel(
     h_ptr,
     w_ptr,
     ws_ptr,
@@ -1345,17 +1353,18 @@ def _down_gemv_mma2_kernel(
     stride_out,
     TOPK,
     BLOCKS: tl.constexpr,
+    ORDER: tl.constexpr,
     MATH: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     """Assignment ``program_id(0)`` x the ``program_id(1)``-th 16 BLOCKS rows of H: its weighted output rows (W in
-    the mma2 order, the intermediate in natural order), and the combine (:func:`_combine_slots`). ``PDL``: launched
-    while the gate_up kernel runs."""
+    chunk order ``ORDER``, the intermediate in natural order), and the combine (:func:`_combine_slots`). ``PDL``:
+    launched while the gate_up kernel runs."""
     p = tl.program_id(0)
     n0 = tl.program_id(1) * 16 * BLOCKS
     e = tl.load(ids_ptr + p).to(tl.int64)
     w_off, s_off = wgmma_chunks(n0 + 16 * tl.arange(0, BLOCKS), stride_wn, stride_wsn, _DOWN_ROWS)
-    y = gemv_mma2(
+    y = gemv_chunks(
         h_ptr + p * stride_h,
         w_ptr + e * stride_we,
         ws_ptr + e * stride_wse,
@@ -1365,6 +1374,7 @@ def _down_gemv_mma2_kernel(
         _DOWN_ROWS * 4,
         Ip,
         BLOCKS,
+        ORDER,
         MATH,
         PDL,
     )
@@ -1373,11 +1383,12 @@ def _down_gemv_mma2_kernel(
     _combine_slots(y, part_ptr, count_ptr, out_ptr, p, tl.program_id(1), rn, H, stride_part, stride_out, TOPK)
 
 
-def _moe_gemv_mma2(
-    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: Mma2GemvConfig, fold_scale: bool, out: torch.Tensor
+def _moe_gemv_chunks(
+    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: ChunkGemvConfig, fold_scale: bool, out: torch.Tensor
 ) -> torch.Tensor:
-    """Decode on the mma2 order: per (token, slot) assignment GEMVs, combined into ``out [T, H]`` (stored in its
-    dtype) by the down kernel; two launches, the second launched while the first runs where the GPU can."""
+    """Decode on a chunk order (``cfg.order``): per (token, slot) assignment GEMVs, combined into ``out [T, H]``
+    (stored in its dtype) by the down kernel; two launches, the second launched while the first runs where the GPU
+    can."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, _ = w13.shape
@@ -1390,7 +1401,7 @@ def _moe_gemv_mma2(
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
     tiles = Hp // (16 * cfg.down_blocks)
     part, counters = _combine_buffers(x.device, T, k, Hp, tiles)
-    _gate_up_gemv_mma2_kernel[(T * k, Ip // (16 * cfg.gate_up_blocks))](
+    _gate_up_gemv_chunks_kernel[(T * k, Ip // (16 * cfg.gate_up_blocks))](
         x,
         w13,
         s13,
@@ -1409,11 +1420,12 @@ def _moe_gemv_mma2(
         SWIGLU_ALPHA,
         SWIGLU_LIMIT,
         BLOCKS=cfg.gate_up_blocks,
+        ORDER=cfg.order,
         MATH=math,
         PDL=pdl,
         num_warps=cfg.gate_up_warps,
     )
-    _down_gemv_mma2_kernel[(T * k, tiles)](
+    _down_gemv_chunks_kernel[(T * k, tiles)](
         h,
         w2,
         s2,
@@ -1435,6 +1447,7 @@ def _moe_gemv_mma2(
         out.stride(0),
         k,
         BLOCKS=cfg.down_blocks,
+        ORDER=cfg.order,
         MATH=math,
         PDL=pdl,
         num_warps=cfg.down_warps,
@@ -1449,8 +1462,8 @@ _COMBINE = "moe_combine"
 def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
     """Allocate the decode combine's arrival counters for every T the GEMV path takes (at least one slot per
     token), so that no later call allocates them, e.g. inside a CUDA graph capture (:func:`arrival_counters`)."""
-    tile = min(MOE_GEMV.down.block_n, 16 * MMA2_GEMV.down_blocks)  # the rows order's down tile, the mma2 order's
-    arrival_counters(device, max(GEMV_MAX_ASSIGNMENTS, MMA2_GEMV_MAX_ASSIGNMENTS) * (hidden_padded // tile), _COMBINE)
+    tile = min(MOE_GEMV.down.block_n, *(16 * c.down_blocks for c in CHUNK_GEMVS.values()))  # every order's down tile
+    arrival_counters(device, max(GEMV_MAX_ASSIGNMENTS, CHUNK_GEMV_MAX_ASSIGNMENTS) * (hidden_padded // tile), _COMBINE)
 
 
 def _combine_buffers(device: torch.device, T: int, k: int, Hp: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1608,7 +1621,7 @@ def moe_mxfp4(
     topk_weights: torch.Tensor,
     w: dict[str, torch.Tensor],
     activations: str = "bf16",
-    config: MoeConfig | MoeGemvConfig | GemvConfig | Mma2GemvConfig | None = None,
+    config: MoeConfig | MoeGemvConfig | GemvConfig | ChunkGemvConfig | None = None,
     out: torch.Tensor | None = None,
     fold_scale: bool = False,
     order: str = "rows",
@@ -1618,7 +1631,7 @@ def moe_mxfp4(
     ``w``: the strided layout's tensors by suffix (``w13_weight``, ``w13_weight_scale``, ``w13_bias``,
     ``w2_weight``, ``w2_weight_scale``, ``w2_bias``). ``config``: a :class:`MoeConfig` (scheduled tiles),
     a :class:`MoeGemvConfig` (decode GEMV: the rows order, BF16 activations; a single :class:`GemvConfig` serves both
-    kernels, :meth:`MoeGemvConfig.from_single`), a :class:`Mma2GemvConfig` (the mma2 order's decode GEMVs), or None
+    kernels, :meth:`MoeGemvConfig.from_single`), a :class:`ChunkGemvConfig` (a chunk order's decode GEMVs), or None
     to choose by shape (:func:`pick_moe`). ``fold_scale``: ``w``'s scales fit the
     folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
     chosen swapped tiles then fold (same bits, faster) and nothing is checked per call. ``order``: the weights' byte
@@ -1644,21 +1657,20 @@ def moe_mxfp4(
     if isinstance(cfg, GemvConfig):
         cfg = MoeGemvConfig.from_single(cfg)
     gemv = isinstance(cfg, MoeGemvConfig)
-    mma2_gemv = isinstance(cfg, Mma2GemvConfig)
+    chunk_gemv = isinstance(cfg, ChunkGemvConfig)
     if not gemv and cfg.order != order:
         raise ValueError(f"config {cfg.name()} reads the {cfg.order} order, the weights are {order}")
-    if gemv and order != "rows":  # the rows order's GEMVs read its rows; the mma2 order has its own (Mma2GemvConfig)
-        own = " or Mma2GemvConfig" if order == "mma2" else ""
+    if gemv and order != "rows":  # the rows order's GEMVs read its rows; the chunk orders have their own
         raise ValueError(
-            f"the {order} order runs its scheduled tiles (a MoeConfig with order='{order}'){own}, not the rows "
-            f"order's GEMVs: got {cfg.name()}"
+            f"the {order} order runs its scheduled tiles (a MoeConfig with order='{order}') or its GEMVs "
+            f"(ChunkGemvConfig('{order}')), not the rows order's GEMVs: got {cfg.name()}"
         )
     if gemv and (activations != "bf16" or H % 32):
         raise ValueError(f"the MoE GEMV needs bf16 activations and H % 32 == 0, got {activations} and H = {H}")
     # row tiles that must divide the padded widths (a wider down tile of a chunk order may end past Hp)
     if gemv:
         tiles = [(cfg.gate_up.block_n, cfg.down.block_n)]
-    elif mma2_gemv:
+    elif chunk_gemv:
         tiles = [(16 * cfg.gate_up_blocks, 16 * cfg.down_blocks)]
     else:
         tiles = [(t.block_n, DOWN_TILE_ROWS if t.down_block_n else t.block_n) for t in (cfg, cfg.remainder) if t]
@@ -1675,8 +1687,8 @@ def moe_mxfp4(
         if not launches_dependents(x.device) and (cfg.gate_up.pdl or cfg.down.pdl):  # sm_8x: one after the other
             cfg = cfg.each(pdl=0)
         _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
-    elif mma2_gemv:
-        _moe_gemv_mma2(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, fold_scale, target)
+    elif chunk_gemv:
+        _moe_gemv_chunks(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, fold_scale, target)
     else:
         y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
         if T:
