@@ -410,9 +410,11 @@ class ChunkGemvConfig:
 # T = 16 0.370 against 0.331. Launching the down kernel after gate_up instead: 0.0405 against 0.0398 at T = 1 (the
 # 4-warp twin). The rows order's GEMVs remain faster at T = 1 (0.030 ms, same run).
 MMA2_GEMV = ChunkGemvConfig("mma2", gate_up_blocks=1, gate_up_warps=2, down_blocks=1, down_warps=4)
-# The chunk orders' GEMVs the dispatch runs. The wgmma order has none: its 16 x 64 tile beat the GEMVs written for
-# it at e98e4de (below, at MOE_TILES_WGMMA); ChunkGemvConfig("wgmma") runs this GEMV on its bytes, for measuring.
-CHUNK_GEMVS = {"mma2": MMA2_GEMV}
+# The wgmma order's: the same shape, best of 9 at T = 1 and 2 (H100, ``peers.py --sweep-moe 1,2,4,8 --sweep-kind
+# wgmma-gemv``, 0f661db, docs/bench/moe_sweep_wgmma_gemv_h100_2026-11-27_0f661db.json): 0.0418 ms against the order's
+# 16 x 64 tile's 0.0538 at T = 1, 0.0664 against 0.0677 at T = 2 (a tie); the tile from T = 4 (0.104 against 0.116).
+WGMMA_GEMV = ChunkGemvConfig("wgmma", gate_up_blocks=1, gate_up_warps=2, down_blocks=1, down_warps=4)
+CHUNK_GEMVS = {"mma2": MMA2_GEMV, "wgmma": WGMMA_GEMV}  # the chunk orders' GEMVs the dispatch runs
 
 # T * k up to which a chunk order's decode GEMVs (:data:`CHUNK_GEMVS`) take a call instead of its tiles: T <= 2 at
 # top-4, where the mma2 order's are clearly ahead (above); the tiles from T = 3, ties at T = 4 and 8 going to them.
