@@ -56,7 +56,6 @@ from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import (  # noqa: E402
     CHUNK_GEMVS,
     GEMV_MAX_ASSIGNMENTS,
-    ChunkGemvConfig,
     moe_mxfp4,
     pick_moe,
 )
@@ -248,12 +247,9 @@ def moe(rows: list, quick: bool) -> None:
             functools.partial(moe_mxfp4, w=Wo, fold_scale=fold, order=order),
             f"strided order {order}, 2944 x 2944",
         )
-    # each chunk order's decode GEMVs at every T * k to 64 (the dispatch's to 8; the wgmma order's, not dispatched, as
-    # ChunkGemvConfig's defaults)
-    for order, Wo in layers.items():
-        cfg = CHUNK_GEMVS.get(order, ChunkGemvConfig(order))
+    for order, Wo in layers.items():  # each chunk order's decode GEMVs at every T * k to 64 (the dispatch: to 8)
         impls[f"mxrepack_{order}_gemv"] = (
-            functools.partial(moe_mxfp4, w=Wo, config=cfg, fold_scale=fold, order=order),
+            functools.partial(moe_mxfp4, w=Wo, config=CHUNK_GEMVS[order], fold_scale=fold, order=order),
             f"strided order {order}, 2944 x 2944, decode GEMVs",
         )
     peers = (("vllm_marlin", marlin_moe),) + (() if mma_v3_disabled() else (("triton_kernels", triton_kernels_moe),))
@@ -343,7 +339,7 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     ``MOE_TILES`` and the chunk orders' tables)."""
     import itertools
 
-    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_BY_ORDER, MoeConfig
+    from mxrepack.kernels.moe_mxfp4 import MOE_TILES, MOE_TILES_BY_ORDER, ChunkGemvConfig, MoeConfig
 
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])

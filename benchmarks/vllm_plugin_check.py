@@ -17,8 +17,9 @@ docs/SERVING.md "Proof"). One run:
    let the kernels set it); with ``--profile``
    also 16 decode steps under torch.profiler (host against GPU time, graph launches, the costliest ops) of one
    sequence, or of ``--profile-batch`` sequences;
-3. compares each case with its baseline (stock vLLM on the source with the same MoE backend): greedy tokens equal, and
-   the largest |logprob difference| over the tokens both list;
+3. compares each case with its baseline (a case in ``CASES``: stock vLLM on the source, or another mxrepack case) and,
+   where it ran, with stock vLLM's Marlin case of the same mode (``stock_case``): greedy tokens equal, and the largest
+   |logprob difference| over the tokens both list;
 4. ``_convert``: for every expert layout, the tensors the plugin hands to vLLM's kernel (the stored bytes, retyped as
    the plugin does) against vLLM's own ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` of the same source layer,
    run here (the Blackwell-only backends' kernels cannot run on Hopper; their conversions can).
@@ -325,6 +326,26 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         # the host time of mxrepack's own ops (the registered dense op, the MoE method's calls) a step
         "host_mxrepack_us_per_step": sum(v for k, v in host_us.items() if "mxrepack" in k) / tokens,
     }
+
+
+def stock_case(name: str) -> str | None:
+    """The stock-vLLM Marlin case run in the same mode as case ``name`` (the same LLM arguments and environment but
+    the MoE backend): what the check also compares ``name`` with when both ran, beside its own baseline. None for a
+    stock case, or where no stock case matches."""
+    what, kwargs, _, _ = CASES[name]
+    if what == "source":
+        return None
+    mode = {k: v for k, v in kwargs.items() if k != "moe_backend"}
+    return next(
+        (
+            n
+            for n, (w, kw, _, _) in CASES.items()
+            if w == "source"
+            and kw.get("moe_backend") == "marlin"
+            and {k: v for k, v in kw.items() if k != "moe_backend"} == mode
+        ),
+        None,
+    )
 
 
 def compare(a: dict, b: dict) -> dict:
@@ -668,6 +689,11 @@ def main() -> None:
             cmp = compare(rec, results["cases"][baseline])
             results["comparisons"][f"{name} vs {baseline}"] = cmp
             print(f"   vs {baseline}: {cmp}", flush=True)
+        stock = stock_case(name)
+        if stock not in (None, baseline) and stock in results["cases"]:  # and with stock vLLM in the same mode
+            cmp = compare(rec, results["cases"][stock])
+            results["comparisons"][f"{name} vs {stock}"] = cmp
+            print(f"   vs {stock}: {cmp}", flush=True)
         if args.json:  # after every case: a run stopped at its time limit keeps what it measured
             Path(args.json).write_text(json.dumps(_summary(results), indent=1))
     if args.convert:

@@ -31,6 +31,20 @@ def test_every_case_names_a_checkpoint_and_a_known_baseline():
         assert all(isinstance(v, str) for v in kwargs.get(check._ENV, {}).values()), f"case {name}: env values are str"
 
 
+def test_each_case_is_also_compared_with_stock_vllm_in_its_mode():
+    check = _check_module()
+    assert check.stock_case("strided") == "source-marlin"
+    assert check.stock_case("strided-wgmma-graphs") == "source-marlin-graphs"
+    assert check.stock_case("strided-mma2-graphs") == "source-marlin-mmav2-graphs"  # DISABLE_MMA_V3 too
+    assert check.stock_case("source-marlin") is None and check.stock_case("source-marlin-graphs") is None
+    for name in check.CASES:  # a stock case, when found, runs in the same mode as the case
+        stock = check.stock_case(name)
+        if stock is not None:
+            drop = {"moe_backend"}
+            mode = {k: v for k, v in check.CASES[name][1].items() if k not in drop}
+            assert mode == {k: v for k, v in check.CASES[stock][1].items() if k not in drop}, name
+
+
 def test_timed_sequences_have_their_own_prompts():
     check = _check_module()
     prompts = [tuple(check._prompt(i)) for i in range(64)]

@@ -715,11 +715,14 @@ def test_moe_wgmma_order_matches_reference():
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, out=out, order="wgmma")
             assert y is out and not torch.isnan(y).any()
             assert rel(y, ref) <= 1e-2, (T, cfg, rel(y, ref))
-    # no GEMV path on this order: the tiles from T = 1 (the 16 x 64 tile beat every GEMV for it at T = 1-4)
-    for T in (1, 2, 3, 32):
+    # its own decode GEMVs to T x k = 8 (T <= 2 at top-4: test_moe_chunk_order_gemvs_match_reference), then the tiles
+    for T in (1, 2):
+        assert pick_moe(T, 4, 128, 2880, order="wgmma") == pick_moe(T, 4, 128, 2880, order="wgmma", cuda=False)
+        assert pick_moe(T, 4, 128, 2880, order="wgmma") == CHUNK_GEMVS["wgmma"]
+    for T in (3, 32):
         cfg = pick_moe(T, 4, 128, 2880, order="wgmma")
         assert isinstance(cfg, MoeConfig) and cfg.order == "wgmma", (T, cfg)
-    assert pick_moe(1, 4, 128, 2880, order="wgmma", cuda=False) == MOE_TILES_WGMMA[0][1]
+    assert pick_moe(3, 4, 128, 2880, order="wgmma", cuda=False) == MOE_TILES_WGMMA[0][1]
     for gemv in (GemvConfig(16, 128, 4, 1, "ops"), MOE_GEMV.portable()):
         with pytest.raises(ValueError, match="wgmma order runs its scheduled tiles"):
             moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, order="wgmma")
@@ -880,10 +883,9 @@ def test_moe_chunk_order_gemvs_match_reference(order):
     compiled in the kernels check and run by the GPU tests); the rows order's GEMVs and another order's are refused."""
     E, H, I, k = 4, 288, 96, 2
     dims, chunked, native = _strided_layer(E, H, I, order=order)
-    gemv = CHUNK_GEMVS.get(order, ChunkGemvConfig(order))  # the wgmma order's: not in the dispatch
-    if order in CHUNK_GEMVS:
-        assert gemv.order == order and CHUNK_GEMV_MAX_ASSIGNMENTS == 8  # T <= 2 at top-4
-        assert [T for T in (1, 2, 3, 4, 8, 16) if pick_moe(T, 4, 128, 2880, order=order) == gemv] == [1, 2]
+    gemv = CHUNK_GEMVS[order]
+    assert gemv.order == order and CHUNK_GEMV_MAX_ASSIGNMENTS == 8  # T <= 2 at top-4
+    assert [T for T in (1, 2, 3, 4, 8, 16) if pick_moe(T, 4, 128, 2880, order=order) == gemv] == [1, 2]
     assert all(isinstance(pick_moe(T, 4, 128, 2880, order=order), MoeConfig) for T in (3, 16, 4096))
     empty = torch.zeros(0, H).to(torch.bfloat16)  # no tokens: an empty output, no launch
     no_ids, no_wts = torch.zeros(0, k, dtype=torch.int64), torch.zeros(0, k)
@@ -976,7 +978,7 @@ def test_moe_mma2_order_on_mma_sync():
 )
 def test_moe_wgmma_order_on_hopper():
     """On an H100/H200: the wgmma order's tiles with the PTX decode (scales folded and not, each wgmma waited for and
-    one kept in flight while the next K tile decodes) and a decode GEMV on its bytes against the reference at gpt-oss's
+    one kept in flight while the next K tile decodes) and its decode GEMVs against the reference at gpt-oss's
     widths, decode sizes included, and the same bits on every repeat (a register race shows as non-finite or differing
     outputs)."""
     E, H, I, k = 8, 2880, 2880, 4
@@ -994,7 +996,7 @@ def test_moe_wgmma_order_on_hopper():
         # down tiles wider than block_n (2944 = 11.5 x 256: the last one partial)
         configs.append(MoeConfig(128, 128, 128, 8, swap_ab=True, fold_scale=True, order="wgmma", down_block_n=256))
         configs.append(MoeConfig(64, 64, 128, swap_ab=True, order="wgmma", down_block_n=128))
-        gemv = ChunkGemvConfig("wgmma")  # a GEMV on its bytes (not dispatched): folded and not, with PDL and without
+        gemv = CHUNK_GEMVS["wgmma"]  # its decode GEMVs: folded and not, launched with PDL and one after the other
         configs += [gemv, dataclasses.replace(gemv, pdl=not gemv.pdl)]
         for cfg in configs:
             y = moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma")
@@ -1057,11 +1059,16 @@ def test_kernels_check_builds_for_sm12x_without_tma():
         "gemv_moe_down",
         "gemv_moe_gate_up_mma2",
         "gemv_moe_down_mma2",
+        "gemv_moe_gate_up_wgmma",
+        "gemv_moe_down_wgmma",
         "dequant_mxfp4",
         "moe_schedule_count",
         "moe_schedule_place",
         "moe_schedule_combine",
     }
+    # each chunk order's decode GEMVs built where that order runs
+    assert {r["arch"] for r in records if r["kernel"].endswith("_wgmma")} == {"sm_90a"}
+    assert {r["arch"] for r in records if r["kernel"].endswith("_mma2")} == {"sm_120a", "sm_121a"}
     for r in records:
         assert r["ok"] and not r["tma"], r
         cuda_cores = r["kernel"].startswith(("gemv_", "moe_schedule")) or r["kernel"] == "dequant_mxfp4"

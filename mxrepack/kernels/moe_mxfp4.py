@@ -244,8 +244,10 @@ MOE_TILES_SCALED = (
 # K tiles in flight) at T = 1, 2 and 4: 0.0580 / 0.0744 / 0.1149 ms against the best GEMV's 0.0680 / 0.0978 / 0.1736
 # (H100, same run, ``--sweep-moe 1,2,4 --sweep-kind wgmma``, e98e4de,
 # docs/bench/moe_sweep_wgmma_gemv_h100_2026-11-26_e98e4de.json; the rows order's GEMVs 0.0291 / 0.0594 / 0.0871). So
-# the wgmma order has no GEMV path: those GEMVs (``MOE_GEMV_WGMMA``, ``gemv_mxfp4.gemv_rows_wgmma``) were removed in
-# the commit after that record; they are in git history at e98e4de.
+# those GEMVs (``MOE_GEMV_WGMMA``, ``gemv_mxfp4.gemv_rows_wgmma``) were removed in the commit after that record; they
+# are in git history at e98e4de. The mma2 order's GEMV, run on this order's words (``gemv_chunks``: each word's values
+# accumulated in place across K, reduced once; the k slots combined in the down kernel) took T = 1 from the tile:
+# :data:`WGMMA_GEMV`.
 # From 9 to 16 rows per expert, 32 tokens: T = 512 (16 rows) 0.982 ms against 16 x 64's 1.165, while at T = 256 (8
 # rows) 16 x 64 holds (0.817 against 0.930; H100, same run, ``--sweep-moe 256,512 --sweep-kind wgmma``, 7011f92,
 # docs/bench/moe_sweep_wgmma_h100_2026-11-26_7011f92.json): a 16-token tile gives about half the experts a second
