@@ -371,17 +371,8 @@ def _per_lane_byte(s, BLOCKS: tl.constexpr):
 # A chunk order's decode for a GEMV: WORD_ASM's rotations and masks, taking one int32 word at a time. Elementwise over
 # words, so no layout Triton picks can hand it another word's bytes: the tiles' byte form (pack = 4) relies on the
 # layout of the MMA operand it feeds, which a GEMV has not (its builds fail :func:`wgmma_words_packed`). Outputs: the
-# word's 4 bf16 pairs, pair p = byte p's codes (low half first). An mma2 word is 8 codes of one row in one scale group:
-# one scale for the whole word (WORD_ASM_ONE_SCALE); a wgmma word holds two rows (pairs 0, 1 row g; 2, 3 row g + 8),
-# each with its own scale (WORD_ASM).
-def _one_scale(asm: str) -> str:
-    """A word decode's text with pairs 2 and 3 multiplied by the scale of pairs 0 and 1 (operand $5 for $6)."""
-    assert "$6" in asm and "$7" not in asm, "the word decode's operands: outputs $0-$3, word $4, scales $5 and $6"
-    return asm.replace("$6", "$5")
-
-
-WORD_ASM_ONE_SCALE = tl.constexpr(_one_scale(WORD_ASM.value))
-WORD_ASM_ONE_SCALE_FOLDED = tl.constexpr(_one_scale(WORD_ASM_FOLDED.value))
+# word's 4 bf16 pairs, pair p = byte p's codes (low half first). A wgmma word holds two rows (pairs 0, 1 row g; 2, 3 row
+# g + 8), each with its own scale; an mma2 word is 8 codes of one row in one scale group: its scale is passed as both.
 
 
 @triton.jit
@@ -437,26 +428,21 @@ def chunk_word_values(w_ptr, w_off, lane, sc, ORDER: tl.constexpr, MATH: tl.cons
     else:
         tl.static_assert(MATH == "asm" or MATH == "asm-fold", "the chunk GEMV decode: MATH is asm, asm-fold or ops")
         words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + w_off // 4 + lane * 8 + tl.arange(0, 8)[None, None, :])
-        if ORDER == "wgmma":
-            args = [words, _pair_scale(s_lo, MATH), _pair_scale(s_hi, MATH)]
-            if MATH == "asm-fold":
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(
-                    WORD_ASM_FOLDED, "=r,=r,=r,=r,r,r,r", args, dtype=(tl.int32,) * 4, is_pure=True, pack=1
-                )
-            else:
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(
-                    WORD_ASM, "=r,=r,=r,=r,r,r,r", args, dtype=(tl.int32,) * 4, is_pure=True, pack=1
-                )
+        pair_lo = _pair_scale(s_lo, MATH)
+        pair_hi = _pair_scale(s_hi, MATH) if ORDER == "wgmma" else pair_lo  # an mma2 word: one scale, passed twice
+        if MATH == "asm-fold":
+            p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                WORD_ASM_FOLDED,
+                "=r,=r,=r,=r,r,r,r",
+                [words, pair_lo, pair_hi],
+                dtype=(tl.int32,) * 4,
+                is_pure=True,
+                pack=1,
+            )
         else:
-            args = [words, _pair_scale(s_lo, MATH)]
-            if MATH == "asm-fold":
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(
-                    WORD_ASM_ONE_SCALE_FOLDED, "=r,=r,=r,=r,r,r", args, dtype=(tl.int32,) * 4, is_pure=True, pack=1
-                )
-            else:
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(
-                    WORD_ASM_ONE_SCALE, "=r,=r,=r,=r,r,r", args, dtype=(tl.int32,) * 4, is_pure=True, pack=1
-                )
+            p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                WORD_ASM, "=r,=r,=r,=r,r,r,r", [words, pair_lo, pair_hi], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+            )
         v0, v1 = _bf16_pair_values(p0)
         v2, v3 = _bf16_pair_values(p1)
         v4, v5 = _bf16_pair_values(p2)
