@@ -233,7 +233,7 @@ def ordered_layer(W: dict, order: str) -> dict:
     return strided.from_row_major(strided.to_row_major(W), order=order)
 
 
-def moe(rows: list, quick: bool) -> None:
+def moe(rows: list, quick: bool, Ts: tuple[int, ...] = MOE_T) -> None:
     W = moe_weights(E, H, I, HP, IP)
     for n in ("w13_bias", "w2_bias"):  # every implementation sees the same bf16-representable biases
         W[n] = W[n].bfloat16().float()
@@ -266,7 +266,7 @@ def moe(rows: list, quick: bool) -> None:
                 }
             )
             print(f"moe {name}: setup failed: {type(e).__name__}: {e}"[:400], flush=True)
-    for T in MOE_T[:6] if quick else MOE_T:
+    for T in Ts[:6] if quick else Ts:
         torch.manual_seed(T)
         # distinct experts per token at every T, as a router's top-k gives (triton_kernels mis-adds a repeated one)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
@@ -684,6 +684,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="T <= 64 and no prefill")
     ap.add_argument("--only", choices=("moe", "dense"))
+    ap.add_argument("--moe-t", help="comma-separated T for the MoE comparison (default: the issue's ten)")
     ap.add_argument("--sweep-moe", help="comma-separated T: mxrepack's MoE tile configs only, no peers")
     ap.add_argument(
         "--sweep-kind",
@@ -769,7 +770,7 @@ def main() -> None:
     if args.sweep_moe or args.sweep_dense:
         return
     if args.only in (None, "moe"):
-        moe(rows, args.quick)
+        moe(rows, args.quick, tuple(int(t) for t in args.moe_t.split(",")) if args.moe_t else MOE_T)
     if args.only in (None, "dense"):
         dense(rows, args.quick)
 

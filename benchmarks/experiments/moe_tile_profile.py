@@ -5,7 +5,8 @@ each (``T k x 2944 @ 2944 x 5888`` and ``x 2944``: what the tensor cores give th
 decode). The question it answers: how much of the gap to triton_kernels at T = 1024-4096 is the matmuls and how much
 the schedule, the gather and the combine. Each launch is reported apart (a tile and its remainder tile: ``#0``, ``#1``);
 where vLLM imports (the kit), triton_kernels' ``matmul_ogs`` pair as ``benchmarks/peers.py`` times it is profiled too.
-Usage: python benchmarks/experiments/moe_tile_profile.py [OUT.json] [T,T,...]"""
+Usage: python benchmarks/experiments/moe_tile_profile.py [OUT.json] [T,T,...] [EXPERTS]  (EXPERTS: 128 is the 120b's,
+32 the 20b's)"""
 
 import json
 import sys
@@ -30,15 +31,18 @@ K_TOP = 4
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else None
     Ts = [int(t) for t in sys.argv[2].split(",")] if len(sys.argv) > 2 else [64, 512, 1024, 4096]
-    rows = [{"device": torch.cuda.get_device_name()}]
-    W = moe_weights()
+    E = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+    rows = [{"device": torch.cuda.get_device_name(), "experts": E}]
+    W = moe_weights(E)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     orders = {"rows": W}
     if torch.cuda.get_device_capability()[0] == 9:
         orders["wgmma"] = strided.from_row_major(strided.to_row_major(W), order="wgmma")
     try:  # the peer, on the same layer (its biases bf16-representable, as peers.py gives every implementation)
+        import peers
         from peers import triton_kernels_moe
 
+        peers.E = E  # its routing reads the module's expert count
         Wp = dict(W) | {n: W[n].bfloat16().float() for n in ("w13_bias", "w2_bias")}
         peer = triton_kernels_moe(Wp)[0]
     except Exception as e:  # noqa: BLE001 - no vLLM here: ours only
@@ -46,7 +50,7 @@ def main() -> None:
         peer = None
     for T in Ts:
         torch.manual_seed(T)
-        x, ids, wts = moe_decode_inputs(T, 128, K_TOP, H)
+        x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
         flops_gu, flops_down = 2 * T * K_TOP * H * 2 * I, 2 * T * K_TOP * I * H
         a = torch.randn(T * K_TOP, HP, device=DEV, dtype=torch.bfloat16)
         b_gu = torch.randn(HP, 2 * IP, device=DEV, dtype=torch.bfloat16)
@@ -58,7 +62,7 @@ def main() -> None:
         runs = {
             order: (lambda Wo=Wo, cfg=cfg, order=order: moe_mxfp4(x, ids, wts, Wo, config=cfg, order=order), cfg.name())
             for order, Wo in orders.items()
-            for cfg in [pick_moe(T, K_TOP, 128, H, fold_scale=fold, order=order)]
+            for cfg in [pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order)]
         }
         if peer is not None:
             ids32 = ids.to(torch.int32)
