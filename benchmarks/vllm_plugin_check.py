@@ -208,7 +208,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     kwargs = json.loads(kwargs_json)
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
     record["env"] = kwargs.pop(_ENV, {})
-    profile_batch = kwargs.pop(_PROFILE, 0)  # sequences in the profiled steps (0: none)
+    profile_batches = kwargs.pop(_PROFILE, [])  # sequence counts of the profiled steps (none: no profile)
     batches = kwargs.pop(_BATCHES, [1, 4])
     os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
@@ -280,8 +280,10 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                 runs.append(64 * batch / (time.perf_counter() - t))
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
-        if profile_batch:
-            record["profile"] = _profile_decode(llm, SamplingParams, batch=int(profile_batch))
+        for i, batch in enumerate(profile_batches):  # the first as "profile", each as "profile_batch<N>"
+            record[f"profile_batch{batch}"] = _profile_decode(llm, SamplingParams, batch=int(batch))
+            if i == 0:
+                record["profile"] = record[f"profile_batch{batch}"]
         record["ok"] = True
     except BaseException as e:  # noqa: BLE001 - the record says what failed
         record["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -588,9 +590,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--profile-batch",
-        type=int,
-        default=1,
-        help="--profile: the sequences decoding together in the profiled steps (each its own prompt)",
+        default="1",
+        help="--profile: comma-separated sequence counts decoding together in the profiled steps (each its own "
+        "prompt), one profile each",
     )
     ap.add_argument(
         "--batches",
@@ -636,6 +638,7 @@ def main() -> None:
         pass
     names = args.cases.split(",")
     batches = [int(b) for b in args.batches.split(",")]
+    profile_batches = [int(b) for b in args.profile_batch.split(",")] if args.profile else []
     for round_, name in [(r, n) for r in range(args.repeat) for n in names]:
         what, kwargs, baseline, expect = CASES[name]
         if round_:
@@ -657,7 +660,7 @@ def main() -> None:
                 "_engine",
                 str(model),
                 str(out),
-                json.dumps(kwargs | {_PROFILE: args.profile and args.profile_batch, _BATCHES: batches}),
+                json.dumps(kwargs | {_PROFILE: profile_batches, _BATCHES: batches}),
             ],
             work / f"case-{name}.log",
             {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
@@ -672,11 +675,10 @@ def main() -> None:
             if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error") or _is_decode_speed(k)
         }
         print(f"== {name}: {line}", flush=True)
-        if "profile" in rec:
-            prof = rec["profile"]
+        for prof in (v for k, v in rec.items() if k.startswith("profile_batch")):
             print(
-                f"   profile: {prof['ms_per_step_profiled']:.2f} ms a step, of which GPU kernels "
-                f"{prof['gpu_kernel_ms_per_step']:.2f} ms; host calls {prof['runtime_calls'][:4]}",
+                f"   profile at {prof['batch']} sequences: {prof['ms_per_step_profiled']:.2f} ms a step, of which GPU "
+                f"kernels {prof['gpu_kernel_ms_per_step']:.2f} ms; host calls {prof['runtime_calls'][:4]}",
                 flush=True,
             )
         if not rec.get("ok"):
