@@ -291,6 +291,35 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     Path(out).write_text(json.dumps(record))
 
 
+# kernels of a MoE layer, stock vLLM's (Marlin and its routing, triton_kernels) and mxrepack's (moe_mxfp4), by name
+_MOE_KERNELS = (
+    "marlin_moe",
+    "moe_align",
+    "topkgating",
+    "swiglu",
+    "moe_sum",
+    "matmul_ogs",
+    "_gate_up",
+    "_down",
+    "_schedule",
+    "_combine",
+    "_prepare_x",
+    "routing",
+    "bitmatrix",
+    "reduce_grouped",
+)
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of intervals ``spans``."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
 def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> dict:
     """Where ``batch`` sequences' decode steps spend their time (each its own prompt, as the timed runs): ``tokens``
     greedy tokens under torch.profiler (after the timed runs, so nothing compiles), their prompts' prefill (a
@@ -310,9 +339,13 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
     runtime, kernel_us, host_us = collections.Counter(), collections.Counter(), collections.Counter()
+    spans, moe_spans = [], []  # kernels' (start, end), us
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernel_us[e.name[:80]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            spans.append((e.time_range.start, e.time_range.end))
+            if any(m in e.name.lower() for m in _MOE_KERNELS):
+                moe_spans.append(spans[-1])
         elif e.name.startswith(("cuda", "cu")):
             runtime[e.name] += 1
         else:
@@ -322,6 +355,10 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         "batch": batch,
         "ms_per_step_profiled": wall / tokens * 1e3,
         "gpu_kernel_ms_per_step": sum(kernel_us.values()) / tokens / 1e3,
+        # the time some kernel ran (a union: kernels launched under PDL overlap the one before, and a sum counts that
+        # twice), and the same over the MoE layers' kernels (routing to combine, either backend)
+        "gpu_busy_ms_per_step": _union_us(spans) / tokens / 1e3,
+        "moe_busy_ms_per_step": _union_us(moe_spans) / tokens / 1e3,
         "runtime_calls": runtime.most_common(12),
         "kernel_us": kernel_us.most_common(20),
         "host_self_us": host_us.most_common(20),
@@ -678,7 +715,8 @@ def main() -> None:
         for prof in (v for k, v in rec.items() if k.startswith("profile_batch")):
             print(
                 f"   profile at {prof['batch']} sequences: {prof['ms_per_step_profiled']:.2f} ms a step, of which GPU "
-                f"kernels {prof['gpu_kernel_ms_per_step']:.2f} ms; host calls {prof['runtime_calls'][:4]}",
+                f"kernels {prof['gpu_kernel_ms_per_step']:.2f} ms summed, {prof['gpu_busy_ms_per_step']:.2f} busy (MoE "
+                f"{prof['moe_busy_ms_per_step']:.2f}); host calls {prof['runtime_calls'][:4]}",
                 flush=True,
             )
         if not rec.get("ok"):

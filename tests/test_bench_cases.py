@@ -69,3 +69,10 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
         {"ready_s": 3.0, "decode_tok_s_batch64": 300.0},
     ]
     assert first["median_ready_s"] == 2.0 and first["median_decode_tok_s_batch64"] == 200.0
+
+
+def test_gpu_busy_time_counts_overlapping_kernels_once():
+    # a kernel launched under PDL starts inside the one before it: the profile's busy time is their union
+    check = _check_module()
+    assert check._union_us([(0.0, 10.0), (5.0, 12.0), (20.0, 25.0), (21.0, 22.0)]) == 17.0
+    assert check._union_us([]) == 0.0
