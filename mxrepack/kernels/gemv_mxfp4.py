@@ -308,27 +308,21 @@ def _gemv_mxfp4_kernel(
 
 
 @triton.jit
-def pack_groups(v, GB: tl.constexpr, ORDER: tl.constexpr = "rows"):
+def pack_groups(v, GB: tl.constexpr, ORDER: tl.constexpr):
     """v [GB, 32] fp32 (bf16 values) -> (pairs [GB, 16] int32, factors [GB] fp32): each group rescaled by
     2^(14 - e), e = the exponent of its largest magnitude, as fp16 pairs; the factor 2^e restores it.
 
     ``ORDER`` "rows" (the rows order's GEMVs): word w of a group holds codes 8w..8w+7; its pair slot s holds codes
     (8w + s, 8w + s + 4) as (lo, hi) fp16, stored at 4s + w so that a thread loads slot s of its group's four words
-    as one 16-byte vector. A chunk order's GEMVs (:func:`gemv_chunks_f16x2`) take natural pairs (codes 2i, 2i + 1):
-    "mma2" in order (a lane's word is 4 consecutive pairs), "wgmma" with pair 4i + t of the group at 4t + i (a
-    lane's two words of a group, pairs t, t + 4, t + 8, t + 12, in one 16-byte vector: :func:`chunk_pairs_position`).
-    A pure permutation of the 32 values, so a kernel that has them in registers (the MoE gate_up epilogue) packs them
-    the same way as this file's preparing kernel."""
+    as one 16-byte vector. A chunk order ("mma2", "wgmma"): natural pairs (codes 2i, 2i + 1), which the caller stores
+    at :func:`chunk_pairs_position`. A pure permutation of the 32 values, so a kernel that has them in registers (the
+    MoE gate_up epilogue) packs them the same way as this file's preparing kernel."""
     eb = tl.max(tl.abs(v), axis=1).to(tl.int32, bitcast=True) >> 23  # biased exponent of the group's max
     eb = tl.maximum(eb, 14)  # an all-zero (or all below 2^-113) group: any factor in range will do
     factor = ((268 - eb) << 23).to(tl.float32, bitcast=True)  # 2^(14 - e), e = eb - 127
     bits = (v * factor[:, None]).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     if ORDER == "rows":
         bits = tl.permute(tl.reshape(bits, (GB, 4, 2, 4)), (0, 3, 1, 2))  # k = 8w + 4h + s -> [s, w, h]
-    elif ORDER == "wgmma":
-        bits = tl.permute(tl.reshape(bits, (GB, 4, 4, 2)), (0, 2, 1, 3))  # k = 2(4i + t) + h -> [t, i, h]
-    else:
-        tl.static_assert(ORDER == "mma2", "pack_groups: ORDER is rows, mma2 or wgmma")
     lo, hi = tl.split(tl.reshape(bits, (GB, 16, 2)))
     return (hi << 16) | lo, (eb << 23).to(tl.float32, bitcast=True)
 
@@ -357,7 +351,10 @@ def _prepare_x_kernel(
     xv = tl.load(x_ptr + m * stride_xm + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=g_ok[:, None], other=0.0)
     pairs, factors = pack_groups(xv.to(tl.float32), GB, ORDER)
     tl.store(xe_ptr + m * stride_em + g, factors, mask=g_ok)
-    tl.store(xp_ptr + m * stride_pm + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs, mask=g_ok[:, None])
+    pos = g[:, None] * 16 + tl.arange(0, 16)[None, :]
+    if ORDER != "rows":
+        pos = chunk_pairs_position(pos, ORDER)
+    tl.store(xp_ptr + m * stride_pm + pos, pairs, mask=g_ok[:, None])
 
 
 PREPARE_GROUPS = 16  # groups of 32 activations per program of the preparing kernel
@@ -368,7 +365,8 @@ def prepare_x(x: torch.Tensor, pdl: bool = False, order: str = "rows") -> tuple[
     weights in byte ``order`` (:func:`pack_groups`). ``pdl``: the GEMV that follows is launched with programmatic
     dependent launch."""
     M, K = x.shape
-    xp = torch.empty(M, K // 2, dtype=torch.int32, device=x.device)
+    width = K // 2 if order == "rows" else triton.cdiv(K, 128) * 64  # a chunk order's: whole K tiles
+    xp = torch.empty(M, width, dtype=torch.int32, device=x.device)
     xe = torch.empty(M, K // 32, dtype=torch.float32, device=x.device)
     _prepare_x_kernel[(M, triton.cdiv(K // 32, PREPARE_GROUPS))](
         x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0), GB=PREPARE_GROUPS, PDL=int(pdl), ORDER=order
@@ -818,38 +816,35 @@ WGMMA_WORDS_DOT_F16X2 = tl.constexpr(_wgmma_words_dot_asm_text())
 
 
 @triton.jit
-def _split_pairs4(v):
-    """v [1, 32, 4, 4] -> its four slices along the last axis, [1, 32, 4] each (register moves)."""
-    even, odd = tl.split(tl.reshape(v, (1, 32, 4, 2, 2)))
-    v0, v2 = tl.split(even)
-    v1, v3 = tl.split(odd)
-    return v0, v1, v2, v3
-
-
-@triton.jit
-def _chunk_pairs(xp_row, kt, K, ORDER: tl.constexpr, MASKED: tl.constexpr):
-    """K tile ``kt``'s prepared activation pairs for lane ``4g + t`` (:func:`pack_groups` of ``ORDER``), four ``[1, 32,
-    4]`` (lane, group q or j): mma2 word 2q + c's pairs 0-3 (codes 32q + 8t + 2p, + 1); wgmma words 2j, 2j + 1's (A0,
-    B0, A1, B1) (codes 16s + 2t + (0, 1) and + (8, 9) of word s). ``MASKED``: pairs from K on read as 0."""
-    t = tl.arange(0, 32)[None, :, None, None] % 4
-    q = tl.arange(0, 4)[None, None, :, None]
-    i = tl.arange(0, 4)[None, None, None, :]
-    idx = kt * 64 + 16 * q + 4 * t + i  # mma2: pair 4t + i of group q; wgmma: position 4t + i (pair t + 4i)
-    if MASKED:
-        pair = 16 * q + (4 * t + i if ORDER == "mma2" else t + 4 * i)
-        x = tl.load(xp_row + idx, mask=kt * 64 + pair < K // 2, other=0)
-    else:
-        x = tl.load(xp_row + idx)
-    return _split_pairs4(x)
+def _chunk_pairs(xp_row, kt, K, BLOCKS: tl.constexpr, MASKED: tl.constexpr):
+    """K tile ``kt``'s prepared activation pairs for lane ``4g + t`` (:func:`chunk_pairs_position`), four ``[BLOCKS, 32,
+    4]`` (block, lane, group q or j; the words' shape, so each lane's 4 groups are one 16-byte load in their layout):
+    mma2 word 2q + c's pairs 0-3 (codes 32q + 8t + 2p, + 1); wgmma words 2j, 2j + 1's (A0, B0, A1, B1) (codes 16s +
+    2t + (0, 1) and + (8, 9) of word s). ``MASKED``: groups from K on read as 0."""
+    t = tl.arange(0, 32)[None, :, None] % 4 + tl.zeros((BLOCKS, 1, 1), tl.int32)
+    q = tl.arange(0, 4)[None, None, :]
+    out = ()
+    for i in tl.static_range(4):
+        idx = kt * 64 + 16 * i + 4 * t + q
+        if MASKED:
+            out = out + (tl.load(xp_row + idx, mask=kt * 4 + q < K // 32, other=0),)
+        else:
+            out = out + (tl.load(xp_row + idx),)
+    return out
 
 
 @triton.jit
 def chunk_pairs_position(pair, ORDER: tl.constexpr):
-    """Where natural fp16 pair ``pair`` (codes 2 pair, + 1) of a row is stored for a chunk order's f16x2 GEMV
-    (:func:`pack_groups`): in place for mma2; for wgmma pair 4i + t of its 16-pair group at 4t + i."""
+    """Where natural fp16 pair ``pair`` (codes 2 pair, + 1) of a row is stored for a chunk order's f16x2 GEMV: in K
+    tiles of 64 pairs, pair l of group q at 16 i + 4 t + q, the slot i and lane t that read it (mma2: l = 4t + i;
+    wgmma: l = t + 4i). Lane t's slot i of the tile's 4 groups is then one 16-byte vector (:func:`_chunk_pairs`)."""
+    tile, q, lp = pair // 64, (pair % 64) // 16, pair % 16
     if ORDER == "wgmma":
-        pair = pair - pair % 16 + 4 * (pair % 4) + (pair % 16) // 4
-    return pair
+        t, i = lp % 4, lp // 4
+    else:
+        tl.static_assert(ORDER == "mma2", "a chunk order: mma2 or wgmma")
+        t, i = lp // 4, lp % 4
+    return tile * 64 + 16 * i + 4 * t + q
 
 
 @triton.jit
@@ -883,7 +878,7 @@ def _chunk_tile_f16x2(
         g = kt * 4 + tl.arange(0, 4)
         xe = tl.load(xe_row + g, mask=g < K // 32, other=0.0) if MASKED else tl.load(xe_row + g)
         factor = factor * tl.reshape(xe, (1, 1, 4, 1))
-    x0, x1, x2, x3 = _chunk_pairs(xp_row, kt, K, ORDER, MASKED)
+    x0, x1, x2, x3 = _chunk_pairs(xp_row, kt, K, BLOCKS, MASKED)
     if MATH == "ops":  # the portable twin: the words' exact values (fp32) times the pairs' fp16 halves
         as_f16 = tl.full((BLOCKS, 32, 8), 127 - 14, tl.int32)  # values x 2^-14, as the fp16 decode reads them
         v = chunk_word_values(w_ptr, wo, lane, as_f16, ORDER, "ops")
@@ -891,11 +886,11 @@ def _chunk_tile_f16x2(
             xs = (x0, x0, x1, x1, x2, x2, x3, x3)
             dot = tl.zeros((BLOCKS, 32, 4, 2), tl.float32)
             for j in tl.static_range(8):
-                xj = tl.broadcast_to(tl.reshape(_fp16_half(xs[j], j % 2 == 1), (1, 32, 4, 1)), (1, 32, 4, 2))
+                xj = tl.broadcast_to(tl.reshape(_fp16_half(xs[j], j % 2 == 1), (BLOCKS, 32, 4, 1)), (BLOCKS, 32, 4, 2))
                 dot += tl.reshape(v[j], (BLOCKS, 32, 4, 2)) * xj
         else:  # word 2j + h: values 0-3 row g, 4-7 row g + 8; pairs (A, B) = (x0, x1) for h = 0, (x2, x3) for h = 1
-            a = tl.reshape(tl.join(x0, x2), (1, 32, 8))  # at word 2j + h
-            b = tl.reshape(tl.join(x1, x3), (1, 32, 8))
+            a = tl.reshape(tl.join(x0, x2), (BLOCKS, 32, 8))  # at word 2j + h
+            b = tl.reshape(tl.join(x1, x3), (BLOCKS, 32, 8))
             xs = (_fp16_half(a, False), _fp16_half(a, True), _fp16_half(b, False), _fp16_half(b, True))
             row_g = v[0] * xs[0] + v[1] * xs[1] + v[2] * xs[2] + v[3] * xs[3]
             row_g8 = v[4] * xs[0] + v[5] * xs[1] + v[6] * xs[2] + v[7] * xs[3]
@@ -910,7 +905,7 @@ def _chunk_tile_f16x2(
         shape: tl.constexpr = (BLOCKS, 32, 4, 2)
         xb = ()
         for x in tl.static_range(4):
-            xb = xb + (tl.broadcast_to(tl.reshape((x0, x1, x2, x3)[x], (1, 32, 4, 1)), shape),)
+            xb = xb + (tl.broadcast_to(tl.reshape((x0, x1, x2, x3)[x], (BLOCKS, 32, 4, 1)), shape),)
         dot = tl.inline_asm_elementwise(
             MMA2_WORD_DOT_F16X2,
             "=r,r,r,r,r,r",
@@ -921,13 +916,10 @@ def _chunk_tile_f16x2(
         )
     else:  # words 2j, 2j + 1
         w_even, w_odd = tl.split(tl.reshape(words, (BLOCKS, 32, 4, 2)))
-        xb = ()
-        for x in tl.static_range(4):
-            xb = xb + (tl.broadcast_to((x0, x1, x2, x3)[x], (BLOCKS, 32, 4)),)
         row_g, row_g8 = tl.inline_asm_elementwise(
             WGMMA_WORDS_DOT_F16X2,
             "=r,=r,r,r,r,r,r,r",
-            [w_even, w_odd, xb[0], xb[1], xb[2], xb[3]],
+            [w_even, w_odd, x0, x1, x2, x3],
             dtype=(tl.float32, tl.float32),
             is_pure=True,
             pack=1,

@@ -1202,7 +1202,7 @@ def _gate_up_gemv_f16x2_kernel(
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
     GB: tl.constexpr = BLOCK_N // 32
-    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
+    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB, "rows")
     g = tl.program_id(1) * GB + tl.arange(0, GB)
     tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
     tl.store(he_ptr + p * stride_he + g, factors)
