@@ -345,9 +345,8 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     orders = kind.startswith("wgmma") or kind in ("remainder", "shipped", "overlap", "down-wide", "stages")
     gemv_order = {"mma2": "mma2", "wgmma-gemv": "wgmma"}.get(kind)  # whose decode GEMV shapes it sweeps
-    Wg = ordered_layer(W, "wgmma") if (orders or kind == "chunk-f16x2") and wgmma_here() else None
-    # the chunk-f16x2 kind times GEMVs only, which need no mma.sync build: the mma2 order runs anywhere
-    Wm = ordered_layer(W, "mma2") if ((orders or kind == "mma2") and mma2_here()) or kind == "chunk-f16x2" else None
+    Wg = ordered_layer(W, "wgmma") if orders and wgmma_here() else None
+    Wm = ordered_layer(W, "mma2") if (orders or kind == "mma2") and mma2_here() else None
     chunked = (("wgmma", Wg), ("mma2", Wm))  # the chunk orders' layers, None where the order cannot run here
     for T in Ts:
         torch.manual_seed(T)
@@ -366,15 +365,6 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 if pdl or (gu, gw, dn, dw) in ((1, 4, 1, 4), (1, 2, 1, 4)):  # and two launched one after the other
                     cfg = ChunkGemvConfig(gemv_order, gu, gw, dn, dw, pdl)
                     cands[cfg.name()] = cfg
-        if kind == "chunk-f16x2":  # each chunk order's shipped decode GEMV beside its packed-fp16 twins
-            ms_ = ()
-            for order, Wo in chunked:
-                if Wo is not None:
-                    shipped = CHUNK_GEMVS[order]
-                    cands[f"shipped {order} gemv {shipped.name()}"] = shipped
-                    for gu, gw, dn, dw in ((1, 2, 1, 4), (1, 4, 1, 4), (2, 4, 1, 4), (1, 2, 1, 2)):
-                        cfg = ChunkGemvConfig(order, gu, gw, dn, dw, True, math="f16x2")
-                        cands[cfg.name()] = cfg
         if kind == "mma2":  # the mma2 order's tiles: tokens, warps, a down tile twice as wide, stages
             ms_ = ()
             for bm, warps, down, st in itertools.product((16, 32, 64, 128), (4, 8), (0, 128), (2, 3)):
@@ -713,7 +703,6 @@ def main() -> None:
             "stages",
             "mma2",
             "wgmma-gemv",
-            "chunk-f16x2",
         ),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
@@ -725,8 +714,7 @@ def main() -> None:
         "2 and 4 times as wide (down-wide, MoE only, Hopper), or on 2-4 pipeline stages (stages, MoE only, Hopper), "
         "or the mma2 order's tiles and decode GEMVs beside each order's shipped choice (mma2, MoE only; sm_8x, sm_12x, "
         "or a Hopper under DISABLE_MMA_V3), or the wgmma order's decode GEMV shapes beside each order's shipped choice "
-        "(wgmma-gemv, MoE only, Hopper), or each chunk order's shipped decode GEMV beside its packed-fp16 twins "
-        "(chunk-f16x2, MoE only; the wgmma order on a Hopper)",
+        "(wgmma-gemv, MoE only, Hopper)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")

@@ -402,21 +402,12 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64, max_chunks: int
 def _chunk_gemv_sources(cfg: moe.ChunkGemvConfig, math: str) -> dict[str, ASTSource]:
     """A chunk order's decode GEMVs (``moe_mxfp4.ChunkGemvConfig``), PTX decode ``math`` ("asm" or "asm-fold")."""
     const = {"BLOCKS": "constexpr", "ORDER": "constexpr", "MATH": "constexpr", "PDL": "constexpr"}
+    gate_up = {**_GATE_UP_BF16, **const}
+    down = {**_down_combine_args("*bf16", False), **const}
     each = {"ORDER": cfg.order, "MATH": math, "PDL": int(cfg.pdl)}
-    if cfg.math == "f16x2":  # x and the intermediate as fp16 pairs (int32), x's group factors
-        scale = {"H_SCALE": "constexpr"}
-        gate_up = {**_GATE_UP_BF16, "x_ptr": "*i32", "h_ptr": "*i32", **const, "xe_ptr": "*fp32", "stride_xe": "i32"}
-        gate_up |= scale
-        down = {**_down_combine_args("*i32", False), **const, **scale}
-        each |= {"MATH": "asm", "H_SCALE": moe._DOWN_X_SCALE}  # no folded decode: its scale is applied in fp32
-    else:  # x and the intermediate bf16, no factors
-        gate_up = {**_GATE_UP_BF16, **const, "xe_ptr": "constexpr", "stride_xe": "constexpr", "H_SCALE": "constexpr"}
-        down = {**_down_combine_args("*bf16", False), **const, "H_SCALE": "constexpr"}
-        each |= {"H_SCALE": 0.0}
-    gate_up_only = {"xe_ptr": None, "stride_xe": 0} if cfg.math != "f16x2" else {}
     return {
         f"gemv_moe_gate_up_{cfg.order}": ASTSource(
-            moe._gate_up_gemv_chunks_kernel, gate_up, {"BLOCKS": cfg.gate_up_blocks, **each, **gate_up_only}
+            moe._gate_up_gemv_chunks_kernel, gate_up, {"BLOCKS": cfg.gate_up_blocks, **each}
         ),
         f"gemv_moe_down_{cfg.order}": ASTSource(
             moe._down_gemv_chunks_kernel, down, {"BLOCKS": cfg.down_blocks, **each}

@@ -37,7 +37,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxrepack.kernels.dequant_mxfp4 import chunk_word_values, e8m0_to_fp32, launches_dependents
-from mxrepack.layouts.strided import word_bit
 
 
 @dataclass(frozen=True)
@@ -308,68 +307,51 @@ def _gemv_mxfp4_kernel(
 
 
 @triton.jit
-def pack_groups(v, GB: tl.constexpr, ORDER: tl.constexpr):
+def pack_groups(v, GB: tl.constexpr):
     """v [GB, 32] fp32 (bf16 values) -> (pairs [GB, 16] int32, factors [GB] fp32): each group rescaled by
     2^(14 - e), e = the exponent of its largest magnitude, as fp16 pairs; the factor 2^e restores it.
 
-    ``ORDER`` "rows" (the rows order's GEMVs): word w of a group holds codes 8w..8w+7; its pair slot s holds codes
-    (8w + s, 8w + s + 4) as (lo, hi) fp16, stored at 4s + w so that a thread loads slot s of its group's four words
-    as one 16-byte vector. A chunk order ("mma2", "wgmma"): natural pairs (codes 2i, 2i + 1), which the caller stores
-    at :func:`chunk_pairs_position`. A pure permutation of the 32 values, so a kernel that has them in registers (the
-    MoE gate_up epilogue) packs them the same way as this file's preparing kernel."""
+    Word w of a group holds codes 8w..8w+7; its pair slot s holds codes (8w + s, 8w + s + 4) as (lo, hi)
+    fp16, stored at 4s + w so that a thread loads slot s of its group's four words as one 16-byte
+    vector. A pure permutation of the 32 values, so a kernel that has them in registers (the MoE
+    gate_up epilogue) packs them the same way as this file's preparing kernel."""
     eb = tl.max(tl.abs(v), axis=1).to(tl.int32, bitcast=True) >> 23  # biased exponent of the group's max
     eb = tl.maximum(eb, 14)  # an all-zero (or all below 2^-113) group: any factor in range will do
     factor = ((268 - eb) << 23).to(tl.float32, bitcast=True)  # 2^(14 - e), e = eb - 127
     bits = (v * factor[:, None]).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    if ORDER == "rows":
-        bits = tl.permute(tl.reshape(bits, (GB, 4, 2, 4)), (0, 3, 1, 2))  # k = 8w + 4h + s -> [s, w, h]
+    bits = tl.permute(tl.reshape(bits, (GB, 4, 2, 4)), (0, 3, 1, 2))  # k = 8w + 4h + s -> [s, w, h]
     lo, hi = tl.split(tl.reshape(bits, (GB, 16, 2)))
     return (hi << 16) | lo, (eb << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _prepare_x_kernel(
-    x_ptr,
-    xp_ptr,
-    xe_ptr,
-    K,
-    stride_xm,
-    stride_pm,
-    stride_em,
-    GB: tl.constexpr,
-    PDL: tl.constexpr = 0,
-    ORDER: tl.constexpr = "rows",
+    x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr, PDL: tl.constexpr = 0
 ):
-    """x [M, K] bf16 -> xp [M, K/2] int32 fp16 pairs in ``ORDER``'s decode order (:func:`pack_groups`), xe [M, K/32]
-    fp32 = 2^e per group. ``PDL``: let the GEMV launched after this kernel start at once (it waits for these stores
-    itself)."""
+    """x [M, K] bf16 -> xp [M, K/2] int32 fp16 pairs in decode order, xe [M, K/32] fp32 = 2^e per group.
+    ``PDL``: let the GEMV launched after this kernel start at once (it waits for these stores itself)."""
     if PDL:
         gdc_launch_dependents()
     m = tl.program_id(0)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
     g_ok = g < K // 32
     xv = tl.load(x_ptr + m * stride_xm + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=g_ok[:, None], other=0.0)
-    pairs, factors = pack_groups(xv.to(tl.float32), GB, ORDER)
+    pairs, factors = pack_groups(xv.to(tl.float32), GB)
     tl.store(xe_ptr + m * stride_em + g, factors, mask=g_ok)
-    pos = g[:, None] * 16 + tl.arange(0, 16)[None, :]
-    if ORDER != "rows":
-        pos = chunk_pairs_position(pos, ORDER)
-    tl.store(xp_ptr + m * stride_pm + pos, pairs, mask=g_ok[:, None])
+    tl.store(xp_ptr + m * stride_pm + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs, mask=g_ok[:, None])
 
 
 PREPARE_GROUPS = 16  # groups of 32 activations per program of the preparing kernel
 
 
-def prepare_x(x: torch.Tensor, pdl: bool = False, order: str = "rows") -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [M, K]`` bf16 -> (fp16 pairs ``[M, K/2]`` int32, group factors ``[M, K/32]`` fp32) for the f16x2 GEMV of
-    weights in byte ``order`` (:func:`pack_groups`). ``pdl``: the GEMV that follows is launched with programmatic
-    dependent launch."""
+def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` bf16 -> (fp16 pairs ``[M, K/2]`` int32, group factors ``[M, K/32]`` fp32) for the f16x2 GEMV.
+    ``pdl``: the GEMV that follows is launched with programmatic dependent launch."""
     M, K = x.shape
-    width = K // 2 if order == "rows" else triton.cdiv(K, 128) * 64  # a chunk order's: whole K tiles
-    xp = torch.empty(M, width, dtype=torch.int32, device=x.device)
+    xp = torch.empty(M, K // 2, dtype=torch.int32, device=x.device)
     xe = torch.empty(M, K // 32, dtype=torch.float32, device=x.device)
     _prepare_x_kernel[(M, triton.cdiv(K // 32, PREPARE_GROUPS))](
-        x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0), GB=PREPARE_GROUPS, PDL=int(pdl), ORDER=order
+        x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0), GB=PREPARE_GROUPS, PDL=int(pdl)
     )
     return xp, xe
 
@@ -740,229 +722,6 @@ def gemv_chunks(
     if n_full * 128 < K:
         acc = _chunk_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, n_full, K, ORDER, MATH, True)
     y = tl.sum(tl.sum(acc, axis=3), axis=2)  # [block, g, c]: row 8 c + g
-    return tl.reshape(tl.permute(y, (0, 2, 1)), (16 * BLOCKS,))
-
-
-# The chunk orders' words in packed fp16 (:func:`gemv_chunks_f16x2`): each pair p of a stored word (byte p's two codes
-# in the fragment, :data:`mxrepack.layouts.strided.WORD_ROTATIONS`) becomes an fp16 pair whose halves read as value x
-# 2^-14 (the rows order's fp16 decode above: sign at 15, exponent low bits and mantissa at 11, 10, 9) by rotating the
-# word left and masking: each bit of a pair has one rotation from its stored place, pairs 0-2 two (one for the sign, one
-# for the three value bits: 4 instructions), pair 3 three (5): 17 a word, where the bf16 decode then widened to fp32
-# took 13 and 16 more. The pairs then multiply the activations, prepared as fp16 pairs (:func:`prepare_x`, ``order``),
-# in ``fma.rn.f16x2``.
-F16_DECODED_BITS = (9, 10, 11, 15)  # code bit j (mantissa, exponent low, exponent high, sign) -> fp16 bit of a half
-
-
-def _f16_word_masks(pair: int) -> dict[int, int]:
-    """Pair ``pair``'s fp16 decode: {left rotation of the stored word: mask of the fp16 bits it puts in place}."""
-    masks: dict[int, int] = {}
-    for j, dst in enumerate(F16_DECODED_BITS):
-        for half in range(2):
-            r = (16 * half + dst - word_bit(pair, half, j)) % 32
-            masks[r] = masks.get(r, 0) | 1 << (16 * half + dst)
-    return masks
-
-
-def _decode_chunk_word_f16_ptx(word: str, pairs: tuple[str, str, str, str]) -> list[str]:
-    """PTX decoding stored chunk-order word ``word`` into its four fp16 pairs (registers ``pairs``), scratch t."""
-    lines = []
-    for p, out in enumerate(pairs):
-        for n, (r, mask) in enumerate(sorted(_f16_word_masks(p).items(), key=lambda rm: rm[0] != 0)):
-            src = word if r == 0 else "t"
-            if r:
-                lines.append(f"shf.l.wrap.b32 t, {word}, {word}, {r};")
-            lines.append(
-                f"and.b32 {out}, {src}, {hex(mask)};" if n == 0 else f"lop3.b32 {out}, {src}, {hex(mask)}, {out}, 0xEA;"
-            )
-    return lines
-
-
-def _f16x2_to_f32(reg: str, out: str) -> list[str]:
-    """PTX: the two fp16 halves of ``reg`` summed into fp32 ``out`` (scratch lo, hi, f0, f1)."""
-    return [f"mov.b32 {{lo, hi}}, {reg};", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;", f"add.f32 {out}, f0, f1;"]
-
-
-def _mma2_word_dot_asm_text() -> str:
-    """PTX for one mma2-order word $1 (8 codes of one row, one scale group) and its activation pairs $2..$5 (codes
-    2p, 2p + 1 of the word's 8) -> $0, the fp32 sum of the 8 products, unscaled (two fp16 chains of two)."""
-    lines = ["{", ".reg .b32 t, p0, p1, p2, p3, c, d;", *_F16X2_REGS]
-    lines += _decode_chunk_word_f16_ptx("$1", ("p0", "p1", "p2", "p3"))
-    lines += ["mul.rn.f16x2 c, p0, $2;", "mul.rn.f16x2 d, p1, $3;", "fma.rn.f16x2 c, p2, $4, c;"]
-    lines += ["fma.rn.f16x2 d, p3, $5, d;", "add.rn.f16x2 c, c, d;", *_f16x2_to_f32("c", "$0")]
-    return "\n".join(lines + ["}"])
-
-
-def _wgmma_words_dot_asm_text() -> str:
-    """PTX for the two wgmma-order words $2, $3 of one scale group (k16 steps 2j, 2j + 1; pairs 0, 1 of a word row g,
-    2, 3 row g + 8) and their activation pairs $4..$7 (per word: codes 2t, 2t + 1 and 2t + 8, 2t + 9 of its 16) ->
-    $0, $1: each row's fp32 sum of its 16 products, unscaled (one fp16 chain per row and pair slot)."""
-    lines = ["{", ".reg .b32 t, p0, p1, p2, p3, c, d, e, f;", *_F16X2_REGS]
-    lines += _decode_chunk_word_f16_ptx("$2", ("p0", "p1", "p2", "p3"))
-    lines += [
-        "mul.rn.f16x2 c, p0, $4;",
-        "mul.rn.f16x2 d, p1, $5;",
-        "mul.rn.f16x2 e, p2, $4;",
-        "mul.rn.f16x2 f, p3, $5;",
-    ]
-    lines += _decode_chunk_word_f16_ptx("$3", ("p0", "p1", "p2", "p3"))
-    lines += ["fma.rn.f16x2 c, p0, $6, c;", "fma.rn.f16x2 d, p1, $7, d;", "fma.rn.f16x2 e, p2, $6, e;"]
-    lines += ["fma.rn.f16x2 f, p3, $7, f;", "add.rn.f16x2 c, c, d;", "add.rn.f16x2 e, e, f;"]
-    lines += [*_f16x2_to_f32("c", "$0"), *_f16x2_to_f32("e", "$1")]
-    return "\n".join(lines + ["}"])
-
-
-MMA2_WORD_DOT_F16X2 = tl.constexpr(_mma2_word_dot_asm_text())
-WGMMA_WORDS_DOT_F16X2 = tl.constexpr(_wgmma_words_dot_asm_text())
-
-
-@triton.jit
-def _chunk_pairs(xp_row, kt, K, BLOCKS: tl.constexpr, MASKED: tl.constexpr):
-    """K tile ``kt``'s prepared activation pairs for lane ``4g + t`` (:func:`chunk_pairs_position`), four ``[BLOCKS, 32,
-    4]`` (block, lane, group q or j; the words' shape, so each lane's 4 groups are one 16-byte load in their layout):
-    mma2 word 2q + c's pairs 0-3 (codes 32q + 8t + 2p, + 1); wgmma words 2j, 2j + 1's (A0, B0, A1, B1) (codes 16s +
-    2t + (0, 1) and + (8, 9) of word s). ``MASKED``: groups from K on read as 0."""
-    t = tl.arange(0, 32)[None, :, None] % 4 + tl.zeros((BLOCKS, 1, 1), tl.int32)
-    q = tl.arange(0, 4)[None, None, :]
-    out = ()
-    for i in tl.static_range(4):
-        idx = kt * 64 + 16 * i + 4 * t + q
-        if MASKED:
-            out = out + (tl.load(xp_row + idx, mask=kt * 4 + q < K // 32, other=0),)
-        else:
-            out = out + (tl.load(xp_row + idx),)
-    return out
-
-
-@triton.jit
-def chunk_pairs_position(pair, ORDER: tl.constexpr):
-    """Where natural fp16 pair ``pair`` (codes 2 pair, + 1) of a row is stored for a chunk order's f16x2 GEMV: in K
-    tiles of 64 pairs, pair l of group q at 16 i + 4 t + q, the slot i and lane t that read it (mma2: l = 4t + i;
-    wgmma: l = t + 4i). Lane t's slot i of the tile's 4 groups is then one 16-byte vector (:func:`_chunk_pairs`)."""
-    tile, q, lp = pair // 64, (pair % 64) // 16, pair % 16
-    if ORDER == "wgmma":
-        t, i = lp % 4, lp // 4
-    else:
-        tl.static_assert(ORDER == "mma2", "a chunk order: mma2 or wgmma")
-        t, i = lp // 4, lp % 4
-    return tile * 64 + 16 * i + 4 * t + q
-
-
-@triton.jit
-def _chunk_tile_f16x2(
-    acc,
-    xp_row,
-    xe_row,
-    w_ptr,
-    s_ptr,
-    w_off,
-    s_off,
-    w_step,
-    s_step,
-    kt,
-    K,
-    ORDER: tl.constexpr,
-    MATH: tl.constexpr,
-    MASKED: tl.constexpr,
-    XE_FIXED: tl.constexpr,
-):
-    """``acc`` ``[blocks, 32 lanes, 4 groups, 2 c]`` plus K tile ``kt``'s products (row 8 c + g of each lane's group
-    q or j) in packed fp16, each word's (or word pair's) sum times its scale and its activations' factor."""
-    BLOCKS: tl.constexpr = acc.shape[0]
-    lane = tl.arange(0, 32)[None, :, None]
-    wo = w_off[:, None, None] + kt * w_step
-    sc = tl.load(s_ptr + s_off[:, None, None] + kt * s_step + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
-    factor = e8m0_to_fp32(tl.reshape(sc.to(tl.int32), (BLOCKS, 32, 4, 2)))  # at (q or j, c)
-    if XE_FIXED != 0.0:
-        factor = factor * XE_FIXED
-    else:
-        g = kt * 4 + tl.arange(0, 4)
-        xe = tl.load(xe_row + g, mask=g < K // 32, other=0.0) if MASKED else tl.load(xe_row + g)
-        factor = factor * tl.reshape(xe, (1, 1, 4, 1))
-    x0, x1, x2, x3 = _chunk_pairs(xp_row, kt, K, BLOCKS, MASKED)
-    if MATH == "ops":  # the portable twin: the words' exact values (fp32) times the pairs' fp16 halves
-        as_f16 = tl.full((BLOCKS, 32, 8), 127 - 14, tl.int32)  # values x 2^-14, as the fp16 decode reads them
-        v = chunk_word_values(w_ptr, wo, lane, as_f16, ORDER, "ops")
-        if ORDER == "mma2":  # word 2q + c, value j: pair j // 2 of x at group q
-            xs = (x0, x0, x1, x1, x2, x2, x3, x3)
-            dot = tl.zeros((BLOCKS, 32, 4, 2), tl.float32)
-            for j in tl.static_range(8):
-                xj = tl.broadcast_to(tl.reshape(_fp16_half(xs[j], j % 2 == 1), (BLOCKS, 32, 4, 1)), (BLOCKS, 32, 4, 2))
-                dot += tl.reshape(v[j], (BLOCKS, 32, 4, 2)) * xj
-        else:  # word 2j + h: values 0-3 row g, 4-7 row g + 8; pairs (A, B) = (x0, x1) for h = 0, (x2, x3) for h = 1
-            a = tl.reshape(tl.join(x0, x2), (BLOCKS, 32, 8))  # at word 2j + h
-            b = tl.reshape(tl.join(x1, x3), (BLOCKS, 32, 8))
-            xs = (_fp16_half(a, False), _fp16_half(a, True), _fp16_half(b, False), _fp16_half(b, True))
-            row_g = v[0] * xs[0] + v[1] * xs[1] + v[2] * xs[2] + v[3] * xs[3]
-            row_g8 = v[4] * xs[0] + v[5] * xs[1] + v[6] * xs[2] + v[7] * xs[3]
-            dot = tl.join(
-                tl.sum(tl.reshape(row_g, (BLOCKS, 32, 4, 2)), axis=3),
-                tl.sum(tl.reshape(row_g8, (BLOCKS, 32, 4, 2)), axis=3),
-            )
-        return acc + dot * factor
-    tl.static_assert(MATH == "asm", "the chunk f16x2 GEMV: MATH is asm or ops")
-    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + wo // 4 + lane * 8 + tl.arange(0, 8)[None, None, :])
-    if ORDER == "mma2":  # word 2q + c
-        shape: tl.constexpr = (BLOCKS, 32, 4, 2)
-        xb = ()
-        for x in tl.static_range(4):
-            xb = xb + (tl.broadcast_to(tl.reshape((x0, x1, x2, x3)[x], (BLOCKS, 32, 4, 1)), shape),)
-        dot = tl.inline_asm_elementwise(
-            MMA2_WORD_DOT_F16X2,
-            "=r,r,r,r,r,r",
-            [tl.reshape(words, shape), xb[0], xb[1], xb[2], xb[3]],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=1,
-        )
-    else:  # words 2j, 2j + 1
-        w_even, w_odd = tl.split(tl.reshape(words, (BLOCKS, 32, 4, 2)))
-        row_g, row_g8 = tl.inline_asm_elementwise(
-            WGMMA_WORDS_DOT_F16X2,
-            "=r,=r,r,r,r,r,r,r",
-            [w_even, w_odd, x0, x1, x2, x3],
-            dtype=(tl.float32, tl.float32),
-            is_pure=True,
-            pack=1,
-        )
-        dot = tl.join(row_g, row_g8)
-    return acc + dot * factor
-
-
-@triton.jit
-def gemv_chunks_f16x2(
-    xp_row,
-    xe_row,
-    w_ptr,
-    s_ptr,
-    w_off,
-    s_off,
-    w_step,
-    s_step,
-    K,
-    BLOCKS: tl.constexpr,
-    ORDER: tl.constexpr,
-    MATH: tl.constexpr,
-    XE_FIXED: tl.constexpr = 0.0,
-    PDL: tl.constexpr = 0,
-):
-    """:func:`gemv_chunks` in packed fp16: ``W @ x`` ``[16 BLOCKS]`` with x prepared for ``ORDER`` (:func:`prepare_x`:
-    ``xp_row`` its ``K / 2`` fp16 pairs, ``xe_row`` its ``K / 32`` group factors; ``XE_FIXED``, when not 0, every
-    group's factor, ``xe_row`` unread). Each word's (mma2) or group's word pair's (wgmma) products sum in fp16 (8 or
-    16 of them: at most 96 or 192, from activations below 2^15 and values x 2^-14 below 12) and once in fp32 times its
-    scale and factor. ``MATH`` "asm" (PTX) or "ops" (its portable twin). ``PDL``: wait for the kernel before first."""
-    acc = tl.zeros((BLOCKS, 32, 4, 2), dtype=tl.float32)  # block, lane, group, c
-    if PDL:
-        gdc_wait()
-    n_full = K // 128
-    for kt in range(0, n_full):
-        acc = _chunk_tile_f16x2(
-            acc, xp_row, xe_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, kt, K, ORDER, MATH, False, XE_FIXED
-        )
-    if n_full * 128 < K:
-        acc = _chunk_tile_f16x2(
-            acc, xp_row, xe_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, n_full, K, ORDER, MATH, True, XE_FIXED
-        )
-    y = tl.sum(tl.sum(tl.reshape(acc, (BLOCKS, 8, 4, 4, 2)), axis=3), axis=2)  # [block, g, c]: row 8 c + g
     return tl.reshape(tl.permute(y, (0, 2, 1)), (16 * BLOCKS,))
 
 

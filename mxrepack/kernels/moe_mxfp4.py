@@ -60,11 +60,9 @@ from mxrepack.kernels.dequant_mxfp4 import (
 )
 from mxrepack.kernels.gemv_mxfp4 import (
     GemvConfig,
-    chunk_pairs_position,
     gdc_launch_dependents,
     gdc_wait,
     gemv_chunks,
-    gemv_chunks_f16x2,
     gemv_rows,
     gemv_rows_f16x2,
     pack_groups,
@@ -82,10 +80,6 @@ if (GATE_UP_TILE, DOWN_TILE_ROWS, K_TILE_BYTES) != (32, 16, 64):
     raise ImportError("mxrepack.kernels.moe_mxfp4 is written for the strided layout's 32/16-row, 64-byte tiles")
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
-# The f16x2 chunk GEMVs' intermediate (ChunkGemvConfig.math): |SwiGLU| < limit (limit + 1) = 56, so times 2^9 it
-# stays below fp16's 2^15 (products with a code's value x 2^-14 below 11); the down GEMV's factor is 2^14 / 2^9 for
-# every group
-_DOWN_X_SCALE = float(2 ** ((2**15 // int(SWIGLU_LIMIT * (SWIGLU_LIMIT + 1))).bit_length() - 1))
 
 
 @dataclass(frozen=True)
@@ -394,15 +388,10 @@ class ChunkGemvConfig:
     down_blocks: int = 1
     down_warps: int = 4
     pdl: bool = True
-    # "f32": x read as bf16, each code's value times x in fp32; "f16x2": x prepared as fp16 pairs first (a third
-    # launch; the intermediate written so by gate_up), each word's products in packed fp16 (gemv_chunks_f16x2)
-    math: str = "f32"
 
     def __post_init__(self):
         if self.order not in ("mma2", "wgmma"):
             raise ValueError(f"ChunkGemvConfig.order must be mma2 or wgmma (a chunk order), got {self.order!r}")
-        if self.math not in ("f32", "f16x2"):
-            raise ValueError(f"ChunkGemvConfig.math must be f32 or f16x2, got {self.math!r}")
         for name in ("gate_up_blocks", "gate_up_warps", "down_blocks", "down_warps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1 or v & (v - 1):
@@ -412,7 +401,7 @@ class ChunkGemvConfig:
 
     def name(self) -> str:
         blocks = f"gu{16 * self.gate_up_blocks}w{self.gate_up_warps} d{16 * self.down_blocks}w{self.down_warps}"
-        return f"{self.order}-gemv {blocks}{' pdl' if self.pdl else ''}{' f16x2' if self.math == 'f16x2' else ''}"
+        return f"{self.order}-gemv {blocks}{' pdl' if self.pdl else ''}"
 
 
 # The mma2 order's decode GEMVs against its 16-token tile, on sm_12x's code path (an H100 under DISABLE_MMA_V3), 120b
@@ -1202,7 +1191,7 @@ def _gate_up_gemv_f16x2_kernel(
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit).to(tl.bfloat16).to(tl.float32)
     GB: tl.constexpr = BLOCK_N // 32
-    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB, "rows")
+    pairs, factors = pack_groups(tl.reshape(h, (GB, 32)), GB)
     g = tl.program_id(1) * GB + tl.arange(0, GB)
     tl.store(hp_ptr + p * stride_hp + g[:, None] * 16 + tl.arange(0, 16)[None, :], pairs)
     tl.store(he_ptr + p * stride_he + g, factors)
@@ -1315,15 +1304,10 @@ def _gate_up_gemv_chunks_kernel(
     ORDER: tl.constexpr,
     MATH: tl.constexpr,
     PDL: tl.constexpr = 0,
-    xe_ptr=None,
-    stride_xe=0,
-    H_SCALE: tl.constexpr = 0.0,
 ):
     """Assignment ``program_id(0)`` (t * k + slot) x the ``program_id(1)``-th 16 BLOCKS intermediate rows: gate and up
     (W in chunk order ``ORDER``, one GEMV over 2 BLOCKS weight blocks), bias, SwiGLU, stored in natural order.
-    ``PDL``: let the down kernel launch now (it waits for these stores itself). ``H_SCALE`` not 0 (the f16x2 math):
-    x is prepared (``x_ptr`` fp16 pairs, ``xe_ptr`` group factors, written by the kernel before: with ``PDL`` waited
-    for) and the intermediate is stored as fp16 pairs times ``H_SCALE`` in the down GEMV's order."""
+    ``PDL``: let the down kernel launch now (it waits for these stores itself)."""
     if PDL:
         gdc_launch_dependents()
     p = tl.program_id(0)
@@ -1331,24 +1315,23 @@ def _gate_up_gemv_chunks_kernel(
     e = tl.load(ids_ptr + p).to(tl.int64)
     blk = tl.arange(0, 2 * BLOCKS)  # gate blocks, then up blocks
     w_off, s_off = wgmma_chunks(_w13_rows(n0 + 16 * (blk % BLOCKS), blk // BLOCKS), stride_wn, stride_wsn, 64)
-    w_e, s_e = w_ptr + e * stride_we, ws_ptr + e * stride_wse
-    if H_SCALE != 0.0:
-        xp, xe = x_ptr + (p // TOPK) * stride_x, xe_ptr + (p // TOPK) * stride_xe
-        y = gemv_chunks_f16x2(xp, xe, w_e, s_e, w_off, s_off, 64 * 64, 64 * 4, H, 2 * BLOCKS, ORDER, MATH, 0.0, PDL)
-    else:
-        y = gemv_chunks(
-            x_ptr + (p // TOPK) * stride_x, w_e, s_e, w_off, s_off, 64 * 64, 64 * 4, H, 2 * BLOCKS, ORDER, MATH
-        )
+    y = gemv_chunks(
+        x_ptr + (p // TOPK) * stride_x,
+        w_ptr + e * stride_we,
+        ws_ptr + e * stride_wse,
+        w_off,
+        s_off,
+        64 * 64,
+        64 * 4,
+        H,
+        2 * BLOCKS,
+        ORDER,
+        MATH,
+    )
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, 16 * BLOCKS)), (1, 0)))
     rn = n0 + tl.arange(0, 16 * BLOCKS)
     h = _bias_swiglu(gate, up, b_ptr, e, Ip, rn, alpha, limit)
-    if H_SCALE != 0.0:  # |h| < limit (limit + 1): times H_SCALE below 2^15, fp16's 11 bits where bf16 kept 8
-        bits = (h * H_SCALE).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        lo, hi = tl.split(tl.reshape(bits, (8 * BLOCKS, 2)))
-        pair = n0 // 2 + tl.arange(0, 8 * BLOCKS)
-        tl.store(h_ptr + p * stride_h + chunk_pairs_position(pair, ORDER), (hi << 16) | lo)
-    else:
-        tl.store(h_ptr + p * stride_h + rn, h.to(h_ptr.dtype.element_ty))
+    tl.store(h_ptr + p * stride_h + rn, h.to(h_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -1377,35 +1360,28 @@ def _down_gemv_chunks_kernel(
     ORDER: tl.constexpr,
     MATH: tl.constexpr,
     PDL: tl.constexpr = 0,
-    H_SCALE: tl.constexpr = 0.0,
 ):
     """Assignment ``program_id(0)`` x the ``program_id(1)``-th 16 BLOCKS rows of H: its weighted output rows (W in
-    chunk order ``ORDER``, the intermediate in natural order, or with ``H_SCALE`` as fp16 pairs times it), and the
-    combine (:func:`_combine_slots`). ``PDL``: launched while the gate_up kernel runs."""
+    chunk order ``ORDER``, the intermediate in natural order), and the combine (:func:`_combine_slots`). ``PDL``:
+    launched while the gate_up kernel runs."""
     p = tl.program_id(0)
     n0 = tl.program_id(1) * 16 * BLOCKS
     e = tl.load(ids_ptr + p).to(tl.int64)
     w_off, s_off = wgmma_chunks(n0 + 16 * tl.arange(0, BLOCKS), stride_wn, stride_wsn, _DOWN_ROWS)
-    w_e, s_e, h_row = w_ptr + e * stride_we, ws_ptr + e * stride_wse, h_ptr + p * stride_h
-    if H_SCALE != 0.0:
-        y = gemv_chunks_f16x2(
-            h_row,
-            h_row,
-            w_e,
-            s_e,
-            w_off,
-            s_off,
-            _DOWN_ROWS * 64,
-            _DOWN_ROWS * 4,
-            Ip,
-            BLOCKS,
-            ORDER,
-            MATH,
-            16384.0 / H_SCALE,  # the factor that restores h x H_SCALE times the decode's value x 2^-14
-            PDL,
-        )
-    else:
-        y = gemv_chunks(h_row, w_e, s_e, w_off, s_off, _DOWN_ROWS * 64, _DOWN_ROWS * 4, Ip, BLOCKS, ORDER, MATH, PDL)
+    y = gemv_chunks(
+        h_ptr + p * stride_h,
+        w_ptr + e * stride_we,
+        ws_ptr + e * stride_wse,
+        w_off,
+        s_off,
+        _DOWN_ROWS * 64,
+        _DOWN_ROWS * 4,
+        Ip,
+        BLOCKS,
+        ORDER,
+        MATH,
+        PDL,
+    )
     rn = n0 + tl.arange(0, 16 * BLOCKS)
     y = (y + tl.load(b_ptr + e * Hp + rn)) * tl.load(wts_ptr + p)
     _combine_slots(y, part_ptr, count_ptr, out_ptr, p, tl.program_id(1), rn, H, stride_part, stride_out, TOPK)
@@ -1423,22 +1399,14 @@ def _moe_gemv_chunks(
     Ip, Hp = Ip2 // 2, w2.shape[1]
     ids, wts = _flat_routing(topk_ids, topk_weights)
     ptx = os.environ.get("TRITON_INTERPRET") != "1" and x.device.type == "cuda"
+    math = ("asm-fold" if fold_scale else "asm") if ptx else "ops"
     pdl = int(cfg.pdl and ptx and launches_dependents(x.device))  # sm_8x: one after the other
-    f16x2 = cfg.math == "f16x2"
-    if f16x2:  # the f16 decode has no scale to fold: fold_scale changes nothing
-        math, h_scale = ("asm" if ptx else "ops"), _DOWN_X_SCALE
-    else:
-        math, h_scale = ("asm-fold" if fold_scale else "asm") if ptx else "ops", 0.0
     # everything the down kernel needs is allocated before the gate_up launch: nothing between the two launches
-    if f16x2:
-        h = torch.empty(T * k, Ip // 2, dtype=torch.int32, device=x.device)
-        xp, xe = prepare_x(x, bool(pdl), cfg.order)
-    else:
-        h, xp, xe = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device), x, None
+    h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
     tiles = Hp // (16 * cfg.down_blocks)
     part, counters = _combine_buffers(x.device, T, k, Hp, tiles)
     _gate_up_gemv_chunks_kernel[(T * k, Ip // (16 * cfg.gate_up_blocks))](
-        xp,
+        x,
         w13,
         s13,
         b13,
@@ -1447,7 +1415,7 @@ def _moe_gemv_chunks(
         H,
         Ip,
         k,
-        xp.stride(0),
+        x.stride(0),
         w13.stride(0),
         w13.stride(1),
         s13.stride(0),
@@ -1459,11 +1427,7 @@ def _moe_gemv_chunks(
         ORDER=cfg.order,
         MATH=math,
         PDL=pdl,
-        xe_ptr=xe,
-        stride_xe=xe.stride(0) if f16x2 else 0,
-        H_SCALE=h_scale,
         num_warps=cfg.gate_up_warps,
-        **({"launch_pdl": True} if pdl and f16x2 else {}),
     )
     _down_gemv_chunks_kernel[(T * k, tiles)](
         h,
@@ -1490,7 +1454,6 @@ def _moe_gemv_chunks(
         ORDER=cfg.order,
         MATH=math,
         PDL=pdl,
-        H_SCALE=h_scale,
         num_warps=cfg.down_warps,
         **({"launch_pdl": True} if pdl else {}),
     )
