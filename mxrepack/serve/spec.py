@@ -78,14 +78,15 @@ RUN_HERE = {
     "sm90-strided": (
         "H100, vLLM 0.26.0, 2026-11-26: plugin, mxrepack's Triton MoE kernels (wgmma order); loads and generates, "
         "logprobs within 0.031 of the same weights in the rows order (the plugin check's strided-wgmma case); "
-        "2026-11-27 (07c438c, its decode GEMVs at 1-2 tokens): within 0.062 (median) of stock vLLM's Marlin on the "
-        "source over 12 layers of random weights"
+        "2026-11-27 (07c438c and 5737e28, its decode GEMVs at 1-2 tokens): within 0.062 (median; p99 0.91) of stock "
+        "vLLM's Marlin on the source over 12 layers of random weights"
     ),
     "sm121-strided": (
         "H100 under Triton's DISABLE_MMA_V3 (sm_12x's mma.sync code path), vLLM 0.26.0, 2026-11-27: plugin, "
         "mxrepack's Triton MoE kernels (mma2 order); loads and generates, logprobs within 0.031 (median) of the same "
-        "weights in the rows order (11e09c4, tiles at every batch size); as shipped (0f661db, decode GEMVs at 1-2 "
-        "tokens) loads and generates, logprobs not compared; not run on a GB10"
+        "weights in the rows order (11e09c4, tiles at every batch size); as shipped (decode GEMVs at 1-2 tokens, "
+        "0a1460e and 5737e28) within 0.062 (median; p99 1.39, max 1.82 over 281) of stock vLLM's Marlin on the source "
+        "over 12 layers of random weights, as the wgmma order's; not run on a GB10"
     ),
     "sm100": f"{_H100}: experts byte-equal to vLLM's own TRT-LLM conversion; the kernel needs sm100 (not run)",
     "sm120": "same layouts as sm121",
