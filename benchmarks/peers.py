@@ -266,7 +266,7 @@ def moe(rows: list, quick: bool, Ts: tuple[int, ...] = MOE_T) -> None:
                 }
             )
             print(f"moe {name}: setup failed: {type(e).__name__}: {e}"[:400], flush=True)
-    for T in Ts[:6] if quick else Ts:
+    for T in [t for t in Ts if t <= 64] if quick else Ts:
         torch.manual_seed(T)
         # distinct experts per token at every T, as a router's top-k gives (triton_kernels mis-adds a repeated one)
         x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)

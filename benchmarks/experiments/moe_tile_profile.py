@@ -1,10 +1,11 @@
 """Where the scheduled MoE tiles' time goes (T >= 64): each kernel's duration from the CUDA profiler over CUDA-graph
-replays of the shipped choice (120b shapes, folded scales, the rows order and, on Hopper, the wgmma order), with the
-two matmul kernels' achieved TFLOP/s (routed rows only, unpadded) and the same products as one cuBLAS BF16 matmul
-each (``T k x 2944 @ 2944 x 5888`` and ``x 2944``: what the tensor cores give these shapes without routing or
-decode). The question it answers: how much of the gap to triton_kernels at T = 1024-4096 is the matmuls and how much
-the schedule, the gather and the combine. Each launch is reported apart (a tile and its remainder tile: ``#0``, ``#1``);
-where vLLM imports (the kit), triton_kernels' ``matmul_ogs`` pair as ``benchmarks/peers.py`` times it is profiled too.
+replays of the shipped choice (120b shapes, or the 20b's expert count: EXPERTS below; folded scales, the rows order and,
+on Hopper, the wgmma order), with the two matmul kernels' achieved TFLOP/s (routed rows only, unpadded) and the same
+products as one cuBLAS BF16 matmul each (``T k x 2944 @ 2944 x 5888`` and ``x 2944``: what the tensor cores give these
+shapes without routing or decode). The question it answers: how much of the gap to triton_kernels at T = 1024-4096 is
+the matmuls and how much the schedule, the gather and the combine. Each launch is reported apart (a tile and its
+remainder tile: ``#0``, ``#1``); where vLLM imports (the kit), triton_kernels' ``matmul_ogs`` pair as
+``benchmarks/peers.py`` times it is profiled too.
 Usage: python benchmarks/experiments/moe_tile_profile.py [OUT.json] [T,T,...] [EXPERTS]  (EXPERTS: 128 is the 120b's,
 32 the 20b's)"""
 
