@@ -280,10 +280,8 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                 runs.append(64 * batch / (time.perf_counter() - t))
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
-        for i, batch in enumerate(profile_batches):  # the first as "profile", each as "profile_batch<N>"
+        for batch in profile_batches:
             record[f"profile_batch{batch}"] = _profile_decode(llm, SamplingParams, batch=int(batch))
-            if i == 0:
-                record["profile"] = record[f"profile_batch{batch}"]
         record["ok"] = True
     except BaseException as e:  # noqa: BLE001 - the record says what failed
         record["error"] = f"{type(e).__name__}: {e}"[:2000]
