@@ -318,6 +318,15 @@ def _union_us(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+_TIMELINE_KERNELS = 80
+
+
+def _timeline(kernels: list[tuple[float, float, str]]) -> list[tuple[str, float, float]]:
+    """(start, end, name) in us, sorted -> (name, start, end) relative to the first one's start, to 0.1 us."""
+    t0 = kernels[0][0] if kernels else 0.0
+    return [(name, round(a - t0, 1), round(b - t0, 1)) for a, b, name in kernels]
+
+
 def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> dict:
     """Where ``batch`` sequences' decode steps spend their time (each its own prompt, as the timed runs): ``tokens``
     greedy tokens under torch.profiler (after the timed runs, so nothing compiles), their prompts' prefill (a
@@ -338,10 +347,14 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         wall = time.perf_counter() - t
     runtime, kernel_us, host_us = collections.Counter(), collections.Counter(), collections.Counter()
     spans, moe_spans = [], []  # kernels' (start, end), us
+    durations = collections.defaultdict(list)  # kernel name -> each call's duration, us
+    kernels = []  # (start, end, name)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernel_us[e.name[:80]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             spans.append((e.time_range.start, e.time_range.end))
+            durations[e.name[:80]].append(e.time_range.end - e.time_range.start)
+            kernels.append((e.time_range.start, e.time_range.end, e.name[:48]))
             if any(m in e.name.lower() for m in _MOE_KERNELS):
                 moe_spans.append(spans[-1])
         elif e.name.startswith(("cuda", "cu")):
@@ -359,6 +372,15 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         "moe_busy_ms_per_step": _union_us(moe_spans) / tokens / 1e3,
         "runtime_calls": runtime.most_common(12),
         "kernel_us": kernel_us.most_common(20),
+        # each of those kernels' calls and median duration: the decode steps' typical call, where the total above
+        # also holds the prompt's step
+        "kernel_median_us": [
+            (name, len(durations[name]), sorted(durations[name])[len(durations[name]) // 2])
+            for name, _ in kernel_us.most_common(20)
+        ],
+        # the last decode step's end as a timeline: (name, start and end in us after the first listed kernel's
+        # start), enough kernels for a few layers; a kernel launched under PDL starts before the one before it ends
+        "last_kernels": _timeline(sorted(kernels)[-_TIMELINE_KERNELS:]),
         "host_self_us": host_us.most_common(20),
         # the host time of mxrepack's own ops (the registered dense op, the MoE method's calls) a step
         "host_mxrepack_us_per_step": sum(v for k, v in host_us.items() if "mxrepack" in k) / tokens,

@@ -76,3 +76,10 @@ def test_gpu_busy_time_counts_overlapping_kernels_once():
     check = _check_module()
     assert check._union_us([(0.0, 10.0), (5.0, 12.0), (20.0, 25.0), (21.0, 22.0)]) == 17.0
     assert check._union_us([]) == 0.0
+
+
+def test_profile_timeline_is_relative_to_its_first_kernel():
+    check = _check_module()
+    kernels = [(100.0, 112.34, "gate_up"), (101.0, 130.0, "down")]
+    assert check._timeline(kernels) == [("gate_up", 0.0, 12.3), ("down", 1.0, 30.0)]
+    assert check._timeline([]) == []
