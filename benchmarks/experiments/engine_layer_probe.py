@@ -18,6 +18,7 @@ Usage: python benchmarks/experiments/engine_layer_probe.py [OUT.json] [T,T,...]
 """
 
 import functools
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -60,17 +61,26 @@ def main() -> None:
         W[n] = W[n].bfloat16().float()
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     topk_name, topk = topk_fn()
-    rec = {"device": torch.cuda.get_device_name(), "experts": E, "layers": LAYERS, "topk": topk_name, "rows": []}
+    rec = {
+        "device": torch.cuda.get_device_name(),
+        "experts": E,
+        "fold": fold,
+        "layers": LAYERS,
+        "topk": topk_name,
+        "rows": [],
+    }
     impls = {"rows": lambda: {k: v.clone() for k, v in W.items()}}
     if torch.cuda.get_device_capability()[0] == 9:
         Wg = strided.from_row_major(strided.to_row_major(W), order="wgmma")
         impls = {"wgmma": lambda: {k: v.clone() for k, v in Wg.items()}} | impls
     calls = {}
-    for name, make in impls.items():
+    # each order folded (as the plugin runs weights whose scales fit, these do: fits_fold) and unfolded (as it runs
+    # weights with a scale byte over 128, e.g. the 12-layer check's fixture, whose scales reach 129)
+    for (name, make), f in itertools.product(impls.items(), (fold, False)):
         order = "wgmma" if name == "wgmma" else "rows"
-        calls[name] = [
+        calls[name if f else f"{name}_unfolded"] = [
             functools.partial(
-                lambda x, i, w, Wl, o: moe_mxfp4(x, i, w, Wl, fold_scale=fold, order=o), Wl=make(), o=order
+                lambda x, i, w, Wl, o, f: moe_mxfp4(x, i, w, Wl, fold_scale=f, order=o), Wl=make(), o=order, f=f
             )
             for _ in range(LAYERS)
         ]
