@@ -398,6 +398,54 @@ def test_fits_fold_is_scales_up_to_2():
     assert fits_fold()
 
 
+def test_fold_shift_takes_scales_above_128_down_to_128():
+    from mxrepack.kernels.dequant_mxfp4 import MAX_SCALE_SHIFT, fold_shift
+
+    u8 = lambda *v: torch.tensor(v, dtype=torch.uint8)  # noqa: E731
+    assert fold_shift(u8(0, 127, 128), torch.empty(0, dtype=torch.uint8)) == 0 and fold_shift() == 0
+    assert fold_shift(u8(119, 127), u8(129)) == 1  # the 12-layer fixture's tail
+    assert fold_shift(u8(3, 131)) == 3 and fold_shift(u8(2, 131)) is None  # a scale under the shift would underflow
+    assert fold_shift(u8(0, 120, 131)) == 3  # but 0, the layouts' padding
+    assert fold_shift(u8(120, 128 + MAX_SCALE_SHIFT)) == MAX_SCALE_SHIFT
+    assert fold_shift(u8(120, 129 + MAX_SCALE_SHIFT)) is None
+    assert fold_shift(u8(130).view(torch.float8_e8m0fnu)) == 2  # vLLM's dtype for them
+
+
+@pytest.mark.parametrize("order", ["rows", "wgmma", "mma2"])
+def test_scale_shift_gives_the_unshifted_bits(order):
+    """Weights with scales above 128 (here 131: ``fold_shift`` 3) through the kernels that fold, with the scales read
+    3 lower and the sums multiplied back (``scale_shift``): the same bits as the unshifted decode, for the swapped
+    tiles (a remainder tile too) and the chunk orders' GEMVs (portable decode here; the PTX one on a GPU below)."""
+    from mxrepack.kernels.dequant_mxfp4 import fold_shift
+
+    torch.manual_seed(1)
+    E, H, I, k = 4, 288, 96, 2
+    _, w, _ = _strided_layer(E, H, I, order=order)
+    w["w13_weight_scale"].view(-1)[5] = 131
+    w["w2_weight_scale"].view(-1)[7] = 130
+    shift = fold_shift(w["w13_weight_scale"], w["w2_weight_scale"])
+    assert shift == 3
+    # (tokens, config): a tile with a remainder tile (on the rows order: the chunk orders' tiles take the same
+    # shift argument and are slow under the interpreter), a tile, the chunk orders' GEMVs
+    tile = MoeConfig(16, 64, 128, swap_ab=True, order=order)
+    cases = [(3, tile)] if order != "rows" else [(9, dataclasses.replace(tile, block_m=32, remainder=tile))]
+    cases += [(1, CHUNK_GEMVS[order])] if order != "rows" else []
+    for T, cfg in cases:
+        x = torch.randn(T, H).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+        wts = torch.softmax(torch.randn(T, k), -1)
+        plain = moe_mxfp4(x, ids, wts, w, "bf16", cfg, order=order)
+        folded = with_fold(cfg, True, True) if isinstance(cfg, MoeConfig) else cfg
+        shifted = moe_mxfp4(x, ids, wts, w, "bf16", folded, fold_scale=True, order=order, scale_shift=shift)
+        assert torch.isfinite(plain).all() and torch.equal(shifted, plain), (T, cfg)
+    with pytest.raises(ValueError, match="scale_shift is the folded decode's"):
+        moe_mxfp4(x, ids, wts, w, "bf16", tile, order=order, scale_shift=3)
+    with pytest.raises(ValueError, match="fold_scale needs E8M0 scales <= 128.*got 131"):
+        moe_mxfp4(x, ids, wts, w, "bf16", with_fold(tile, True, True), order=order)  # by hand: checked
+    with pytest.raises(ValueError, match="scale_shift must be 0 to 30"):
+        moe_mxfp4(x, ids, wts, w, "bf16", tile, fold_scale=True, order=order, scale_shift=31)
+
+
 def test_the_dispatch_folds_the_swapped_tiles_of_weights_that_fit():
     """``fold_scale`` (the weights fit, asked once at load) turns each swapped W4A16 tile the dispatch picks into
     its folded twin; the GEMVs, the unswapped tiles and MXFP8/MXFP4 activations are left as they are."""
@@ -1004,6 +1052,44 @@ def test_moe_wgmma_order_on_hopper():
             assert all(torch.equal(moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma"), y) for _ in range(5))
         folded = moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, fold_scale=True, order="wgmma")
         assert torch.equal(folded, moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, order="wgmma")), T
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX decode needs a GPU")
+def test_scale_shift_on_a_gpu():
+    """Scales above 128 on a GPU (gpt-oss's widths): the dispatch's choice with the folded decode and the shift
+    (``fold_shift``) gives the bits of the unfolded decode, for each byte order this GPU runs, at decode and tile
+    sizes; the chunk orders' GEMVs too."""
+    from mxrepack.kernels.dequant_mxfp4 import fold_shift
+    from mxrepack.kernels.moe_mxfp4 import check_order
+
+    def runs(order):
+        try:
+            check_order(order, "bf16", torch.device("cuda"))
+            return True
+        except ValueError:
+            return False
+
+    E, H, I, k = 8, 2880, 2880, 4
+    for order in (o for o in ("rows", "wgmma", "mma2") if runs(o)):
+        torch.manual_seed(2)
+        _, w, _ = _strided_layer(E, H, I, order=order)
+        w["w13_weight_scale"].view(-1)[100] = 131
+        w["w2_weight_scale"].view(-1)[200] = 129
+        w = {n: t.cuda() for n, t in w.items()}
+        shift = fold_shift(w["w13_weight_scale"], w["w2_weight_scale"])
+        assert shift == 3
+        for T in (1, 5, 64, 300):
+            x = torch.randn(T, H, device="cuda").to(torch.bfloat16)
+            ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).cuda()
+            wts = torch.softmax(torch.randn(T, k, device="cuda"), -1)
+            plain = moe_mxfp4(x, ids, wts, w, order=order)
+            shifted = moe_mxfp4(x, ids, wts, w, fold_scale=True, order=order, scale_shift=shift)
+            assert torch.isfinite(plain).all() and torch.equal(shifted, plain), (order, T)
+            if order != "rows" and T <= 5:
+                gemv = CHUNK_GEMVS[order]
+                plain = moe_mxfp4(x, ids, wts, w, "bf16", gemv, order=order)
+                shifted = moe_mxfp4(x, ids, wts, w, "bf16", gemv, fold_scale=True, order=order, scale_shift=shift)
+                assert torch.equal(shifted, plain), (order, T, "gemv")
 
 
 _TTGIR_ASM = (

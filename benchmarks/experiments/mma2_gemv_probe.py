@@ -40,7 +40,7 @@ def gemv_mma2_kernel(x_ptr, w_ptr, s_ptr, y_ptr, K, BLOCKS: tl.constexpr, MATH: 
     order, x ``[K]`` bf16, y fp32."""
     k_tiles = K // 128
     blk = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
-    y = gemv_chunks(x_ptr, w_ptr, s_ptr, blk * k_tiles * 1024, blk * k_tiles * 64, 1024, 64, K, BLOCKS, "mma2", MATH)
+    y = gemv_chunks(x_ptr, w_ptr, s_ptr, blk * k_tiles * 1024, blk * k_tiles * 64, 1024, 64, K, BLOCKS, "mma2", MATH, 0)
     tl.store(y_ptr + tl.program_id(0) * 16 * BLOCKS + tl.arange(0, 16 * BLOCKS), y)
 
 

@@ -210,7 +210,7 @@ class GptOssRunner:
 
     # -- Triton fast path -------------------------------------------------------------------------
     def _prepare_kernels(self) -> None:
-        from mxrepack.kernels.dequant_mxfp4 import fits_fold
+        from mxrepack.kernels.dequant_mxfp4 import fits_fold, fold_shift
         from mxrepack.layouts import get_layout
 
         strided = get_layout("strided")
@@ -224,9 +224,11 @@ class GptOssRunner:
         self.mx = {
             k: (fmt, v.to(self.device), s.to(self.device)) for k, (fmt, v, s) in self.w.mx.items() if fmt == "mxfp4"
         }
-        # which weights take the kernels' folded decode (asked once here: it synchronizes)
-        self._fold = {k: fits_fold(s) for k, (_, _, s) in self.mx.items()} | {
-            layer: fits_fold(w["w13_weight_scale"], w["w2_weight_scale"]) for layer, w in self._kernel_experts.items()
+        # which weights take the kernels' folded decode (asked once here: it synchronizes); the experts' with the
+        # shift their scales need (dequant_mxfp4.fold_shift)
+        self._fold = {k: fits_fold(s) for k, (_, _, s) in self.mx.items()}
+        self._expert_shift = {
+            layer: fold_shift(w["w13_weight_scale"], w["w2_weight_scale"]) for layer, w in self._kernel_experts.items()
         }
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
@@ -293,7 +295,15 @@ class GptOssRunner:
             from mxrepack.kernels.moe_mxfp4 import moe_mxfp4
 
             experts = self._kernel_experts[layer]
-            y = moe_mxfp4(x.to(torch.bfloat16), ids.to(torch.int32), wts.float(), experts, fold_scale=self._fold[layer])
+            shift = self._expert_shift[layer]
+            y = moe_mxfp4(
+                x.to(torch.bfloat16),
+                ids.to(torch.int32),
+                wts.float(),
+                experts,
+                fold_scale=shift is not None,
+                scale_shift=shift or 0,
+            )
             return y.to(self.dtype)
         w = self.experts[layer]
         out = torch.zeros_like(x)

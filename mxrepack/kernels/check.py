@@ -136,6 +136,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSou
         "ORDER": cfg.order,
         "DOTS": cfg.token_dots,
         "PDL": pdl,
+        "SCALE_SHIFT": 0,  # a shift (scales above 128) adds a max, a subtraction and a multiply: no memory
     }
     gate_up = {
         "x_ptr": _A_TYPE[act],
@@ -401,10 +402,10 @@ def _moe_schedule_sources(experts: int = 128, block_m: int = 64, max_chunks: int
 
 def _chunk_gemv_sources(cfg: moe.ChunkGemvConfig, math: str) -> dict[str, ASTSource]:
     """A chunk order's decode GEMVs (``moe_mxfp4.ChunkGemvConfig``), PTX decode ``math`` ("asm" or "asm-fold")."""
-    const = {"BLOCKS": "constexpr", "ORDER": "constexpr", "MATH": "constexpr", "PDL": "constexpr"}
-    gate_up = {**_GATE_UP_BF16, **const}
-    down = {**_down_combine_args("*bf16", False), **const}
-    each = {"ORDER": cfg.order, "MATH": math, "PDL": int(cfg.pdl)}
+    const = {"BLOCKS": "constexpr", "ORDER": "constexpr", "MATH": "constexpr", "SCALE_SHIFT": "constexpr"}
+    gate_up = {**_GATE_UP_BF16, **const, "PDL": "constexpr"}
+    down = {**_down_combine_args("*bf16", False), **const, "PDL": "constexpr"}
+    each = {"ORDER": cfg.order, "MATH": math, "SCALE_SHIFT": 0, "PDL": int(cfg.pdl)}
     return {
         f"gemv_moe_gate_up_{cfg.order}": ASTSource(
             moe._gate_up_gemv_chunks_kernel, gate_up, {"BLOCKS": cfg.gate_up_blocks, **each}

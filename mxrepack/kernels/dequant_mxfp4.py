@@ -451,16 +451,20 @@ def chunk_word_values(w_ptr, w_off, lane, sc, ORDER: tl.constexpr, MATH: tl.cons
 
 
 @triton.jit
-def chunk_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr, ORDER: tl.constexpr):
+def chunk_tile(
+    w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr, ORDER: tl.constexpr, SCALE_SHIFT: tl.constexpr
+):
     """W's rows of ``BLOCKS`` 16-row blocks over one K tile, in a chunk order (``ORDER`` "wgmma" or "mma2"), as
     ``[16 BLOCKS, 128]`` in natural order (row 16 i + r of block i, code k): ``w_off`` / ``s_off`` ``[BLOCKS]``, the
     byte offsets of each block's 1 KB weight chunk and 64-byte scale piece (scales ``[g][j][c]``, the 8 a quad of
     lanes needs contiguous). The decoded pairs are relabelled to natural order by a join, reshape and permute that
     Triton lowers without moving data where the order is the MMA's operand (each lane's values are its own fragment:
-    wgmma's on sm_90a, mma.sync's kWidth 8 on sm_12x / sm_8x)."""
+    wgmma's on sm_90a, mma.sync's kWidth 8 on sm_12x / sm_8x). ``SCALE_SHIFT``: the scales read lowered by it
+    (:func:`shift_scales`), the caller's sums multiplied back (:func:`unshift`)."""
     lane = tl.arange(0, 32)[None, :, None]
     wb = tl.load(w_ptr + w_off[:, None, None] + lane * 32 + tl.arange(0, 32)[None, None, :])
     sc = tl.load(s_ptr + s_off[:, None, None] + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
+    sc = shift_scales(sc, SCALE_SHIFT)
     if ORDER == "mma2":
         r0, r1 = _mma2_words(wb, sc, BLOCKS, MATH)
         # r_J at (block, 4 g + t, 8 q + 4 c + e) = code 32 q + 8 t + 4 J + e of row 8 c + g
@@ -564,6 +568,49 @@ def fits_fold(*scales: torch.Tensor) -> bool:
     return largest_scale(*scales) <= 128
 
 
+# The largest scale shift the kernels take: their outputs are multiplied by 2^shift as an int32 constant.
+MAX_SCALE_SHIFT = 30
+
+
+def fold_shift(*scales: torch.Tensor) -> int | None:
+    """The power-of-two shift with which weights with these E8M0 scales take the folded decode, or None where none
+    serves: 0 where every scale is <= 128 (:func:`fits_fold`); else ``largest - 128``, which the MoE kernels that fold
+    (``moe_mxfp4``'s ``scale_shift``) subtract from every scale byte before the decode and give back as a factor
+    2^shift on their fp32 sums: both steps exact powers of two, so the same bits as the unfolded decode. It serves
+    where the shift is at most :data:`MAX_SCALE_SHIFT` and every scale byte is either 0 or at least the shift (a
+    smaller one would underflow). A 0 byte reads as 0 too (:func:`shift_scales`): the layouts write it for their
+    padding, whose codes are 0; a real block of scale 2^-127 holds values under 2^-126, which no bf16 sum of the
+    layer's size can show, and is then decoded 2^shift too large. A checkpoint's scales pass 128 where a block's
+    largest weight is 16 or more: the 12-layer fixture's tail reaches 129, and its MoE layers decoded unfolded in vLLM
+    (the decode GEMV's gate_up 34 us against 25 folded, H100). Asked once per layer where it is loaded (it
+    synchronizes)."""
+    present = [s.view(torch.uint8) for s in scales if s.numel()]
+    largest = max((int(s.max()) for s in present), default=0)
+    if largest <= 128:
+        return 0
+    shift = largest - 128
+    smallest = min(int(torch.where(s > 0, s, 255).min()) for s in present)  # the smallest byte but 0
+    return shift if shift <= MAX_SCALE_SHIFT and smallest >= shift else None
+
+
+@triton.jit
+def shift_scales(s, SCALE_SHIFT: tl.constexpr):
+    """E8M0 bytes ``s`` lowered by ``SCALE_SHIFT`` (:func:`fold_shift`), as the folded decode reads them; a byte under
+    the shift (0: padding, or what a masked load fills in) reads as 0, a finite scale."""
+    if SCALE_SHIFT:
+        s = tl.maximum(s, SCALE_SHIFT) - SCALE_SHIFT
+    return s
+
+
+@triton.jit
+def unshift(acc, SCALE_SHIFT: tl.constexpr):
+    """fp32 sums of weights decoded with scales lowered by ``SCALE_SHIFT`` (:func:`shift_scales`), times 2^shift:
+    exact, so the same bits as the unshifted decode's."""
+    if SCALE_SHIFT:
+        acc = acc * (1 << SCALE_SHIFT)
+    return acc
+
+
 def without_fold(cfg):
     """``cfg`` with the scale unfolded (its remainder tile too): the twin a folded config's bits are compared with."""
     if getattr(cfg, "remainder", None) is not None:
@@ -584,13 +631,16 @@ def with_fold(cfg, bf16_activations: bool, scales_fit: bool):
     return dataclasses.replace(cfg, fold_scale=True)
 
 
-def check_fold_scale(*scales: torch.Tensor) -> None:
+def check_fold_scale(*scales: torch.Tensor, scale_shift: int = 0) -> None:
     """``fold_scale``'s precondition, for a folded config chosen by hand (a caller's ``fold_scale`` argument is its
     own answer from :func:`fits_fold`). Not while a CUDA graph is captured: the timed replays of a checked call."""
     if any(s.is_cuda for s in scales) and torch.cuda.is_current_stream_capturing():
         return
-    if (largest := largest_scale(*scales)) > 128:
-        raise ValueError(f"fold_scale needs E8M0 scales <= 128 (block scales up to 2), got {largest}")
+    if (largest := largest_scale(*scales)) > 128 + scale_shift:
+        raise ValueError(
+            f"fold_scale needs E8M0 scales <= {128 + scale_shift} (block scales up to 2^{1 + scale_shift}), "
+            f"got {largest}"
+        )
 
 
 @functools.cache

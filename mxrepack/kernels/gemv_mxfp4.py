@@ -36,7 +36,13 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from mxrepack.kernels.dequant_mxfp4 import chunk_word_values, e8m0_to_fp32, launches_dependents
+from mxrepack.kernels.dequant_mxfp4 import (
+    chunk_word_values,
+    e8m0_to_fp32,
+    launches_dependents,
+    shift_scales,
+    unshift,
+)
 
 
 @dataclass(frozen=True)
@@ -655,6 +661,7 @@ def _chunk_tile(
     ORDER: tl.constexpr,
     MATH: tl.constexpr,
     MASKED: tl.constexpr,
+    SCALE_SHIFT: tl.constexpr,
 ):
     """``acc`` ``[blocks, 8 g, 4 t, words, 2 c]`` plus K tile ``kt``'s products: each word's 8 values times x's codes
     (mma2: words as (4 q, 2 c), all 8 values of row 8 c + g; wgmma: 8 s, values 0-3 of row g into c = 0, 4-7 of row
@@ -663,6 +670,7 @@ def _chunk_tile(
     lane = tl.arange(0, 32)[None, :, None]
     wo = w_off[:, None, None] + kt * w_step
     sc = tl.load(s_ptr + s_off[:, None, None] + kt * s_step + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
+    sc = shift_scales(sc, SCALE_SHIFT)
     v0, v1, v2, v3, v4, v5, v6, v7 = chunk_word_values(w_ptr, wo, lane, sc, ORDER, MATH)
     if ORDER == "wgmma":
         x0 = _x_codes(x_row, kt, 0, K, ORDER, MASKED)
@@ -701,6 +709,7 @@ def gemv_chunks(
     BLOCKS: tl.constexpr,
     ORDER: tl.constexpr,
     MATH: tl.constexpr,
+    SCALE_SHIFT: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     """``W @ x`` ``[16 BLOCKS]`` (row 16 b + r of block b) for ``BLOCKS`` 16-row blocks of W in a chunk order of the
@@ -710,18 +719,23 @@ def gemv_chunks(
     them (a mask in the loop, on its 8 slices a tile, took 56 instructions a word on sm_121a where the unmasked loop
     takes 45). Each word's 8 values (``chunk_word_values``) times their x accumulate per (block, lane, word, row)
     across the K tiles, reduced once after them: no shuffle in the loop (``benchmarks/experiments/
-    mma2_gemv_probe.py``). ``PDL``: x is written by the kernel launched before this one, which may still run: wait for
-    it first."""
+    mma2_gemv_probe.py``). ``SCALE_SHIFT``: the scales read lowered by it, the sums multiplied back
+    (:func:`dequant_mxfp4.fold_shift`). ``PDL``: x is written by the kernel launched before this one, which may still
+    run: wait for it first."""
     WORDS: tl.constexpr = 8 if ORDER == "wgmma" else 4  # accumulators a lane's row pair: words (wgmma) or groups q
     acc = tl.zeros((BLOCKS, 8, 4, WORDS, 2), dtype=tl.float32)  # block, g, t, word, c
     if PDL:
         gdc_wait()
     n_full = K // 128
     for kt in range(0, n_full):
-        acc = _chunk_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, kt, K, ORDER, MATH, False)
+        acc = _chunk_tile(
+            acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, kt, K, ORDER, MATH, False, SCALE_SHIFT
+        )
     if n_full * 128 < K:
-        acc = _chunk_tile(acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, n_full, K, ORDER, MATH, True)
-    y = tl.sum(tl.sum(acc, axis=3), axis=2)  # [block, g, c]: row 8 c + g
+        acc = _chunk_tile(
+            acc, x_row, w_ptr, s_ptr, w_off, s_off, w_step, s_step, n_full, K, ORDER, MATH, True, SCALE_SHIFT
+        )
+    y = unshift(tl.sum(tl.sum(acc, axis=3), axis=2), SCALE_SHIFT)  # [block, g, c]: row 8 c + g
     return tl.reshape(tl.permute(y, (0, 2, 1)), (16 * BLOCKS,))
 
 

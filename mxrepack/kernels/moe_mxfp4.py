@@ -42,6 +42,7 @@ import triton.language as tl
 
 from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
+    MAX_SCALE_SHIFT,
     check_fold_scale,
     check_wgmma_packing,
     chunk_tile,
@@ -53,8 +54,10 @@ from mxrepack.kernels.dequant_mxfp4 import (
     load_split,
     mma_reads_registers_async,
     mma_v3_disabled,
+    shift_scales,
     split_column,
     split_pairs,
+    unshift,
     wgmma_chunks,
     with_fold,
 )
@@ -597,18 +600,25 @@ def warm_token_counts(
 
 
 def warm_moe(
-    w: dict[str, torch.Tensor], topk: int, hidden: int, max_tokens: int, fold_scale: bool = False, order: str = "rows"
+    w: dict[str, torch.Tensor],
+    topk: int,
+    hidden: int,
+    max_tokens: int,
+    fold_scale: bool = False,
+    order: str = "rows",
+    scale_shift: int = 0,
 ) -> list[int]:
-    """Run :func:`moe_mxfp4` on zeros at each of :func:`warm_token_counts`' token counts for the strided layer ``w``,
-    so that every kernel variant a call of 1 to ``max_tokens`` tokens launches is compiled now (the experts each
-    token takes are distinct, as a router's top-k). Returns the counts run."""
+    """Run :func:`moe_mxfp4` on zeros at each of :func:`warm_token_counts`' token counts for the strided layer ``w``
+    (with ``fold_scale``, ``order`` and ``scale_shift`` as its calls will have them), so that every kernel variant a
+    call of 1 to ``max_tokens`` tokens launches is compiled now (the experts each token takes are distinct, as a
+    router's top-k). Returns the counts run."""
     experts, device = w["w13_weight"].shape[0], w["w13_weight"].device
     counts = warm_token_counts(topk, experts, hidden, max_tokens, fold_scale, order)
     x = torch.zeros(max(counts), hidden, dtype=torch.bfloat16, device=device)
     ids = (torch.arange(max(counts) * topk, device=device) % experts).to(torch.int32).view(-1, topk)
     wts = torch.full(ids.shape, 1.0 / topk, device=device)
     for t in counts:
-        moe_mxfp4(x[:t], ids[:t], wts[:t], w, fold_scale=fold_scale, order=order)
+        moe_mxfp4(x[:t], ids[:t], wts[:t], w, fold_scale=fold_scale, order=order, scale_shift=scale_shift)
     return counts
 
 
@@ -819,6 +829,7 @@ def _chunk_dots(
     ORDER: tl.constexpr,
     INTERPRETER: tl.constexpr,
     WAIT_MMA: tl.constexpr,
+    SCALE_SHIFT: tl.constexpr,
 ):
     """``W @ a.T`` ``[16 BLOCKS, BLOCK_M]`` over ``k_tiles`` K tiles for W in a chunk order (wgmma, mma2): each K
     tile's W decoded once (``chunk_tile``) and fed to ``DOTS`` dots of ``BLOCK_M / DOTS`` tokens (``MoeConfig.
@@ -837,7 +848,7 @@ def _chunk_dots(
     for kt in range(0, k_tiles):  # kt, not k0 // 128: see _load_w
         rk = kt * 128 + tl.arange(0, 128)
         a = _load_part(a_ptr, rows0, ok0, rk, K, stride_a, GATHER)
-        w = chunk_tile(w_e, s_e, w_off + kt * w_step, s_off + kt * s_step, BLOCKS, MATH, ORDER)
+        w = chunk_tile(w_e, s_e, w_off + kt * w_step, s_off + kt * s_step, BLOCKS, MATH, ORDER, SCALE_SHIFT)
         acc0 = dot_w_tile(w, a, acc0, INTERPRETER, WAIT_MMA)
         if DOTS >= 2:
             acc1 = dot_w_tile(w, _load_part(a_ptr, rows1, ok1, rk, K, stride_a, GATHER), acc1, INTERPRETER, WAIT_MMA)
@@ -850,7 +861,7 @@ def _chunk_dots(
     elif DOTS == 4:
         both = tl.join(tl.join(acc0, acc1), tl.join(acc2, acc3))  # [rows, m, d % 2, d // 2]
         acc0 = tl.reshape(tl.permute(both, (0, 3, 2, 1)), (16 * BLOCKS, BLOCK_M))
-    return acc0
+    return unshift(acc0, SCALE_SHIFT)
 
 
 @triton.jit
@@ -890,6 +901,7 @@ def _gate_up_kernel(
     ORDER: tl.constexpr = "rows",
     DOTS: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
+    SCALE_SHIFT: tl.constexpr = 0,
     rows_lo=0,
     rows_hi=1 << 30,
 ):
@@ -942,6 +954,7 @@ def _gate_up_kernel(
             ORDER,
             INTERPRETER,
             WAIT_MMA,
+            SCALE_SHIFT,
         )
         gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
     else:
@@ -959,6 +972,7 @@ def _gate_up_kernel(
             wg, sg = _load_w(w_e, s_e, _w13_rows(rn, 0), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
             wu, su = _load_w(w_e, s_e, _w13_rows(rn, 1), k0, Hp, stride_wn, stride_wsn, BLOCK_K, _GU_ROWS)
             if SWAP_AB:
+                sg, su = shift_scales(sg, SCALE_SHIFT), shift_scales(su, SCALE_SHIFT)
                 gate = dot_w_mxfp4(wg, sg, a_even, a_odd, gate, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
                 up = dot_w_mxfp4(wu, su, a_even, a_odd, up, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
             else:
@@ -972,7 +986,7 @@ def _gate_up_kernel(
         gate, up = tl.trans(gate), tl.trans(up)
         col = rn
     elif SWAP_AB:
-        gate, up = tl.trans(gate), tl.trans(up)
+        gate, up = tl.trans(unshift(gate, SCALE_SHIFT)), tl.trans(unshift(up, SCALE_SHIFT))
         col = split_column(rn)  # the down kernel reads the intermediate in split order too
     else:
         col = rn
@@ -1017,6 +1031,7 @@ def _down_kernel(
     ORDER: tl.constexpr = "rows",
     DOTS: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
+    SCALE_SHIFT: tl.constexpr = 0,
     rows_lo=0,
     rows_hi=1 << 30,
 ):
@@ -1069,6 +1084,7 @@ def _down_kernel(
             ORDER,
             INTERPRETER,
             WAIT_MMA,
+            SCALE_SHIFT,
         )
     else:
         for k0 in range(0, Ip, BLOCK_K):
@@ -1078,12 +1094,16 @@ def _down_kernel(
                 a = _load_a(h_ptr, pos, row_ok, k0, Ip, stride_h, A_FMT, BLOCK_K)
             w, s = _load_w(w_e, s_e, rn, k0, Ip, stride_wn, stride_wsn, BLOCK_K, _DOWN_ROWS)
             if SWAP_AB:
-                acc = dot_w_mxfp4(w, s, a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA)
+                acc = dot_w_mxfp4(
+                    w, shift_scales(s, SCALE_SHIFT), a_even, a_odd, acc, BLOCK_N, BLOCK_K, MATH, INTERPRETER, WAIT_MMA
+                )
             else:
                 acc = _dot(
                     a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
                 )
     if SWAP_AB:
+        if ORDER == "rows":  # the chunk orders' sums come unshifted from _chunk_dots
+            acc = unshift(acc, SCALE_SHIFT)
         acc = tl.trans(acc)
     if ORDER != "rows":  # a wider down tile's last may pass Hp (down_block_n)
         acc += tl.load(b_ptr + e * Hp + rn, mask=rn < Hp, other=0.0)[None, :]
@@ -1303,6 +1323,7 @@ def _gate_up_gemv_chunks_kernel(
     BLOCKS: tl.constexpr,
     ORDER: tl.constexpr,
     MATH: tl.constexpr,
+    SCALE_SHIFT: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     """Assignment ``program_id(0)`` (t * k + slot) x the ``program_id(1)``-th 16 BLOCKS intermediate rows: gate and up
@@ -1327,6 +1348,7 @@ def _gate_up_gemv_chunks_kernel(
         2 * BLOCKS,
         ORDER,
         MATH,
+        SCALE_SHIFT,
     )
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, 16 * BLOCKS)), (1, 0)))
     rn = n0 + tl.arange(0, 16 * BLOCKS)
@@ -1359,6 +1381,7 @@ def _down_gemv_chunks_kernel(
     BLOCKS: tl.constexpr,
     ORDER: tl.constexpr,
     MATH: tl.constexpr,
+    SCALE_SHIFT: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     """Assignment ``program_id(0)`` x the ``program_id(1)``-th 16 BLOCKS rows of H: its weighted output rows (W in
@@ -1380,6 +1403,7 @@ def _down_gemv_chunks_kernel(
         BLOCKS,
         ORDER,
         MATH,
+        SCALE_SHIFT,
         PDL,
     )
     rn = n0 + tl.arange(0, 16 * BLOCKS)
@@ -1388,7 +1412,19 @@ def _down_gemv_chunks_kernel(
 
 
 def _moe_gemv_chunks(
-    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg: ChunkGemvConfig, fold_scale: bool, out: torch.Tensor
+    x,
+    topk_ids,
+    topk_weights,
+    w13,
+    s13,
+    b13,
+    w2,
+    s2,
+    b2,
+    cfg: ChunkGemvConfig,
+    fold_scale: bool,
+    scale_shift: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
     """Decode on a chunk order (``cfg.order``): per (token, slot) assignment GEMVs, combined into ``out [T, H]``
     (stored in its dtype) by the down kernel; two launches, the second launched while the first runs where the GPU
@@ -1426,6 +1462,7 @@ def _moe_gemv_chunks(
         BLOCKS=cfg.gate_up_blocks,
         ORDER=cfg.order,
         MATH=math,
+        SCALE_SHIFT=scale_shift,
         PDL=pdl,
         num_warps=cfg.gate_up_warps,
     )
@@ -1453,6 +1490,7 @@ def _moe_gemv_chunks(
         BLOCKS=cfg.down_blocks,
         ORDER=cfg.order,
         MATH=math,
+        SCALE_SHIFT=scale_shift,
         PDL=pdl,
         num_warps=cfg.down_warps,
         **({"launch_pdl": True} if pdl else {}),
@@ -1629,6 +1667,7 @@ def moe_mxfp4(
     out: torch.Tensor | None = None,
     fold_scale: bool = False,
     order: str = "rows",
+    scale_shift: int = 0,
 ) -> torch.Tensor:
     """One gpt-oss MoE block: ``x [T, H]`` bf16, ``topk_ids/topk_weights [T, k]`` -> ``[T, H]`` bf16.
 
@@ -1640,8 +1679,14 @@ def moe_mxfp4(
     folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
     chosen swapped tiles then fold (same bits, faster) and nothing is checked per call. ``order``: the weights' byte
     order (the strided layout's option): "rows", "wgmma" (BF16 activations, Hopper or the interpreter) or "mma2"
-    (BF16 activations, sm_12x / sm_8x or the interpreter: :func:`check_order`).
+    (BF16 activations, sm_12x / sm_8x or the interpreter: :func:`check_order`). ``scale_shift``: with ``fold_scale``,
+    the shift ``dequant_mxfp4.fold_shift(w13 scales, w2 scales)`` found for scales above 128 (the kernels that fold
+    read the scales that much lower and multiply their sums back: same bits); 0 otherwise.
     """
+    if scale_shift and not fold_scale:
+        raise ValueError("scale_shift is the folded decode's (dequant_mxfp4.fold_shift): it needs fold_scale")
+    if not 0 <= scale_shift <= MAX_SCALE_SHIFT:
+        raise ValueError(f"scale_shift must be 0 to {MAX_SCALE_SHIFT}, got {scale_shift}")
     if activations not in ("bf16", "e4m3", "e2m1"):
         raise ValueError(f"activations must be bf16, e4m3 or e2m1, got {activations!r}")
     check_order(order, activations, x.device)
@@ -1682,7 +1727,7 @@ def moe_mxfp4(
         if Ip % ip_tile or Hp % hp_tile:
             raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
     if isinstance(cfg, MoeConfig) and cfg.fold_scale and activations == "bf16" and not fold_scale:  # folded by hand
-        check_fold_scale(s13, s2)
+        check_fold_scale(s13, s2, scale_shift=scale_shift)
     # both paths end in a kernel that writes unit-stride rows in the target's dtype: out itself when its rows are so,
     # else a buffer of out's dtype copied into it
     dtype = out.dtype if out is not None else torch.bfloat16
@@ -1692,9 +1737,11 @@ def moe_mxfp4(
             cfg = cfg.each(pdl=0)
         _moe_gemv(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, target)
     elif chunk_gemv:
-        _moe_gemv_chunks(x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, fold_scale, target)
+        _moe_gemv_chunks(
+            x.contiguous(), topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, cfg, fold_scale, scale_shift, target
+        )
     else:
-        y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg)
+        y = _moe_scheduled(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations, cfg, scale_shift)
         if T:
             _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK))](
                 y, target, H, y.stride(0), target.stride(0), TOPK=k, BLOCK=COMBINE_BLOCK
@@ -1718,9 +1765,11 @@ def _combine_kernel(y_ptr, out_ptr, H, stride_y, stride_out, TOPK: tl.constexpr,
 
 
 def _moe_scheduled(
-    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations: str, cfg: MoeConfig
+    x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, activations: str, cfg: MoeConfig, scale_shift: int = 0
 ) -> torch.Tensor:
-    """Sorted row blocks per expert; returns each assignment's weighted output ``[T*k, H]``, rounded to bf16."""
+    """Sorted row blocks per expert; returns each assignment's weighted output ``[T*k, H]``, rounded to bf16.
+    ``scale_shift`` (``moe_mxfp4``'s): taken by the tiles that decode W in registers (``swap_ab``), folded or not
+    (exact either way); the others read the scales as stored."""
     T, H = x.shape
     k = topk_ids.shape[1]
     E, Ip2, Hp2 = w13.shape
@@ -1766,6 +1815,7 @@ def _moe_scheduled(
             ORDER=tile.order,
             DOTS=tile.token_dots,
             PDL=pdl,
+            SCALE_SHIFT=scale_shift if swap else 0,
             rows_lo=rows_lo,
             rows_hi=rows_hi,
             num_warps=tile.num_warps,

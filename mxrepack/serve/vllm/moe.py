@@ -250,7 +250,7 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         self._create_stored(layer, num_experts, extra_weight_attrs)
 
     def process_weights_after_loading(self, layer) -> None:
-        from mxrepack.kernels.dequant_mxfp4 import fits_fold
+        from mxrepack.kernels.dequant_mxfp4 import fold_shift
         from mxrepack.kernels.moe_mxfp4 import check_order, reserve_decode_counters
 
         self._check_loaded(layer)
@@ -261,12 +261,14 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
             raise MxRepackError(f"this checkpoint's experts are in the strided layout's {order} order: {e}") from None
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed
         reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1])
-        # whether these experts take the folded decode: asked once here (a synchronization), not per call. Scales
-        # written into the parameters after this (not through vLLM's loading, which ends here again) go unchecked
-        layer.mxrepack_fold_scale = fits_fold(layer.w13_weight_scale, layer.w2_weight_scale)
+        # whether these experts take the folded decode, and with which shift (scales above 128): asked once here (a
+        # synchronization), not per call. Scales written into the parameters after this (not through vLLM's
+        # loading, which ends here again) go unchecked
+        shift = fold_shift(layer.w13_weight_scale, layer.w2_weight_scale)
+        layer.mxrepack_fold_scale, layer.mxrepack_scale_shift = shift is not None, shift or 0
         self._warm(layer)
 
-    # (shapes, device, order, fold, topk, hidden, tokens): experts whose kernels this process compiled
+    # (shapes, device, order, fold, shift, topk, hidden, tokens): experts whose kernels this process compiled
     warmed: set[tuple] = set()
 
     def _warm(self, layer) -> None:
@@ -279,15 +281,15 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
 
         device = layer.w2_weight.device
         w = {name: getattr(layer, name) for name in self.spec.stored}
-        fold, order = layer.mxrepack_fold_scale, self.spec.strided_order
+        fold, shift, order = layer.mxrepack_fold_scale, layer.mxrepack_scale_shift, self.spec.strided_order
         topk, hidden = self.moe.experts_per_token, self.spec.hidden[0]
         # a step's tokens; all-gathered over data- (and prefill-context-) parallel ranks before the experts, which
         # take no dispatch of their own (vLLM's naive dispatch)
         tokens = _max_batched_tokens() * getattr(self.moe, "dp_size", 1) * getattr(self.moe, "pcp_size", 1)
-        key = (tuple(tuple(t.shape) for t in w.values()), str(device), order, fold, topk, hidden, tokens)
+        key = (tuple(tuple(t.shape) for t in w.values()), str(device), order, fold, shift, topk, hidden, tokens)
         if key in self.warmed:
             return
-        warm_moe(w, topk, hidden, tokens, fold, order)
+        warm_moe(w, topk, hidden, tokens, fold, order, shift)
         torch.cuda.synchronize(device)
         # no torch.cuda.empty_cache(): vLLM empties the cache before it profiles memory, and under its sleep mode the
         # load runs in a memory pool where emptying the cache is what it avoids (vllm/device_allocator/cumem.py)
@@ -301,5 +303,11 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
 
         w = {name: getattr(layer, name) for name in self.spec.stored}
         return moe_mxfp4(
-            x, topk_ids, topk_weights, w, fold_scale=layer.mxrepack_fold_scale, order=self.spec.strided_order
+            x,
+            topk_ids,
+            topk_weights,
+            w,
+            fold_scale=layer.mxrepack_fold_scale,
+            order=self.spec.strided_order,
+            scale_shift=layer.mxrepack_scale_shift,
         )
