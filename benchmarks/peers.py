@@ -237,7 +237,8 @@ def moe(rows: list, quick: bool, Ts: tuple[int, ...] = MOE_T) -> None:
     W = moe_weights(E, H, I, HP, IP)
     for n in ("w13_bias", "w2_bias"):  # every implementation sees the same bf16-representable biases
         W[n] = W[n].bfloat16().float()
-    fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])  # as the plugin asks at load
+    # the plugin asks fold_shift at load: for these random scales (<= 128) that is fits_fold's answer, shift 0
+    fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     impls = {"mxrepack": (lambda x, ids, wts: moe_mxfp4(x, ids, wts, W, fold_scale=fold), "strided, 2944 x 2944")}
     # the same layer in the strided layout's chunk orders where they run: wgmma (Hopper's MMA fragment) and mma2
     # (mma.sync's operand: sm_12x's code path)

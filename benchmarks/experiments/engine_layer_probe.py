@@ -1,6 +1,6 @@
 """Why the decode GEMVs' one-token lead over Marlin (peers.py: 0.042 against 0.058 ms, wgmma order) does not carry
-into vLLM (SERVING.md "Inside the engine": about 53 against 46 us a layer and step). Three ways of timing the same
-MoE layer, each ours and Marlin's, in one run on one GPU:
+into vLLM (SERVING.md "Inside the engine": about 53 against an estimated 46 us a layer and step). Three ways of
+timing the same MoE layer, each ours and Marlin's, in one run on one GPU:
 
 * ``one``: one layer and one routing draw replayed (``peers.py``'s protocol: a T = 1 call touches 4 experts, 50 MB,
   about the H100's L2);

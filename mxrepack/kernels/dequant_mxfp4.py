@@ -114,7 +114,8 @@ fma.rn.bf16x2 $1, $1, $3, z;
 # two (10 instructions per 4 codes), by the bf16 scale 2^(E-1), which exists for E <= 128 only (block scales up to 2;
 # past it the folded scale's bits wrap: 129 is inf, 130 -0, 131-255 negative): the weights must have no larger scale
 # (:func:`fits_fold`, asked once per weight where it is loaded, chooses it; a folded config passed by hand is checked
-# per call outside CUDA graph capture: :func:`check_fold_scale`). Exact, and
+# per call outside CUDA graph capture: :func:`check_fold_scale`). The MoE kernels also fold larger scales, read lowered
+# by a per-layer shift (:func:`fold_shift`). Exact, and
 # the same bits: both round nothing (powers of two; the smallest product, 0.5 * 2^-127, is a bf16 subnormal).
 PAIRS_ASM_FOLDED = tl.constexpr(
     "{\n.reg .b32 y, u, t, z;\nmov.b32 z, 0x80008000;"
@@ -579,8 +580,10 @@ def fold_shift(*scales: torch.Tensor) -> int | None:
     2^shift on their fp32 sums: both steps exact powers of two, so the same bits as the unfolded decode. It serves
     where the shift is at most :data:`MAX_SCALE_SHIFT` and every scale byte is either 0 or at least the shift (a
     smaller one would underflow). A 0 byte reads as 0 too (:func:`shift_scales`): the layouts write it for their
-    padding, whose codes are 0; a real block of scale 2^-127 holds values under 2^-126, which no bf16 sum of the
-    layer's size can show, and is then decoded 2^shift too large. A checkpoint's scales pass 128 where a block's
+    padding, whose codes are 0; a real block of scale 2^-127 holds values under 2^-124, which no bf16 sum of the
+    layer's size can show, and is then decoded 2^shift too large. "The same bits" holds while the fp32 products and
+    partial sums stay normal: lowered by 2^shift, one near 2^-126 could round as a subnormal (a scale byte near the
+    shift times activations near 2^-100; no real layer's). A checkpoint's scales pass 128 where a block's
     largest weight is 16 or more: the 12-layer fixture's tail reaches 129, and its MoE layers decoded unfolded in vLLM
     (the decode GEMV's gate_up 34 us against 25 folded, H100). Asked once per layer where it is loaded (it
     synchronizes)."""
@@ -596,7 +599,7 @@ def fold_shift(*scales: torch.Tensor) -> int | None:
 @triton.jit
 def shift_scales(s, SCALE_SHIFT: tl.constexpr):
     """E8M0 bytes ``s`` lowered by ``SCALE_SHIFT`` (:func:`fold_shift`), as the folded decode reads them; a byte under
-    the shift (0: padding, or what a masked load fills in) reads as 0, a finite scale."""
+    the shift (0: the layouts' padding) reads as 0, a finite scale."""
     if SCALE_SHIFT:
         s = tl.maximum(s, SCALE_SHIFT) - SCALE_SHIFT
     return s
@@ -631,16 +634,13 @@ def with_fold(cfg, bf16_activations: bool, scales_fit: bool):
     return dataclasses.replace(cfg, fold_scale=True)
 
 
-def check_fold_scale(*scales: torch.Tensor, scale_shift: int = 0) -> None:
+def check_fold_scale(*scales: torch.Tensor) -> None:
     """``fold_scale``'s precondition, for a folded config chosen by hand (a caller's ``fold_scale`` argument is its
     own answer from :func:`fits_fold`). Not while a CUDA graph is captured: the timed replays of a checked call."""
     if any(s.is_cuda for s in scales) and torch.cuda.is_current_stream_capturing():
         return
-    if (largest := largest_scale(*scales)) > 128 + scale_shift:
-        raise ValueError(
-            f"fold_scale needs E8M0 scales <= {128 + scale_shift} (block scales up to 2^{1 + scale_shift}), "
-            f"got {largest}"
-        )
+    if (largest := largest_scale(*scales)) > 128:
+        raise ValueError(f"fold_scale needs E8M0 scales <= 128 (block scales up to 2), got {largest}")
 
 
 @functools.cache

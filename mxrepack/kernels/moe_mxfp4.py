@@ -97,8 +97,9 @@ class MoeConfig:
     # second; the activations and the intermediate travel in split order (even then odd columns per K tile)
     swap_ab: bool = False
     # swap_ab on CUDA: E2M1's 2^126 folded into the scale, one packed multiply per code pair instead of two
-    # (dequant_mxfp4.PAIRS_ASM_FOLDED). Only for weights whose E8M0 scales are all <= 128 (block scales up to 2:
-    # dequant_mxfp4.fits_fold); the dispatch folds the swapped MOE_TILES for weights that fit (pick_moe_config)
+    # (dequant_mxfp4.PAIRS_ASM_FOLDED). For weights whose E8M0 scales are all <= 128 (block scales up to 2:
+    # dequant_mxfp4.fits_fold), or larger ones read lowered by moe_mxfp4's scale_shift (dequant_mxfp4.fold_shift);
+    # the dispatch folds the swapped MOE_TILES for weights that fit (pick_moe_config)
     fold_scale: bool = False
     # the weights' byte order (the strided layout's ``order``): "rows"; "wgmma" -- each K tile of W decoded from
     # wgmma's fragment order into one dot, the activations in natural order (sm_90 only; swapped operands); "mma2" --
@@ -202,11 +203,11 @@ class MoeConfig:
 # 1024 1.775 vs 1.941 (64 x 128, 3 stages), 4096 4.412 vs 5.113 for the dot_scaled 128 x 64 (64 x 128, 3 stages).
 # More stages lost (5-6: 1.007-1.079 at T = 128), 8 warps lost except at 128 x 128. Beyond 128 rows, 128 x 128 on
 # 8 warps (8.88 ms at T = 8192, docs/PERF_LOG.md stop 10; the swap not measured there).
-# For weights whose scales fit (dequant_mxfp4.fits_fold) the swapped tiles run with the scale folded
-# (``fold_scale``), same bits: T = 64/128/512/1024/4096 0.851/0.907/1.219/1.690/4.242 ms against 0.913/0.971/1.263/
-# 1.777/4.428 unfolded (H100, same run, peers.py --sweep-moe ... --sweep-kind fold, 8860140, docs/bench/
-# moe_sweep_fold_h100_2026-11-25_8860140.json). triton_kernels' 128 x 128 on 8 warps, swapped, lost there at every T
-# (2.38-4.56 ms folded).
+# For weights whose scales fit (dequant_mxfp4.fold_shift: at most 128, or with a shift) the swapped tiles run with
+# the scale folded (``fold_scale``), same bits: T = 64/128/512/1024/4096 0.851/0.907/1.219/1.690/4.242 ms against
+# 0.913/0.971/1.263/1.777/4.428 unfolded (H100, same run, peers.py --sweep-moe ... --sweep-kind fold, 8860140,
+# docs/bench/moe_sweep_fold_h100_2026-11-25_8860140.json). triton_kernels' 128 x 128 on 8 warps, swapped, lost there
+# at every T (2.38-4.56 ms folded).
 # Past 8 rows per expert an expert's rows rarely fill whole blocks: the blocks of at most 16 rows (9-16 rows per
 # expert), 32 (17-48) or 16 (49-128) run on the smaller tile (``MoeConfig.remainder``). H100, same run, ``peers.py
 # --sweep-moe 1024,2048,4096 --sweep-kind remainder`` (bfc1945, docs/bench/moe_sweep_remainder_h100_2026-11-26_
@@ -437,7 +438,7 @@ def pick_moe_config(
 ) -> MoeConfig:
     """The scheduled-tile shape for ``tokens`` routed to ``topk`` of ``experts`` (:data:`MOE_TILES`; for MXFP8/MXFP4
     activations :data:`MOE_TILES_SCALED`; weights in a chunk ``order`` :data:`MOE_TILES_BY_ORDER`'s); a swapped tile
-    with the scale folded where ``fold_scale`` (the weights' scales fit it: ``dequant_mxfp4.fits_fold``)."""
+    with the scale folded where ``fold_scale`` (the weights' scales fit it: ``dequant_mxfp4.fold_shift``)."""
     rows = tokens * topk / experts
     tiles = MOE_TILES_BY_ORDER.get(order) or (MOE_TILES if activations == "bf16" else MOE_TILES_SCALED)
     cfg = next(cfg for bound, cfg in tiles if rows <= bound)
@@ -1676,7 +1677,7 @@ def moe_mxfp4(
     a :class:`MoeGemvConfig` (decode GEMV: the rows order, BF16 activations; a single :class:`GemvConfig` serves both
     kernels, :meth:`MoeGemvConfig.from_single`), a :class:`ChunkGemvConfig` (a chunk order's decode GEMVs), or None
     to choose by shape (:func:`pick_moe`). ``fold_scale``: ``w``'s scales fit the
-    folded decode, as ``dequant_mxfp4.fits_fold(w13 scales, w2 scales)`` found where the weights were loaded; the
+    folded decode, as ``dequant_mxfp4.fold_shift(w13 scales, w2 scales)`` found where the weights were loaded; the
     chosen swapped tiles then fold (same bits, faster) and nothing is checked per call. ``order``: the weights' byte
     order (the strided layout's option): "rows", "wgmma" (BF16 activations, Hopper or the interpreter) or "mma2"
     (BF16 activations, sm_12x / sm_8x or the interpreter: :func:`check_order`). ``scale_shift``: with ``fold_scale``,
@@ -1727,7 +1728,7 @@ def moe_mxfp4(
         if Ip % ip_tile or Hp % hp_tile:
             raise ValueError(f"padded widths {Ip}/{Hp} must be multiples of the row tiles {ip_tile}/{hp_tile}")
     if isinstance(cfg, MoeConfig) and cfg.fold_scale and activations == "bf16" and not fold_scale:  # folded by hand
-        check_fold_scale(s13, s2, scale_shift=scale_shift)
+        check_fold_scale(s13, s2)
     # both paths end in a kernel that writes unit-stride rows in the target's dtype: out itself when its rows are so,
     # else a buffer of out's dtype copied into it
     dtype = out.dtype if out is not None else torch.bfloat16
