@@ -100,6 +100,19 @@ def main() -> None:
         draws = [(x, i.to(torch.int32), w) for x, i, w in draws]
         row = {"T": T, "config_wgmma": pick_moe(T, K_TOP, E, H, fold_scale=True, order="wgmma").name()}
         row["config_rows"] = pick_moe(T, K_TOP, E, H, fold_scale=True).name()
+        # how evenly each way of routing fills the experts: the most rows any expert gets, mean over the layers
+        # (uniform draws against the routers' top-k on these random activations)
+        most = lambda ids: float(torch.bincount(ids.flatten().long(), minlength=E).max())  # noqa: E731
+        row["most_rows_uniform"] = sum(most(i) for _, i, _ in draws) / LAYERS
+        row["most_rows_router"] = (
+            sum(most(topk(x, torch.nn.functional.linear(x, wr, br))[1]) for (x, _, _), (wr, br) in zip(draws, routers))
+            / LAYERS
+        )
+        print(
+            f"T={T}: most rows an expert gets, uniform {row['most_rows_uniform']:.1f}, router "
+            f"{row['most_rows_router']:.1f} (mean {T * K_TOP / E:.1f})",
+            flush=True,
+        )
         for name, fns in calls.items():
 
             def one(fns=fns):
