@@ -587,12 +587,12 @@ def fold_shift(*scales: torch.Tensor) -> int | None:
     largest weight is 16 or more: the 12-layer fixture's tail reaches 129, and its MoE layers decoded unfolded in vLLM
     (the decode GEMV's gate_up 34 us against 25 folded, H100). Asked once per layer where it is loaded (it
     synchronizes)."""
-    present = [s.view(torch.uint8) for s in scales if s.numel()]
-    largest = max((int(s.max()) for s in present), default=0)
+    largest = largest_scale(*scales)
     if largest <= 128:
         return 0
     shift = largest - 128
-    smallest = min(int(torch.where(s > 0, s, 255).min()) for s in present)  # the smallest byte but 0
+    # the smallest byte but 0 (the largest is over 128, so some tensor has bytes)
+    smallest = min(int(torch.where(b > 0, b, 255).min()) for b in (s.view(torch.uint8) for s in scales if s.numel()))
     return shift if shift <= MAX_SCALE_SHIFT and smallest >= shift else None
 
 
