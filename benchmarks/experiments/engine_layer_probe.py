@@ -16,7 +16,8 @@ GEMVs took 34 / 49 us (gate_up / down's end) against 25 / 39 folded, the engine'
 Each mode is one CUDA graph of ``LAYERS`` calls; figures are us a layer. The ``router`` mode is then profiled
 (torch.profiler over graph replays): each kernel's mean duration and where it starts relative to the kernel before
 it (kernels launched under PDL start before it ends). 20b shapes (32 experts, top-4, H = I = 2880). Needs vLLM (the
-kit) for Marlin and the top-k; without it, ours only with ``torch.topk``.
+kit) for Marlin and the top-k; without it, ours only with ``torch.topk``. Ours: the rows order and the chunk order the
+GPU builds (wgmma on a Hopper; mma2 under ``DISABLE_MMA_V3=1``, sm_12x's code path).
 
 Usage: python benchmarks/experiments/engine_layer_probe.py [OUT.json] [T,T,...]
 """
@@ -71,12 +72,18 @@ def main() -> None:
     rec = {"device": torch.cuda.get_device_name(), "experts": E, "layers": LAYERS, "topk": topk_name, "rows": []}
     rec["scale_shift"] = shift
     impls = {"rows": lambda: {k: v.clone() for k, v in W.items()}}
-    if torch.cuda.get_device_capability()[0] == 9:
-        Wg = strided.from_row_major(strided.to_row_major(W), order="wgmma")
-        impls = {"wgmma": lambda: {k: v.clone() for k, v in Wg.items()}} | impls
+    # the chunk order this GPU's Triton builds: wgmma on a Hopper, mma2 where it builds mma.sync (sm_12x, sm_8x, or a
+    # Hopper under DISABLE_MMA_V3: sm_12x's code path)
+    import peers
+
+    chunk = "wgmma" if peers.wgmma_here() else "mma2" if peers.mma2_here() else None
+    if chunk:
+        Wc = strided.from_row_major(strided.to_row_major(W), order=chunk)
+        impls = {chunk: lambda: {k: v.clone() for k, v in Wc.items()}} | impls
+    rec["chunk_order"] = chunk
     calls = {}
     for (name, make), f in itertools.product(impls.items(), (True, False)):
-        order = "wgmma" if name == "wgmma" else "rows"
+        order = name
         kw = {"fold_scale": True, "scale_shift": shift} if f else {}
         calls[f"{name}_shifted" if f else f"{name}_unfolded"] = [
             functools.partial(
@@ -85,8 +92,6 @@ def main() -> None:
             for _ in range(LAYERS)
         ]
     try:
-        import peers
-
         peers.E = E  # its conversion and Marlin's call read the module's expert count
         calls["marlin"] = [peers.marlin_moe(W)[0] for _ in range(LAYERS)]
     except Exception as e:  # noqa: BLE001
@@ -98,7 +103,9 @@ def main() -> None:
     for T in Ts:
         draws = [moe_decode_inputs(T, E, K_TOP, H) for _ in range(LAYERS)]
         draws = [(x, i.to(torch.int32), w) for x, i, w in draws]
-        row = {"T": T, "config_wgmma": pick_moe(T, K_TOP, E, H, fold_scale=True, order="wgmma").name()}
+        row = {"T": T}
+        if chunk:
+            row[f"config_{chunk}"] = pick_moe(T, K_TOP, E, H, fold_scale=True, order=chunk).name()
         row["config_rows"] = pick_moe(T, K_TOP, E, H, fold_scale=True).name()
         # how evenly each way of routing fills the experts: the most rows any expert gets, mean over the layers
         # (uniform draws against the routers' top-k on these random activations)
