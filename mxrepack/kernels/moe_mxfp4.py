@@ -118,6 +118,10 @@ class MoeConfig:
     # beside this one on the same schedule, so that a few rows past a multiple of ``block_m`` do not pay a whole
     # ``block_m``-row tile (its MMA and, per row, its decode). Same order and operand form as this tile.
     remainder: MoeConfig | None = None
+    # The wgmma order: each K tile decoded and multiplied in this many K ranges (1, 2 or 4), each its own wgmma group,
+    # so that the decode of one range runs while the MMA of the one before it does (Triton puts the fence that orders a
+    # group after its register operands are written: one group a K tile decodes the whole tile before its first wgmma)
+    k_parts: int = 1
 
     def __post_init__(self):
         r = self.remainder
@@ -154,6 +158,8 @@ class MoeConfig:
             raise ValueError(
                 "wait_mma=False is a variant of the wgmma order's tiles only (the rows order always waits)"
             )
+        if self.k_parts not in (1, 2, 4) or (self.k_parts != 1 and self.order != "wgmma"):
+            raise ValueError(f"k_parts is 1, 2 or 4, and above 1 for the wgmma order only, got {self.k_parts}")
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
@@ -171,6 +177,7 @@ class MoeConfig:
             + (f"-{self.order}" if self.order != "rows" else "")
             + ("-overlap" if self.order == "wgmma" and not self.wait_mma else "")
             + (f"-down{self.down_block_n}" if self.down_block_n else "")
+            + (f"-kp{self.k_parts}" if self.k_parts != 1 else "")
             + (f"+r{self.remainder.name()}" if self.remainder is not None else "")
         )
 
@@ -831,12 +838,14 @@ def _chunk_dots(
     INTERPRETER: tl.constexpr,
     WAIT_MMA: tl.constexpr,
     SCALE_SHIFT: tl.constexpr,
+    K_PARTS: tl.constexpr,
 ):
     """``W @ a.T`` ``[16 BLOCKS, BLOCK_M]`` over ``k_tiles`` K tiles for W in a chunk order (wgmma, mma2): each K
     tile's W decoded once (``chunk_tile``) and fed to ``DOTS`` dots of ``BLOCK_M / DOTS`` tokens (``MoeConfig.
     token_dots``); a's rows (``_part_rows``), gathered by token (``GATHER``: x) or by position (the intermediate),
     masked past ``K`` (x: ``GATHER``). W's block offsets ``w_off`` / ``s_off`` step by
-    ``w_step`` / ``s_step`` bytes per K tile."""
+    ``w_step`` / ``s_step`` bytes per K tile. ``K_PARTS`` (``MoeConfig.k_parts``): each K tile decoded and multiplied
+    in that many K ranges, each its own dot, waited for (``WAIT_MMA``) after the last only."""
     MS: tl.constexpr = BLOCK_M // DOTS
     rows0, ok0 = _part_rows(order_ptr, start, end, 0, MS, TOPK, GATHER)
     rows1, ok1 = _part_rows(order_ptr, start, end, 1 % DOTS, MS, TOPK, GATHER)
@@ -846,16 +855,20 @@ def _chunk_dots(
     acc1 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
     acc2 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
     acc3 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    KW: tl.constexpr = 128 // K_PARTS
     for kt in range(0, k_tiles):  # kt, not k0 // 128: see _load_w
-        rk = kt * 128 + tl.arange(0, 128)
-        a = _load_part(a_ptr, rows0, ok0, rk, K, stride_a, GATHER)
-        w = chunk_tile(w_e, s_e, w_off + kt * w_step, s_off + kt * s_step, BLOCKS, MATH, ORDER, SCALE_SHIFT)
-        acc0 = dot_w_tile(w, a, acc0, INTERPRETER, WAIT_MMA)
-        if DOTS >= 2:
-            acc1 = dot_w_tile(w, _load_part(a_ptr, rows1, ok1, rk, K, stride_a, GATHER), acc1, INTERPRETER, WAIT_MMA)
-        if DOTS >= 4:
-            acc2 = dot_w_tile(w, _load_part(a_ptr, rows2, ok2, rk, K, stride_a, GATHER), acc2, INTERPRETER, WAIT_MMA)
-            acc3 = dot_w_tile(w, _load_part(a_ptr, rows3, ok3, rk, K, stride_a, GATHER), acc3, INTERPRETER, WAIT_MMA)
+        for p in tl.static_range(K_PARTS):
+            wait = WAIT_MMA and p == K_PARTS - 1
+            rk = kt * 128 + p * KW + tl.arange(0, KW)
+            a = _load_part(a_ptr, rows0, ok0, rk, K, stride_a, GATHER)
+            w_kt, s_kt = w_off + kt * w_step, s_off + kt * s_step
+            w = chunk_tile(w_e, s_e, w_kt, s_kt, BLOCKS, MATH, ORDER, SCALE_SHIFT, p, K_PARTS)
+            acc0 = dot_w_tile(w, a, acc0, INTERPRETER, wait)
+            if DOTS >= 2:
+                acc1 = dot_w_tile(w, _load_part(a_ptr, rows1, ok1, rk, K, stride_a, GATHER), acc1, INTERPRETER, wait)
+            if DOTS >= 4:
+                acc2 = dot_w_tile(w, _load_part(a_ptr, rows2, ok2, rk, K, stride_a, GATHER), acc2, INTERPRETER, wait)
+                acc3 = dot_w_tile(w, _load_part(a_ptr, rows3, ok3, rk, K, stride_a, GATHER), acc3, INTERPRETER, wait)
     tl.static_assert(DOTS == 1 or DOTS == 2 or DOTS == 4, "one, two or four token dots")
     if DOTS == 2:  # token d * MS + m at column (d, m)
         acc0 = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (16 * BLOCKS, BLOCK_M))
@@ -903,6 +916,7 @@ def _gate_up_kernel(
     DOTS: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
     SCALE_SHIFT: tl.constexpr = 0,
+    K_PARTS: tl.constexpr = 1,
     rows_lo=0,
     rows_hi=1 << 30,
 ):
@@ -956,6 +970,7 @@ def _gate_up_kernel(
             INTERPRETER,
             WAIT_MMA,
             SCALE_SHIFT,
+            K_PARTS,
         )
         gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
     else:
@@ -1033,6 +1048,7 @@ def _down_kernel(
     DOTS: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
     SCALE_SHIFT: tl.constexpr = 0,
+    K_PARTS: tl.constexpr = 1,
     rows_lo=0,
     rows_hi=1 << 30,
 ):
@@ -1086,6 +1102,7 @@ def _down_kernel(
             INTERPRETER,
             WAIT_MMA,
             SCALE_SHIFT,
+            K_PARTS,
         )
     else:
         for k0 in range(0, Ip, BLOCK_K):
@@ -1817,6 +1834,7 @@ def _moe_scheduled(
             DOTS=tile.token_dots,
             PDL=pdl,
             SCALE_SHIFT=scale_shift if swap else 0,
+            K_PARTS=tile.k_parts,
             rows_lo=rows_lo,
             rows_hi=rows_hi,
             num_warps=tile.num_warps,
