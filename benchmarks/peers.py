@@ -398,6 +398,8 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 shipped, wait_mma=False, remainder=None if rem is None else dataclasses.replace(rem, wait_mma=False)
             )
             cands[f"wgmma {cfg.name()}"] = cfg
+            deep = dataclasses.replace(cfg, num_stages=4)  # in flight, a deeper pipeline may pay where waiting did not
+            cands[f"wgmma {deep.name()}"] = deep
         if kind == "stages":  # the wgmma order's shipped tile on 2 to 4 pipeline stages (its remainder as shipped)
             shipped = cands["shipped wgmma"]
             for st in (2, 3, 4):

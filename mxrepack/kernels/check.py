@@ -26,6 +26,9 @@ import dataclasses
 import functools
 import itertools
 import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -137,6 +140,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSou
         "DOTS": cfg.token_dots,
         "PDL": pdl,
         "SCALE_SHIFT": 0,  # a shift (scales above 128) adds a max, a subtraction and a multiply: no memory
+        "K_PARTS": cfg.k_parts,
     }
     gate_up = {
         "x_ptr": _A_TYPE[act],
@@ -577,6 +581,79 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     rec["ok"] = not problems
     rec["error"] = "; ".join(problems) or None
     return rec
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;")
+_REG = re.compile(r"\bR(\d+)\b")
+
+
+def _reg_span(operand: str, width: int) -> set[int]:
+    m = _REG.fullmatch(operand.strip())
+    return set(range(int(m.group(1)), int(m.group(1)) + width)) if m else set()
+
+
+def _written(op: str) -> set[int]:
+    """The general registers an SASS instruction writes: its first operand where that is a register (stores,
+    barriers, branches and MMA-group bookkeeping write none), as wide as the opcode says (.64 / .WIDE: 2, .128 and
+    LDSM's .4: 4)."""
+    opcode, _, rest = op.partition(" ")
+    if not rest or opcode.startswith(("ST", "RED", "ATOM", "BAR", "BRA", "WARPGROUP", "DEPBAR", "LDGSTS", "EXIT")):
+        return set()
+    width = 4 if (".128" in opcode or opcode.startswith("LDSM") and opcode.endswith(".4")) else 1
+    width = 2 if width == 1 and (".64" in opcode or ".WIDE" in opcode) else width
+    return _reg_span(rest.split(",")[0], width)
+
+
+def cuobjdump() -> str:
+    """Triton's bundled ``cuobjdump`` (the SASS of a compiled kernel, no GPU needed)."""
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def kernel_sass(cubin: bytes) -> str:
+    """``cuobjdump -sass`` of one compiled kernel."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def wgmma_register_hazards(sass: str) -> list[str]:
+    """Instructions of a compiled kernel (``cuobjdump -sass``) that write a register a wgmma still in flight reads:
+    an ``HGMMA``'s register A operand (4 registers for a k16 step of 16-bit values) or its accumulator (N / 2),
+    from its issue until a ``WARPGROUP.DEPBAR.LE gsb0, N`` leaves fewer than its group's place pending (groups end at
+    the ``HGMMA`` marked ``gsb0``). Walked in address order, every loop twice (its body again from its back edge), so
+    that a wgmma left in flight across the back edge meets the next iteration's writes. This is what the hardware runs:
+    Triton may leave wgmmas in flight (``wgmma.wait_group N``), and ptxas keeps or serializes their register operands
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x0`` where it cannot); triton-lang/triton#9433's race is a write found here."""
+    ins = [(int(a, 16), re.sub(r"^@!?U?P\w+\s+", "", op)) for a, op in _SASS_LINE.findall(sass)]
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    order = list(range(len(ins)))
+    for i, (a, op) in enumerate(ins):  # each loop's body once more after its back edge
+        m = re.search(r"\bBRA\s+(?:`\()?(0x[0-9a-f]+)", op)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in where:
+            order[order.index(i) + 1 : order.index(i) + 1] = range(where[int(m.group(1), 16)], i + 1)
+    pending: list[set[int]] = []  # registers each group in flight reads, oldest first
+    group: set[int] = set()
+    found = []
+    for i in order:
+        a, op = ins[i]
+        if op.startswith("HGMMA"):
+            parts = [p.strip() for p in op.partition(" ")[2].split(",")]
+            n = int(re.match(r"HGMMA\.\d+x(\d+)x", op).group(1))
+            group |= _reg_span(parts[0], n // 2) | _reg_span(parts[1], 4)
+            if parts[-1] == "gsb0":
+                pending.append(group)
+                group = set()
+            continue
+        m = re.match(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*(0x[0-9a-f]+|\d+)", op)
+        if m:
+            keep = int(m.group(1), 0)
+            pending = pending[len(pending) - keep :] if keep else []
+            continue
+        hit = _written(op) & set().union(*pending, group) if pending or group else set()
+        if hit:
+            found.append(f"{a:#06x} {op} writes R{min(hit)} while a wgmma reading it is in flight")
+    return found
 
 
 _WGMMA_FLOW = re.compile(
