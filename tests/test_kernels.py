@@ -1171,29 +1171,65 @@ _PIPELINED_SWAP = """
 import dataclasses, json, triton
 from triton.backends.compiler import GPUTarget
 from mxrepack.kernels import check, moe_mxfp4 as moe
+def ptx(s, warps=4):
+    return triton.compile(check.specialized(s), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": 3}).asm["ptx"]
+def shape(s, warps=4):  # groups left in flight, registers written under one
+    p = ptx(s, warps)
+    return [check.wgmma_left_in_flight(p), len(check.wgmma_register_hazards(p))]
 cfg = moe.MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 src = check._moe_sources("bf16", cfg)["moe_down_combine"]
-def in_flight(s):
-    return check.wgmma_left_in_flight(triton.compile(check.specialized(s), target=GPUTarget("cuda", 90, 32),
-                                                     options={"num_warps": 4, "num_stages": 3}).asm["ptx"])
-no_wait = src  # WAIT_MMA False as built; for_arch sets it per arch
 plain = check._moe_sources("bf16", dataclasses.replace(cfg, swap_ab=False))["moe_down_combine"]
-print(json.dumps([in_flight(check.for_arch(src, 90)), in_flight(no_wait), in_flight(plain)]
+overlap = moe.MoeConfig(128, 128, 128, 8, 3, swap_ab=True, fold_scale=True, order="wgmma", wait_mma=False)
+ov = check._moe_sources("bf16", overlap)["moe_gate_up_swiglu"]
+print(json.dumps([shape(check.for_arch(src, 90)), shape(src), shape(plain), shape(ov, 8)]
                  + [check.check_one("moe_down_combine", cfg.name(), "w4a16", src, 4, 3, cap)["error"]
-                    for cap in (90, 100, 121)]))
+                    for cap in (90, 100, 121)]
+                 + [check.check_one("moe_gate_up_swiglu", overlap.name(), "w4a16", ov, 8, 3, 90)["error"]]))
 """
 
 
 def test_pipelined_swap_waits_for_every_wgmma():
-    """The swapped-operand tile, pipelined on sm_90a, waits for each wgmma before the next decode (dequant_mxfp4.
-    mma_done; without it a wgmma stays in flight across the loop's back edge while the next decode overwrites its
-    register operand: triton-lang/triton#9433, which the check's counter detects). The unswapped tile (W in shared
-    memory) may keep its wgmma in flight. The swapped tile passes the check on sm_90a, sm_100a and sm_121a."""
+    """The rows order's swapped-operand tile, pipelined on sm_90a, waits for each wgmma before the next decode
+    (dequant_mxfp4.mma_done); built without it, a wgmma stays in flight across the loop's back edge while the next
+    decode rewrites its register operand (triton-lang/triton#9433), which the check's hazard walk finds. The unswapped
+    tile (W in shared memory) may keep its wgmma in flight, and so may the wgmma order's tile (``wait_mma=False``):
+    Triton gives each step in flight registers of its own, and the check passes it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _PIPELINED_SWAP], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    waited, not_waited, plain, *errors = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert waited == 0 and not_waited > 0 and plain > 0 and errors == [None, None, None]
+    waited, not_waited, plain, overlap, *errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert waited == [0, 0] and not_waited[0] > 0 and not_waited[1] > 0, (waited, not_waited)
+    assert plain[0] > 0 and plain[1] == 0 and overlap[0] > 0 and overlap[1] == 0, (plain, overlap)
+    assert errors == [None, None, None, None], errors
+
+
+def test_wgmma_register_hazards_reads_groups_waits_and_back_edges():
+    """The hazard walk on hand-written PTX: a write to a pending wgmma's A register or accumulator is found, in the
+    same pass or across a loop's back edge; a wait to depth 0, or one deep enough to leave only later groups, clears
+    it; a wgmma writing the accumulator a pending one reads (a chain) is not a hazard."""
+    mma = "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%r1,%r2}, {%r10,%r11,%r12,%r13}, %rd1, p, 1, 1, 0;"
+    mma2 = mma.replace("%r10,%r11,%r12,%r13", "%r20,%r21,%r22,%r23")
+    commit, wait0, wait1 = (
+        "wgmma.commit_group.sync.aligned;",
+        "wgmma.wait_group.sync.aligned 0;",
+        "wgmma.wait_group.sync.aligned 1;",
+    )
+
+    from mxrepack.kernels import check
+
+    def walk(*lines):
+        return check.wgmma_register_hazards("\n".join(lines))
+
+    assert walk(mma, commit, "mov.b32 %r11, %r5;")  # the A operand rewritten in flight
+    assert walk(mma, commit, "add.f32 %r2, %r2, %r3;")  # the accumulator
+    assert not walk(mma, commit, wait0, "mov.b32 %r11, %r5;")
+    assert not walk(mma, commit, mma2, commit, wait1, "mov.b32 %r11, %r5;")  # the older group is done
+    assert walk(mma, commit, mma2, commit, wait1, "mov.b32 %r21, %r5;")  # the newer one is not
+    assert not walk(mma, commit, mma2, commit)  # a chain: the second writes the accumulator the first reads
+    loop = ["$L__BB0_1:", "mov.b32 %r11, %r5;", mma, commit, "@%p1 bra $L__BB0_1;", wait0]
+    assert walk(*loop)  # in flight at the back edge, rewritten by the next iteration
+    assert not walk(*loop[:4], wait0, *loop[4:])
 
 
 _FOLDED_PTX = """

@@ -10,10 +10,10 @@ is needed -- and the result is inspected:
   asynchronous copies, so it does not pipeline the K loop and reports a fraction of the real figure;
 * ``tma``: any ``cp.async.bulk.tensor``, ``.tile::scatter4`` or ``.tile::gather4`` in the PTX (ptxas
   rejects TMA scatter on sm_121a; our kernels use none on any arch);
-* swapped-operand tiles (``swap_ab``: W decoded into registers as the MMA's first operand) must wait for every
-  ``wgmma`` they commit before any other code runs (:func:`wgmma_left_in_flight` reads the PTX): otherwise the next
-  decode may overwrite registers an in-flight ``wgmma`` still reads (triton-lang/triton#9433;
-  ``dequant_mxfp4.mma_done`` is what makes Triton wait);
+* swapped-operand tiles (``swap_ab``: W decoded into registers as the MMA's first operand) must not write a
+  register an in-flight ``wgmma`` still reads (:func:`wgmma_register_hazards` walks the PTX: the next decode
+  overwriting one is triton-lang/triton#9433; ``dequant_mxfp4.mma_done`` makes Triton wait for each wgmma, and the
+  wgmma order's tiles kept in flight pass because Triton gives each step in flight registers of its own);
 * ``mma``: the MMA instructions found (``mma.sync...``, ``wgmma...``, ``tcgen05.mma...``); the W4A4 path
   must reach the native FP4 tensor cores on sm_12x: ``mma.sync...kind::mxf4nvf4.block_scale``. The
   decode GEMVs (``gemv_*``) and the prefill's dequantizer (``dequant_mxfp4``) run on CUDA cores by
@@ -26,9 +26,6 @@ import dataclasses
 import functools
 import itertools
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -560,11 +557,13 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
             problems.append(f"shared memory {rec['shared_bytes']} > {SM12X_SHARED_LIMIT}")
         if mode == "w4a4" and not any("kind::mxf4nvf4.block_scale" in m for m in rec["mma"]):
             problems.append("W4A4 does not use mma.sync kind::mxf4nvf4.block_scale")
-    if _constant(src, "SWAP_AB") and wgmma_left_in_flight(ptx):
-        # W decoded into registers is wgmma's operand; a wgmma left in flight lets the next decode overwrite those
-        # registers while it still reads them (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md
-        # stop 19). dequant_mxfp4.mma_done makes Triton wait for each one.
-        problems.append("swapped operands on a wgmma left in flight: a register race (see dequant_mxfp4.mma_done)")
+    hazards = wgmma_register_hazards(ptx) if _constant(src, "SWAP_AB") else []
+    if hazards:
+        # W decoded into registers is wgmma's operand; a wgmma left in flight while the next decode rewrites those
+        # registers reads garbage (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md stop 19).
+        # dequant_mxfp4.mma_done makes Triton wait for each one; a wgmma order tile kept in flight (wait_mma=False)
+        # passes where Triton gives each in-flight step registers of its own
+        problems.append(f"a register an in-flight wgmma reads is written ({hazards[0]}; see dequant_mxfp4.mma_done)")
     tile = not _no_mma(kernel)  # a chunk order's decode GEMVs take whole int32 words, whatever the layout
     if tile and _constant(src, "ORDER") in ("wgmma", "mma2") and not dq.wgmma_words_packed(compiled.asm["ttgir"]):
         # the tiles' decode takes a word's 4 bytes as 4 consecutive registers: true of the layouts Triton derives from
@@ -583,76 +582,56 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     return rec
 
 
-_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;")
-_REG = re.compile(r"\bR(\d+)\b")
+_PTX_INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)\s*(.*?);\s*$")
+_PTX_LABEL = re.compile(r"^\s*(\$L__\w+):")
+_PTX_REG = re.compile(r"%r\d+\b")
 
 
-def _reg_span(operand: str, width: int) -> set[int]:
-    m = _REG.fullmatch(operand.strip())
-    return set(range(int(m.group(1)), int(m.group(1)) + width)) if m else set()
-
-
-def _written(op: str) -> set[int]:
-    """The general registers an SASS instruction writes: its first operand where that is a register (stores,
-    barriers, branches and MMA-group bookkeeping write none), as wide as the opcode says (.64 / .WIDE: 2, .128 and
-    LDSM's .4: 4)."""
-    opcode, _, rest = op.partition(" ")
-    if not rest or opcode.startswith(("ST", "RED", "ATOM", "BAR", "BRA", "WARPGROUP", "DEPBAR", "LDGSTS", "EXIT")):
-        return set()
-    width = 4 if (".128" in opcode or opcode.startswith("LDSM") and opcode.endswith(".4")) else 1
-    width = 2 if width == 1 and (".64" in opcode or ".WIDE" in opcode) else width
-    return _reg_span(rest.split(",")[0], width)
-
-
-def cuobjdump() -> str:
-    """Triton's bundled ``cuobjdump`` (the SASS of a compiled kernel, no GPU needed)."""
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
-
-
-def kernel_sass(cubin: bytes) -> str:
-    """``cuobjdump -sass`` of one compiled kernel."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-
-
-def wgmma_register_hazards(sass: str) -> list[str]:
-    """Instructions of a compiled kernel (``cuobjdump -sass``) that write a register a wgmma still in flight reads:
-    an ``HGMMA``'s register A operand (4 registers for a k16 step of 16-bit values) or its accumulator (N / 2),
-    from its issue until a ``WARPGROUP.DEPBAR.LE gsb0, N`` leaves fewer than its group's place pending (groups end at
-    the ``HGMMA`` marked ``gsb0``). Walked in address order, every loop twice (its body again from its back edge), so
-    that a wgmma left in flight across the back edge meets the next iteration's writes. This is what the hardware runs:
-    Triton may leave wgmmas in flight (``wgmma.wait_group N``), and ptxas keeps or serializes their register operands
-    (``WARPGROUP.DEPBAR.LE gsb0, 0x0`` where it cannot); triton-lang/triton#9433's race is a write found here."""
-    ins = [(int(a, 16), re.sub(r"^@!?U?P\w+\s+", "", op)) for a, op in _SASS_LINE.findall(sass)]
-    where = {a: i for i, (a, _) in enumerate(ins)}
-    order = list(range(len(ins)))
-    for i, (a, op) in enumerate(ins):  # each loop's body once more after its back edge
-        m = re.search(r"\bBRA\s+(?:`\()?(0x[0-9a-f]+)", op)
-        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in where:
-            order[order.index(i) + 1 : order.index(i) + 1] = range(where[int(m.group(1), 16)], i + 1)
-    pending: list[set[int]] = []  # registers each group in flight reads, oldest first
-    group: set[int] = set()
+def wgmma_register_hazards(ptx: str) -> list[str]:
+    """PTX instructions that write a register an in-flight ``wgmma`` reads (its register A operand or its
+    accumulator): from the ``wgmma.mma_async`` until a ``wgmma.wait_group N`` leaves fewer groups pending than its
+    group's place (groups end at ``wgmma.commit_group``). Undefined in PTX (triton-lang/triton#9433: Triton's
+    pipeliner once left a group in flight at a loop's back edge while the next iteration's decode rewrote its A
+    registers, and the H100 gave non-finite outputs). Walked in text order, each loop twice (its body again from its
+    back edge) so that a group still pending at the back edge meets the next iteration's writes. A wgmma may write the
+    accumulator a pending one reads (chained MMAs). Empty where every register a pending wgmma reads is left alone,
+    whatever the depth Triton waits to: Triton 3.6 lowers a register-operand wgmma kept in flight as one group per k16
+    step waited to depth 7 (each step's A its own registers), 3.9 as two dots waited to depth 1."""
+    lines = [ln.split("//")[0] for ln in ptx.splitlines()]
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := _PTX_LABEL.match(ln))}
+    order = list(range(len(lines)))
+    for i, ln in enumerate(lines):  # each loop's body once more after its back edge
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+)", ln)
+        if m and labels.get(m.group(1), i) < i:
+            at = order.index(i) + 1
+            order[at:at] = range(labels[m.group(1)], i + 1)
+    pending: list[set[str]] = []  # registers each committed group still in flight reads, oldest first
+    group: set[str] = set()  # those of the group being issued
     found = []
     for i in order:
-        a, op = ins[i]
-        if op.startswith("HGMMA"):
-            parts = [p.strip() for p in op.partition(" ")[2].split(",")]
-            n = int(re.match(r"HGMMA\.\d+x(\d+)x", op).group(1))
-            group |= _reg_span(parts[0], n // 2) | _reg_span(parts[1], 4)
-            if parts[-1] == "gsb0":
-                pending.append(group)
-                group = set()
+        m = _PTX_INSTR.match(lines[i])
+        if not m:
             continue
-        m = re.match(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*(0x[0-9a-f]+|\d+)", op)
-        if m:
-            keep = int(m.group(1), 0)
+        opcode, operands = m.groups()
+        if opcode.startswith("wgmma.mma_async"):
+            acc, _, rest = operands.partition("}")
+            a = rest.split(",", 1)[1].strip()
+            group |= set(_PTX_REG.findall(acc)) | (set(_PTX_REG.findall(a.partition("}")[0])) if a[0] == "{" else set())
+            continue
+        if opcode.startswith("wgmma.commit_group"):
+            pending.append(group)
+            group = set()
+            continue
+        if opcode.startswith("wgmma.wait_group"):
+            keep = int(operands)
             pending = pending[len(pending) - keep :] if keep else []
             continue
-        hit = _written(op) & set().union(*pending, group) if pending or group else set()
+        if opcode.startswith(("st.", "red.", "atom.", "bar", "bra", "wgmma.", "cp.", "fence", "membar", "ret")):
+            continue
+        dest = operands.partition("}")[0] if operands.startswith("{") else operands.split(",")[0]
+        hit = set(_PTX_REG.findall(dest)) & set().union(group, *pending)
         if hit:
-            found.append(f"{a:#06x} {op} writes R{min(hit)} while a wgmma reading it is in flight")
+            found.append(f"line {i + 1}: {opcode} writes {sorted(hit)[0]} while a wgmma reading it is in flight")
     return found
 
 
@@ -665,7 +644,8 @@ _WGMMA_FLOW = re.compile(
 def wgmma_left_in_flight(ptx: str) -> int:
     """How many ``wgmma`` groups the PTX commits without a ``wait_group 0`` before the next wgmma instruction, label
     or branch: each lets other code run while the MMA still reads its register operands. Labels and branches end
-    the search because a loop's back edge jumps to code that comes before the commit in the text."""
+    the search because a loop's back edge jumps to code that comes before the commit in the text. Descriptive (the
+    probes print it); whether that other code writes those registers is :func:`wgmma_register_hazards`."""
     ops = [re.sub(r"\s+", " ", op) for op in _WGMMA_FLOW.findall(ptx)]
     return sum(
         op == "wgmma.commit_group" and (i + 1 == len(ops) or ops[i + 1] != "wgmma.wait_group.sync.aligned 0")
