@@ -107,8 +107,9 @@ class MoeConfig:
     # (:attr:`token_dots`)
     order: str = "rows"
     # the wgmma order on Hopper: wait for each K tile's wgmma before the next decode (dequant_mxfp4.mma_done), as the
-    # rows order's swapped tiles always do; False keeps them in flight while the next tile is decoded, Triton giving
-    # each step in flight registers of its own (the kernels check verifies it: check.wgmma_register_hazards)
+    # rows order's swapped tiles always do; False keeps them in flight while the next tile is decoded (a variant:
+    # whether a build rewrites registers an in-flight wgmma reads depends on Triton's lowering, see
+    # check.wgmma_register_hazards and MOE_TILES_WGMMA)
     wait_mma: bool = True
     # A chunk order (wgmma, mma2): rows of H per down tile (0: ``block_n``). Gate_up's operand is 2 x block_n rows
     # (gate and up); down's is block_n, so on 8 warps each warpgroup gets half the MMA work a K step of gate_up's, for
@@ -246,9 +247,8 @@ MOE_TILES_SCALED = (
 # docs/bench/moe_sweep_wgmma_h100_2026-11-26_de469b5wip.json): T = 128 16 x 64 on 3 stages 0.858 ms (rows order
 # 0.901), T = 1024 64 x 64 on 3 stages 1.438 (1.682); 4 stages and 128-token tiles on 4 warps lost. T = 16: 0.419
 # against the rows order's GEMV 0.325 -- below 33 tokens the rows order's decode GEMV is faster. Keeping one wgmma in
-# flight (``wait_mma=False``) took 0.847 / 1.388 / 4.059 ms: 1-3.5% at T = 128-1024, slower at 4096 (the kernels check
-# then refused any group left in flight; it now walks the PTX for a register rewritten under one, and the wide tile
-# below keeps them in flight). Past 64 rows per expert, 128 tokens x 128 rows per projection on 8 warps (two
+# flight (``wait_mma=False``) took 0.847 / 1.388 / 4.059 ms: 1-3.5% at T = 128-1024, slower at 4096 (not shipped:
+# below, before the tiles). Past 64 rows per expert, 128 tokens x 128 rows per projection on 8 warps (two
 # warpgroups, each 64 rows of W): H200, same run (``--sweep-kind wgmma-wide``, fd048a4,
 # docs/bench/moe_sweep_wgmma_wide_h200_2026-11-26_fd048a4.json) T = 4096 3.434 ms against 3.541 for 64 x 128 on 4
 # warps, T = 8192 5.839 against 6.406; at T = 2048 (64 rows per expert) 2.332 against 64 x 64's 2.060, and on 8 warps
@@ -279,28 +279,23 @@ MOE_TILES_SCALED = (
 _SMALL_16_WGMMA = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 _SMALL_32_WGMMA = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 _MID_WGMMA = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
-# Past 48 rows per expert the tiles keep each K tile's wgmmas in flight while the next is decoded (``wait_mma=False``:
-# Triton 3.6 issues each k16 step as its own group waited to depth 7, 3.9 two dots waited to depth 1, each with
-# registers of its own, which ``check.wgmma_register_hazards`` verifies on every build): H100, same run
-# (``--sweep-kind overlap``, 4c704d2, docs/bench/moe_sweep_overlap_{e32,e128}_h100_2026-11-27_4c704d2.json), 32
-# experts T = 512 / 1024 / 2048 / 4096 / 8192 0.403 / 0.611 / 1.088 / 2.050 / 3.972 ms against 0.427 / 0.632 / 1.141
-# / 2.181 / 4.235 waiting; 128 experts T = 2048 / 4096 1.545 / 2.388 against 1.594 / 2.493; 4 stages lost at each.
-# Below 48 rows the 64 x 64 tile waits: at 128 experts T = 1024 in flight took 1.041 ms against 1.019
-# (moe_sweep_kparts_e128_h100_2026-11-27_b1dc0ea.json).
-_WIDE_WGMMA = MoeConfig(
-    128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma", down_block_n=256, wait_mma=False
-)
+# Keeping each K tile's wgmmas in flight while the next is decoded (``wait_mma=False``) is faster past 48 rows per
+# expert on the H100 (``--sweep-kind overlap``, 4c704d2, docs/bench/moe_sweep_overlap_{e32,e128}_h100_2026-11-27_
+# 4c704d2.json): 32 experts T = 512 / 1024 / 2048 / 4096 / 8192 0.403 / 0.611 / 1.088 / 2.050 / 3.972 ms against 0.427
+# / 0.632 / 1.141 / 2.181 / 4.235 waiting; 128 experts T = 2048 / 4096 1.545 / 2.388 against 1.594 / 2.493 (4 stages
+# lost at each; below 48 rows the 64 x 64 tile lost: T = 1024 at 128 experts 1.041 against 1.019). Not shipped: Triton
+# 3.6 (the device's, vLLM 0.26's) builds it as one wgmma group per k16 step waited to depth 7 and decodes the next
+# K tile's registers while 7 groups still read them, undefined in PTX (``check.wgmma_register_hazards``: 27-54 such
+# writes a kernel; 20 runs gave identical bits, as the rows order's racing tiles did before they raced, PERF_LOG stop
+# 19). Triton 3.9 builds it as two dots waited to depth 1 with no such write; it ships once measured on a Triton whose
+# builds pass the check.
+_WIDE_WGMMA = MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma", down_block_n=256)
 MOE_TILES_WGMMA = (
     (8, _SMALL_16_WGMMA),
     (16, dataclasses.replace(_SMALL_32_WGMMA, remainder=_SMALL_16_WGMMA)),
     (48, dataclasses.replace(_MID_WGMMA, remainder=_SMALL_32_WGMMA)),
-    (64, dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_MID_WGMMA, down_block_n=128, wait_mma=False))),
-    (
-        float("inf"),
-        dataclasses.replace(
-            _WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128, wait_mma=False)
-        ),
-    ),
+    (64, dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_MID_WGMMA, down_block_n=128))),
+    (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128))),
 )
 # Weights in the mma2 order (the strided layout's ``order: mma2``: sm_12x, sm_8x): these tiles from T x k = 9 (its
 # decode GEMVs below that: CHUNK_GEMV_MAX_ASSIGNMENTS), the tokens in dots of 16 or 32 (``MoeConfig.token_dots``), 64
