@@ -351,7 +351,6 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
         "down-wide",
         "stages",
         "warps16",
-        "k-parts",
     )
     gemv_order = {"mma2": "mma2", "wgmma-gemv": "wgmma"}.get(kind)  # whose decode GEMV shapes it sweeps
     Wg = ordered_layer(W, "wgmma") if orders and wgmma_here() else None
@@ -391,14 +390,16 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                         cands[cfg.name()] = cfg
                 if isinstance(cands[key], MoeConfig) and cands[key].remainder is not None:
                     cands[f"{key} without remainder"] = dataclasses.replace(cands[key], remainder=None)
-        if kind == "overlap":  # the wgmma order's shipped tile (and remainder) keeping one wgmma in flight
+        if kind == "overlap":  # the wgmma order's shipped tile (and remainder) beside its twin with the other wait
+            # (kept in flight where it waits, waiting where it is kept in flight), and the in-flight one on 4 stages
             shipped = cands["shipped wgmma"]
             rem = shipped.remainder
-            cfg = dataclasses.replace(
-                shipped, wait_mma=False, remainder=None if rem is None else dataclasses.replace(rem, wait_mma=False)
+            wait = not shipped.wait_mma
+            twin = dataclasses.replace(
+                shipped, wait_mma=wait, remainder=None if rem is None else dataclasses.replace(rem, wait_mma=wait)
             )
-            cands[f"wgmma {cfg.name()}"] = cfg
-            deep = dataclasses.replace(cfg, num_stages=4)  # in flight, a deeper pipeline may pay where waiting did not
+            cands[f"wgmma {twin.name()}"] = twin
+            deep = dataclasses.replace(shipped if wait else twin, num_stages=4)
             cands[f"wgmma {deep.name()}"] = deep
         if kind == "stages":  # the wgmma order's shipped tile on 2 to 4 pipeline stages (its remainder as shipped)
             shipped = cands["shipped wgmma"]
@@ -426,15 +427,6 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 warps = 4
                 cfg = MoeConfig(bm, bn, 128, warps, st, swap_ab=True, fold_scale=fold, order="wgmma", wait_mma=wait)
                 cands[cfg.name()] = cfg
-        if kind == "k-parts":  # the wgmma order's shipped tile (and remainder) with each K tile in 2 or 4 dots, each
-            # waited for or kept in flight (MoeConfig.k_parts, wait_mma)
-            shipped = cands["shipped wgmma"]
-            for kp, wait in itertools.product((1, 2, 4), (True, False)):
-                if (kp, wait) != (1, True):
-                    rem = shipped.remainder
-                    rem = None if rem is None else dataclasses.replace(rem, k_parts=kp, wait_mma=wait)
-                    cfg = dataclasses.replace(shipped, k_parts=kp, wait_mma=wait, remainder=rem)
-                    cands[f"wgmma {cfg.name()}"] = cfg
         if kind == "warps16":  # the wgmma order's shipped tile (remainder as shipped) on four warpgroups: 64 weight
             # rows each where the 8-warp tile gives each of its two 128, so 4 warps a scheduler hide the decode's
             # latency instead of 2, in half the registers (128)
@@ -725,7 +717,6 @@ def main() -> None:
             "wgmma",
             "wgmma-wide",
             "warps16",
-            "k-parts",
             "remainder",
             "shipped",
             "overlap",
@@ -738,7 +729,7 @@ def main() -> None:
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
         "multi-row GEMVs (rows, dense only) or the shipped swapped tiles with the scale folded (fold), or the tiles "
         "of the strided layout's wgmma order (wgmma, MoE only, Hopper; wgmma-wide: 8 warps; warps16: the shipped "
-        "8-warp tile on 16; k-parts: each K tile in 2 or 4 dots) beside the shipped one, "
+        "8-warp tile on 16) beside the shipped one, "
         "or each order's shipped tile with a smaller remainder tile for partial blocks (remainder, MoE only), or "
         "only each order's shipped choice (shipped, MoE only: an A/B of two commits on one machine), or the wgmma "
         "order's shipped tile beside its twin keeping a wgmma in flight (overlap, MoE only, Hopper) or with down tiles "
@@ -783,8 +774,7 @@ def main() -> None:
         ap.error("--sweep-kind rows is a dense sweep: use it with --sweep-dense")
     if (
         args.sweep_moe
-        and args.sweep_kind
-        in ("wgmma", "wgmma-wide", "warps16", "k-parts", "overlap", "down-wide", "stages", "wgmma-gemv")
+        and args.sweep_kind in ("wgmma", "wgmma-wide", "warps16", "overlap", "down-wide", "stages", "wgmma-gemv")
         and not wgmma_here()
     ):
         ap.error(f"--sweep-kind {args.sweep_kind} sweeps the wgmma order: a Hopper without DISABLE_MMA_V3")

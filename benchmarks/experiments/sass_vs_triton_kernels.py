@@ -173,7 +173,16 @@ def triton_kernels_gate_up(vllm_src: Path) -> dict:
     # codes decoded per thread per K step: block_n weight rows x block_k codes over the program's threads
     codes = flags.block_n * flags.block_k // (32 * flags.num_warps)
     rec = {"kernel": k.metadata.name, "opt_flags": tile, "shared_bytes": k.metadata.shared, "codes_per_thread": codes}
-    return rec | loop_counts(k.asm["cubin"])
+    return rec | loop_counts(k.asm["cubin"]) | ptx_hazards(k.asm["ptx"])
+
+
+def ptx_hazards(ptx: str) -> dict:
+    """wgmma groups its PTX leaves in flight and registers it rewrites under one (the kernels check's walk, PERF_LOG
+    stop 36)."""
+    from mxrepack.kernels import check
+
+    found = check.wgmma_register_hazards(ptx)
+    return {"wgmma_groups_in_flight": check.wgmma_left_in_flight(ptx), "ptx_hazards": len(found), "first": found[:2]}
 
 
 def mxrepack_gate_up() -> dict:
@@ -190,7 +199,11 @@ def mxrepack_gate_up() -> dict:
             check.specialized(src), target=TARGET, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         )
         codes = 2 * cfg.block_n * cfg.block_k // (32 * cfg.num_warps)  # gate and up rows
-        out[cfg.name()] = {"shared_bytes": k.metadata.shared, "codes_per_thread": codes} | loop_counts(k.asm["cubin"])
+        out[cfg.name()] = (
+            {"shared_bytes": k.metadata.shared, "codes_per_thread": codes}
+            | loop_counts(k.asm["cubin"])
+            | ptx_hazards(k.asm["ptx"])
+        )
     return out
 
 
@@ -206,7 +219,9 @@ def main() -> None:
         r["loop_per_code"] = round(r["loop"] / r["codes_per_thread"], 2)
         print(
             f"{name:24s} loop {r['loop']:5d} / {r['codes_per_thread']} codes = {r['loop_per_code']:.2f} per code, "
-            f"{r['registers']} registers, stack {r['stack_bytes']}, top {list(r['loop_ops'].items())[:8]}",
+            f"{r['registers']} registers, stack {r['stack_bytes']}, top {list(r['loop_ops'].items())[:8]}, wgmma "
+            f"groups in flight {r['wgmma_groups_in_flight']}, registers rewritten under one {r['ptx_hazards']} "
+            f"{r['first'][:1]}",
             flush=True,
         )
     if args.json:

@@ -137,7 +137,6 @@ def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSou
         "DOTS": cfg.token_dots,
         "PDL": pdl,
         "SCALE_SHIFT": 0,  # a shift (scales above 128) adds a max, a subtraction and a multiply: no memory
-        "K_PARTS": cfg.k_parts,
     }
     gate_up = {
         "x_ptr": _A_TYPE[act],

@@ -291,16 +291,15 @@ def _fragment_bytes(wb, BLOCKS: tl.constexpr):
     """Stored chunk-order bytes ``[BLOCKS, 32, 32]`` (wgmma or mma2: the same word bits) -> the fragment bytes before
     the word-bit placement (the portable twin of the PTX decode's rotations and masks): per word, each pair's two codes
     back in one byte."""
-    WORDS: tl.constexpr = wb.shape[2] // 4  # 8, or fewer for a part of a K tile (chunk_tile's PARTS)
     sh = (8 * tl.arange(0, 4)).to(tl.uint32)
-    word = tl.sum(tl.reshape(wb.to(tl.uint32), (BLOCKS, 32, WORDS, 4)) << sh[None, None, None, :], axis=3)
+    word = tl.sum(tl.reshape(wb.to(tl.uint32), (BLOCKS, 32, 8, 4)) << sh[None, None, None, :], axis=3)
     p = tl.arange(0, 4)[None, None, None, :]
     x = word[:, :, :, None]
     full = 0x81C081C0  # each half's sign and value bits, where the decode puts them
     v = tl.where(p == 0, _rotl(x, _ROT0), tl.where(p == 1, _rotl(x, _ROT1), _rotl(x, _ROT2))) & full
     v = tl.where(p == 3, (x & _MASK3_IN_PLACE) | (_rotl(x, _ROT3) & _MASK3_ROTATED), v)
     byte = ((v >> 6) & 7) | ((v >> 12) & 8) | ((v >> 18) & 0x70) | ((v >> 24) & 0x80)
-    return tl.reshape(byte, (BLOCKS, 32, 4 * WORDS)).to(tl.uint8)
+    return tl.reshape(byte, (BLOCKS, 32, 32)).to(tl.uint8)
 
 
 @triton.jit
@@ -331,17 +330,16 @@ def _scale_bf16(sc, MATH: tl.constexpr):
 
 @triton.jit
 def _wgmma_words(wb, sc, BLOCKS: tl.constexpr, MATH: tl.constexpr):
-    """Lane bytes ``[BLOCKS, 32, 4 S]`` (S words: 8 for a whole K tile, fewer for a part of one) and the lane's E8M0
-    scales ``[BLOCKS, 32, S]`` (at 2 j + c: group j, row g + 8 c) -> (r0, r1) bf16 ``[BLOCKS, 32, 4 S]``: per word,
-    r0 = (low, high code) of its bytes 0 and 1 (row g), r1 of bytes 2 and 3 (row g + 8)."""
-    S: tl.constexpr = wb.shape[2] // 4
+    """Lane bytes ``[BLOCKS, 32, 32]`` and the lane's E8M0 scales ``[BLOCKS, 32, 8]`` (at 2 j + c: group j, row
+    g + 8 c) -> (r0, r1) bf16 ``[BLOCKS, 32, 32]``: per word, r0 = (low, high code) of its bytes 0 and 1 (row g), r1
+    of bytes 2 and 3 (row g + 8)."""
     if MATH == "ops":  # the portable twin: fp32 values, the same arrangement
-        w = tl.reshape(_fragment_bytes(wb, BLOCKS).to(tl.int32), (BLOCKS, 32, S // 2, 2, 2, 2))  # j, s % 2, c, kh
-        s = e8m0_to_fp32(tl.reshape(sc.to(tl.int32), (BLOCKS, 32, S // 2, 1, 2, 1)))
+        w = tl.reshape(_fragment_bytes(wb, BLOCKS).to(tl.int32), (BLOCKS, 32, 4, 2, 2, 2))  # j, s % 2, c, kh
+        s = e8m0_to_fp32(tl.reshape(sc.to(tl.int32), (BLOCKS, 32, 4, 1, 2, 1)))
         v = tl.join(e2m1_to_fp32(w & 15) * s, e2m1_to_fp32(w >> 4) * s)  # [.., j, s % 2, c, kh, nibble]
-        v = tl.reshape(v, (BLOCKS, 32, S, 2, 4))  # s, c, (kh, nibble)
+        v = tl.reshape(v, (BLOCKS, 32, 8, 2, 4))  # s, c, (kh, nibble)
         r0, r1 = tl.split(tl.permute(v, (0, 1, 2, 4, 3)))
-        r0, r1 = tl.reshape(r0, (BLOCKS, 32, 4 * S)), tl.reshape(r1, (BLOCKS, 32, 4 * S))
+        r0, r1 = tl.reshape(r0, (BLOCKS, 32, 32)), tl.reshape(r1, (BLOCKS, 32, 32))
     else:  # one scale per byte, in the lane's byte order 4 s + 2 c + kh (s = 2 j + s % 2)
         r0, r1 = _decode_words_asm(wb, _per_lane_byte(_scale_bf16(sc, MATH), BLOCKS), MATH)
     return r0, r1
@@ -366,10 +364,9 @@ def _mma2_words(wb, sc, BLOCKS: tl.constexpr, MATH: tl.constexpr):
 
 @triton.jit
 def _per_lane_byte(s, BLOCKS: tl.constexpr):
-    """A lane's S scales ``[BLOCKS, 32, S]`` (2 j + c) -> one per byte ``[BLOCKS, 32, 4 S]`` (4 s + 2 c + kh)."""
-    S: tl.constexpr = s.shape[2]
-    s = tl.broadcast_to(tl.reshape(s, (BLOCKS, 32, S // 2, 1, 2, 1)), (BLOCKS, 32, S // 2, 2, 2, 2))
-    return tl.reshape(s, (BLOCKS, 32, 4 * S))
+    """A lane's 8 scales ``[BLOCKS, 32, 8]`` (2 j + c) -> one per byte ``[BLOCKS, 32, 32]`` (4 s + 2 c + kh)."""
+    s = tl.broadcast_to(tl.reshape(s, (BLOCKS, 32, 4, 1, 2, 1)), (BLOCKS, 32, 4, 2, 2, 2))
+    return tl.reshape(s, (BLOCKS, 32, 32))
 
 
 # A chunk order's decode for a GEMV: WORD_ASM's rotations and masks, taking one int32 word at a time. Elementwise over
@@ -456,16 +453,7 @@ def chunk_word_values(w_ptr, w_off, lane, sc, ORDER: tl.constexpr, MATH: tl.cons
 
 @triton.jit
 def chunk_tile(
-    w_ptr,
-    s_ptr,
-    w_off,
-    s_off,
-    BLOCKS: tl.constexpr,
-    MATH: tl.constexpr,
-    ORDER: tl.constexpr,
-    SCALE_SHIFT: tl.constexpr,
-    PART: tl.constexpr = 0,
-    PARTS: tl.constexpr = 1,
+    w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr, ORDER: tl.constexpr, SCALE_SHIFT: tl.constexpr
 ):
     """W's rows of ``BLOCKS`` 16-row blocks over one K tile, in a chunk order (``ORDER`` "wgmma" or "mma2"), as
     ``[16 BLOCKS, 128]`` in natural order (row 16 i + r of block i, code k): ``w_off`` / ``s_off`` ``[BLOCKS]``, the
@@ -473,14 +461,10 @@ def chunk_tile(
     lanes needs contiguous). The decoded pairs are relabelled to natural order by a join, reshape and permute that
     Triton lowers without moving data where the order is the MMA's operand (each lane's values are its own fragment:
     wgmma's on sm_90a, mma.sync's kWidth 8 on sm_12x / sm_8x). ``SCALE_SHIFT``: the scales read lowered by it
-    (:func:`shift_scales`), the caller's sums multiplied back (:func:`unshift`). ``PARTS`` (wgmma order: 1, 2 or 4):
-    only the ``PART``-th of ``PARTS`` equal K ranges, ``[16 BLOCKS, 128 / PARTS]`` (a lane's words ``8 / PARTS``
-    from ``PART``, the k16 steps s of those K, and their scales), so that each part can be its own wgmma group."""
+    (:func:`shift_scales`), the caller's sums multiplied back (:func:`unshift`)."""
     lane = tl.arange(0, 32)[None, :, None]
-    S: tl.constexpr = 8 // PARTS  # words (k16 steps) a lane holds of this part
-    tl.static_assert((PARTS == 1) | ((ORDER == "wgmma") & ((PARTS == 2) | (PARTS == 4))), "K parts: wgmma, 2 or 4")
-    wb = tl.load(w_ptr + w_off[:, None, None] + lane * 32 + 4 * S * PART + tl.arange(0, 4 * S)[None, None, :])
-    sc = tl.load(s_ptr + s_off[:, None, None] + 8 * (lane // 4) + S * PART + tl.arange(0, S)[None, None, :])
+    wb = tl.load(w_ptr + w_off[:, None, None] + lane * 32 + tl.arange(0, 32)[None, None, :])
+    sc = tl.load(s_ptr + s_off[:, None, None] + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
     sc = shift_scales(sc, SCALE_SHIFT)
     if ORDER == "mma2":
         r0, r1 = _mma2_words(wb, sc, BLOCKS, MATH)
@@ -490,16 +474,31 @@ def chunk_tile(
     else:
         tl.static_assert(ORDER == "wgmma", "chunk orders: wgmma or mma2")
         r0, r1 = _wgmma_words(wb, sc, BLOCKS, MATH)
-        x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, S, 2, 2, 2))  # block, g, t, s, kh, kl, c
+        x = tl.reshape(tl.join(r0, r1), (BLOCKS, 8, 4, 8, 2, 2, 2))  # block, g, t, s, kh, kl, c
         x = tl.permute(x, (0, 6, 1, 3, 4, 2, 5))  # block, c, g | s, kh, t, kl
-    return tl.reshape(x, (16 * BLOCKS, 16 * S))
+    return tl.reshape(x, (16 * BLOCKS, 128))
 
 
 @triton.jit
-def dot_w_tile(w, a, acc, INTERPRETER: tl.constexpr, WAIT_MMA: tl.constexpr = False):
-    """``acc + w @ a.T`` for a decoded K tile ``w`` ``[R, 128]`` and activations ``a`` ``[M, 128]``."""
+def fresh_operand(w):
+    """``w`` copied value by value (a ``mov`` that ptxas removes), for a wgmma kept in flight. Triton 3.6 makes a
+    decoded tile's own registers the wgmma operand and issues each k16 step as a group waited to depth 7, so the next
+    K tile's decode writes registers up to 7 pending groups still read (undefined in PTX). From copies, the lowering
+    packs each step's operand just before its own wgmma, where the depth-7 waits have retired that step's previous
+    group, and the decode writes other registers: no such write is left (``check.wgmma_register_hazards``), as in
+    triton_kernels' Hopper matmul, whose operand is packed the same way. Triton 3.9 splits the dot in two, each with
+    registers of its own, and needs no copy."""
+    return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [w], dtype=tl.bfloat16, is_pure=True, pack=1)
+
+
+@triton.jit
+def dot_w_tile(w, a, acc, INTERPRETER: tl.constexpr, WAIT_MMA: tl.constexpr = False, IN_FLIGHT: tl.constexpr = False):
+    """``acc + w @ a.T`` for a decoded K tile ``w`` ``[R, 128]`` and activations ``a`` ``[M, 128]``; ``WAIT_MMA``: the
+    wgmma waited for (:func:`mma_done`), ``IN_FLIGHT``: left in flight, its operand copied (:func:`fresh_operand`)."""
     if INTERPRETER:  # fp32 operands: Triton 3.9's interpreter mis-multiplies a bf16 operand made by a cast
         return tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), acc)
+    if IN_FLIGHT:
+        w = fresh_operand(w)
     acc = tl.dot(w, tl.trans(a), acc)
     if WAIT_MMA:
         acc = mma_done(acc)

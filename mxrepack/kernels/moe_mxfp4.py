@@ -107,9 +107,9 @@ class MoeConfig:
     # (:attr:`token_dots`)
     order: str = "rows"
     # the wgmma order on Hopper: wait for each K tile's wgmma before the next decode (dequant_mxfp4.mma_done), as the
-    # rows order's swapped tiles always do; False keeps them in flight while the next tile is decoded (a variant:
-    # whether a build rewrites registers an in-flight wgmma reads depends on Triton's lowering, see
-    # check.wgmma_register_hazards and MOE_TILES_WGMMA)
+    # rows order's swapped tiles always do; False keeps them in flight while the next tile is decoded, the operand
+    # copied per k16 step (dequant_mxfp4.fresh_operand) so that no build rewrites a register a pending wgmma reads
+    # (the kernels check walks each build's PTX for one: check.wgmma_register_hazards)
     wait_mma: bool = True
     # A chunk order (wgmma, mma2): rows of H per down tile (0: ``block_n``). Gate_up's operand is 2 x block_n rows
     # (gate and up); down's is block_n, so on 8 warps each warpgroup gets half the MMA work a K step of gate_up's, for
@@ -120,10 +120,6 @@ class MoeConfig:
     # beside this one on the same schedule, so that a few rows past a multiple of ``block_m`` do not pay a whole
     # ``block_m``-row tile (its MMA and, per row, its decode). Same order and operand form as this tile.
     remainder: MoeConfig | None = None
-    # The wgmma order: each K tile decoded and multiplied in this many K ranges (1, 2 or 4), each its own wgmma group,
-    # so that the decode of one range runs while the MMA of the one before it does (Triton puts the fence that orders a
-    # group after its register operands are written: one group a K tile decodes the whole tile before its first wgmma)
-    k_parts: int = 1
 
     def __post_init__(self):
         r = self.remainder
@@ -160,8 +156,6 @@ class MoeConfig:
             raise ValueError(
                 "wait_mma=False is a variant of the wgmma order's tiles only (the rows order always waits)"
             )
-        if self.k_parts not in (1, 2, 4) or (self.k_parts != 1 and self.order != "wgmma"):
-            raise ValueError(f"k_parts is 1, 2 or 4, and above 1 for the wgmma order only, got {self.k_parts}")
         if self.block_k % 128 or self.block_k <= 0:
             raise ValueError(f"block_k {self.block_k} must be a multiple of 128 (the strided layout's K tiles)")
         if self.swap_ab and (self.block_k != 128 or self.manual_dequant):
@@ -179,7 +173,6 @@ class MoeConfig:
             + (f"-{self.order}" if self.order != "rows" else "")
             + ("-overlap" if self.order == "wgmma" and not self.wait_mma else "")
             + (f"-down{self.down_block_n}" if self.down_block_n else "")
-            + (f"-kp{self.k_parts}" if self.k_parts != 1 else "")
             + (f"+r{self.remainder.name()}" if self.remainder is not None else "")
         )
 
@@ -247,8 +240,8 @@ MOE_TILES_SCALED = (
 # docs/bench/moe_sweep_wgmma_h100_2026-11-26_de469b5wip.json): T = 128 16 x 64 on 3 stages 0.858 ms (rows order
 # 0.901), T = 1024 64 x 64 on 3 stages 1.438 (1.682); 4 stages and 128-token tiles on 4 warps lost. T = 16: 0.419
 # against the rows order's GEMV 0.325 -- below 33 tokens the rows order's decode GEMV is faster. Keeping one wgmma in
-# flight (``wait_mma=False``) took 0.847 / 1.388 / 4.059 ms: 1-3.5% at T = 128-1024, slower at 4096 (not shipped:
-# below, before the tiles). Past 64 rows per expert, 128 tokens x 128 rows per projection on 8 warps (two
+# flight (``wait_mma=False``) took 0.847 / 1.388 / 4.059 ms: 1-3.5% at T = 128-1024, slower at 4096 (the wide tile
+# below keeps them in flight). Past 64 rows per expert, 128 tokens x 128 rows per projection on 8 warps (two
 # warpgroups, each 64 rows of W): H200, same run (``--sweep-kind wgmma-wide``, fd048a4,
 # docs/bench/moe_sweep_wgmma_wide_h200_2026-11-26_fd048a4.json) T = 4096 3.434 ms against 3.541 for 64 x 128 on 4
 # warps, T = 8192 5.839 against 6.406; at T = 2048 (64 rows per expert) 2.332 against 64 x 64's 2.060, and on 8 warps
@@ -279,23 +272,29 @@ MOE_TILES_SCALED = (
 _SMALL_16_WGMMA = MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 _SMALL_32_WGMMA = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 _MID_WGMMA = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
-# Keeping each K tile's wgmmas in flight while the next is decoded (``wait_mma=False``) is faster past 48 rows per
-# expert on the H100 (``--sweep-kind overlap``, 4c704d2, docs/bench/moe_sweep_overlap_{e32,e128}_h100_2026-11-27_
-# 4c704d2.json): 32 experts T = 512 / 1024 / 2048 / 4096 / 8192 0.403 / 0.611 / 1.088 / 2.050 / 3.972 ms against 0.427
-# / 0.632 / 1.141 / 2.181 / 4.235 waiting; 128 experts T = 2048 / 4096 1.545 / 2.388 against 1.594 / 2.493 (4 stages
-# lost at each; below 48 rows the 64 x 64 tile lost: T = 1024 at 128 experts 1.041 against 1.019). Not shipped: Triton
-# 3.6 (the device's, vLLM 0.26's) builds it as one wgmma group per k16 step waited to depth 7 and decodes the next
-# K tile's registers while 7 groups still read them, undefined in PTX (``check.wgmma_register_hazards``: 27-54 such
-# writes a kernel; 20 runs gave identical bits, as the rows order's racing tiles did before they raced, PERF_LOG stop
-# 19). Triton 3.9 builds it as two dots waited to depth 1 with no such write; it ships once measured on a Triton whose
-# builds pass the check.
-_WIDE_WGMMA = MoeConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma", down_block_n=256)
+# Past 48 rows per expert the tiles keep each K tile's wgmmas in flight while the next K tile is decoded
+# (``wait_mma=False``; the decoded operand copied per k16 step, ``dequant_mxfp4.fresh_operand``, so that no build writes
+# a register a pending wgmma reads: ``check.wgmma_register_hazards`` walks every build's PTX, Triton 3.6 and 3.9).
+# H100, same run (``--sweep-kind overlap``, 4c704d2, before the copy, which ptxas removes: 428 against 424 instructions
+# a K tile; docs/bench/moe_sweep_overlap_{e32,e128}_h100_2026-11-27_4c704d2.json): 32 experts T = 512 / 1024 / 2048 /
+# 4096 / 8192 0.403 / 0.611 / 1.088 / 2.050 / 3.972 ms against 0.427 / 0.632 / 1.141 / 2.181 / 4.235 waiting; 128
+# experts T = 2048 / 4096 1.545 / 2.388 against 1.594 / 2.493; 4 stages lost at each. Below 48 rows the 64 x 64 tile
+# waits: at 128 experts T = 1024 in flight took 1.041 ms against 1.019
+# (moe_sweep_kparts_e128_h100_2026-11-27_b1dc0ea.json).
+_WIDE_WGMMA = MoeConfig(
+    128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma", down_block_n=256, wait_mma=False
+)
 MOE_TILES_WGMMA = (
     (8, _SMALL_16_WGMMA),
     (16, dataclasses.replace(_SMALL_32_WGMMA, remainder=_SMALL_16_WGMMA)),
     (48, dataclasses.replace(_MID_WGMMA, remainder=_SMALL_32_WGMMA)),
-    (64, dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_MID_WGMMA, down_block_n=128))),
-    (float("inf"), dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128))),
+    (64, dataclasses.replace(_WIDE_WGMMA, remainder=dataclasses.replace(_MID_WGMMA, down_block_n=128, wait_mma=False))),
+    (
+        float("inf"),
+        dataclasses.replace(
+            _WIDE_WGMMA, remainder=dataclasses.replace(_SMALL_32_WGMMA, down_block_n=128, wait_mma=False)
+        ),
+    ),
 )
 # Weights in the mma2 order (the strided layout's ``order: mma2``: sm_12x, sm_8x): these tiles from T x k = 9 (its
 # decode GEMVs below that: CHUNK_GEMV_MAX_ASSIGNMENTS), the tokens in dots of 16 or 32 (``MoeConfig.token_dots``), 64
@@ -850,14 +849,12 @@ def _chunk_dots(
     INTERPRETER: tl.constexpr,
     WAIT_MMA: tl.constexpr,
     SCALE_SHIFT: tl.constexpr,
-    K_PARTS: tl.constexpr,
 ):
     """``W @ a.T`` ``[16 BLOCKS, BLOCK_M]`` over ``k_tiles`` K tiles for W in a chunk order (wgmma, mma2): each K
     tile's W decoded once (``chunk_tile``) and fed to ``DOTS`` dots of ``BLOCK_M / DOTS`` tokens (``MoeConfig.
     token_dots``); a's rows (``_part_rows``), gathered by token (``GATHER``: x) or by position (the intermediate),
     masked past ``K`` (x: ``GATHER``). W's block offsets ``w_off`` / ``s_off`` step by
-    ``w_step`` / ``s_step`` bytes per K tile. ``K_PARTS`` (``MoeConfig.k_parts``): each K tile decoded and multiplied
-    in that many K ranges, each its own dot, waited for (``WAIT_MMA``) after the last only."""
+    ``w_step`` / ``s_step`` bytes per K tile."""
     MS: tl.constexpr = BLOCK_M // DOTS
     rows0, ok0 = _part_rows(order_ptr, start, end, 0, MS, TOPK, GATHER)
     rows1, ok1 = _part_rows(order_ptr, start, end, 1 % DOTS, MS, TOPK, GATHER)
@@ -867,20 +864,20 @@ def _chunk_dots(
     acc1 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
     acc2 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
     acc3 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
-    KW: tl.constexpr = 128 // K_PARTS
+    FLY: tl.constexpr = ORDER == "wgmma" and not WAIT_MMA  # on Hopper: the wgmmas kept in flight (MoeConfig.wait_mma)
     for kt in range(0, k_tiles):  # kt, not k0 // 128: see _load_w
-        for p in tl.static_range(K_PARTS):
-            wait = WAIT_MMA and p == K_PARTS - 1
-            rk = kt * 128 + p * KW + tl.arange(0, KW)
-            a = _load_part(a_ptr, rows0, ok0, rk, K, stride_a, GATHER)
-            w_kt, s_kt = w_off + kt * w_step, s_off + kt * s_step
-            w = chunk_tile(w_e, s_e, w_kt, s_kt, BLOCKS, MATH, ORDER, SCALE_SHIFT, p, K_PARTS)
-            acc0 = dot_w_tile(w, a, acc0, INTERPRETER, wait)
-            if DOTS >= 2:
-                acc1 = dot_w_tile(w, _load_part(a_ptr, rows1, ok1, rk, K, stride_a, GATHER), acc1, INTERPRETER, wait)
-            if DOTS >= 4:
-                acc2 = dot_w_tile(w, _load_part(a_ptr, rows2, ok2, rk, K, stride_a, GATHER), acc2, INTERPRETER, wait)
-                acc3 = dot_w_tile(w, _load_part(a_ptr, rows3, ok3, rk, K, stride_a, GATHER), acc3, INTERPRETER, wait)
+        rk = kt * 128 + tl.arange(0, 128)
+        a = _load_part(a_ptr, rows0, ok0, rk, K, stride_a, GATHER)
+        w = chunk_tile(w_e, s_e, w_off + kt * w_step, s_off + kt * s_step, BLOCKS, MATH, ORDER, SCALE_SHIFT)
+        acc0 = dot_w_tile(w, a, acc0, INTERPRETER, WAIT_MMA, FLY)
+        if DOTS >= 2:
+            a = _load_part(a_ptr, rows1, ok1, rk, K, stride_a, GATHER)
+            acc1 = dot_w_tile(w, a, acc1, INTERPRETER, WAIT_MMA, FLY)
+        if DOTS >= 4:
+            a = _load_part(a_ptr, rows2, ok2, rk, K, stride_a, GATHER)
+            acc2 = dot_w_tile(w, a, acc2, INTERPRETER, WAIT_MMA, FLY)
+            a = _load_part(a_ptr, rows3, ok3, rk, K, stride_a, GATHER)
+            acc3 = dot_w_tile(w, a, acc3, INTERPRETER, WAIT_MMA, FLY)
     tl.static_assert(DOTS == 1 or DOTS == 2 or DOTS == 4, "one, two or four token dots")
     if DOTS == 2:  # token d * MS + m at column (d, m)
         acc0 = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (16 * BLOCKS, BLOCK_M))
@@ -928,7 +925,6 @@ def _gate_up_kernel(
     DOTS: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
     SCALE_SHIFT: tl.constexpr = 0,
-    K_PARTS: tl.constexpr = 1,
     rows_lo=0,
     rows_hi=1 << 30,
 ):
@@ -982,7 +978,6 @@ def _gate_up_kernel(
             INTERPRETER,
             WAIT_MMA,
             SCALE_SHIFT,
-            K_PARTS,
         )
         gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
     else:
@@ -1060,7 +1055,6 @@ def _down_kernel(
     DOTS: tl.constexpr = 1,
     PDL: tl.constexpr = 0,
     SCALE_SHIFT: tl.constexpr = 0,
-    K_PARTS: tl.constexpr = 1,
     rows_lo=0,
     rows_hi=1 << 30,
 ):
@@ -1114,7 +1108,6 @@ def _down_kernel(
             INTERPRETER,
             WAIT_MMA,
             SCALE_SHIFT,
-            K_PARTS,
         )
     else:
         for k0 in range(0, Ip, BLOCK_K):
@@ -1846,7 +1839,6 @@ def _moe_scheduled(
             DOTS=tile.token_dots,
             PDL=pdl,
             SCALE_SHIFT=scale_shift if swap else 0,
-            K_PARTS=tile.k_parts,
             rows_lo=rows_lo,
             rows_hi=rows_hi,
             num_warps=tile.num_warps,
