@@ -949,11 +949,11 @@ def test_moe_chunk_order_gemvs_match_reference(order):
         ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
         wts = torch.softmax(torch.randn(T, k), -1)
         ref = layout_moe_reference(x, native, get_layout("mxfp4"), dims, ids, wts, padded=False)
-        for cfg in (gemv, ChunkGemvConfig(order, 2, 4, 2, 1, pdl=False)):
+        for cfg in (ChunkGemvConfig(order, 2, 4, 2, 1, pdl=False), gemv):
             y = moe_mxfp4(x, ids, wts, chunked, "bf16", cfg, order=order)
             assert rel(y, ref) <= 1e-2, (T, cfg)
-        # the combine's arrival counters are back at zero: the next call's result is the same
-        assert torch.equal(moe_mxfp4(x, ids, wts, chunked, "bf16", cfg, order=order), y), (T, cfg)
+    # the shipped GEMVs' combine counters are back at zero: the next call's result is the same
+    assert torch.equal(moe_mxfp4(x, ids, wts, chunked, "bf16", gemv, order=order), y)
     _, rows, _ = _strided_layer(E, H, I)
     with pytest.raises(ValueError, match=f"reads the {order} order, the weights are rows"):
         moe_mxfp4(x, ids, wts, rows, "bf16", gemv)
@@ -1174,13 +1174,13 @@ def test_kernels_check_builds_for_sm12x_without_tma():
 _PIPELINED_SWAP = """
 import dataclasses, json, triton
 from triton.backends.compiler import GPUTarget
-from mxrepack.kernels import check, moe_mxfp4 as moe
+from mxrepack.kernels import check, dequant_mxfp4, moe_mxfp4 as moe
 def ptx(s, warps=4):
     return triton.compile(check.specialized(s), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": 3}).asm["ptx"]
 def shape(s, warps=4):  # groups left in flight, registers written under one
     p = ptx(s, warps)
-    return [check.wgmma_left_in_flight(p), len(check.wgmma_register_hazards(p))]
+    return [check.wgmma_left_in_flight(p), len(dequant_mxfp4.wgmma_register_hazards(p))]
 cfg = moe.MoeConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 src = check._moe_sources("bf16", cfg)["moe_down_combine"]
 plain = check._moe_sources("bf16", dataclasses.replace(cfg, swap_ab=False))["moe_down_combine"]
@@ -1211,30 +1211,53 @@ def test_pipelined_swap_waits_for_every_wgmma():
 
 def test_wgmma_register_hazards_reads_groups_waits_and_back_edges():
     """The hazard walk on hand-written PTX: a write to a pending wgmma's A register or accumulator is found, in the
-    same pass or across a loop's back edge; a wait to depth 0, or one deep enough to leave only later groups, clears
-    it; a wgmma writing the accumulator a pending one reads (a chain) is not a hazard."""
-    mma = "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%r1,%r2}, {%r10,%r11,%r12,%r13}, %rd1, p, 1, 1, 0;"
-    mma2 = mma.replace("%r10,%r11,%r12,%r13", "%r20,%r21,%r22,%r23")
-    commit, wait0, wait1 = (
-        "wgmma.commit_group.sync.aligned;",
-        "wgmma.wait_group.sync.aligned 0;",
-        "wgmma.wait_group.sync.aligned 1;",
-    )
+    same pass or across a loop's back edge (predicated, or ``bra.uni``), whatever its form (a vector destination, a
+    predicated write); a wait to depth 0, or one deep enough to leave only later groups, clears it; a wgmma writing
+    the accumulator a pending one reads (a chain) is not a hazard; a read of a pending accumulator is; a wgmma reading
+    a register written after the last ``wgmma.fence`` is; Triton 3.6's in-flight form without the operand copy (one
+    group a k16 step waited to depth 7, the next K tile decoded into the groups' own registers) is, and with each
+    step's operand packed just before its own fence it is not; an A operand in shared memory (a descriptor) reads no
+    registers; a wgmma whose registers it cannot read raises."""
+    from mxrepack.kernels.dequant_mxfp4 import wgmma_register_hazards as walk_ptx
 
-    from mxrepack.kernels import check
+    mma = "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f1,%f2}, {%r10,%r11,%r12,%r13}, %rd1, p, 1, 1, 0;"
+    mma2 = mma.replace("%r10,%r11,%r12,%r13", "%r20,%r21,%r22,%r23")
+    fence, commit = "wgmma.fence.sync.aligned;", "wgmma.commit_group.sync.aligned;"
+    wait0, wait1 = "wgmma.wait_group.sync.aligned 0;", "wgmma.wait_group.sync.aligned 1;"
 
     def walk(*lines):
-        return check.wgmma_register_hazards("\n".join(lines))
+        return walk_ptx("\n".join(lines))
 
-    assert walk(mma, commit, "mov.b32 %r11, %r5;")  # the A operand rewritten in flight
-    assert walk(mma, commit, "add.f32 %r2, %r2, %r3;")  # the accumulator
-    assert not walk(mma, commit, wait0, "mov.b32 %r11, %r5;")
-    assert not walk(mma, commit, mma2, commit, wait1, "mov.b32 %r11, %r5;")  # the older group is done
-    assert walk(mma, commit, mma2, commit, wait1, "mov.b32 %r21, %r5;")  # the newer one is not
-    assert not walk(mma, commit, mma2, commit)  # a chain: the second writes the accumulator the first reads
-    loop = ["$L__BB0_1:", "mov.b32 %r11, %r5;", mma, commit, "@%p1 bra $L__BB0_1;", wait0]
+    assert walk(fence, mma, commit, "mov.b32 %r11, %r5;")  # the A operand rewritten in flight
+    assert walk(fence, mma, commit, "@%p2 mov.b32 %r11, %r5;")  # predicated
+    assert walk(fence, mma, commit, "ld.shared.v2.b32 {%r12, %r13}, [%r7];")  # a vector destination
+    assert walk(fence, mma, commit, "add.f32 %f2, %f2, %f3;")  # the accumulator written
+    assert walk(fence, mma, commit, "st.shared.f32 [%r7], %f1;")  # ... or read
+    assert not walk(fence, mma, commit, wait0, "mov.b32 %r11, %r5;", "st.shared.f32 [%r7], %f1;")
+    assert not walk(fence, mma, commit, fence, mma2, commit, wait1, "mov.b32 %r11, %r5;")  # the older group is done
+    assert walk(fence, mma, commit, fence, mma2, commit, wait1, "mov.b32 %r21, %r5;")  # the newer one is not
+    assert not walk(fence, mma, commit, fence, mma2, commit)  # a chain: the second writes what the first reads
+    assert walk("mov.b32 %r11, %r5;", fence, mma, commit, "mov.b32 %r20, %r5;", mma2, commit, wait0)  # unfenced
+    loop = ["$L__BB0_1:", "mov.b32 %r11, %r5;", fence, mma, commit, "@%p1 bra $L__BB0_1;", wait0]
     assert walk(*loop)  # in flight at the back edge, rewritten by the next iteration
-    assert not walk(*loop[:4], wait0, *loop[4:])
+    assert walk(*[ln.replace("@%p1 bra", "bra.uni") for ln in loop])
+    assert not walk(*loop[:5], wait0, *loop[5:])
+    # Triton 3.6's in-flight form, 2 k16 steps: the K tile decoded first, each step a group waited to depth 1
+    steps = [(f"%r1{k}0", mma.replace("%r10,%r11,%r12,%r13", f"%r1{k}0,%r1{k}1,%r1{k}2,%r1{k}3")) for k in (1, 2)]
+    decode = [f"lop3.b32 {r}, %r5, %r6, %r7, 0x96;" for r, _ in steps]
+    body = [ln for _, m in steps for ln in (fence, m, commit, wait1)]
+    assert walk("$L__BB0_2:", *decode, *body, "@%p1 bra $L__BB0_2;", wait0)
+    # the same with each step's operand packed from copies just before its own fence (dequant_mxfp4.fresh_operand)
+    packed = [
+        ln
+        for (r, m), d in zip(steps, decode)
+        for ln in (d.replace(r, "%r9"), f"mov.b32 {r}, %r9;", fence, m, commit, wait1)
+    ]
+    assert not walk("$L__BB0_3:", *packed, "@%p1 bra $L__BB0_3;", wait0)
+    smem_a = "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f1,%f2}, %rd4, %rd1, p, 1, 1, 0;"
+    assert not walk(fence, smem_a, commit, "mov.b32 %r11, %r5;")
+    with pytest.raises(ValueError, match="cannot read this wgmma"):
+        walk(fence, "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {}, {}, %rd1, p, 1, 1, 0;")
 
 
 _FOLDED_PTX = """

@@ -179,9 +179,9 @@ def triton_kernels_gate_up(vllm_src: Path) -> dict:
 def ptx_hazards(ptx: str) -> dict:
     """wgmma groups its PTX leaves in flight and registers it rewrites under one (the kernels check's walk, PERF_LOG
     stop 36)."""
-    from mxrepack.kernels import check
+    from mxrepack.kernels import check, dequant_mxfp4
 
-    found = check.wgmma_register_hazards(ptx)
+    found = dequant_mxfp4.wgmma_register_hazards(ptx)
     return {"wgmma_groups_in_flight": check.wgmma_left_in_flight(ptx), "ptx_hazards": len(found), "first": found[:2]}
 
 

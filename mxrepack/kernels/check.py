@@ -11,9 +11,10 @@ is needed -- and the result is inspected:
 * ``tma``: any ``cp.async.bulk.tensor``, ``.tile::scatter4`` or ``.tile::gather4`` in the PTX (ptxas
   rejects TMA scatter on sm_121a; our kernels use none on any arch);
 * swapped-operand tiles (``swap_ab``: W decoded into registers as the MMA's first operand) must not write a
-  register an in-flight ``wgmma`` still reads (:func:`wgmma_register_hazards` walks the PTX: the next decode
-  overwriting one is triton-lang/triton#9433; ``dequant_mxfp4.mma_done`` makes Triton wait for each wgmma, and the
-  wgmma order's tiles kept in flight pass because Triton gives each step in flight registers of its own);
+  register an in-flight ``wgmma`` still reads, nor one a wgmma reads without a ``wgmma.fence`` after the write
+  (``dequant_mxfp4.wgmma_register_hazards`` walks the PTX: the next decode overwriting one is triton-lang/triton#9433;
+  ``dequant_mxfp4.mma_done`` makes Triton wait for each wgmma, and the wgmma order's tiles kept in flight pass because
+  their operand is copied per k16 step, ``dequant_mxfp4.fresh_operand``);
 * ``mma``: the MMA instructions found (``mma.sync...``, ``wgmma...``, ``tcgen05.mma...``); the W4A4 path
   must reach the native FP4 tensor cores on sm_12x: ``mma.sync...kind::mxf4nvf4.block_scale``. The
   decode GEMVs (``gemv_*``) and the prefill's dequantizer (``dequant_mxfp4``) run on CUDA cores by
@@ -132,7 +133,9 @@ def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSou
         "INTERPRETER": False,
         "SWAP_AB": cfg.swap_ab and act == "bf16",
         "MATH": cfg.math,
-        "WAIT_MMA": cfg.order == "wgmma" and cfg.wait_mma,  # the rows order: per arch (for_arch); mma2: never
+        # the rows order: per arch (for_arch); mma2: never; the wgmma order: as launched (moe_mxfp4 waits on a Triton
+        # whose in-flight builds were not checked)
+        "WAIT_MMA": cfg.order == "wgmma" and (cfg.wait_mma or not dq.in_flight_allowed()),
         "ORDER": cfg.order,
         "DOTS": cfg.token_dots,
         "PDL": pdl,
@@ -556,12 +559,12 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
             problems.append(f"shared memory {rec['shared_bytes']} > {SM12X_SHARED_LIMIT}")
         if mode == "w4a4" and not any("kind::mxf4nvf4.block_scale" in m for m in rec["mma"]):
             problems.append("W4A4 does not use mma.sync kind::mxf4nvf4.block_scale")
-    hazards = wgmma_register_hazards(ptx) if _constant(src, "SWAP_AB") else []
+    hazards = dq.wgmma_register_hazards(ptx) if _constant(src, "SWAP_AB") else []
     if hazards:
         # W decoded into registers is wgmma's operand; a wgmma left in flight while the next decode rewrites those
         # registers reads garbage (triton-lang/triton#9433: non-finite output on an H100, PERF_LOG.md stop 19).
         # dequant_mxfp4.mma_done makes Triton wait for each one; a wgmma order tile kept in flight (wait_mma=False)
-        # passes where Triton gives each in-flight step registers of its own
+        # passes because its operand is copied per k16 step (dequant_mxfp4.fresh_operand)
         problems.append(f"a register an in-flight wgmma reads is written ({hazards[0]}; see dequant_mxfp4.mma_done)")
     tile = not _no_mma(kernel)  # a chunk order's decode GEMVs take whole int32 words, whatever the layout
     if tile and _constant(src, "ORDER") in ("wgmma", "mma2") and not dq.wgmma_words_packed(compiled.asm["ttgir"]):
@@ -581,59 +584,6 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
     return rec
 
 
-_PTX_INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)\s*(.*?);\s*$")
-_PTX_LABEL = re.compile(r"^\s*(\$L__\w+):")
-_PTX_REG = re.compile(r"%r\d+\b")
-
-
-def wgmma_register_hazards(ptx: str) -> list[str]:
-    """PTX instructions that write a register an in-flight ``wgmma`` reads (its register A operand or its
-    accumulator): from the ``wgmma.mma_async`` until a ``wgmma.wait_group N`` leaves fewer groups pending than its
-    group's place (groups end at ``wgmma.commit_group``). Undefined in PTX (triton-lang/triton#9433: Triton's
-    pipeliner once left a group in flight at a loop's back edge while the next iteration's decode rewrote its A
-    registers, and the H100 gave non-finite outputs). Walked in text order, each loop twice (its body again from its
-    back edge) so that a group still pending at the back edge meets the next iteration's writes. A wgmma may write the
-    accumulator a pending one reads (chained MMAs). Empty where every register a pending wgmma reads is left alone,
-    whatever the depth Triton waits to: Triton 3.6 lowers a register-operand wgmma kept in flight as one group per k16
-    step waited to depth 7 (each step's A its own registers), 3.9 as two dots waited to depth 1."""
-    lines = [ln.split("//")[0] for ln in ptx.splitlines()]
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := _PTX_LABEL.match(ln))}
-    order = list(range(len(lines)))
-    for i, ln in enumerate(lines):  # each loop's body once more after its back edge
-        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+)", ln)
-        if m and labels.get(m.group(1), i) < i:
-            at = order.index(i) + 1
-            order[at:at] = range(labels[m.group(1)], i + 1)
-    pending: list[set[str]] = []  # registers each committed group still in flight reads, oldest first
-    group: set[str] = set()  # those of the group being issued
-    found = []
-    for i in order:
-        m = _PTX_INSTR.match(lines[i])
-        if not m:
-            continue
-        opcode, operands = m.groups()
-        if opcode.startswith("wgmma.mma_async"):
-            acc, _, rest = operands.partition("}")
-            a = rest.split(",", 1)[1].strip()
-            group |= set(_PTX_REG.findall(acc)) | (set(_PTX_REG.findall(a.partition("}")[0])) if a[0] == "{" else set())
-            continue
-        if opcode.startswith("wgmma.commit_group"):
-            pending.append(group)
-            group = set()
-            continue
-        if opcode.startswith("wgmma.wait_group"):
-            keep = int(operands)
-            pending = pending[len(pending) - keep :] if keep else []
-            continue
-        if opcode.startswith(("st.", "red.", "atom.", "bar", "bra", "wgmma.", "cp.", "fence", "membar", "ret")):
-            continue
-        dest = operands.partition("}")[0] if operands.startswith("{") else operands.split(",")[0]
-        hit = set(_PTX_REG.findall(dest)) & set().union(group, *pending)
-        if hit:
-            found.append(f"line {i + 1}: {opcode} writes {sorted(hit)[0]} while a wgmma reading it is in flight")
-    return found
-
-
 _WGMMA_FLOW = re.compile(
     r"^\s*(?:@!?%p\d+\s+)?(wgmma\.(?:commit_group|wait_group\.sync\.aligned\s+\d+|fence|mma_async)|\$L__\w+:|bra\b)",
     re.M,
@@ -644,7 +594,7 @@ def wgmma_left_in_flight(ptx: str) -> int:
     """How many ``wgmma`` groups the PTX commits without a ``wait_group 0`` before the next wgmma instruction, label
     or branch: each lets other code run while the MMA still reads its register operands. Labels and branches end
     the search because a loop's back edge jumps to code that comes before the commit in the text. Descriptive (the
-    probes print it); whether that other code writes those registers is :func:`wgmma_register_hazards`."""
+    probes print it); whether that other code writes those registers is ``dequant_mxfp4.wgmma_register_hazards``."""
     ops = [re.sub(r"\s+", " ", op) for op in _WGMMA_FLOW.findall(ptx)]
     return sum(
         op == "wgmma.commit_group" and (i + 1 == len(ops) or ops[i + 1] != "wgmma.wait_group.sync.aligned 0")

@@ -236,8 +236,9 @@ def mma_done(acc):
 # pair p is the word rotated left and masked to each half's sign and three value bits (bf16 value x 2^-126), then
 # the scale multiply(s); rows g and g + 8 take their own scale ($5, $6). 13 instructions a word, folded (the
 # byte-wise decode took 21). With every lane's bytes in its own fragment, a K tile's W is one MMA operand that needs
-# no shuffle (the swapped step on the rows order decodes even and odd codes into two dots); the shipped tiles still
-# wait for it before the next decode (:func:`mma_done`, ``MoeConfig.wait_mma``). On sm_12x (``mma.sync``, kWidth 8)
+# no shuffle (the swapped step on the rows order decodes even and odd codes into two dots); the tiles to 48 rows per
+# expert wait for it before the next decode (:func:`mma_done`), the wider ones keep it in flight with the operand
+# copied (:func:`fresh_operand`; ``MoeConfig.wait_mma``). On sm_12x (``mma.sync``, kWidth 8)
 # a lane's fragment is other bytes: these kernels are sm_90's.
 def _word_masks(pair: int) -> dict[int, int]:
     """Pair ``pair``'s decode: {left rotation of the word: mask of the bits it brings into place}."""
@@ -485,7 +486,7 @@ def fresh_operand(w):
     decoded tile's own registers the wgmma operand and issues each k16 step as a group waited to depth 7, so the next
     K tile's decode writes registers up to 7 pending groups still read (undefined in PTX). From copies, the lowering
     packs each step's operand just before its own wgmma, where the depth-7 waits have retired that step's previous
-    group, and the decode writes other registers: no such write is left (``check.wgmma_register_hazards``), as in
+    group, and the decode writes other registers: no such write is left (``wgmma_register_hazards``), as in
     triton_kernels' Hopper matmul, whose operand is packed the same way. Triton 3.9 splits the dot in two, each with
     registers of its own, and needs no copy."""
     return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [w], dtype=tl.bfloat16, is_pure=True, pack=1)
@@ -555,20 +556,111 @@ def wgmma_words_packed(ttgir: str) -> bool:
     return found
 
 
-_PACKING_CHECKED: dict[str, bool] = {}
+_PACKING_CHECKED: dict[str, tuple[bool, str | None]] = {}  # per build: words packed, its first register hazard
 
 
-def check_wgmma_packing(compiled) -> None:
-    """Raise if a launched chunk-order tile's decode does not receive whole words (:func:`wgmma_words_packed`): once
-    per compiled kernel, so that a config Triton lowers to another MMA fails loudly instead of multiplying the wrong
-    bytes. ``compiled``: what a Triton launch returns."""
+_PTX_INSTR = re.compile(r"^\s*(?:@!?%?\w+\s+)?([a-z][\w.:]*)\s*(.*?);\s*$")
+_PTX_LABEL = re.compile(r"^\s*(\$L__\w+):")
+_PTX_REG = re.compile(r"%[rf]\d+\b")  # 32-bit registers: a wgmma's A fragments (b32) and accumulators (f32 or b32)
+
+
+def wgmma_register_hazards(ptx: str) -> list[str]:
+    """What a build's PTX does with the registers its ``wgmma.mma_async`` read (the A fragments and the accumulator),
+    against PTX's rules for them: a write by another instruction while a wgmma reading it is in flight (from its issue
+    until a ``wgmma.wait_group N`` leaves fewer groups pending than its group's place; groups end at
+    ``wgmma.commit_group``), a read of an in-flight accumulator, and a wgmma reading a register written since the last
+    ``wgmma.fence``. Each is undefined; the first is triton-lang/triton#9433 (Triton's pipeliner once left a group in
+    flight at a loop's back edge while the next iteration's decode rewrote its A registers, and the H100 gave
+    non-finite outputs). Walked in text order, each loop's body twice (again from its back edge), so that a group still
+    pending at the back edge meets the next iteration's code; a wgmma may write the accumulator a pending one reads
+    (chained MMAs). Limits: forward branches are walked as if taken in text order (a wait on a skipped path would
+    count), and an inner loop is walked twice per pass of the outer one. Raises on a wgmma whose operands it cannot
+    read, so that a change of Triton's PTX fails loudly instead of finding nothing."""
+    lines = [ln.split("//")[0] for ln in ptx.splitlines()]
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := _PTX_LABEL.match(ln))}
+    order = list(range(len(lines)))
+    for i, ln in enumerate(lines):  # each loop's body once more after its back edge
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+)", ln)
+        if m and labels.get(m.group(1), i) < i:
+            at = order.index(i) + 1
+            order[at:at] = range(labels[m.group(1)], i + 1)
+    pending: list[tuple[set[str], set[str]]] = []  # per committed group in flight: registers read, accumulators
+    group: tuple[set[str], set[str]] = (set(), set())  # those of the group being issued
+    unfenced: set[str] = set()  # registers written since the last wgmma.fence
+    found = []
+    for i in order:
+        m = _PTX_INSTR.match(lines[i])
+        if not m:
+            continue
+        opcode, operands = m.groups()
+        at = f"line {i + 1}: {opcode}"
+        if opcode.startswith("wgmma.mma_async"):
+            acc_list, _, rest = operands.partition("}")
+            acc = set(_PTX_REG.findall(acc_list))
+            a_op = rest.split(",", 1)[1].strip() if "," in rest else ""
+            a = set(_PTX_REG.findall(a_op.partition("}")[0])) if a_op.startswith("{") else set()
+            if not acc or (a_op.startswith("{") and not a):
+                raise ValueError(f"{at}: cannot read this wgmma's registers ({operands[:80]})")
+            if (a | acc) & unfenced:
+                found.append(f"{at} reads {sorted((a | acc) & unfenced)[0]}, written after the last wgmma.fence")
+            group = (group[0] | a | acc, group[1] | acc)
+            continue
+        if opcode.startswith("wgmma.commit_group"):
+            pending.append(group)
+            group = (set(), set())
+            continue
+        if opcode.startswith("wgmma.wait_group"):
+            keep = int(operands)
+            pending = pending[len(pending) - keep :] if keep else []
+            continue
+        if opcode.startswith("wgmma.fence"):
+            unfenced = set()
+            continue
+        no_dest = opcode.startswith(("st.", "red.", "bar", "bra", "wgmma.", "cp.", "fence", "membar", "ret"))
+        dest = "" if no_dest else (operands.partition("}")[0] if operands.startswith("{") else operands.split(",")[0])
+        written = set(_PTX_REG.findall(dest))
+        read = set(_PTX_REG.findall(operands[len(dest) :]))
+        unfenced |= written
+        busy = set().union(group[0], *(g[0] for g in pending))
+        busy_acc = set().union(group[1], *(g[1] for g in pending))
+        if written & busy:
+            found.append(f"{at} writes {sorted(written & busy)[0]} while a wgmma reading it is in flight")
+        elif read & busy_acc:
+            found.append(f"{at} reads {sorted(read & busy_acc)[0]}, the accumulator of a wgmma in flight")
+    return found
+
+
+# Triton releases whose builds of the wgmma order's in-flight tiles were walked (:func:`wgmma_register_hazards`): 3.6
+# with the operand copy (:func:`fresh_operand`), 3.9 with or without it. Under any other release those tiles wait for
+# each wgmma (:func:`in_flight_allowed`).
+IN_FLIGHT_TRITONS = ((3, 6), (3, 9))
+
+
+def in_flight_allowed() -> bool:
+    """Whether the installed Triton is one whose in-flight wgmma builds were checked (:data:`IN_FLIGHT_TRITONS`)."""
+    return tuple(int(p) for p in triton.__version__.split(".")[:2]) in IN_FLIGHT_TRITONS
+
+
+def check_chunk_build(compiled) -> None:
+    """Raise if a launched chunk-order tile's decode does not receive whole words (:func:`wgmma_words_packed`), or if
+    its PTX writes a register a wgmma in flight reads (:func:`wgmma_register_hazards`): once per compiled kernel, so
+    that a config Triton lowers to another MMA fails loudly instead of multiplying the wrong bytes, and a Triton that
+    lowers the in-flight tiles otherwise than the checked ones fails instead of racing. ``compiled``: what a Triton
+    launch returns."""
     key = compiled.hash
     if key not in _PACKING_CHECKED:
-        _PACKING_CHECKED[key] = wgmma_words_packed(compiled.asm["ttgir"])
-    if not _PACKING_CHECKED[key]:
+        hazards = wgmma_register_hazards(compiled.asm["ptx"])
+        _PACKING_CHECKED[key] = (wgmma_words_packed(compiled.asm["ttgir"]), hazards[0] if hazards else None)
+    packed, hazard = _PACKING_CHECKED[key]
+    if not packed:
         raise RuntimeError(
             f"{compiled.name}: a chunk order's (wgmma, mma2) decode does not receive whole memory words in this build "
             "(Triton chose another MMA layout, e.g. for an operand under 64 rows): it would decode the wrong bytes"
+        )
+    if hazard:
+        raise RuntimeError(
+            f"{compiled.name}: this build writes a register a wgmma in flight reads ({hazard}; Triton "
+            f"{triton.__version__}): set the tile's wait_mma or use a Triton of {IN_FLIGHT_TRITONS}"
         )
 
 

@@ -43,13 +43,14 @@ import triton.language as tl
 from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
     MAX_SCALE_SHIFT,
+    check_chunk_build,
     check_fold_scale,
-    check_wgmma_packing,
     chunk_tile,
     device_capability,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     dot_w_tile,
+    in_flight_allowed,
     launches_dependents,
     load_split,
     mma_reads_registers_async,
@@ -109,7 +110,7 @@ class MoeConfig:
     # the wgmma order on Hopper: wait for each K tile's wgmma before the next decode (dequant_mxfp4.mma_done), as the
     # rows order's swapped tiles always do; False keeps them in flight while the next tile is decoded, the operand
     # copied per k16 step (dequant_mxfp4.fresh_operand) so that no build rewrites a register a pending wgmma reads
-    # (the kernels check walks each build's PTX for one: check.wgmma_register_hazards)
+    # (the kernels check and each launch walk the build's PTX for one: dequant_mxfp4.wgmma_register_hazards)
     wait_mma: bool = True
     # A chunk order (wgmma, mma2): rows of H per down tile (0: ``block_n``). Gate_up's operand is 2 x block_n rows
     # (gate and up); down's is block_n, so on 8 warps each warpgroup gets half the MMA work a K step of gate_up's, for
@@ -274,13 +275,13 @@ _SMALL_32_WGMMA = MoeConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True
 _MID_WGMMA = MoeConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True, order="wgmma")
 # Past 48 rows per expert the tiles keep each K tile's wgmmas in flight while the next K tile is decoded
 # (``wait_mma=False``; the decoded operand copied per k16 step, ``dequant_mxfp4.fresh_operand``, so that no build writes
-# a register a pending wgmma reads: ``check.wgmma_register_hazards`` walks every build's PTX, Triton 3.6 and 3.9).
-# H100, same run (``--sweep-kind overlap``, 4c704d2, before the copy, which ptxas removes: 428 against 424 instructions
-# a K tile; docs/bench/moe_sweep_overlap_{e32,e128}_h100_2026-11-27_4c704d2.json): 32 experts T = 512 / 1024 / 2048 /
-# 4096 / 8192 0.403 / 0.611 / 1.088 / 2.050 / 3.972 ms against 0.427 / 0.632 / 1.141 / 2.181 / 4.235 waiting; 128
-# experts T = 2048 / 4096 1.545 / 2.388 against 1.594 / 2.493; 4 stages lost at each. Below 48 rows the 64 x 64 tile
-# waits: at 128 experts T = 1024 in flight took 1.041 ms against 1.019
-# (moe_sweep_kparts_e128_h100_2026-11-27_b1dc0ea.json).
+# a register a pending wgmma reads: ``dequant_mxfp4.wgmma_register_hazards`` walks every build's PTX in the kernels
+# check and at launch; on a Triton outside ``IN_FLIGHT_TRITONS`` they wait). H100, same run against their waiting twins
+# (``--sweep-kind overlap``, 66471f5, docs/bench/moe_sweep_overlap_fresh_{e32,e128}_h100_2026-11-27_66471f5.json): 32
+# experts T = 512 / 2048 / 4096 / 8192 0.408 / 1.107 / 2.096 / 4.035 ms against 0.426 / 1.159 / 2.204 / 4.257 waiting;
+# 128 experts T = 2048 / 4096 1.569 / 2.452 against 1.621 / 2.547; 4 stages lost at each. Below 48 rows the 64 x 64
+# tile waits: at 128 experts T = 1024 in flight took 1.041 ms against 1.019
+# (moe_sweep_kparts_e128_h100_2026-11-27_b1dc0ea.json, before the copy).
 _WIDE_WGMMA = MoeConfig(
     128, 128, 128, num_warps=8, num_stages=3, swap_ab=True, order="wgmma", down_block_n=256, wait_mma=False
 )
@@ -1823,6 +1824,7 @@ def _moe_scheduled(
     parts += [(r, 0, r.block_m, 2 * int(overlap))] if r is not None else []
     # Hopper: wgmma reads registers late (the mma2 order builds mma.sync there only under Triton's DISABLE_MMA_V3)
     wait_here = swap and not interpreter and mma_reads_registers_async(x.device)
+    in_flight = in_flight_allowed()  # a Triton whose in-flight builds were checked; other releases wait
 
     def launch(tile: MoeConfig, rows_lo: int, rows_hi: int, pdl: int) -> dict:  # a tile and its options
         return dict(
@@ -1834,7 +1836,7 @@ def _moe_scheduled(
             INTERPRETER=interpreter,
             SWAP_AB=swap,
             MATH=(tile.math if swap else "asm") if ptx else "ops",
-            WAIT_MMA=wait_here and tile.order != "mma2" and (tile.wait_mma or tile.order == "rows"),
+            WAIT_MMA=wait_here and tile.order != "mma2" and (tile.wait_mma or tile.order == "rows" or not in_flight),
             ORDER=tile.order,
             DOTS=tile.token_dots,
             PDL=pdl,
@@ -1912,5 +1914,5 @@ def _moe_scheduled(
         )
     if chunked and ptx:  # what a build's decode receives is Triton's choice
         for kernel in built:
-            check_wgmma_packing(kernel)
+            check_chunk_build(kernel)
     return y
