@@ -133,9 +133,7 @@ def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSou
         "INTERPRETER": False,
         "SWAP_AB": cfg.swap_ab and act == "bf16",
         "MATH": cfg.math,
-        # the rows order: per arch (for_arch); mma2: never; the wgmma order: as launched (moe_mxfp4 waits on a Triton
-        # whose in-flight builds were not checked)
-        "WAIT_MMA": cfg.order == "wgmma" and (cfg.wait_mma or not dq.in_flight_allowed()),
+        "WAIT_MMA": cfg.order == "wgmma" and cfg.waits,  # the rows order: per arch (for_arch); mma2: never
         "ORDER": cfg.order,
         "DOTS": cfg.token_dots,
         "PDL": pdl,

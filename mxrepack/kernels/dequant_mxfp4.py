@@ -556,7 +556,7 @@ def wgmma_words_packed(ttgir: str) -> bool:
     return found
 
 
-_PACKING_CHECKED: dict[str, tuple[bool, str | None]] = {}  # per build: words packed, its first register hazard
+_BUILDS_CHECKED: dict[str, tuple[bool, str | None]] = {}  # per build: words packed, its first register hazard
 
 
 _PTX_INSTR = re.compile(r"^\s*(?:@!?%?\w+\s+)?([a-z][\w.:]*)\s*(.*?);\s*$")
@@ -636,6 +636,7 @@ def wgmma_register_hazards(ptx: str) -> list[str]:
 IN_FLIGHT_TRITONS = ((3, 6), (3, 9))
 
 
+@functools.cache  # asked at every MoE launch
 def in_flight_allowed() -> bool:
     """Whether the installed Triton is one whose in-flight wgmma builds were checked (:data:`IN_FLIGHT_TRITONS`)."""
     return tuple(int(p) for p in triton.__version__.split(".")[:2]) in IN_FLIGHT_TRITONS
@@ -648,10 +649,10 @@ def check_chunk_build(compiled) -> None:
     lowers the in-flight tiles otherwise than the checked ones fails instead of racing. ``compiled``: what a Triton
     launch returns."""
     key = compiled.hash
-    if key not in _PACKING_CHECKED:
+    if key not in _BUILDS_CHECKED:
         hazards = wgmma_register_hazards(compiled.asm["ptx"])
-        _PACKING_CHECKED[key] = (wgmma_words_packed(compiled.asm["ttgir"]), hazards[0] if hazards else None)
-    packed, hazard = _PACKING_CHECKED[key]
+        _BUILDS_CHECKED[key] = (wgmma_words_packed(compiled.asm["ttgir"]), hazards[0] if hazards else None)
+    packed, hazard = _BUILDS_CHECKED[key]
     if not packed:
         raise RuntimeError(
             f"{compiled.name}: a chunk order's (wgmma, mma2) decode does not receive whole memory words in this build "

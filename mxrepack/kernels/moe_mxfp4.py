@@ -178,6 +178,13 @@ class MoeConfig:
         )
 
     @property
+    def waits(self) -> bool:
+        """Whether each K tile's wgmma is waited for before the next decode where wgmma runs (Hopper): the rows order's
+        swapped tiles always; the wgmma order's as ``wait_mma`` says, and always under a Triton whose in-flight builds
+        were not checked (``dequant_mxfp4.in_flight_allowed``); the mma2 order never (``mma.sync`` is synchronous)."""
+        return self.order == "rows" or (self.order == "wgmma" and (self.wait_mma or not in_flight_allowed()))
+
+    @property
     def math(self) -> str:
         """The decode on CUDA: ``dequant_mxfp4.dequant_pairs``' MATH (the interpreter and CPU take "ops")."""
         return "asm-fold" if self.fold_scale else "asm"
@@ -1824,7 +1831,6 @@ def _moe_scheduled(
     parts += [(r, 0, r.block_m, 2 * int(overlap))] if r is not None else []
     # Hopper: wgmma reads registers late (the mma2 order builds mma.sync there only under Triton's DISABLE_MMA_V3)
     wait_here = swap and not interpreter and mma_reads_registers_async(x.device)
-    in_flight = in_flight_allowed()  # a Triton whose in-flight builds were checked; other releases wait
 
     def launch(tile: MoeConfig, rows_lo: int, rows_hi: int, pdl: int) -> dict:  # a tile and its options
         return dict(
@@ -1836,7 +1842,7 @@ def _moe_scheduled(
             INTERPRETER=interpreter,
             SWAP_AB=swap,
             MATH=(tile.math if swap else "asm") if ptx else "ops",
-            WAIT_MMA=wait_here and tile.order != "mma2" and (tile.wait_mma or tile.order == "rows" or not in_flight),
+            WAIT_MMA=wait_here and tile.waits,
             ORDER=tile.order,
             DOTS=tile.token_dots,
             PDL=pdl,
