@@ -34,7 +34,7 @@ demo: venv
 	$(BIN)/repack eval compare $(DEMO)/gpqa-source.json $(DEMO)/gpqa-$(TARGET).json
 
 test: venv
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=25
 
 clean:
 	rm -rf $(VENV) build

@@ -463,9 +463,14 @@ def chunk_tile(
     Triton lowers without moving data where the order is the MMA's operand (each lane's values are its own fragment:
     wgmma's on sm_90a, mma.sync's kWidth 8 on sm_12x / sm_8x). ``SCALE_SHIFT``: the scales read lowered by it
     (:func:`shift_scales`), the caller's sums multiplied back (:func:`unshift`)."""
-    lane = tl.arange(0, 32)[None, :, None]
-    wb = tl.load(w_ptr + w_off[:, None, None] + lane * 32 + tl.arange(0, 32)[None, None, :])
-    sc = tl.load(s_ptr + s_off[:, None, None] + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
+    # Loaded as one row per block (its 1 KB chunk; its scales, lane l's 8 bytes at l // 4 of the piece), then viewed
+    # as [BLOCKS, 32 lanes, bytes]: the pipeline's copies into shared memory then run along a row. Loaded as
+    # [BLOCKS, 32, bytes], Triton put a warp's threads across the blocks, 1 KB / 256 bytes apart in shared memory:
+    # every copy bank-conflicted (16- and 32-way on the H100 under ncu, PERF_LOG stop 37).
+    i = tl.arange(0, 1024)[None, :]
+    wb = tl.reshape(tl.load(w_ptr + w_off[:, None] + i), (BLOCKS, 32, 32))
+    j = tl.arange(0, 256)[None, :]
+    sc = tl.reshape(tl.load(s_ptr + s_off[:, None] + 8 * (j // 32) + j % 8), (BLOCKS, 32, 8))
     sc = shift_scales(sc, SCALE_SHIFT)
     if ORDER == "mma2":
         r0, r1 = _mma2_words(wb, sc, BLOCKS, MATH)

@@ -1,0 +1,62 @@
+"""The 20b's prefill MoE under Nsight Compute: our wgmma order's shipped kernels and triton_kernels' ``matmul_ogs``
+pair on the same layer and routing draw, one warm call each inside ``cudaProfilerStart/Stop``, so that
+``ncu --profile-from-start off`` reads exactly those launches. The question: at 512 routed rows per expert (32
+experts, top-4, T = 4096) the two gate_up tiles have the same shape and MMA count, yet triton_kernels' reaches about
+510 TFLOP/s on the routed rows and ours about 435 (PERF.md, "The 20b's prefill"). The hardware counters say where
+ours waits: warp stall reasons, tensor-pipe use, shared-memory bank conflicts, issue slots.
+
+Usage, on the GPU machine with vLLM importable (the kit):
+  ncu --clock-control none --profile-from-start off --set full -o OUT/moe \
+      python benchmarks/experiments/ncu_moe_prefill.py [T] [EXPERTS] [ours|peer|both]
+then ``ncu -i OUT/moe.ncu-rep --page details --csv`` (and ``--page source --print-source sass``)."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common and peers
+from common import moe_decode_inputs, moe_weights  # noqa: E402
+
+from mxrepack.kernels.dequant_mxfp4 import fits_fold  # noqa: E402
+from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
+from mxrepack.layouts import strided  # noqa: E402
+
+H = 2880
+K_TOP = 4
+
+
+def main() -> None:
+    T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+    E = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+    which = sys.argv[3] if len(sys.argv) > 3 else "both"
+    W = moe_weights(E)
+    fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
+    torch.manual_seed(T)
+    x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
+    runs = {}
+    if which in ("ours", "both"):
+        Wo = strided.from_row_major(strided.to_row_major(W), order="wgmma")
+        cfg = pick_moe(T, K_TOP, E, H, fold_scale=fold, order="wgmma")
+        runs[f"ours {cfg.name()}"] = lambda: moe_mxfp4(x, ids, wts, Wo, config=cfg, order="wgmma")
+    if which in ("peer", "both"):
+        import peers
+
+        peers.E = E  # its routing reads the module's expert count
+        Wp = dict(W) | {n: W[n].bfloat16().float() for n in ("w13_bias", "w2_bias")}
+        peer = peers.triton_kernels_moe(Wp)[0]
+        ids32 = ids.to(torch.int32)
+        runs["triton_kernels"] = lambda: peer(x, ids32, wts)
+    for name, fn in runs.items():
+        for _ in range(3):  # compiled and warm before the profiled call
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        print(f"profiled: {name}, T = {T}, {E} experts", flush=True)
+
+
+if __name__ == "__main__":
+    main()
