@@ -1,4 +1,4 @@
-"""The 20b's prefill MoE under Nsight Compute: our wgmma order's shipped kernels and triton_kernels' ``matmul_ogs``
+"""Our kernels under Nsight Compute. The 20b's prefill MoE: our wgmma order's shipped kernels and triton_kernels'
 pair on the same layer and routing draw, one warm call each inside ``cudaProfilerStart/Stop``, so that
 ``ncu --profile-from-start off`` reads exactly those launches. The question: at 512 routed rows per expert (32
 experts, top-4, T = 4096) the two gate_up tiles have the same shape and MMA count, yet triton_kernels' reaches about
@@ -8,7 +8,9 @@ ours waits: warp stall reasons, tensor-pipe use, shared-memory bank conflicts, i
 Usage, on the GPU machine with vLLM importable (the kit):
   ncu --clock-control none --profile-from-start off --set full -o OUT/moe \
       python benchmarks/experiments/ncu_moe_prefill.py [T] [EXPERTS] [ours|peer|both]
-then ``ncu -i OUT/moe.ncu-rep --page details --csv`` (and ``--page source --print-source sass``)."""
+then ``ncu -i OUT/moe.ncu-rep --page details --csv`` (and ``--page source --print-source sass``), summarized by
+``ncu_summary.py``. ``dense`` instead of ours/peer/both: the q/k/v/o W4A16 layers at M = 4, 16 and 64 (the first
+argument ignored), the sizes where they trail Marlin and cuBLAS (PERF.md, "Dense W4A16")."""
 
 import sys
 from pathlib import Path
@@ -16,9 +18,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for common and peers
-from common import moe_decode_inputs, moe_weights  # noqa: E402
+from common import moe_decode_inputs, moe_weights, rand_mx  # noqa: E402
 
 from mxrepack.kernels.dequant_mxfp4 import fits_fold  # noqa: E402
+from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe  # noqa: E402
 from mxrepack.layouts import strided  # noqa: E402
 
@@ -30,6 +33,8 @@ def main() -> None:
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     E = int(sys.argv[2]) if len(sys.argv) > 2 else 32
     which = sys.argv[3] if len(sys.argv) > 3 else "both"
+    if which == "dense":
+        return profile(dense_runs())
     W = moe_weights(E)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     torch.manual_seed(T)
@@ -47,6 +52,22 @@ def main() -> None:
         peer = peers.triton_kernels_moe(Wp)[0]
         ids32 = ids.to(torch.int32)
         runs["triton_kernels"] = lambda: peer(x, ids32, wts)
+    profile(runs)
+
+
+def dense_runs() -> dict:
+    runs = {}
+    for layer, (N, K) in {"qkv": (5120, 2880), "o": (2880, 4096)}.items():
+        w, ws = rand_mx(N, K)
+        for M in (4, 16, 64):
+            x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+            runs[f"{layer} M = {M}"] = lambda x=x, w=w, ws=ws: linear_mxfp4(
+                x, w, ws, None, "w4a16", fold_scale=fits_fold(ws)
+            )
+    return runs
+
+
+def profile(runs: dict) -> None:
     for name, fn in runs.items():
         for _ in range(3):  # compiled and warm before the profiled call
             fn()
@@ -55,7 +76,7 @@ def main() -> None:
         fn()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
-        print(f"profiled: {name}, T = {T}, {E} experts", flush=True)
+        print(f"profiled: {name}", flush=True)
 
 
 if __name__ == "__main__":
