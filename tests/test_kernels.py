@@ -1274,6 +1274,41 @@ def test_wgmma_register_hazards_reads_groups_waits_and_back_edges():
         walk(fence, "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {}, {}, %rd1, p, 1, 1, 0;")
 
 
+def test_shared_copy_wavefronts_models_the_chunk_copies_before_and_after():
+    """The bank-conflict model of the kernels check on the layouts Triton 3.6 chose for the 128 x 128 wgmma tile's
+    weight and scale copies before stop 37 (a warp across 16 blocks, 1 KB / 256 bytes apart: ncu counted 16 and 32
+    wavefronts where 4 and 2 would do) and after (each block one row: ideal); a swizzle spreads the rows' banks."""
+    from mxrepack.kernels import check
+
+    copy = (
+        "%c = ttg.async_copy_global_to_local %p, %b mask %m {{contiguity = {c} : i32}} : "
+        "tensor<{s}x!tt.ptr<i8>, #src> -> <{s}xi8, #dst, #smem, mutable>"
+    )
+
+    def wavefronts(src, dst, shape, contiguity):
+        ttgir = f"#src = #ttg.blocked<{{{src}}}>\n#dst = #ttg.swizzled_shared<{{{dst}}}>\n"
+        ttgir += copy.format(c=contiguity, s=shape)
+        (got,) = check.shared_copy_wavefronts(ttgir)
+        return got["wavefronts"], got["ideal"]
+
+    flat3 = "vec = 1, perPhase = 1, maxPhase = 1, order = [2, 1, 0]"
+    before_w = "sizePerThread = [1, 1, 16], threadsPerWarp = [16, 1, 2], warpsPerCTA = [1, 8, 1], order = [2, 0, 1]"
+    before_s = "sizePerThread = [1, 1, 8], threadsPerWarp = [16, 2, 1], warpsPerCTA = [1, 8, 1], order = [2, 0, 1]"
+    assert wavefronts(before_w, flat3, "16x32x32", 16) == (16, 4)
+    assert wavefronts(before_s, flat3, "16x32x8", 8) == (16, 2)
+    flat2 = "vec = 1, perPhase = 1, maxPhase = 1, order = [1, 0]"
+    after_w = "sizePerThread = [1, 16], threadsPerWarp = [1, 32], warpsPerCTA = [4, 2], order = [1, 0]"
+    after_s = "sizePerThread = [1, 8], threadsPerWarp = [1, 32], warpsPerCTA = [8, 1], order = [1, 0]"
+    assert wavefronts(after_w, flat2, "16x1024", 16) == (4, 4)
+    assert wavefronts(after_s, flat2, "16x256", 8) == (2, 2)
+    # a swizzled 64 x 64-byte buffer filled 8 bytes a lane, 4 rows a warp: copies of all 8 bytes are ideal; where the
+    # pointers are known aligned to 4 bytes only, each copy moves 4 and spans two wavefronts' banks for one's bytes
+    rows = "sizePerThread = [1, 8], threadsPerWarp = [4, 8], warpsPerCTA = [4, 1], order = [1, 0]"
+    swizzled = "vec = 8, perPhase = 2, maxPhase = 4, order = [1, 0]"
+    assert wavefronts(rows, swizzled, "64x64", 8) == (2, 2)
+    assert wavefronts(rows, swizzled, "64x64", 4) == (2, 1)
+
+
 _FOLDED_PTX = """
 import dataclasses, json, triton
 from triton.backends.compiler import GPUTarget

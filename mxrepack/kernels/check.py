@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
 import re
 
 import triton
@@ -533,6 +534,7 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
         "shared_bytes": None,
         "mma": [],
         "tma": False,
+        "copy_wavefronts_over_ideal": None,
         "ok": False,
         "error": None,
     }
@@ -572,6 +574,16 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
         problems.append(
             f"the {_constant(src, 'ORDER')} order's decode does not receive whole words (Triton chose another layout)"
         )
+    copies = shared_copy_wavefronts(compiled.asm["ttgir"])
+    rec["copy_wavefronts_over_ideal"] = max((c["wavefronts"] / c["ideal"] for c in copies), default=1.0)
+    if tile and _constant(src, "ORDER") in ("wgmma", "mma2") and rec["copy_wavefronts_over_ideal"] > 1:
+        # the chunk orders' weight and scale copies ran 4-16x their ideal until stop 37 (10% of the prefill tiles'
+        # time): chunk_tile loads them as rows so that Triton lays each warp's copies along one; checked per build
+        worst = max(copies, key=lambda c: c["wavefronts"] / c["ideal"])
+        problems.append(
+            f"the {_constant(src, 'ORDER')} order's copies into shared memory bank-conflict ({worst['shape']} "
+            f"{worst['dtype']}: {worst['wavefronts']} wavefronts where {worst['ideal']} would do; see chunk_tile)"
+        )
     if _no_mma(kernel):
         if rec["mma"]:
             problems.append("MMA instructions in a CUDA-core kernel")
@@ -598,6 +610,72 @@ def wgmma_left_in_flight(ptx: str) -> int:
         op == "wgmma.commit_group" and (i + 1 == len(ops) or ops[i + 1] != "wgmma.wait_group.sync.aligned 0")
         for i, op in enumerate(ops)
     )
+
+
+_LAYOUT = re.compile(r"^(#[\w.]+) = #ttg\.(blocked|swizzled_shared)<\{(.*)\}>", re.M)
+_COPY = re.compile(
+    r"ttg\.async_copy_global_to_local .*?(?:\{contiguity = (\d+) : i32\} )?: "
+    r"tensor<([0-9x]+)x!tt\.ptr<(\w+)>, (#[\w.]+)> -> <[0-9x]+x\w+, (#[\w.]+)"
+)
+
+
+def _elem_bytes(dtype: str) -> int:
+    """Bytes of a TTGIR element type from its width (i8, bf16, f8E4M3FN, f32, ...)."""
+    return max(1, int(re.search(r"\d+", dtype).group()) // 8)
+
+
+def _fields(text: str) -> dict:
+    return {k: json.loads(v) for k, v in re.findall(r"(\w+) = (\[[^\]]*\]|\d+)", text)}
+
+
+def _blocked_coords(shape: list, b: dict, lane: int) -> list:
+    """The first element warp 0's ``lane`` holds in a blocked layout (lanes fill ``order``'s dims fastest first;
+    a tile larger than the shape wraps, as Triton broadcasts)."""
+    coords = [0] * len(shape)
+    for d in b["order"]:
+        coords[d] = (lane % b["threadsPerWarp"][d]) * b["sizePerThread"][d] % shape[d]
+        lane //= b["threadsPerWarp"][d]
+    return coords
+
+
+def _swizzled_offset(shape: list, sh: dict, coords: list) -> int:
+    """An element's offset (in elements) in a ``swizzled_shared`` buffer: ``order``'s first dim contiguous, its
+    second the swizzled rows (column vectors of ``vec`` XOR the row's phase), the rest stacked."""
+    order = sh["order"]
+    col, row = coords[order[0]], coords[order[1]] if len(order) > 1 else 0
+    phase = (row // sh["perPhase"]) % sh["maxPhase"]
+    offset, stride = ((col // sh["vec"]) ^ phase) * sh["vec"] + col % sh["vec"], shape[order[0]]
+    for d in order[1:]:
+        offset, stride = offset + coords[d] * stride, stride * shape[d]
+    return offset
+
+
+def shared_copy_wavefronts(ttgir: str) -> list[dict]:
+    """For each pipelined copy into an unswizzled or swizzled shared buffer (``ttg.async_copy_global_to_local``) in a
+    build's TTGIR: the shared-memory wavefronts one warp's first copy instruction takes (the most distinct 4-byte
+    words any of the 32 banks serves, at least one per 128 bytes), against the ideal (one per 128 bytes). The model
+    of Nsight Compute's count: on the H100 it gave the chunk orders' weight copies before stop 37 exactly (16 against
+    4) and flags their scale copies (16 here, 32 measured, against 2). wgmma's own operand buffers (``nvmma_shared``)
+    are Triton's and are not read."""
+    layouts = {name: (kind, _fields(body)) for name, kind, body in _LAYOUT.findall(ttgir)}
+    out = []
+    for contiguity, shape_s, dtype, src, dst in _COPY.findall(ttgir):
+        if layouts.get(src, ("",))[0] != "blocked" or layouts.get(dst, ("",))[0] != "swizzled_shared":
+            continue
+        shape, b, sh, size = [int(n) for n in shape_s.split("x")], layouts[src][1], layouts[dst][1], _elem_bytes(dtype)
+        fast = b["order"][0]
+        vec = min(b["sizePerThread"][fast], int(contiguity or 1), max(1, 16 // size))  # elements a copy moves
+        words = set()
+        for lane in range(32):
+            coords = _blocked_coords(shape, b, lane)
+            start = _swizzled_offset(shape, sh, coords) * size
+            words.update(range(start // 4, (start + vec * size + 3) // 4))
+        per_bank: dict[int, int] = {}
+        for w in words:
+            per_bank[w % 32] = per_bank.get(w % 32, 0) + 1
+        ideal = -(-len(words) * 4 // 128)
+        out.append({"shape": shape, "dtype": dtype, "wavefronts": max(max(per_bank.values()), ideal), "ideal": ideal})
+    return out
 
 
 @functools.cache
