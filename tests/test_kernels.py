@@ -612,8 +612,8 @@ def _strided_layer(E, H, I, order="rows"):
     return dims, pack(make_layout("strided", {"order": order})), pack(get_layout("mxfp4"))
 
 
-# bf16 in two halves (the shipped tiles' forms; the integer-op and swapped tiles and the GEMVs), so that the suite's
-# workers (pytest-xdist) share its time
+# bf16 in two halves (the shipped tiles' forms; the integer-op and swapped tiles and the GEMVs, which take most of the
+# time under the interpreter), so that the suite's workers (pytest-xdist) share it
 @pytest.mark.parametrize(
     "activations,bound,part",
     [("bf16", 1e-2, "tiles"), ("bf16", 1e-2, "more"), ("e4m3", 0.15, "all"), ("e2m1", 0.4, "all")],
@@ -659,7 +659,9 @@ def test_moe_mxfp4_matches_reference(activations, bound, part):
             y = moe_mxfp4(x, ids, wts, strided, activations, cfg, out=out)
             assert y is out and not torch.isnan(y).any()
             assert rel(y, ref) <= bound, (T, cfg, rel(y, ref))
-            if gemv and cfg is gemv[-1]:  # the combine's arrival counters are back at zero: same result again
+            # the combine's arrival counters are back at zero: same result again (at one token: under the interpreter
+            # the pair of GEMVs takes a minute a call at 9)
+            if gemv and cfg is gemv[-1] and T == 1:
                 assert torch.equal(moe_mxfp4(x, ids, wts, strided, activations, cfg), y)
                 # int32 ids are read as they come, as int64 ones are
                 assert torch.equal(moe_mxfp4(x, ids.to(torch.int32), wts, strided, activations, cfg), y)
@@ -1287,7 +1289,8 @@ def test_shared_copy_wavefronts_models_the_chunk_copies_before_and_after():
 
     def wavefronts(src, dst, shape, contiguity):
         ttgir = f"#src = #ttg.blocked<{{{src}}}>\n#dst = #ttg.swizzled_shared<{{{dst}}}>\n"
-        ttgir += copy.format(c=contiguity, s=shape)
+        line = copy.format(c=contiguity, s=shape)
+        ttgir += line if contiguity else line.replace(f"{{contiguity = {contiguity} : i32}} ", "")
         (got,) = check.shared_copy_wavefronts(ttgir)
         return got["wavefronts"], got["ideal"]
 
@@ -1302,11 +1305,13 @@ def test_shared_copy_wavefronts_models_the_chunk_copies_before_and_after():
     assert wavefronts(after_w, flat2, "16x1024", 16) == (4, 4)
     assert wavefronts(after_s, flat2, "16x256", 8) == (2, 2)
     # a swizzled 64 x 64-byte buffer filled 8 bytes a lane, 4 rows a warp: copies of all 8 bytes are ideal; where the
-    # pointers are known aligned to 4 bytes only, each copy moves 4 and spans two wavefronts' banks for one's bytes
+    # pipeliner wrote a contiguity of 4 (a masked copy), each copy moves 4 and spans two wavefronts' banks for one's
+    # bytes
     rows = "sizePerThread = [1, 8], threadsPerWarp = [4, 8], warpsPerCTA = [4, 1], order = [1, 0]"
     swizzled = "vec = 8, perPhase = 2, maxPhase = 4, order = [1, 0]"
     assert wavefronts(rows, swizzled, "64x64", 8) == (2, 2)
     assert wavefronts(rows, swizzled, "64x64", 4) == (2, 1)
+    assert wavefronts(rows, swizzled, "64x64", None) == (2, 2)  # no contiguity written: the thread's whole run
 
 
 _FOLDED_PTX = """

@@ -664,7 +664,10 @@ def shared_copy_wavefronts(ttgir: str) -> list[dict]:
             continue
         shape, b, sh, size = [int(n) for n in shape_s.split("x")], layouts[src][1], layouts[dst][1], _elem_bytes(dtype)
         fast = b["order"][0]
-        vec = min(b["sizePerThread"][fast], int(contiguity or 1), max(1, 16 // size))  # elements a copy moves
+        # elements a copy moves: a thread's run, at most 16 bytes, and at most the pipeliner's contiguity where it
+        # wrote one (a masked copy); without it the lowering vectorizes the thread's run
+        run = b["sizePerThread"][fast]
+        vec = min(run, int(contiguity) if contiguity else run, max(1, 16 // size))
         words = set()
         for lane in range(32):
             coords = _blocked_coords(shape, b, lane)
