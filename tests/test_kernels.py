@@ -1177,6 +1177,12 @@ def test_kernels_check_builds_for_sm12x_without_tma():
     # each chunk order's decode GEMVs built where that order runs
     assert {r["arch"] for r in records if r["kernel"].endswith("_wgmma")} == {"sm_90a"}
     assert {r["arch"] for r in records if r["kernel"].endswith("_mma2")} == {"sm_121a"}
+    chunk_tiles = [
+        r for r in records if r["kernel"].startswith("moe_") and any(o in r["config"] for o in ("wgmma", "mma2"))
+    ]
+    assert {r["arch"] for r in chunk_tiles} == {"sm_90a", "sm_121a"}
+    for r in chunk_tiles:  # their weight and scale copies modelled, and none over its ideal (stop 37)
+        assert r["copies_modelled"] >= 2 and r["copy_wavefronts_over_ideal"] == 1, r
     for r in records:
         assert r["ok"] and not r["tma"], r
         cuda_cores = r["kernel"].startswith(("gemv_", "moe_schedule")) or r["kernel"] == "dequant_mxfp4"

@@ -466,7 +466,8 @@ def chunk_tile(
     # Loaded as one row per block (its 1 KB chunk; its scales, lane l's 8 bytes at l // 4 of the piece), then viewed
     # as [BLOCKS, 32 lanes, bytes]: the pipeline's copies into shared memory then run along a row. Loaded as
     # [BLOCKS, 32, bytes], Triton put a warp's threads across the blocks, 1 KB / 256 bytes apart in shared memory:
-    # every copy bank-conflicted (16- and 32-way on the H100 under ncu, PERF_LOG stop 37).
+    # every copy bank-conflicted (4x and 16x the ideal shared-memory wavefronts on the H100 under ncu, PERF_LOG stop
+    # 37). The scale copies still take 3.7x: the 4 lanes of a quad copy the same 8 source bytes.
     i = tl.arange(0, 1024)[None, :]
     wb = tl.reshape(tl.load(w_ptr + w_off[:, None] + i), (BLOCKS, 32, 32))
     j = tl.arange(0, 256)[None, :]
