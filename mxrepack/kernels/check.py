@@ -23,6 +23,7 @@ is needed -- and the result is inspected:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -688,11 +689,9 @@ def shared_copy_wavefronts(ttgir: str) -> list[dict]:
             coords = _blocked_coords(shape, b, lane)
             start = _swizzled_offset(shape, sh, coords) * size
             words.update(range(start // 4, (start + vec * size + 3) // 4))
-        per_bank: dict[int, int] = {}
-        for w in words:
-            per_bank[w % 32] = per_bank.get(w % 32, 0) + 1
+        busiest_bank = max(collections.Counter(w % 32 for w in words).values())
         ideal = -(-len(words) * 4 // 128)
-        out.append({"shape": shape, "dtype": dtype, "wavefronts": max(max(per_bank.values()), ideal), "ideal": ideal})
+        out.append({"shape": shape, "dtype": dtype, "wavefronts": max(busiest_bank, ideal), "ideal": ideal})
     return out
 
 
