@@ -989,9 +989,10 @@ def test_moe_chunk_order_gemvs_match_reference(order):
 def test_mma2_order_runs_where_triton_builds_mma_sync(monkeypatch, cap, disabled, runs):
     """The mma2 order is mma.sync's operand: accepted on sm_12x and sm_8x, and on sm_90 only under Triton's
     DISABLE_MMA_V3 (the H100 stand-in for sm_12x's code path); refused in one line elsewhere."""
+    from mxrepack.kernels import dequant_mxfp4
     from mxrepack.kernels import moe_mxfp4 as moe
 
-    monkeypatch.setattr(moe, "device_capability", lambda device: cap)
+    monkeypatch.setattr(dequant_mxfp4, "device_capability", lambda device: cap)
     monkeypatch.setenv("DISABLE_MMA_V3", disabled)
     if runs:
         moe.check_order("mma2", "bf16", torch.device("cuda"))
@@ -1072,6 +1073,73 @@ def test_moe_wgmma_order_on_hopper():
             assert all(torch.equal(moe_mxfp4(x, ids, wts, wgmma, "bf16", cfg, order="wgmma"), y) for _ in range(5))
         folded = moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, fold_scale=True, order="wgmma")
         assert torch.equal(folded, moe_mxfp4(x, ids, wts, wgmma, "bf16", gemv, order="wgmma")), T
+
+
+def _chunk_dense(N, K, order, device="cpu"):
+    """A random MXFP4 weight ``[N, K]`` (plain bytes and scales, logical size) and its stored form in the dense
+    layout's chunk ``order`` (padded to 16 rows and 128 columns)."""
+    from mxrepack.layouts.dense import DenseMxLayout
+
+    w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8)
+    s = torch.randint(118, 126, (N, K // 32), dtype=torch.uint8)
+    layout = DenseMxLayout("mxfp4", order=order)
+    Np = layout.padded(N, K)[0]
+    wp, sp = torch.zeros(Np, K // 2, dtype=torch.uint8), torch.zeros(Np, K // 32, dtype=torch.uint8)
+    wp[:N], sp[:N] = w, s
+    stored = (layout.store(wp, sp, K, "values").to(device), layout.store(wp, sp, K, "scales").to(device))
+    return w, s, stored
+
+
+@pytest.mark.parametrize("order", ["wgmma", "mma2"])
+def test_linear_chunk_orders_match_reference(order):
+    """Dense W4A16 on weights in a chunk order (the dense layout's option; the interpreter's portable decode): each
+    shipped tile, split and not, and the dequantize + cuBLAS path past 64 rows, against the reference, with N not a
+    multiple of 16 (the padding rows not stored) and K not of 128; the layout's stored form unpacks to the same
+    bytes."""
+    from mxrepack.kernels.linear_mxfp4 import CHUNK_CONFIGS, pick_chunk_config
+    from mxrepack.layouts.dense import DenseMxLayout
+
+    N, K = 40, 288
+    w, s, (wc, sc) = _chunk_dense(N, K, order)
+    assert wc.shape == (48, 192) and sc.shape == (48, 12)
+    assert all(torch.equal(a, b) for a, b in zip(DenseMxLayout("mxfp4", order=order).unpack(wc, sc, (N, K)), (w, s)))
+    bias = torch.randn(N)
+    for M in (1, 5, 17, 70):
+        x = torch.randn(M, K).to(torch.bfloat16)
+        ref = mxfp4_linear(x, w, s, bias).float()
+        configs = [None, *CHUNK_CONFIGS.values(), dataclasses.replace(CHUNK_CONFIGS["chunk_decode"], split_k=3)]
+        for cfg in configs if M <= 17 else [None]:
+            out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+            y = linear_mxfp4(x, wc, sc, bias, config=cfg, out=out, order=order)
+            assert rel(y, ref) <= 1e-2, (M, cfg, rel(y, ref))
+    assert pick_chunk_config(70, 5120, 2880) is None  # past 64 rows: dequantize + cuBLAS
+    assert pick_chunk_config(4, 5120, 2880).split_k == 4 and pick_chunk_config(4, 2880, 4096).split_k == 8
+    assert pick_chunk_config(64, 2880, 4096).split_k == 4 and pick_chunk_config(16, 201088, 2880).split_k == 1
+    with pytest.raises(ValueError, match=r"wgmma-order weights .* do not fit x"):
+        linear_mxfp4(torch.randn(2, 256).to(torch.bfloat16), wc, sc, order="wgmma")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk orders' PTX decode feeds the GPU's MMA")
+def test_linear_chunk_order_on_a_gpu():
+    """On a GPU: dense W4A16 in the chunk order its MMA reads (wgmma on Hopper, mma2 under DISABLE_MMA_V3 or on
+    sm_8x / sm_12x) at gpt-oss's widths, every row-count class, folded and not, against the reference; the same
+    bits on every repeat (the split-K sums in split order)."""
+    from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled
+
+    major = torch.cuda.get_device_capability()[0]
+    order = "wgmma" if major == 9 and not mma_v3_disabled() else "mma2"
+    for N, K in ((5120, 2880), (2880, 4096)):
+        w, s, (wc, sc) = _chunk_dense(N, K, order, "cuda")
+        bias = torch.randn(N, device="cuda")
+        for M in (1, 4, 16, 17, 64, 300):
+            x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+            ref = mxfp4_linear(x.cpu(), w, s, bias.cpu()).float()
+            for fold in (False, True):
+                y = linear_mxfp4(x, wc, sc, bias, fold_scale=fold, order=order)
+                assert rel(y.cpu(), ref) <= 1e-2, (N, M, fold, rel(y.cpu(), ref))
+                assert all(
+                    torch.equal(linear_mxfp4(x, wc, sc, bias, fold_scale=fold, order=order), y) for _ in range(3)
+                )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX decode needs a GPU")

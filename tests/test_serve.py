@@ -406,13 +406,30 @@ assert y.shape == (2, 3, 96) and y.dtype == torch.bfloat16
 assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2
 assert method.apply(layer, x[:0, :0].reshape(0, 320)).shape == (0, 96)
 try:
-    torch.ops.mxrepack.linear_mxfp4(x[0].half(), layer.weight_packed, layer.weight_scale, None, False)
+    torch.ops.mxrepack.linear_mxfp4(x[0].half(), layer.weight_packed, layer.weight_scale, None, False, "rows", 96)
     raise SystemExit("fp16 activations were taken")
 except ValueError as e:
     assert "bf16 activations" in str(e)
 # one opaque op to torch.compile (vLLM compiles the model with fullgraph=True)
 compiled = torch.compile(lambda t: method.apply(layer, t, b), backend="eager", fullgraph=True)
 assert torch.equal(compiled(x), y)
+# the same weights stored in a chunk order (the dense layout's): mxrepack's method whatever kernel was chosen, its
+# parameters padded to 16 rows and 128 columns, the same products at decode and past it
+from mxrepack.layouts.dense import DenseMxLayout
+
+for order in ("wgmma", "mma2"):
+    chunked, c_layer = L.make_dense_method("marlin", order), torch.nn.Module()
+    assert type(chunked).__name__ == "TritonMxfp4LinearMethod" and chunked.order == order
+    chunked.create_weights(c_layer, 320, [64, 16, 16], 320, 96, torch.bfloat16)
+    assert c_layer.weight_packed.shape == (96, 192) and c_layer.weight_scale.shape == (96, 12)
+    dense = DenseMxLayout("mxfp4", order=order)
+    c_layer.weight_packed.data = dense.store(layer.weight_packed, layer.weight_scale, 320, "values")
+    c_layer.weight_scale.data = dense.store(layer.weight_packed, layer.weight_scale, 320, "scales")
+    chunked.process_weights_after_loading(c_layer)
+    for t in (x, torch.randn(70, 320).to(torch.bfloat16)):
+        r = mxfp4_linear(t.reshape(-1, 320), layer.weight_packed, layer.weight_scale, b).reshape(*t.shape[:-1], 96)
+        yc = chunked.apply(c_layer, t, b)
+        assert yc.shape == r.shape and float((yc.float() - r.float()).abs().max() / r.float().abs().max()) < 1e-2
 print("ok")
 """
 

@@ -513,6 +513,92 @@ def dot_w_tile(w, a, acc, INTERPRETER: tl.constexpr, WAIT_MMA: tl.constexpr = Fa
 
 
 @triton.jit
+def chunk_rows(order_ptr, start, end, part, MS: tl.constexpr, TOPK, GATHER: tl.constexpr):
+    """Rows of the ``part``-th ``MS`` sorted positions of a block: the token each is (``GATHER``: x's rows) or the
+    position itself (the intermediate's rows), and whether it is one of the block's."""
+    pos = start + part * MS + tl.arange(0, MS)
+    ok = pos < end
+    if GATHER:
+        return tl.load(order_ptr + pos, mask=ok, other=0) // TOPK, ok
+    return pos, ok
+
+
+@triton.jit
+def _load_part(a_ptr, rows, ok, rk, K, stride_a, MASK_K: tl.constexpr):
+    """Rows ``rows`` (where ``ok``) of a K tile of ``a``; columns past ``K`` zero where ``MASK_K`` (x's hidden width
+    is not padded; the intermediate's is)."""
+    if MASK_K:
+        mask = ok[:, None] & (rk < K)[None, :]
+    else:
+        mask = ok[:, None]
+    return tl.load(a_ptr + rows[:, None] * stride_a + rk[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def chunk_dots(
+    a_ptr,
+    order_ptr,
+    start,
+    end,
+    TOPK,
+    K,
+    stride_a,
+    w_e,
+    s_e,
+    w_off,
+    s_off,
+    w_step,
+    s_step,
+    k_tiles,
+    BLOCKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DOTS: tl.constexpr,
+    GATHER: tl.constexpr,
+    MATH: tl.constexpr,
+    ORDER: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    WAIT_MMA: tl.constexpr,
+    SCALE_SHIFT: tl.constexpr,
+    MASK_K: tl.constexpr,
+):
+    """``W @ a.T`` ``[16 BLOCKS, BLOCK_M]`` over ``k_tiles`` K tiles for W in a chunk order (wgmma, mma2): each K
+    tile's W decoded once (``chunk_tile``) and fed to ``DOTS`` dots of ``BLOCK_M / DOTS`` tokens (``MoeConfig.
+    token_dots``); a's rows (``chunk_rows``), gathered by token (``GATHER``: x) or by position (the intermediate),
+    masked past ``K`` where ``MASK_K`` (x, whose hidden width is not padded). W's block offsets ``w_off`` / ``s_off``
+    step by ``w_step`` / ``s_step`` bytes per K tile."""
+    MS: tl.constexpr = BLOCK_M // DOTS
+    rows0, ok0 = chunk_rows(order_ptr, start, end, 0, MS, TOPK, GATHER)
+    rows1, ok1 = chunk_rows(order_ptr, start, end, 1 % DOTS, MS, TOPK, GATHER)
+    rows2, ok2 = chunk_rows(order_ptr, start, end, 2 % DOTS, MS, TOPK, GATHER)
+    rows3, ok3 = chunk_rows(order_ptr, start, end, 3 % DOTS, MS, TOPK, GATHER)
+    acc0 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    acc1 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    acc2 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    acc3 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
+    FLY: tl.constexpr = ORDER == "wgmma" and not WAIT_MMA  # on Hopper: the wgmmas kept in flight (MoeConfig.wait_mma)
+    for kt in range(0, k_tiles):  # kt, not k0 // 128: see _load_w
+        rk = kt * 128 + tl.arange(0, 128)
+        a = _load_part(a_ptr, rows0, ok0, rk, K, stride_a, MASK_K)
+        w = chunk_tile(w_e, s_e, w_off + kt * w_step, s_off + kt * s_step, BLOCKS, MATH, ORDER, SCALE_SHIFT)
+        acc0 = dot_w_tile(w, a, acc0, INTERPRETER, WAIT_MMA, FLY)
+        if DOTS >= 2:
+            a = _load_part(a_ptr, rows1, ok1, rk, K, stride_a, MASK_K)
+            acc1 = dot_w_tile(w, a, acc1, INTERPRETER, WAIT_MMA, FLY)
+        if DOTS >= 4:
+            a = _load_part(a_ptr, rows2, ok2, rk, K, stride_a, MASK_K)
+            acc2 = dot_w_tile(w, a, acc2, INTERPRETER, WAIT_MMA, FLY)
+            a = _load_part(a_ptr, rows3, ok3, rk, K, stride_a, MASK_K)
+            acc3 = dot_w_tile(w, a, acc3, INTERPRETER, WAIT_MMA, FLY)
+    tl.static_assert(DOTS == 1 or DOTS == 2 or DOTS == 4, "one, two or four token dots")
+    if DOTS == 2:  # token d * MS + m at column (d, m)
+        acc0 = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (16 * BLOCKS, BLOCK_M))
+    elif DOTS == 4:
+        both = tl.join(tl.join(acc0, acc1), tl.join(acc2, acc3))  # [rows, m, d % 2, d // 2]
+        acc0 = tl.reshape(tl.permute(both, (0, 3, 2, 1)), (16 * BLOCKS, BLOCK_M))
+    return unshift(acc0, SCALE_SHIFT)
+
+
+@triton.jit
 def wgmma_chunks(r0, stride_wn, stride_wsn, TILE_ROWS: tl.constexpr):
     """For 16-row blocks starting at stored rows ``r0`` of a K-tiled matrix (``TILE_ROWS`` rows per row tile, row
     strides ``stride_wn`` bytes of weights and ``stride_wsn`` of scales): the offsets of their weight chunks and scale
@@ -866,6 +952,40 @@ def dequantize_mxfp4_rows(
     return out
 
 
+@triton.jit
+def _dequant_chunks_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_wsn, stride_on, ORDER: tl.constexpr):
+    """Program (i, kt): rows ``64 i ..`` of W in a chunk order (row tiles of 16, K-tiled) over K tile ``kt`` -> BF16 in
+    natural order. The portable decode (``MATH="ops"``): the PTX one relies on the MMA operand's register layout,
+    which a store does not give."""
+    r0 = tl.program_id(0) * 64
+    kt = tl.program_id(1)
+    w_off, s_off = wgmma_chunks(tl.minimum(r0 + 16 * tl.arange(0, 4), N - 16), stride_wn, stride_wsn, 16)
+    w = chunk_tile(w_ptr, s_ptr, w_off + kt * 1024, s_off + kt * 64, 4, "ops", ORDER, 0)
+    rn = r0 + tl.arange(0, 64)
+    rk = kt * 128 + tl.arange(0, 128)
+    tl.store(
+        out_ptr + rn[:, None] * stride_on + rk[None, :], w.to(tl.bfloat16), mask=(rn < N)[:, None] & (rk < K)[None, :]
+    )
+
+
+def dequantize_chunks(w: torch.Tensor, s: torch.Tensor, K: int, order: str, out: torch.Tensor | None = None):
+    """MXFP4 in a chunk order (``order`` "wgmma" or "mma2"; ``[Np, Kp/2]`` bytes in row tiles of 16, K-tiled, and
+    ``[Np, Kp/32]`` quad-ordered scales: ``mxrepack.layouts.dense`` with that order) -> BF16 ``[Np, K]`` in natural
+    order (into ``out`` when given)."""
+    N, Kp = w.shape[0], w.shape[1] * 2
+    if N % 16 or Kp % 128 or s.shape != (N, Kp // 32) or not 0 < K <= Kp:
+        raise ValueError(
+            f"{order}-order weights {tuple(w.shape)} / scales {tuple(s.shape)} for K={K}: expected [16 r, 64 t] bytes "
+            f"and [16 r, 4 t] scales with 128 t >= K"
+        )
+    if out is None:
+        out = torch.empty(N, K, dtype=torch.bfloat16, device=w.device)
+    _dequant_chunks_kernel[(triton.cdiv(N, 64), Kp // 128)](
+        w, s, out, N, K, w.stride(0), s.stride(0), out.stride(0), ORDER=order, num_warps=4
+    )
+    return out
+
+
 def linear_dequant_gemm(
     x: torch.Tensor,
     w_packed: torch.Tensor,
@@ -873,19 +993,54 @@ def linear_dequant_gemm(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     config: DequantConfig = DEQUANT,
+    order: str = "rows",
 ) -> torch.Tensor:
     """``out = x @ W.T + bias`` for BF16 ``x [M, K]``: W dequantized slab by slab of rows into one reused
-    BF16 scratch, each slab multiplied by cuBLAS straight into its columns of ``out``."""
-    N, K = w_packed.shape[0], x.shape[1]
+    BF16 scratch, each slab multiplied by cuBLAS straight into its columns of ``out``. ``order``: W's byte order,
+    "rows" (plain ``[N, K/2]``) or a chunk order (:func:`dequantize_chunks`; ``out``'s N columns may be fewer than
+    W's padded rows)."""
+    N, K = out.shape[1], x.shape[1]
     rows = max(128, config.chunk_bytes // (2 * K) // 128 * 128)
     rows = min(rows, N)
-    scratch = torch.empty(rows, K, dtype=torch.bfloat16, device=x.device)
+    scratch = torch.empty(-(-rows // 16) * 16, K, dtype=torch.bfloat16, device=x.device)  # whole row tiles
     b = None if bias is None else bias.to(torch.bfloat16)
     for n0 in range(0, N, rows):
         n1 = min(N, n0 + rows)
-        w = dequantize_mxfp4_rows(w_packed[n0:n1], w_scales[n0:n1], scratch[: n1 - n0], config)
+        if order == "rows":
+            w = dequantize_mxfp4_rows(w_packed[n0:n1], w_scales[n0:n1], scratch[: n1 - n0], config)
+        else:  # whole row tiles (slabs are multiples of 128 rows), the last one's padding rows beyond N dropped
+            hi = min(w_packed.shape[0], -(-n1 // 16) * 16)
+            w = dequantize_chunks(w_packed[n0:hi], w_scales[n0:hi], K, order, scratch[: hi - n0])[: n1 - n0]
         if b is None:
             torch.mm(x, w.T, out=out[:, n0:n1])
         else:
             torch.addmm(b[n0:n1], x, w.T, out=out[:, n0:n1])
     return out
+
+
+def check_order(order: str, activations: str, device: torch.device) -> None:
+    """Whether weights in byte ``order`` can run here: "rows" anywhere; the chunk orders with BF16 activations, on the
+    GPUs whose MMA operand the order is, or off CUDA (the interpreter's portable decode): "wgmma" where Triton builds
+    wgmma (sm_90, not under its ``DISABLE_MMA_V3``: ``mma.sync`` would decode other bytes), "mma2" where it builds
+    ``mma.sync`` (sm_8x, sm_12x; on sm_90 only under ``DISABLE_MMA_V3``, the H100 stand-in for sm_12x's code path)."""
+    if order not in ("rows", "wgmma", "mma2"):
+        raise ValueError(f"order must be rows, wgmma or mma2, got {order!r}")
+    if order == "rows":
+        return
+    if activations != "bf16":
+        raise ValueError(f"the {order} order is read with BF16 activations only, got {activations}")
+    if device.type != "cuda":
+        return
+    major, minor = device_capability(device)
+    wgmma = major == 9 and not mma_v3_disabled()
+    if order == "wgmma" and not wgmma:
+        raise ValueError(
+            f"the wgmma order is Hopper's (sm_90) wgmma fragment; this GPU builds mma.sync (sm_{major}{minor}"
+            f"{', DISABLE_MMA_V3' if major == 9 else ''}), where it would decode the wrong bytes: repack with "
+            "order rows (or mma2 for sm_12x / sm_8x)"
+        )
+    if order == "mma2" and not (major in (8, 12) or (major == 9 and not wgmma)):
+        raise ValueError(
+            f"the mma2 order is mma.sync's operand (sm_8x, sm_12x); this GPU is sm_{major}{minor}, where Triton "
+            "builds another MMA: repack with order rows (or wgmma on sm_90)"
+        )

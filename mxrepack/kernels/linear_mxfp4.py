@@ -34,13 +34,17 @@ from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
     DEQUANT,
     DequantConfig,
+    check_chunk_build,
     check_fold_scale,
+    check_order,
+    chunk_dots,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     linear_dequant_gemm,
     load_split,
     mma_reads_registers_async,
     split_pairs,
+    wgmma_chunks,
     with_fold,
 )
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, fills_with_rows, gemv_mxfp4, is_wide, sm_count
@@ -148,6 +152,20 @@ CONFIGS = {
     "mid_split": MID_SPLIT,
 }
 
+# W4A16 on weights in a chunk order (the dense layout's ``order`` "wgmma" / "mma2": row tiles of 16, each K tile's
+# 16 x 64-byte chunk in the MMA operand's order, the MoE tiles' decode of 8 codes in about 13 instructions), the tokens
+# the MMA's second operand, K split as the plain order's decode tiles: to about two programs per SM at up to 16 rows,
+# at most 4 splits at 17-64 rows; past 64 rows dequantize + cuBLAS (the 128 x 128 chunk tile took 0.127 / 0.101 ms
+# at M = 2048 against cuBLAS BF16's 0.092 / 0.076). From a same-run sweep of up to 48 tiles a size (H100,
+# benchmarks/experiments/dense_chunk_probe.py, 2026-11-28, docs/bench/dense_chunk_probe_{wgmma,mma2}_h100_2026-11-28_
+# c392dd9.json; the wgmma order on Hopper, the mma2 order under DISABLE_MMA_V3): 16 x 64 best at M = 4 and 16 (qkv 4
+# splits, o 8: 0.0075-0.0087 ms against the plain order's shipped 0.0117-0.0143), 32 x 64 with 4 splits at M = 64
+# (wgmma: qkv 0.0116, o 0.0105 against 0.0185 / 0.0163; 8 splits slower; keeping the wgmmas in flight within 1-3%).
+CHUNK_DECODE = LinearConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
+CHUNK_MID = LinearConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
+CHUNK_CONFIGS = {"chunk_decode": CHUNK_DECODE, "chunk_mid": CHUNK_MID}
+CHUNK_MID_MAX_SPLIT = 4
+
 
 def pick_config(
     M: int, N: int, K: int, sm_count: int = 132, mode: str = "w4a16", fold_scale: bool = False
@@ -180,6 +198,19 @@ def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConf
     if M <= MID_SPLIT.block_m and not fills_gpu(N, sm_count) and mode == "w4a16":
         return _two_per_sm(MID_SPLIT, N, K, sm_count)
     return PREFILL if M >= 1024 else PREFILL_SMALL
+
+
+def pick_chunk_config(M: int, N: int, K: int, sm_count: int = 132, fold_scale: bool = False) -> LinearConfig | None:
+    """The chunk-order tile for M rows (:data:`CHUNK_DECODE` up to 16, :data:`CHUNK_MID` to 64, K split as there
+    said), folded where ``fold_scale``; None past 64 rows (dequantize + cuBLAS)."""
+    if M <= CHUNK_DECODE.block_m:
+        tile = _two_per_sm(CHUNK_DECODE, N, K, sm_count)
+    elif M <= 64:
+        tile = _two_per_sm(CHUNK_MID, N, K, sm_count)
+        tile = dataclasses.replace(tile, split_k=min(tile.split_k, CHUNK_MID_MAX_SPLIT))
+    else:
+        return None
+    return with_fold(tile, True, fold_scale)
 
 
 @triton.jit
@@ -286,6 +317,89 @@ def _linear_mxfp4_kernel(
 
 
 @triton.jit
+def _linear_chunks_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    Np,
+    stride_xm,
+    stride_wn,
+    stride_wsn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOTS: tl.constexpr,
+    MATH: tl.constexpr,
+    ORDER: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    WAIT_MMA: tl.constexpr,
+):
+    """``x @ W.T`` for W in a chunk order (``ORDER``), program (N tile, M tile, K split): the MoE tiles' K loop
+    (``chunk_dots``) on x's rows in order over this split's K tiles, the splits summed as ``_linear_mxfp4_kernel``'s.
+    N tiles are the fastest grid axis: programs in flight together share x's rows."""
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    k_tiles = tl.cdiv(K, 128)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    kt0 = pid_k * per_split
+    # a last N tile past the padded rows loads the last 16 rows again (not stored)
+    blocks = tl.minimum(pid_n * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), Np - 16)
+    w_off, s_off = wgmma_chunks(blocks, stride_wn, stride_wsn, 16)
+    acc = chunk_dots(
+        x_ptr + kt0 * 128,
+        x_ptr,
+        pid_m * BLOCK_M,
+        M,
+        1,
+        K - kt0 * 128,
+        stride_xm,
+        w_ptr,
+        ws_ptr,
+        w_off + kt0 * 1024,
+        s_off + kt0 * 64,
+        1024,
+        64,
+        tl.minimum(k_tiles, kt0 + per_split) - kt0,
+        BLOCK_N // 16,
+        BLOCK_M,
+        DOTS,
+        False,
+        MATH,
+        ORDER,
+        INTERPRETER,
+        WAIT_MMA,
+        0,
+        True,
+    )
+    acc = tl.trans(acc)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    ok = (rm < M)[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)
+        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
+        if last_to_arrive(counter, SPLIT_K):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for _ in range(SPLIT_K):
+                acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
+                part += M * N
+            _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+            tl.atomic_xchg(counter, 0)
+    else:
+        _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+
+
+@triton.jit
 def _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS: tl.constexpr):
     """``acc`` (+ bias) stored at ``y`` in the output's dtype."""
     if HAS_BIAS:
@@ -302,8 +416,13 @@ def linear_mxfp4(
     config: LinearConfig | GemvConfig | None = None,
     out: torch.Tensor | None = None,
     fold_scale: bool = False,
+    order: str = "rows",
 ) -> torch.Tensor:
     """``x [M, K]`` (bf16) times MXFP4 ``W [N, K]`` -> ``[M, N]`` bf16 (into ``out`` when given).
+
+    ``order``: W's byte order, the dense layout's option: "rows" (plain ``[N, K/2]`` / ``[N, K/32]``, every mode) or a
+    chunk order, "wgmma" (sm_90) or "mma2" (sm_12x, sm_8x) (W4A16; ``[Np, Kp/2]`` / ``[Np, Kp/32]`` padded to 16 rows
+    and 128 codes: :func:`linear_chunks`).
 
     ``config``: a :class:`LinearConfig` (tensor-core kernel), a :class:`GemvConfig` (W4A16 GEMV), a
     :class:`DequantConfig` (W4A16 dequantize + cuBLAS), or None to choose by shape. ``fold_scale``: ``w_scales``
@@ -311,6 +430,9 @@ def linear_mxfp4(
     then folds (same bits, faster) and nothing is checked per call."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if order != "rows":
+        check_order(order, MODES[mode], x.device)
+        return linear_chunks(x, w_packed, w_scales, order, bias, config, out, fold_scale)
     M, K = x.shape
     N = w_packed.shape[0]
     if w_packed.shape != (N, K // 2) or w_scales.shape != (N, K // 32) or K % 32:
@@ -380,4 +502,81 @@ def linear_mxfp4(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    return out
+
+
+def linear_chunks(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scales: torch.Tensor,
+    order: str,
+    bias: torch.Tensor | None = None,
+    config: LinearConfig | DequantConfig | None = None,
+    out: torch.Tensor | None = None,
+    fold_scale: bool = False,
+) -> torch.Tensor:
+    """W4A16 ``x [M, K]`` (bf16) times W in chunk order ``order`` (the dense layout's "wgmma" / "mma2": ``w``
+    ``[Np, Kp/2]`` bytes in row tiles of 16, K-tiled, ``w_scales`` ``[Np, Kp/32]`` quad-ordered) -> ``[M, N]`` bf16,
+    N = ``out``'s columns (default Np). ``config``: a swapped :class:`LinearConfig` (:data:`CHUNK_CONFIGS`), a
+    :class:`DequantConfig` (dequantize + cuBLAS), or None: :func:`pick_chunk_config`. ``fold_scale`` as
+    :func:`linear_mxfp4`'s. Run through :func:`linear_mxfp4` (``order=``), which checks that this GPU builds the
+    order's MMA."""
+    M, K = x.shape
+    Np, Kp = w.shape[0], w.shape[1] * 2
+    N = out.shape[1] if out is not None else Np
+    if Np % 16 or Kp % 128 or w_scales.shape != (Np, Kp // 32) or Kp != triton.cdiv(K, 128) * 128 or N > Np:
+        raise ValueError(
+            f"{order}-order weights {tuple(w.shape)} / scales {tuple(w_scales.shape)} do not fit x {tuple(x.shape)}"
+            f"{'' if out is None else f' and out {tuple(out.shape)}'}: expected [Np, {triton.cdiv(K, 128) * 64}] bytes "
+            f"and [Np, {triton.cdiv(K, 128) * 4}] scales, Np a multiple of 16 and at least N"
+        )
+    if out is None:
+        out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    cfg = config or pick_chunk_config(M, N, K, sm_count(x.device), fold_scale)
+    if cfg is None or isinstance(cfg, DequantConfig):
+        return linear_dequant_gemm(x.contiguous(), w, w_scales, bias, out, cfg or DEQUANT, order)
+    if not cfg.swap_ab:
+        raise ValueError(f"config {cfg.name()}: the chunk orders decode W as the MMA's first operand (swap_ab)")
+    if cfg.fold_scale and not fold_scale:  # a folded tile chosen by hand: its precondition checked here
+        check_fold_scale(w_scales)
+    x = x.contiguous()
+    grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m), cfg.split_k)
+    if cfg.split_k > 1:
+        part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device, grid[0] * grid[1], "linear")
+    else:
+        part = counters = out  # unused
+    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    ptx = x.device.type == "cuda" and not interpreter
+    kernel = _linear_chunks_kernel[grid](
+        x,
+        w,
+        w_scales,
+        bias if bias is not None else w_scales,
+        out,
+        part,
+        counters,
+        M,
+        N,
+        K,
+        Np,
+        x.stride(0),
+        w.stride(0),
+        w_scales.stride(0),
+        out.stride(0),
+        HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        # mma.sync's warps split W's rows only with the tokens in dots of 16 or 32 (MoeConfig.token_dots)
+        DOTS=cfg.block_m // (16 if cfg.block_m <= 32 else 32) if order == "mma2" else 1,
+        MATH=cfg.math if ptx else "ops",
+        ORDER=order,
+        INTERPRETER=interpreter,
+        WAIT_MMA=ptx and mma_reads_registers_async(x.device),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if ptx:
+        check_chunk_build(kernel)
     return out

@@ -45,16 +45,14 @@ from mxrepack.kernels.dequant_mxfp4 import (
     MAX_SCALE_SHIFT,
     check_chunk_build,
     check_fold_scale,
-    chunk_tile,
-    device_capability,
+    check_order,
+    chunk_dots,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
-    dot_w_tile,
     in_flight_allowed,
     launches_dependents,
     load_split,
     mma_reads_registers_async,
-    mma_v3_disabled,
     shift_scales,
     split_column,
     split_pairs,
@@ -811,91 +809,6 @@ def _tile_of(n_tiles):
 
 
 @triton.jit
-def _part_rows(order_ptr, start, end, part, MS: tl.constexpr, TOPK, GATHER: tl.constexpr):
-    """Rows of the ``part``-th ``MS`` sorted positions of a block: the token each is (``GATHER``: x's rows) or the
-    position itself (the intermediate's rows), and whether it is one of the block's."""
-    pos = start + part * MS + tl.arange(0, MS)
-    ok = pos < end
-    if GATHER:
-        return tl.load(order_ptr + pos, mask=ok, other=0) // TOPK, ok
-    return pos, ok
-
-
-@triton.jit
-def _load_part(a_ptr, rows, ok, rk, K, stride_a, MASK_K: tl.constexpr):
-    """Rows ``rows`` (where ``ok``) of a K tile of ``a``; columns past ``K`` zero where ``MASK_K`` (x's hidden width
-    is not padded; the intermediate's is)."""
-    if MASK_K:
-        mask = ok[:, None] & (rk < K)[None, :]
-    else:
-        mask = ok[:, None]
-    return tl.load(a_ptr + rows[:, None] * stride_a + rk[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def _chunk_dots(
-    a_ptr,
-    order_ptr,
-    start,
-    end,
-    TOPK,
-    K,
-    stride_a,
-    w_e,
-    s_e,
-    w_off,
-    s_off,
-    w_step,
-    s_step,
-    k_tiles,
-    BLOCKS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    DOTS: tl.constexpr,
-    GATHER: tl.constexpr,
-    MATH: tl.constexpr,
-    ORDER: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    WAIT_MMA: tl.constexpr,
-    SCALE_SHIFT: tl.constexpr,
-):
-    """``W @ a.T`` ``[16 BLOCKS, BLOCK_M]`` over ``k_tiles`` K tiles for W in a chunk order (wgmma, mma2): each K
-    tile's W decoded once (``chunk_tile``) and fed to ``DOTS`` dots of ``BLOCK_M / DOTS`` tokens (``MoeConfig.
-    token_dots``); a's rows (``_part_rows``), gathered by token (``GATHER``: x) or by position (the intermediate),
-    masked past ``K`` (x: ``GATHER``). W's block offsets ``w_off`` / ``s_off`` step by
-    ``w_step`` / ``s_step`` bytes per K tile."""
-    MS: tl.constexpr = BLOCK_M // DOTS
-    rows0, ok0 = _part_rows(order_ptr, start, end, 0, MS, TOPK, GATHER)
-    rows1, ok1 = _part_rows(order_ptr, start, end, 1 % DOTS, MS, TOPK, GATHER)
-    rows2, ok2 = _part_rows(order_ptr, start, end, 2 % DOTS, MS, TOPK, GATHER)
-    rows3, ok3 = _part_rows(order_ptr, start, end, 3 % DOTS, MS, TOPK, GATHER)
-    acc0 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
-    acc1 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
-    acc2 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
-    acc3 = tl.zeros((16 * BLOCKS, MS), dtype=tl.float32)
-    FLY: tl.constexpr = ORDER == "wgmma" and not WAIT_MMA  # on Hopper: the wgmmas kept in flight (MoeConfig.wait_mma)
-    for kt in range(0, k_tiles):  # kt, not k0 // 128: see _load_w
-        rk = kt * 128 + tl.arange(0, 128)
-        a = _load_part(a_ptr, rows0, ok0, rk, K, stride_a, GATHER)
-        w = chunk_tile(w_e, s_e, w_off + kt * w_step, s_off + kt * s_step, BLOCKS, MATH, ORDER, SCALE_SHIFT)
-        acc0 = dot_w_tile(w, a, acc0, INTERPRETER, WAIT_MMA, FLY)
-        if DOTS >= 2:
-            a = _load_part(a_ptr, rows1, ok1, rk, K, stride_a, GATHER)
-            acc1 = dot_w_tile(w, a, acc1, INTERPRETER, WAIT_MMA, FLY)
-        if DOTS >= 4:
-            a = _load_part(a_ptr, rows2, ok2, rk, K, stride_a, GATHER)
-            acc2 = dot_w_tile(w, a, acc2, INTERPRETER, WAIT_MMA, FLY)
-            a = _load_part(a_ptr, rows3, ok3, rk, K, stride_a, GATHER)
-            acc3 = dot_w_tile(w, a, acc3, INTERPRETER, WAIT_MMA, FLY)
-    tl.static_assert(DOTS == 1 or DOTS == 2 or DOTS == 4, "one, two or four token dots")
-    if DOTS == 2:  # token d * MS + m at column (d, m)
-        acc0 = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (16 * BLOCKS, BLOCK_M))
-    elif DOTS == 4:
-        both = tl.join(tl.join(acc0, acc1), tl.join(acc2, acc3))  # [rows, m, d % 2, d // 2]
-        acc0 = tl.reshape(tl.permute(both, (0, 3, 2, 1)), (16 * BLOCKS, BLOCK_M))
-    return unshift(acc0, SCALE_SHIFT)
-
-
-@triton.jit
 def _gate_up_kernel(
     x_ptr,
     xs_ptr,
@@ -962,7 +875,7 @@ def _gate_up_kernel(
         blk = tl.arange(0, 2 * NB)
         rows = _w13_rows(pid_n * BLOCK_N + 16 * (blk % NB), blk // NB)
         w_off, s_off = wgmma_chunks(rows, stride_wn, stride_wsn, 64)
-        acc = _chunk_dots(
+        acc = chunk_dots(
             x_ptr,
             order_ptr,
             start,
@@ -986,6 +899,7 @@ def _gate_up_kernel(
             INTERPRETER,
             WAIT_MMA,
             SCALE_SHIFT,
+            True,
         )
         gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
     else:
@@ -1092,7 +1006,7 @@ def _down_kernel(
         # rows past Hp (the last tile of a down_block_n that does not divide it) load the last 16 rows again
         blocks = tl.minimum(pid_n * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), Hp - 16)
         w_off, s_off = wgmma_chunks(blocks, stride_wn, stride_wsn, _DOWN_ROWS)
-        acc = _chunk_dots(
+        acc = chunk_dots(
             h_ptr,
             order_ptr,
             start,
@@ -1116,6 +1030,7 @@ def _down_kernel(
             INTERPRETER,
             WAIT_MMA,
             SCALE_SHIFT,
+            False,
         )
     else:
         for k0 in range(0, Ip, BLOCK_K):
@@ -1133,7 +1048,7 @@ def _down_kernel(
                     a, hs_ptr, pos, row_ok, k0, Ip, stride_hs, w, s, acc, A_FMT, BLOCK_K, MANUAL_DEQUANT, INTERPRETER
                 )
     if SWAP_AB:
-        if ORDER == "rows":  # the chunk orders' sums come unshifted from _chunk_dots
+        if ORDER == "rows":  # the chunk orders' sums come unshifted from chunk_dots
             acc = unshift(acc, SCALE_SHIFT)
         acc = tl.trans(acc)
     if ORDER != "rows":  # a wider down tile's last may pass Hp (down_block_n)
@@ -1658,34 +1573,6 @@ def _moe_gemv(
         **d.launch_options(),
     )
     return out
-
-
-def check_order(order: str, activations: str, device: torch.device) -> None:
-    """Whether weights in byte ``order`` can run here: "rows" anywhere; the chunk orders with BF16 activations, on the
-    GPUs whose MMA operand the order is, or off CUDA (the interpreter's portable decode): "wgmma" where Triton builds
-    wgmma (sm_90, not under its ``DISABLE_MMA_V3``: ``mma.sync`` would decode other bytes), "mma2" where it builds
-    ``mma.sync`` (sm_8x, sm_12x; on sm_90 only under ``DISABLE_MMA_V3``, the H100 stand-in for sm_12x's code path)."""
-    if order not in ("rows", "wgmma", "mma2"):
-        raise ValueError(f"order must be rows, wgmma or mma2, got {order!r}")
-    if order == "rows":
-        return
-    if activations != "bf16":
-        raise ValueError(f"the {order} order is read with BF16 activations only, got {activations}")
-    if device.type != "cuda":
-        return
-    major, minor = device_capability(device)
-    wgmma = major == 9 and not mma_v3_disabled()
-    if order == "wgmma" and not wgmma:
-        raise ValueError(
-            f"the wgmma order is Hopper's (sm_90) wgmma fragment; this GPU builds mma.sync (sm_{major}{minor}"
-            f"{', DISABLE_MMA_V3' if major == 9 else ''}), where it would decode the wrong bytes: repack with the "
-            "strided layout's order rows (or mma2 for batches on sm_12x / sm_8x)"
-        )
-    if order == "mma2" and not (major in (8, 12) or (major == 9 and not wgmma)):
-        raise ValueError(
-            f"the mma2 order is mma.sync's operand (sm_8x, sm_12x); this GPU is sm_{major}{minor}, where Triton "
-            "builds another MMA: repack with the strided layout's order rows (or wgmma on sm_90)"
-        )
 
 
 def moe_mxfp4(

@@ -11,6 +11,15 @@ recipes and the compressed-tensors target):
 consumers read (layouts.md 2.4): N is zero-padded to a multiple of 128 and K to a multiple of 128
 (4 scale columns), and the values are padded to match. Padding quantizes zeros: zero bytes and
 scale byte 0, inert in any GEMM. ``unpack`` is the exact inverse (crop, unswizzle).
+
+``order`` (MXFP4 with plain scales only) is the byte order of the values, as the strided expert layout's option of
+that name: ``"rows"`` (the default: the plain ``[N, K/2]`` above) or a chunk order, ``"wgmma"`` (sm_90) or ``"mma2"``
+(sm_12x, sm_8x), which mxrepack's own kernels read (``mxrepack.kernels.linear_mxfp4.linear_chunks``; no other
+consumer does). In a chunk order N is zero-padded to a multiple of 16 and K to a multiple of 128, the rows are stored
+as the strided layout stores w2 (row tiles of 16, each K-tiled: ``[N/16, K/128, 16, 64]`` bytes), each 1 KB chunk in
+the order's byte order (``strided.wgmma_order`` / ``strided.mma2_order``), and the scales ``[Np, Kp/32]`` in the quad
+order (``strided.quad_scales`` with 16-row tiles). Each row tile is a contiguous range of stored rows, so the rows
+are stored 16 at a time, and a row range of whole tiles (a q, k or v shard) is the stored form of those rows.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from mxrepack.quant.mx import SCALE_RULES, dequantize_mxfp4, dequantize_mxfp8, q
 
 FORMATS = ("mxfp4", "mxfp8")
 SCALE_LAYOUTS = ("plain", "swizzled")
+ORDERS = ("rows", "wgmma", "mma2")  # the values' byte orders (option ``order``)
+CHUNK_ROWS = 16  # rows per row tile in the chunk orders
 
 
 @dataclass(frozen=True)
@@ -42,19 +53,40 @@ class DenseMxLayout:
     scales: str = "plain"
     scale_rule: str = "ocp"
     scale_search: bool = False
+    order: str = "rows"
 
     def __post_init__(self):
         for key, value, valid in (
             ("format", self.format, FORMATS),
             ("scales", self.scales, SCALE_LAYOUTS),
             ("scale_rule", self.scale_rule, SCALE_RULES),
+            ("order", self.order, ORDERS),
         ):
             if value not in valid:
                 raise MxRepackError(f"dense.{key}: unknown value {value!r} (valid: {', '.join(valid)})")
+        if self.chunked and (self.format, self.scales) != ("mxfp4", "plain"):
+            raise MxRepackError(
+                f"dense.order: {self.order} is a byte order of MXFP4 with plain scales, not of {self.format} with "
+                f"{self.scales} scales"
+            )
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the values are in a chunk order (wgmma, mma2)."""
+        return self.order != "rows"
 
     @property
     def name(self) -> str:
-        return f"dense-{self.format}" + ("-swizzled" if self.scales == "swizzled" else "")
+        return (
+            f"dense-{self.format}"
+            + ("-swizzled" if self.scales == "swizzled" else "")
+            + (f"-{self.order}" if self.chunked else "")
+        )
+
+    @property
+    def row_align(self) -> int:
+        """Rows per unit of :meth:`store`: chunks of rows start at multiples of it."""
+        return 128 if self.scales == "swizzled" else CHUNK_ROWS if self.chunked else 1
 
     @property
     def upstream(self) -> str:
@@ -65,11 +97,18 @@ class DenseMxLayout:
             if self.scale_rule == "compressed-tensors"
             else "OCP MX v1.0"
         )
+        if self.chunked:
+            fmt = f"mxrepack linear_mxfp4's {self.order} order (MXFP4 in 16-row x 128-code chunks)"
+            return f"{fmt}; scales in the quad order; scale rule {rule}" + (
+                " with exponent search" if self.scale_search else ""
+            )
         return f"compressed-tensors {fmt} tensors; scales {scales}; scale rule {rule}" + (
             " with exponent search" if self.scale_search else ""
         )
 
     def padded(self, n: int, k: int) -> tuple[int, int]:
+        if self.chunked:
+            return round_up(n, CHUNK_ROWS), round_up(k, 128)
         return (round_up(n, 128), round_up(k, 128)) if self.scales == "swizzled" else (n, k)
 
     def outputs(self, shape: tuple[int, int]) -> list[DenseOutput]:
@@ -101,7 +140,10 @@ class DenseMxLayout:
     def store(self, values: torch.Tensor, scales: torch.Tensor, k: int, role: str) -> torch.Tensor:
         """Plain rows at the logical width -> the stored rows (column padding, scale swizzle).
 
-        Rows must be whole 128-row blocks when swizzled (the pipeline chunks and pads so)."""
+        Rows must be whole 128-row blocks when swizzled, whole 16-row tiles in a chunk order (:attr:`row_align`; the
+        pipeline chunks and pads so)."""
+        if self.chunked:
+            return self._store_chunked(values if role == "values" else scales, k, role)
         if self.scales == "plain":
             return values if role == "values" else scales
         kp = round_up(k, 128)
@@ -113,11 +155,31 @@ class DenseMxLayout:
         s[:, : scales.shape[1]] = scales
         return swizzle_128x4(s.unsqueeze(0))[0]
 
+    def _store_chunked(self, x: torch.Tensor, k: int, role: str) -> torch.Tensor:
+        from mxrepack.layouts import strided
+
+        r, kp = x.shape[0], round_up(k, 128)
+        if r % CHUNK_ROWS:
+            raise ValueError(f"dense {self.order} order: {r} rows are not whole {CHUNK_ROWS}-row tiles")
+        if role == "values":
+            tiled = strided.k_tiled(x.reshape(1, r // CHUNK_ROWS, CHUNK_ROWS, 1, x.shape[1]), r // CHUNK_ROWS, kp // 2)
+            return strided.CHUNK_ORDERS[self.order][0](tiled, out=tiled)[0]
+        s = x.new_zeros((1, r, kp // 32))
+        s[0, :, : x.shape[1]] = x
+        return strided.quad_scales(s, CHUNK_ROWS)[0]
+
     def unpack(
         self, values: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored tensors -> (values, plain scales) at the logical ``[N, K]``: the exact inverse of ``store``."""
         n, k = shape
+        if self.chunked:
+            from mxrepack.layouts import strided
+
+            r, kb = values.shape
+            tiled = strided.CHUNK_ORDERS[self.order][1](values.contiguous()).view(1, r, kb)
+            values = strided.k_untiled(tiled, (CHUNK_ROWS, 1)).reshape(r, kb)
+            scales = strided.scales_from_quad(scales.reshape(1, *scales.shape), CHUNK_ROWS)[0]
         if self.scales == "swizzled":
             scales = unswizzle_128x4(scales.unsqueeze(0))[0]
         width = k // 2 if self.format == "mxfp4" else k
@@ -130,5 +192,6 @@ class DenseMxLayout:
             "scales": self.scales,
             "scale_rule": self.scale_rule,
             "scale_search": self.scale_search,
+            **({"order": self.order} if self.chunked else {}),
             "upstream": self.upstream,
         }

@@ -16,6 +16,8 @@ output's ``config.json`` declares. Schema (every key checked; errors name the ke
       scale_rule: ocp                # ocp | compressed-tensors
       scale_search: false            # per group, try the scale one step up and keep the lower error
       scales: plain                  # plain [N, K/32] | swizzled (CUTLASS 128x4; pads N and K to 128)
+      order: rows                    # MXFP4's byte order: rows (plain) | wgmma | mma2 (mxrepack's kernels only;
+                                     # kept with format bf16 for --dense mxfp4)
     config:
       quantization_config: mxrepack  # remove | native | mxrepack | compressed-tensors
 """
@@ -32,6 +34,7 @@ import yaml
 from mxrepack.errors import MxRepackError
 
 DENSE_FORMATS = ("bf16", "mxfp4", "mxfp8")
+DENSE_ORDERS = ("rows", "wgmma", "mma2")  # mxrepack.layouts.dense.ORDERS
 QUANT_CONFIG_MODES = ("remove", "native", "mxrepack", "compressed-tensors")
 _SCHEMA = {
     "name": str,
@@ -39,7 +42,7 @@ _SCHEMA = {
     "consumer": str,
     "engine": str,
     "experts": {"layout": str, "options": dict},
-    "dense": {"format": str, "layers": list, "scale_rule": str, "scale_search": bool, "scales": str},
+    "dense": {"format": str, "layers": list, "scale_rule": str, "scale_search": bool, "scales": str, "order": str},
     "config": {"quantization_config": str},
 }
 _REQUIRED = ("name", "description", "experts.layout", "dense.format", "config.quantization_config")
@@ -125,7 +128,11 @@ def _dense_layout(dense: dict):
     if dense["format"] == "bf16":
         return None
     return DenseMxLayout(
-        dense["format"], dense.get("scales", "plain"), dense.get("scale_rule", "ocp"), dense.get("scale_search", False)
+        dense["format"],
+        dense.get("scales", "plain"),
+        dense.get("scale_rule", "ocp"),
+        dense.get("scale_search", False),
+        dense.get("order", "rows") if dense["format"] == "mxfp4" else "rows",  # a byte order of MXFP4's
     )
 
 
@@ -177,6 +184,10 @@ def _check(data: object, where: str) -> dict:
     except MxRepackError as e:
         raise MxRepackError(f"recipe {where}: key 'experts.options': {e}") from None
     dense = data["dense"]
+    if dense.get("order", "rows") not in DENSE_ORDERS:
+        raise MxRepackError(
+            f"recipe {where}: key 'dense.order': unknown value {dense['order']!r} (valid: {', '.join(DENSE_ORDERS)})"
+        )
     if dense["format"] != "bf16":
         from mxrepack.quant.dense import layer_pattern
 
@@ -186,6 +197,11 @@ def _check(data: object, where: str) -> dict:
                 layer_pattern(str(entry))
         except MxRepackError as e:
             raise MxRepackError(f"recipe {where}: {e}") from None
+        if dense.get("order", "rows") != "rows" and data["config"]["quantization_config"] != "mxrepack":
+            raise MxRepackError(
+                f"recipe {where}: dense.order {dense['order']} is read by mxrepack's kernels only: it needs "
+                "config.quantization_config mxrepack"
+            )
         if data["config"]["quantization_config"] in ("native", "remove"):
             raise MxRepackError(
                 f"recipe {where}: dense.format {dense['format']} needs config.quantization_config "

@@ -148,7 +148,7 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
             layout.padding(src.shape),
             layout.upstream,
             work_factor=work_factor(o),
-            row_align=128 if layout.scales == "swizzled" else 1,
+            row_align=layout.row_align,
             observer=quantizer if o.role == "values" else None,
         )
         for o in outputs

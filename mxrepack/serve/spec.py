@@ -22,6 +22,7 @@ QUANT_METHOD = "mxrepack"
 # the byte orders of the strided layout's option ``order`` (mxrepack.layouts.strided.ORDERS; repeated here, as reading
 # a config needs no torch)
 STRIDED_ORDERS = ("rows", "wgmma", "mma2")
+DENSE_ORDERS = STRIDED_ORDERS  # the dense layout's option ``order`` (mxrepack.layouts.dense.ORDERS): the same orders
 # the release from which the strided order wgmma's words hold their bits rotated for the kernels' decode
 # (mxrepack.layouts.strided.WORD_ROTATIONS); an output written before holds them byte-wise and would decode wrong
 WGMMA_WORD_BITS_SINCE = "0.2.0"
@@ -132,6 +133,10 @@ class ServeSpec:
     intermediate: tuple[int, int]
     dense_modules: frozenset[str]  # checkpoint module names stored as MXFP4 (q/k/v/o projections, lm_head)
     expert_options: dict = field(default_factory=dict)  # the expert layout's options (groups.experts.options)
+    # the dense MXFP4 values' byte order (groups.dense.order): "rows" (compressed-tensors' plain tensors) or a chunk
+    # order ("wgmma", "mma2": mxrepack.layouts.dense, padded to 16 rows and 128 columns), which only mxrepack's
+    # kernels read
+    dense_order: str = "rows"
 
     @classmethod
     def from_config(cls, config: dict) -> ServeSpec:
@@ -189,7 +194,17 @@ class ServeSpec:
                 )
             modules = frozenset(dense.get("modules") or ())
             _check_fused_qkv(modules)
-        return cls(str(qc.get("target", "?")), layout, stored, hidden, intermediate, modules, dict(options))
+            dense_order = dense.get("order", "rows")
+            if dense_order not in DENSE_ORDERS:
+                raise MxRepackError(
+                    f"quantization_config.groups.dense.order is {dense_order!r}: this mxrepack serves the dense "
+                    f"orders {', '.join(DENSE_ORDERS)} (written by a newer mxrepack?)"
+                )
+        else:
+            dense_order = "rows"
+        return cls(
+            str(qc.get("target", "?")), layout, stored, hidden, intermediate, modules, dict(options), dense_order
+        )
 
     @property
     def backend(self) -> ExpertBackend:
@@ -238,6 +253,8 @@ class ServeSpec:
                     f"quantization_config.groups.dense.modules names {m!r}, which is not a q/k/v/o "
                     "projection or lm_head"
                 )
+            if self.dense_order != "rows":  # the chunk orders' padding (mxrepack.layouts.dense)
+                n, k = -(-n // 16) * 16, -(-k // 128) * 128
             out[f"{m}.weight_packed"] = ("uint8", (n, k // 2))
             out[f"{m}.weight_scale"] = ("uint8", (n, k // 32))
         return out

@@ -100,14 +100,14 @@ class MxRepackConfig(QuantizationConfig):
                 from mxrepack.serve.vllm.linear import make_dense_method
 
                 check_single_shard(layer, prefix)
-                return make_dense_method(self.dense_kernel)
+                return make_dense_method(self.dense_kernel, self.spec.dense_order)
             return None
         if isinstance(layer, LinearBase):
             if prefix in self.dense_prefixes:
                 from mxrepack.serve.vllm.linear import make_dense_method
 
                 check_single_shard(layer, prefix)
-                return make_dense_method(self.dense_kernel)
+                return make_dense_method(self.dense_kernel, self.spec.dense_order)
             return UnquantizedLinearMethod()
         return None
 

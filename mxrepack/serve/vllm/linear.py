@@ -10,6 +10,11 @@ The checkpoint stores compressed-tensors' ``weight_packed`` uint8 ``[N, K/2]`` a
   the stored bytes as they are (nothing converted at load): the GEMV at one row, split-K tiles at decode,
   dequantize + cuBLAS for prefill. Called through a registered op (``torch.ops.mxrepack.linear_mxfp4``), so that
   vLLM's torch.compile sees one opaque call and its CUDA graphs capture the launches.
+
+A checkpoint whose dense values are in a chunk order (the dense layout's ``order``: "wgmma" for sm_90, "mma2" for
+sm_12x / sm_8x; its config's ``groups.dense.order``) is served by :class:`TritonMxfp4LinearMethod` whatever kernel was
+chosen: no other kernel reads those bytes (``linear_mxfp4``'s chunk-order tiles at up to 64 rows, dequantize + cuBLAS
+past them).
 """
 
 from __future__ import annotations
@@ -22,18 +27,25 @@ from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
+from mxrepack.errors import MxRepackError
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
 
 
-def make_dense_method(kernel: str) -> LinearMethodBase:
+def make_dense_method(kernel: str, order: str = "rows") -> LinearMethodBase:
     """The method for one MXFP4 dense layer on ``kernel`` (:data:`mxrepack.serve.spec.DENSE_KERNELS`), as the
-    engine's quant config chose it once (:func:`mxrepack.serve.spec.chosen_dense_kernel`)."""
+    engine's quant config chose it once (:func:`mxrepack.serve.spec.chosen_dense_kernel`). Values in a chunk
+    ``order`` (the dense layout's "wgmma" / "mma2") are mxrepack's kernels' alone: that kernel whatever was chosen."""
+    if order != "rows":
+        return TritonMxfp4LinearMethod(order)
     return TritonMxfp4LinearMethod() if kernel == "mxrepack" else MarlinMxfp4LinearMethod()
 
 
 class _StoredMxfp4Linear(LinearMethodBase):
     """The stored parameters, for a ``LinearBase`` (q/k/v fused, o) and for gpt-oss's ``ParallelLMHead`` (same
-    positional contract)."""
+    positional contract): ``[N, K/2]`` and ``[N, K/32]``, or in a chunk order (``order``) padded to 16 rows and 128
+    columns (each of q, k and v is whole 16-row tiles: the fused rows are the stored rows one after the other)."""
+
+    order = "rows"
 
     def create_weights(
         self,
@@ -50,8 +62,13 @@ class _StoredMxfp4Linear(LinearMethodBase):
         layer.logical_widths = list(output_partition_sizes)
         layer.input_size_per_partition, layer.output_size_per_partition = k, n
         layer.params_dtype = params_dtype
-        for name, cols in (("weight_packed", k // 2), ("weight_scale", k // 32)):
-            p = torch.nn.Parameter(torch.empty(n, cols, dtype=torch.uint8), requires_grad=False)
+        rows, kp = n, k
+        if self.order != "rows":
+            rows, kp = -(-n // 16) * 16, -(-k // 128) * 128
+            if any(width % 16 for width in output_partition_sizes):
+                raise ValueError(f"the {self.order} order stores whole 16-row tiles: rows {output_partition_sizes}")
+        for name, cols in (("weight_packed", kp // 2), ("weight_scale", kp // 32)):
+            p = torch.nn.Parameter(torch.empty(rows, cols, dtype=torch.uint8), requires_grad=False)
             # Row-sharded like a Linear weight: the layers' own loaders place q/k/v and narrow by rank.
             set_weight_attrs(p, {"input_dim": 1, "output_dim": 0, **extra_weight_attrs})
             layer.register_parameter(name, p)
@@ -80,19 +97,32 @@ class MarlinMxfp4LinearMethod(_StoredMxfp4Linear):
 
 
 def _linear_mxfp4_op(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, fold_scale: bool
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    fold_scale: bool,
+    order: str,
+    n: int,
 ) -> torch.Tensor:
     if x.dtype != torch.bfloat16:
         raise ValueError(f"mxrepack.linear_mxfp4 takes bf16 activations, got {x.dtype}")
     if x.shape[0] == 0:  # no tokens (a dummy batch): no launch with an empty grid
-        return x.new_empty(0, weight.shape[0])
-    return linear_mxfp4(x, weight, scale, bias, fold_scale=fold_scale)
+        return x.new_empty(0, n)
+    out = x.new_empty(x.shape[0], n)
+    return linear_mxfp4(x, weight, scale, bias, fold_scale=fold_scale, order=order, out=out)
 
 
 def _linear_mxfp4_fake(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, fold_scale: bool
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    fold_scale: bool,
+    order: str,
+    n: int,
 ) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.bfloat16)
+    return x.new_empty(x.shape[0], n, dtype=torch.bfloat16)
 
 
 _LIB: torch.library.Library | None = None  # holds the op while the process lives
@@ -128,14 +158,20 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
     a whole prompt chunk's for prompt logprobs) and captures nothing with ``enforce_eager``, so its first requests
     compiled them during inference (vLLM 0.26's JIT monitor warned; ``--jit-monitor-mode error`` would fail)."""
 
-    warmed: set[tuple] = set()  # (rows, columns, device, folded): shapes whose kernels this process has compiled
+    warmed: set[tuple] = set()  # (rows, columns, device, folded, order): shapes whose kernels this process compiled
 
-    def __init__(self):
+    def __init__(self, order: str = "rows"):
+        self.order = order
         _register_op()
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         from mxrepack.kernels.arrival import arrival_counters
-        from mxrepack.kernels.dequant_mxfp4 import fits_fold
+        from mxrepack.kernels.dequant_mxfp4 import check_order, fits_fold
+
+        try:  # a chunk order is one GPU family's MMA operand: refused at load elsewhere, not at the first step
+            check_order(self.order, "bf16", layer.weight_packed.device)
+        except ValueError as e:
+            raise MxRepackError(f"this checkpoint's dense MXFP4 layers are in the {self.order} order: {e}") from None
 
         # asked once per weight here (it synchronizes): the swapped tiles fold E2M1's bias into the scale where the
         # scales allow it (same bits, faster)
@@ -143,7 +179,7 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         device = layer.weight_packed.device
         # the split-K tiles' counters, before vLLM captures its CUDA graphs (a capture cannot allocate them)
         arrival_counters(device, 1, "linear")
-        shape = (*layer.weight_packed.shape, str(device), layer.mxrepack_fold_scale)
+        shape = (*layer.weight_packed.shape, str(device), layer.mxrepack_fold_scale, self.order)
         if shape not in self.warmed:
             x = torch.zeros(max(WARM_ROWS), layer.input_size_per_partition, dtype=torch.bfloat16, device=device)
             for m in WARM_ROWS:
@@ -158,5 +194,7 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
             layer.weight_scale,
             bias,
             layer.mxrepack_fold_scale,
+            self.order,
+            layer.output_size_per_partition,
         )
         return y.view(*lead, y.shape[-1]).to(x.dtype)
