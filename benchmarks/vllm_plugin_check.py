@@ -68,6 +68,15 @@ RECIPES = {
         "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp"},
         "config": {"quantization_config": "mxrepack"},
     },
+    # the sm121 dense weights in the wgmma order (the dense layout's option; sm90-strided with --dense mxfp4), beside
+    # Marlin experts as marlin-dense has them: only the dense kernels differ from that case
+    "marlin-dense-wgmma": {
+        "name": "marlin-dense-wgmma",
+        "description": "Marlin experts, MXFP4 q/k/v/o/lm_head in the wgmma order (mxrepack's dense tiles)",
+        "experts": {"layout": "marlin"},
+        "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp", "order": "wgmma"},
+        "config": {"quantization_config": "mxrepack"},
+    },
     "ct-experts": {
         "name": "ct-experts",
         "description": "the compressed-tensors target's experts, BF16 attention",
@@ -170,6 +179,13 @@ CASES = {
         "marlin-dense-graphs",
         "the same dense bytes on mxrepack's kernels against vLLM's Marlin, both compiled + graphs",
     ),
+    # the same dense weights in the wgmma order, on mxrepack's chunk-order dense tiles (whatever the dense kernel)
+    "dense-wgmma-graphs": (
+        "marlin-dense-wgmma",
+        _GRAPHS,
+        "marlin-dense-graphs",
+        "the same dense values in the wgmma order on mxrepack's dense tiles against vLLM's Marlin, compiled + graphs",
+    ),
     # sm_12x's code path on a Hopper: every Triton kernel of the engine built with mma.sync (Triton's DISABLE_MMA_V3),
     # the strided layout's mma2 order beside the rows order and stock Marlin (an mma.sync kernel either way) under it
     "source-marlin-mmav2-graphs": (
@@ -188,7 +204,8 @@ CASES = {
         "sm121-strided",
         {_ENV: _MMA_V2, **_GRAPHS},
         "strided-mmav2-graphs",
-        "the same weights in the mma2 order, Triton without wgmma: within the kernels' bound",
+        "the same experts in the mma2 order and the dense layers MXFP4 in it (sm121-strided), Triton without wgmma: "
+        "the kernels' bound plus MXFP4 q/k/v/o/lm_head error",
     ),
     # the same without programmatic dependent launch (lm_head's GEMV then waits for its activations' preparation in
     # the stream): one suspect of the dense option's one-sequence gap (PERF_LOG stop 30)

@@ -71,8 +71,13 @@ def test_spec_matches_the_written_checkpoint(outputs, target):
             f"model.layers.{i}.attn.{p}" for i in range(2) for p in ("qkv_proj", "o_proj")
         }
         assert expected["lm_head.weight_packed"] == ("uint8", (config["vocab_size"], config["hidden_size"] // 2))
+    elif target == "sm121-strided":  # the same dense layers in the mma2 order: padded to 16 rows and 128 columns
+        assert spec.lm_head_quantized and spec.dense_order == "mma2"
+        vocab, hidden = -(-config["vocab_size"] // 16) * 16, -(-config["hidden_size"] // 128) * 128
+        assert expected["lm_head.weight_packed"] == ("uint8", (vocab, hidden // 2))
+        assert expected["lm_head.weight_scale"] == ("uint8", (vocab, hidden // 32))
     else:
-        assert not spec.dense_modules
+        assert not spec.dense_modules and spec.dense_order == "rows"
 
 
 def _edit_config(out: Path, tmp_path: Path, edit, name: str = "copy") -> Path:
@@ -92,6 +97,7 @@ def _edit_config(out: Path, tmp_path: Path, edit, name: str = "copy") -> Path:
         (lambda qc: qc["groups"].pop("experts"), r"groups.experts is missing"),
         (lambda qc: qc["groups"]["experts"]["stored"].pop("w2_bias"), r"stored lacks w2_bias"),
         (lambda qc: qc["groups"]["dense"].update(format="mxfp8"), r"dense MXFP4 with plain scales"),
+        (lambda qc: qc["groups"]["dense"].update(order="mma3"), r"dense\.order is 'mma3': .*rows, wgmma, mma2"),
         (
             lambda qc: qc["groups"]["dense"]["modules"].remove("model.layers.1.self_attn.k_proj"),
             r"model.layers.1.self_attn: only q/v_proj are MXFP4",

@@ -54,6 +54,7 @@ DIVISIBLE_BY_16 = frozenset(
         "Ip",
         "K",
         "N",
+        "Np",  # whole 16-row tiles; without it Triton 3.6 / 3.9 lay the wgmma dense tile's decode out otherwise
         "stride_h",
         "stride_hp",
         "stride_on",
@@ -121,6 +122,40 @@ def _linear_source(mode: str, cfg: lin.LinearConfig) -> ASTSource:
         "WAIT_MMA": False,  # per arch: for_arch
     }
     return ASTSource(lin._linear_mxfp4_kernel, sig, const)
+
+
+def _linear_chunks_source(cfg: lin.LinearConfig, order: str) -> ASTSource:
+    """The dense W4A16 tile on weights in a chunk ``order`` (``linear_mxfp4.linear_chunks``), waiting for each wgmma
+    as it does on Hopper (the mma2 order's ``mma.sync`` is synchronous)."""
+    sig = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*u8",
+        "ws_ptr": "*u8",
+        "b_ptr": "*bf16",
+        "y_ptr": "*bf16",
+        "part_ptr": "*fp32",
+        "count_ptr": "*i32",
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        "Np": "i32",
+        "stride_xm": "i32",
+        "stride_wn": "i32",
+        "stride_wsn": "i32",
+        "stride_ym": "i32",
+    }
+    const = {
+        "HAS_BIAS": True,
+        "SPLIT_K": cfg.split_k,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "DOTS": cfg.block_m // (16 if cfg.block_m <= 32 else 32) if order == "mma2" else 1,
+        "MATH": cfg.math,
+        "ORDER": order,
+        "INTERPRETER": False,
+        "WAIT_MMA": order == "wgmma",
+    }
+    return ASTSource(lin._linear_chunks_kernel, sig | dict.fromkeys(const, "constexpr"), const)
 
 
 def _moe_sources(act: str, cfg: moe.MoeConfig, pdl: int = 0) -> dict[str, ASTSource]:
@@ -421,8 +456,8 @@ def _chunk_gemv_sources(cfg: moe.ChunkGemvConfig, math: str) -> dict[str, ASTSou
 
 def _no_mma(kernel: str) -> bool:
     """Kernels that run on CUDA cores by design: the decode GEMVs, the MoE schedule and combine, and the prefill's
-    dequantizer."""
-    return kernel.startswith(("gemv_", "moe_schedule")) or kernel == "dequant_mxfp4"
+    dequantizers."""
+    return kernel.startswith(("gemv_", "moe_schedule", "dequant_"))
 
 
 def _with_folded(configs: dict, bf16: bool) -> dict:
@@ -437,6 +472,27 @@ def shipped_kernels():
     for mode in lin.MODES:
         for name, cfg in _with_folded(lin.CONFIGS, lin.MODES[mode] == "bf16").items():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
+    # the chunk orders' dense tiles (the dense layout's order): each split form the dispatch launches (one program a
+    # tile on lm_head; split K on q/k/v/o), built where the order runs (run_check); and their prefill's dequantizer
+    for (name, cfg), order, split in itertools.product(
+        _with_folded(lin.CHUNK_CONFIGS, True).items(), ("wgmma", "mma2"), (1, 4)
+    ):
+        cfg = dataclasses.replace(cfg, split_k=split)
+        yield "linear_chunks", f"{order} {name}:{cfg.name()}", "w4a16", _linear_chunks_source(cfg, order), 4, 3
+    for order in ("wgmma", "mma2"):
+        sig = {
+            "w_ptr": "*u8",
+            "s_ptr": "*u8",
+            "out_ptr": "*bf16",
+            "N": "i32",
+            "K": "i32",
+            "stride_wn": "i32",
+            "stride_wsn": "i32",
+            "stride_on": "i32",
+            "ORDER": "constexpr",
+        }
+        src = ASTSource(dq._dequant_chunks_kernel, sig, {"ORDER": order})
+        yield "dequant_chunks", f"{order} prefill", "w4a16", src, 4, 1
     # A MoE tile's kernels do not depend on its remainder tile: each tile (a table entry's, or its remainder, which
     # may differ from every entry: a wider down tile) is built once, under the first table entry that runs it. The
     # wgmma order's tiles: sm_90a only; the mma2 order's: sm_12x (run_check).
