@@ -1238,6 +1238,8 @@ def test_kernels_check_builds_for_sm12x_without_tma():
         "gemv_moe_gate_up_wgmma",
         "gemv_moe_down_wgmma",
         "dequant_mxfp4",
+        "linear_chunks",
+        "dequant_chunks",
         "moe_schedule_count",
         "moe_schedule_place",
         "moe_schedule_combine",
@@ -1245,16 +1247,21 @@ def test_kernels_check_builds_for_sm12x_without_tma():
     # each chunk order's decode GEMVs built where that order runs
     assert {r["arch"] for r in records if r["kernel"].endswith("_wgmma")} == {"sm_90a"}
     assert {r["arch"] for r in records if r["kernel"].endswith("_mma2")} == {"sm_121a"}
+    # the chunk orders' MoE and dense tiles, and the dense tiles' dequantizer, each order built where it runs
     chunk_tiles = [
-        r for r in records if r["kernel"].startswith("moe_") and any(o in r["config"] for o in ("wgmma", "mma2"))
+        r
+        for r in records
+        if r["kernel"].startswith(("moe_", "linear_chunks")) and any(o in r["config"] for o in ("wgmma", "mma2"))
     ]
     assert {r["arch"] for r in chunk_tiles} == {"sm_90a", "sm_121a"}
+    for order, arch in (("wgmma", "sm_90a"), ("mma2", "sm_121a")):
+        assert {r["arch"] for r in records if r["kernel"].endswith("_chunks") and order in r["config"]} == {arch}
     for r in chunk_tiles:  # their weight and scale copies modelled, and none over its ideal (stop 37)
         assert r["copies_modelled"] >= 2 and r["copy_wavefronts_over_ideal"] == 1, r
     for r in records:
         assert r["ok"] and not r["tma"], r
-        cuda_cores = r["kernel"].startswith(("gemv_", "moe_schedule")) or r["kernel"] == "dequant_mxfp4"
-        assert bool(r["mma"]) != cuda_cores, r  # the GEMVs and the dequantizer have no MMA
+        cuda_cores = r["kernel"].startswith(("gemv_", "moe_schedule", "dequant_"))
+        assert bool(r["mma"]) != cuda_cores, r  # the GEMVs and the dequantizers have no MMA
         if r["arch"] in ("sm_120a", "sm_121a"):
             assert r["shared_bytes"] <= 101376
             if r["mode"] == "w4a4":

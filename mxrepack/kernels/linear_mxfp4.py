@@ -17,6 +17,9 @@ every run). W4A16 at 17-64 rows on a narrow layer splits K too (64-row tiles). W
 (:func:`use_gemv`) goes to the CUDA-core GEMV of :mod:`mxrepack.kernels.gemv_mxfp4` instead, and W4A16 past
 decode otherwise (:func:`use_dequant_gemm`) dequantizes W a slab at a time and calls cuBLAS
 (:mod:`mxrepack.kernels.dequant_mxfp4`).
+W4A16 on weights in a chunk order (the dense layout's ``order`` "wgmma" / "mma2", padded to 16 rows and 128 codes)
+runs :func:`linear_chunks` instead: the MoE tiles' decode straight into the MMA's first operand, K split at decode,
+dequantize + cuBLAS past 64 rows.
 The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 """
 
