@@ -77,6 +77,14 @@ RECIPES = {
         "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp", "order": "wgmma"},
         "config": {"quantization_config": "mxrepack"},
     },
+    # the same in the mma2 order (sm121-strided's dense), run under DISABLE_MMA_V3 on a Hopper
+    "marlin-dense-mma2": {
+        "name": "marlin-dense-mma2",
+        "description": "Marlin experts, MXFP4 q/k/v/o/lm_head in the mma2 order (mxrepack's dense tiles)",
+        "experts": {"layout": "marlin"},
+        "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp", "order": "mma2"},
+        "config": {"quantization_config": "mxrepack"},
+    },
     "ct-experts": {
         "name": "ct-experts",
         "description": "the compressed-tensors target's experts, BF16 attention",
@@ -206,6 +214,13 @@ CASES = {
         "strided-mmav2-graphs",
         "the same experts in the mma2 order and the dense layers MXFP4 in it (sm121-strided), Triton without wgmma: "
         "the kernels' bound plus MXFP4 q/k/v/o/lm_head error",
+    ),
+    "dense-mma2-graphs": (
+        "marlin-dense-mma2",
+        {_ENV: _MMA_V2, **_GRAPHS},
+        "marlin-dense-graphs",
+        "the same dense values in the mma2 order on mxrepack's dense tiles (Triton without wgmma, sm_12x's code "
+        "path) against vLLM's Marlin, compiled + graphs",
     ),
     # the same without programmatic dependent launch (lm_head's GEMV then waits for its activations' preparation in
     # the stream): one suspect of the dense option's one-sequence gap (PERF_LOG stop 30)

@@ -174,7 +174,12 @@ def convert(
 
     s = result.summary()
     s["serve"] = serve_hint(
-        result.out, result.expert_layout, result.quantization_config, result.expert_options, result.dense_format
+        result.out,
+        result.expert_layout,
+        result.quantization_config,
+        result.expert_options,
+        result.dense_format,
+        result.dense_order,
     )
     for warning in s["warnings"]:
         typer.echo(f"warning: {warning}", err=True)

@@ -1117,6 +1117,12 @@ def test_linear_chunk_orders_match_reference(order):
     assert pick_chunk_config(64, 2880, 4096).split_k == 4 and pick_chunk_config(16, 201088, 2880).split_k == 1
     with pytest.raises(ValueError, match=r"wgmma-order weights .* do not fit x"):
         linear_mxfp4(torch.randn(2, 256).to(torch.bfloat16), wc, sc, order="wgmma")
+    x = torch.randn(3, K).to(torch.bfloat16)
+    for out in (torch.empty(4, N, dtype=torch.bfloat16), torch.empty(3, N), torch.empty(N, 3, dtype=torch.bfloat16).T):
+        with pytest.raises(ValueError, match=r"out .*: expected bfloat16 \[3, N <= 48\] with unit column stride"):
+            linear_mxfp4(x, wc, sc, out=out, order=order)
+    with pytest.raises(ValueError, match=r"bias \(48,\): expected \[40\]"):
+        linear_mxfp4(x, wc, sc, torch.randn(48), out=torch.empty(3, N, dtype=torch.bfloat16), order=order)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk orders' PTX decode feeds the GPU's MMA")

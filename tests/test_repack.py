@@ -1,5 +1,6 @@
 """End to end: repack the tiny fixture, the manifest, verify, atomicity, and every bad input."""
 
+import copy
 import json
 import os
 import re
@@ -315,6 +316,22 @@ def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
     with pytest.raises(MxRepackError, match="key 'experts.options': .*not accepted by layout 'marlin'"):
         repack(str(tiny), None, tmp_path / "o2", recipe_file=str(bad))
     assert not (tmp_path / "o2").exists()
+
+
+def test_dense_order_belongs_to_mxfp4():
+    """The dense byte order (a recipe's dense.order) is MXFP4's: sm90-strided keeps it with BF16 dense for --dense
+    mxfp4, drops it for --dense mxfp8, and a recipe asking mxfp8 in a chunk order is refused in one line."""
+    from mxrepack.recipes import _check, load_recipe
+
+    recipe = load_recipe("sm90-strided")
+    assert recipe.dense_order == "rows" and recipe.data["dense"]["order"] == "wgmma"  # BF16 dense: no byte order
+    assert recipe.with_overrides(dense="mxfp4").dense_order == "wgmma"
+    mxfp8 = recipe.with_overrides(dense="mxfp8")
+    assert mxfp8.dense_order == "rows" and "order" not in mxfp8.data["dense"]
+    data = copy.deepcopy(recipe.data)
+    data["dense"].update(format="mxfp8")
+    with pytest.raises(MxRepackError, match=r"dense.order wgmma is a byte order of MXFP4's, not of mxfp8"):
+        _check(data, "x.yaml")
 
 
 # --- bad input: one-line error naming the file/tensor, and nothing left at the output path -------

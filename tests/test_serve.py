@@ -110,6 +110,27 @@ def test_what_the_plugin_cannot_serve_is_one_line(outputs, tmp_path, edit, messa
     assert "\n" not in str(e.value)
 
 
+def test_chunk_order_dense_says_its_scales_are_quad_and_needs_whole_row_tiles(outputs, tmp_path):
+    """The chunk orders' dense group records quad-order scales (a plugin older than the orders, which serves plain
+    scales only, refuses it rather than reading the bytes as rows); outputs written when it said "plain" still serve;
+    a model whose vocabulary is not whole 16-row tiles is refused before loading (vLLM's lm_head loader would cut a
+    tile); the rows order's dense group with quad scales is refused."""
+    out = outputs["sm121-strided"]
+    dense = json.loads((out / "config.json").read_text())["quantization_config"]["groups"]["dense"]
+    assert (dense["scales"], dense["order"]) == ("quad", "mma2")
+    assert check_checkpoint(_edit_config(out, tmp_path, lambda qc: qc["groups"]["dense"].update(scales="plain")))
+    odd = tmp_path / "odd"
+    shutil.copytree(out, odd)
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps(config | {"vocab_size": config["vocab_size"] - 3}))
+    with pytest.raises(MxRepackError, match=r"lm_head has \d+ rows, not whole 16-row tiles, which the mma2 order"):
+        check_checkpoint(odd)
+    with pytest.raises(MxRepackError, match=r"dense MXFP4 with plain scales"):
+        check_checkpoint(
+            _edit_config(outputs["sm121"], tmp_path, lambda qc: qc["groups"]["dense"].update(scales="quad"), "rows")
+        )
+
+
 def test_a_wrong_or_missing_tensor_is_named_before_any_engine_starts(outputs, tmp_path):
     out = outputs["sm80"]
     wrong = _edit_config(
@@ -207,6 +228,8 @@ def test_targets_with_mxfp4_dense_say_which_kernel_serves_it_and_the_option():
         "MXREPACK_DENSE_KERNEL=mxrepack" in hint[-2]
     )
     assert not any("dense" in line for line in serve_hint("/m", "marlin", "mxrepack", None, "bf16"))
+    chunks = serve_hint("/m", "strided", "mxrepack", {"order": "mma2"}, "mxfp4", "mma2")[-2]
+    assert "mxrepack's Triton chunk tiles" in chunks and "mma2 order" in chunks and "does not apply" in chunks
     assert dense_serving("mxfp4", "compressed-tensors") is None  # vLLM's own compressed-tensors linear, no choice
 
 

@@ -349,7 +349,9 @@ def _linear_chunks_kernel(
     """``x @ W.T`` for W in a chunk order (``ORDER``), program (N tile, M tile, K split): the MoE tiles' K loop
     (``chunk_dots``) on x's rows in order over this split's K tiles, the splits summed as ``_linear_mxfp4_kernel``'s.
     N tiles are the fastest grid axis: programs in flight together share x's rows."""
-    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # the row tiles of one column tile are neighbours in launch order: they read the same W tile together, from L2
+    # after the first (the W stream is read once from memory where it does not fit L2: lm_head's 290 MB)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k_tiles = tl.cdiv(K, 128)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     kt0 = pid_k * per_split
@@ -390,7 +392,7 @@ def _linear_chunks_kernel(
     if SPLIT_K > 1:
         part = part_ptr + rm[:, None] * N + rn[None, :]
         tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)
-        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
+        counter = count_ptr + pid_n * tl.num_programs(0) + pid_m
         if last_to_arrive(counter, SPLIT_K):
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for _ in range(SPLIT_K):
@@ -445,6 +447,7 @@ def linear_mxfp4(
         )
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    _check_out_and_bias(out, bias, M, N, N)
     if isinstance(config, GemvConfig) or (config is None and mode == "w4a16" and use_gemv(M, N, sm_count(x.device))):
         if mode != "w4a16":
             raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
@@ -508,6 +511,18 @@ def linear_mxfp4(
     return out
 
 
+def _check_out_and_bias(out: torch.Tensor, bias: torch.Tensor | None, M: int, N: int, max_n: int) -> None:
+    """``out`` a BF16 ``[M, N]`` with unit column stride (the kernels store rows at ``out.stride(0)``) and N at most
+    ``max_n`` (W's rows); ``bias`` None or ``[N]``: else one line."""
+    if out.dtype != torch.bfloat16 or out.shape[0] != M or not 0 < N <= max_n or (N > 1 and out.stride(1) != 1):
+        raise ValueError(
+            f"out {out.dtype} {tuple(out.shape)} strides {out.stride()}: expected bfloat16 [{M}, N <= {max_n}] with "
+            "unit column stride"
+        )
+    if bias is not None and tuple(bias.shape) != (N,):
+        raise ValueError(f"bias {tuple(bias.shape)}: expected [{N}] (one per output column)")
+
+
 def linear_chunks(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -535,6 +550,7 @@ def linear_chunks(
         )
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    _check_out_and_bias(out, bias, M, N, Np)
     cfg = config or pick_chunk_config(M, N, K, sm_count(x.device), fold_scale)
     if cfg is None or isinstance(cfg, DequantConfig):
         return linear_dequant_gemm(x.contiguous(), w, w_scales, bias, out, cfg or DEQUANT, order)
@@ -543,7 +559,7 @@ def linear_chunks(
     if cfg.fold_scale and not fold_scale:  # a folded tile chosen by hand: its precondition checked here
         check_fold_scale(w_scales)
     x = x.contiguous()
-    grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m), cfg.split_k)
+    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
     if cfg.split_k > 1:
         part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, grid[0] * grid[1], "linear")
@@ -576,7 +592,9 @@ def linear_chunks(
         MATH=cfg.math if ptx else "ops",
         ORDER=order,
         INTERPRETER=interpreter,
-        WAIT_MMA=ptx and mma_reads_registers_async(x.device),
+        # wgmma reads the decoded W from registers late; mma.sync (the mma2 order, also on a Hopper under
+        # DISABLE_MMA_V3) is synchronous
+        WAIT_MMA=ptx and order == "wgmma" and mma_reads_registers_async(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

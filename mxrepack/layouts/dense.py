@@ -189,7 +189,9 @@ class DenseMxLayout:
         return {
             "layout": self.name,
             "format": self.format,
-            "scales": self.scales,
+            # the chunk orders' scales are in the quad order: "quad" there also makes a plugin older than the orders
+            # (which serves plain scales only) refuse these bytes instead of reading them as rows
+            "scales": "quad" if self.chunked else self.scales,
             "scale_rule": self.scale_rule,
             "scale_search": self.scale_search,
             **({"order": self.order} if self.chunked else {}),

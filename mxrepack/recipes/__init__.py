@@ -79,6 +79,12 @@ class Recipe:
         return self.data["dense"]["format"]
 
     @property
+    def dense_order(self) -> str:
+        """The MXFP4 dense layers' byte order (mxrepack.layouts.dense.ORDERS); "rows" where they are not MXFP4."""
+        dense = self.data["dense"]
+        return dense.get("order", "rows") if dense["format"] == "mxfp4" else "rows"
+
+    @property
     def dense_layers(self) -> list[str]:
         from mxrepack.quant.dense import DEFAULT_LAYERS
 
@@ -115,6 +121,8 @@ class Recipe:
         if not changed:
             return self
         data["dense"].update(changed)
+        if data["dense"]["format"] == "mxfp8":
+            data["dense"].pop("order", None)  # a byte order of MXFP4's (kept with bf16 for a later --dense mxfp4)
         if data["dense"]["format"] != "bf16" and data["config"]["quantization_config"] in ("native", "remove"):
             # A stock-loader config would make engines read quantized dense weights as BF16.
             data["config"]["quantization_config"] = "mxrepack"
@@ -132,7 +140,7 @@ def _dense_layout(dense: dict):
         dense.get("scales", "plain"),
         dense.get("scale_rule", "ocp"),
         dense.get("scale_search", False),
-        dense.get("order", "rows") if dense["format"] == "mxfp4" else "rows",  # a byte order of MXFP4's
+        dense.get("order", "rows"),
     )
 
 
@@ -188,6 +196,8 @@ def _check(data: object, where: str) -> dict:
         raise MxRepackError(
             f"recipe {where}: key 'dense.order': unknown value {dense['order']!r} (valid: {', '.join(DENSE_ORDERS)})"
         )
+    if dense.get("order", "rows") != "rows" and dense["format"] == "mxfp8":
+        raise MxRepackError(f"recipe {where}: dense.order {dense['order']} is a byte order of MXFP4's, not of mxfp8")
     if dense["format"] != "bf16":
         from mxrepack.quant.dense import layer_pattern
 

@@ -58,6 +58,7 @@ class RepackResult:
     warnings: list[str] = dataclasses.field(default_factory=list)  # NaN/Inf written under --allow-nonfinite
     expert_options: dict = dataclasses.field(default_factory=dict)  # the layout's options (strided's byte order)
     dense_format: str = "bf16"  # the dense layers' format (MXFP4 ones have a choice of kernel when served)
+    dense_order: str = "rows"  # MXFP4 dense's byte order (a chunk order has one kernel: mxrepack's)
 
     def summary(self) -> dict:
         return {
@@ -422,4 +423,5 @@ def repack(
         guard.warnings(),
         dict(recipe.expert_options),
         recipe.dense_format,
+        recipe.dense_order,
     )

@@ -101,8 +101,9 @@ RUN_HERE = {
         "source"
     ),
 }
-# The kernels the plugin can run a checkpoint's MXFP4 dense layers (q/k/v/o, lm_head) on: the same stored bytes
-# (compressed-tensors' weight_packed [N, K/2] + weight_scale [N, K/32]) either way, chosen when the engine starts.
+# The kernels the plugin can run a checkpoint's MXFP4 dense layers (q/k/v/o, lm_head) on when they are stored in the
+# rows order (compressed-tensors' weight_packed [N, K/2] + weight_scale [N, K/32]): the same bytes either way, chosen
+# when the engine starts. The chunk orders (wgmma, mma2) have one reader, mxrepack's chunk tiles.
 DENSE_KERNELS = {
     "marlin": "vLLM's Marlin MXFP4 linear (apply_fp4_marlin_linear), repacked at load by prepare_fp4_layer_for_marlin",
     "mxrepack": "mxrepack's Triton kernels (mxrepack.kernels.linear_mxfp4) on the stored bytes, nothing repacked",
@@ -187,19 +188,24 @@ class ServeSpec:
         dense = groups.get("dense")
         modules: frozenset[str] = frozenset()
         if dense:
-            if dense.get("format") != "mxfp4" or dense.get("scales", "plain") != "plain":
-                raise MxRepackError(
-                    f"quantization_config.groups.dense is {dense.get('layout')!r}: the plugin serves "
-                    "dense MXFP4 with plain scales (dense-mxfp4) only"
-                )
-            modules = frozenset(dense.get("modules") or ())
-            _check_fused_qkv(modules)
             dense_order = dense.get("order", "rows")
             if dense_order not in DENSE_ORDERS:
                 raise MxRepackError(
                     f"quantization_config.groups.dense.order is {dense_order!r}: this mxrepack serves the dense "
                     f"orders {', '.join(DENSE_ORDERS)} (written by a newer mxrepack?)"
                 )
+            # plain scales in the rows order; the chunk orders' are in the quad order ("plain" where written before
+            # the config said so)
+            scales = ("plain",) if dense_order == "rows" else ("quad", "plain")
+            if dense.get("format") != "mxfp4" or dense.get("scales", "plain") not in scales:
+                raise MxRepackError(
+                    f"quantization_config.groups.dense is {dense.get('layout')!r}: the plugin serves dense MXFP4 "
+                    "with plain scales (dense-mxfp4) or in a chunk order with quad-order scales only"
+                )
+            modules = frozenset(dense.get("modules") or ())
+            _check_fused_qkv(modules)
+            if dense_order != "rows" and "vocab_size" in config:  # vLLM's first parse has no dimensions yet
+                _check_whole_row_tiles(modules, dense_order, config)
         else:
             dense_order = "rows"
         return cls(
@@ -239,25 +245,39 @@ class ServeSpec:
         for layer in range(int(config["num_hidden_layers"])):
             for suffix, (dtype, shape) in self.stored.items():
                 out[f"model.layers.{layer}.mlp.experts.{suffix}"] = (dtype, shape)
-        heads, kv, hd, h = (
-            int(config[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")
-        )
         for m in self.dense_modules:
-            hit = _DENSE_HF.fullmatch(m)
-            if m == "lm_head":
-                n, k = int(config["vocab_size"]), h
-            elif hit:
-                n, k = {"q": (heads * hd, h), "k": (kv * hd, h), "v": (kv * hd, h), "o": (h, heads * hd)}[hit[2]]
-            else:
-                raise MxRepackError(
-                    f"quantization_config.groups.dense.modules names {m!r}, which is not a q/k/v/o "
-                    "projection or lm_head"
-                )
+            n, k = _dense_shape(m, config)
             if self.dense_order != "rows":  # the chunk orders' padding (mxrepack.layouts.dense)
                 n, k = -(-n // 16) * 16, -(-k // 128) * 128
             out[f"{m}.weight_packed"] = ("uint8", (n, k // 2))
             out[f"{m}.weight_scale"] = ("uint8", (n, k // 32))
         return out
+
+
+def _dense_shape(module: str, config: dict) -> tuple[int, int]:
+    """(rows, columns) of one dense weight (an HF module name) of the model ``config`` describes."""
+    hit = _DENSE_HF.fullmatch(module)
+    h = int(config["hidden_size"])
+    if module == "lm_head":
+        return int(config["vocab_size"]), h
+    if hit is None:
+        raise MxRepackError(
+            f"quantization_config.groups.dense.modules names {module!r}, which is not a q/k/v/o projection or lm_head"
+        )
+    heads, kv, hd = (int(config[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim"))
+    return {"q": (heads * hd, h), "k": (kv * hd, h), "v": (kv * hd, h), "o": (h, heads * hd)}[hit[2]]
+
+
+def _check_whole_row_tiles(modules: frozenset[str], order: str, config: dict) -> None:
+    """In a chunk order each 16 stored rows are one tile; vLLM's loaders take a layer's own rows (lm_head's vocabulary,
+    q/k/v's shares) from the stored ones, which cuts a tile unless they are whole tiles: one line, before loading."""
+    for m in sorted(modules):
+        n, _ = _dense_shape(m, config)
+        if n % 16:
+            raise MxRepackError(
+                f"quantization_config.groups.dense: {m} has {n} rows, not whole 16-row tiles, which the {order} order "
+                "needs in vLLM (its loaders would cut a tile); repack with dense order rows"
+            )
 
 
 def _check_fused_qkv(modules: frozenset[str]) -> None:
@@ -473,11 +493,20 @@ FAST_LOAD_WHY = (
 )
 
 
-def dense_serving(dense_format: str, quantization_config: str) -> str | None:
-    """How the plugin serves a target's dense layers, where it has a choice (MXFP4 dense under ``quant_method:
-    mxrepack``); None elsewhere."""
+# Where each chunk order's dense tiles run (mxrepack.kernels.linear_mxfp4): wgmma needs sm_90's warpgroup MMA
+DENSE_ORDER_GPUS = {"wgmma": "sm90 (H100/H200) only", "mma2": "sm120/sm121 and sm80-sm89; not sm90/sm100"}
+
+
+def dense_serving(dense_format: str, quantization_config: str, dense_order: str = "rows") -> str | None:
+    """How the plugin serves a target's MXFP4 dense layers under ``quant_method: mxrepack``; None elsewhere. Values
+    in a chunk order (``dense_order``) are read by mxrepack's tiles alone; in the rows order the engine chooses."""
     if dense_format != "mxfp4" or quantization_config != QUANT_METHOD:
         return None
+    if dense_order != "rows":
+        return (
+            f"dense MXFP4 kernel: mxrepack's Triton chunk tiles (mxrepack.kernels.linear_mxfp4, {dense_order} order) "
+            f"[{DENSE_ORDER_GPUS[dense_order]}]; fixed by the stored order ({DENSE_KERNEL_ENV} does not apply)"
+        )
     return (
         f"dense MXFP4 kernel: {DENSE_KERNELS[DENSE_KERNEL_DEFAULT]}; {DENSE_KERNEL_ENV}=mxrepack runs "
         "mxrepack's Triton kernels on the same bytes (opt-in: measured on an H100 only, docs/SERVING.md)"
@@ -490,6 +519,7 @@ def serve_hint(
     quantization_config: str,
     expert_options: dict | None = None,
     dense_format: str = "bf16",
+    dense_order: str = "rows",
 ) -> list[str]:
     """The lines ``repack`` prints after a conversion: how to serve the output with vLLM."""
     how, kernel = serving(target_layout, quantization_config, expert_options)
@@ -501,7 +531,7 @@ def serve_hint(
         + ("   (no --quantization needed: config.json names the method)" if quantization_config == "mxrepack" else "")
     )
     lines.append(f"       MoE kernel: {kernel}; one GPU (tensor parallelism 1)")
-    dense = dense_serving(dense_format, quantization_config)
+    dense = dense_serving(dense_format, quantization_config, dense_order)
     if dense:
         lines.append(f"       {dense}")
     if quantization_config in ("mxrepack", "compressed-tensors"):
