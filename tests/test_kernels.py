@@ -1114,7 +1114,11 @@ def test_linear_chunk_orders_match_reference(order):
             assert rel(y, ref) <= 1e-2, (M, cfg, rel(y, ref))
     assert pick_chunk_config(70, 5120, 2880) is None  # past 64 rows: dequantize + cuBLAS
     assert pick_chunk_config(4, 5120, 2880).split_k == 4 and pick_chunk_config(4, 2880, 4096).split_k == 8
-    assert pick_chunk_config(64, 2880, 4096).split_k == 4 and pick_chunk_config(16, 201088, 2880).split_k == 1
+    assert pick_chunk_config(64, 2880, 4096).split_k == 4 and pick_chunk_config(64, 5120, 2880).block_n == 64
+    # lm_head fills the GPU unsplit: 128 columns, rows as M needs
+    assert [pick_chunk_config(m, 201088, 2880).name() for m in (1, 17, 33)] == [
+        f"m{m}n128k128s1w4st3x" for m in (16, 32, 64)
+    ]
     with pytest.raises(ValueError, match=r"wgmma-order weights .* do not fit x"):
         linear_mxfp4(torch.randn(2, 256).to(torch.bfloat16), wc, sc, order="wgmma")
     x = torch.randn(3, K).to(torch.bfloat16)

@@ -473,10 +473,11 @@ def shipped_kernels():
         for name, cfg in _with_folded(lin.CONFIGS, lin.MODES[mode] == "bf16").items():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
     # the chunk orders' dense tiles (the dense layout's order): each split the dispatch launches at gpt-oss's widths
-    # on an H100 (one program a tile on lm_head; split K on q/k/v/o: qkv 4, o 8 at decode; the mid tile at most
+    # on an H100 (lm_head's wide tiles unsplit; split K on q/k/v/o: qkv 4, o 8 at decode; the mid tile at most
     # CHUNK_MID_MAX_SPLIT), built where the order runs (run_check); and their prefill's dequantizer
+    splits = {lin.CHUNK_DECODE.block_m: (1, 4, 8), lin.CHUNK_MID.block_m: (1, lin.CHUNK_MID_MAX_SPLIT)}
     for (name, cfg), order in itertools.product(_with_folded(lin.CHUNK_CONFIGS, True).items(), ("wgmma", "mma2")):
-        for split in (1, 4, 8) if cfg.block_m == lin.CHUNK_DECODE.block_m else (1, lin.CHUNK_MID_MAX_SPLIT):
+        for split in (1,) if name.startswith("chunk_wide") else splits[cfg.block_m]:
             tile = dataclasses.replace(cfg, split_k=split)
             yield "linear_chunks", f"{order} {name}:{tile.name()}", "w4a16", _linear_chunks_source(tile, order), 4, 3
     for order in ("wgmma", "mma2"):

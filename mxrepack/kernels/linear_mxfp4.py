@@ -166,8 +166,16 @@ CONFIGS = {
 # (wgmma: qkv 0.0116, o 0.0105 against 0.0185 / 0.0163; 8 splits slower; keeping the wgmmas in flight within 1-3%).
 CHUNK_DECODE = LinearConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 CHUNK_MID = LinearConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
-CHUNK_CONFIGS = {"chunk_decode": CHUNK_DECODE, "chunk_mid": CHUNK_MID}
 CHUNK_MID_MAX_SPLIT = 4
+# On a layer that fills the GPU unsplit (lm_head): 128 columns a tile, and as many rows as M needs up to 64, so that W
+# is decoded once per 64 tokens rather than once per 32. Same-run probe (H200, 2026-11-28, 21c0cdf, docs/bench/
+# dense_chunk_probe_{wgmma,mma2}_h200_2026-11-28_21c0cdf.json), lm_head, ms, the 64-column tile -> these: wgmma
+# M = 4 0.1053 -> 0.1015, 32 0.1389 -> 0.1292, 64 0.2703 -> 0.1874; mma2 M = 4 0.1173 -> 0.1107, 32 0.1887 -> 0.1592,
+# 64 0.3658 -> 0.2546 (Marlin's 0.308 in the same session)
+CHUNK_WIDE = {m: LinearConfig(m, 128, 128, num_warps=4, num_stages=3, swap_ab=True) for m in (16, 32, 64)}
+CHUNK_CONFIGS = {"chunk_decode": CHUNK_DECODE, "chunk_mid": CHUNK_MID} | {
+    f"chunk_wide{m}": cfg for m, cfg in CHUNK_WIDE.items()
+}
 
 
 def pick_config(
@@ -204,9 +212,12 @@ def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConf
 
 
 def pick_chunk_config(M: int, N: int, K: int, sm_count: int = 132, fold_scale: bool = False) -> LinearConfig | None:
-    """The chunk-order tile for M rows (:data:`CHUNK_DECODE` up to 16, :data:`CHUNK_MID` to 64, K split as there
-    said), folded where ``fold_scale``; None past 64 rows (dequantize + cuBLAS)."""
-    if M <= CHUNK_DECODE.block_m:
+    """The chunk-order tile for M rows: on a layer with two 128-column tiles per SM (lm_head), :data:`CHUNK_WIDE`'s of
+    M's size, unsplit; else :data:`CHUNK_DECODE` up to 16 rows, :data:`CHUNK_MID` to 64, K split as there said; folded
+    where ``fold_scale``; None past 64 rows (dequantize + cuBLAS)."""
+    if M <= 64 and triton.cdiv(N, 128) >= 2 * sm_count:
+        tile = CHUNK_WIDE[16 if M <= 16 else 32 if M <= 32 else 64]
+    elif M <= CHUNK_DECODE.block_m:
         tile = _two_per_sm(CHUNK_DECODE, N, K, sm_count)
     elif M <= 64:
         tile = _two_per_sm(CHUNK_MID, N, K, sm_count)
@@ -346,9 +357,8 @@ def _linear_chunks_kernel(
     INTERPRETER: tl.constexpr,
     WAIT_MMA: tl.constexpr,
 ):
-    """``x @ W.T`` for W in a chunk order (``ORDER``), program (N tile, M tile, K split): the MoE tiles' K loop
-    (``chunk_dots``) on x's rows in order over this split's K tiles, the splits summed as ``_linear_mxfp4_kernel``'s.
-    N tiles are the fastest grid axis: programs in flight together share x's rows."""
+    """``x @ W.T`` for W in a chunk order (``ORDER``), program (M tile, N tile, K split): the MoE tiles' K loop
+    (``chunk_dots``) on x's rows in order over this split's K tiles, the splits summed as ``_linear_mxfp4_kernel``'s."""
     # the row tiles of one column tile are neighbours in launch order: they read the same W tile together, from L2
     # after the first (the W stream is read once from memory where it does not fit L2: lm_head's 290 MB)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
