@@ -84,10 +84,11 @@ RUN_HERE = {
     ),
     "sm121-strided": (
         "H100 under Triton's DISABLE_MMA_V3 (sm_12x's mma.sync code path), vLLM 0.26.0, 2026-11-27: plugin, "
-        "mxrepack's Triton MoE kernels (mma2 order); loads and generates, logprobs within 0.031 (median) of the same "
-        "weights in the rows order (11e09c4, tiles at every batch size); as shipped (decode GEMVs at 1-2 tokens, "
-        "0a1460e and 5737e28) within 0.062 (median; p99 1.39, max 1.82 over 281) of stock vLLM's Marlin on the source "
-        "over 12 layers of random weights, as the wgmma order's; not run on a GB10"
+        "mxrepack's Triton MoE kernels (mma2 order) beside BF16 dense; loads and generates, logprobs within 0.031 "
+        "(median) of the same weights in the rows order, within 0.062 (median; p99 1.39) of stock vLLM's Marlin on the "
+        "source over 12 layers of random weights. H200, 2026-11-28 (21c0cdf): as written (MXFP4 q/k/v/o/lm_head in "
+        "the mma2 order too), loads and generates under DISABLE_MMA_V3; its dense layers alone within 0.125 (median) "
+        "of the same values on vLLM's Marlin linear over 12 layers; not run on a GB10"
     ),
     "sm100": f"{_H100}: experts byte-equal to vLLM's own TRT-LLM conversion; the kernel needs sm100 (not run)",
     "sm120": "same layouts as sm121",

@@ -86,10 +86,11 @@ class MxRepackConfig(QuantizationConfig):
             qc["dense_kernel"] = self.dense_kernel
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
-        """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`), MXFP4 on
-        the kernel chosen when this config was built (``$MXREPACK_DENSE_KERNEL``: vLLM's Marlin by default) for
-        the dense layers (and lm_head) the checkpoint stores as MXFP4, unquantized for every other linear; None
-        (vLLM's default) for anything else. A layer that would be sharded across GPUs is refused in one line."""
+        """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`); for the dense
+        layers (and lm_head) the checkpoint stores as MXFP4, in the rows order the kernel chosen when this config was
+        built (``$MXREPACK_DENSE_KERNEL``: vLLM's Marlin by default), in a chunk order mxrepack's chunk tiles
+        (:func:`.linear.make_dense_method`); unquantized for every other linear; None (vLLM's default) for anything
+        else. A layer that would be sharded across GPUs is refused in one line."""
         if isinstance(layer, RoutedExperts):
             from mxrepack.serve.vllm.moe import make_moe_method
 
