@@ -1122,8 +1122,9 @@ def test_linear_chunk_orders_match_reference(order):
     with pytest.raises(ValueError, match=r"wgmma-order weights .* do not fit x"):
         linear_mxfp4(torch.randn(2, 256).to(torch.bfloat16), wc, sc, order="wgmma")
     x = torch.randn(3, K).to(torch.bfloat16)
-    for out in (torch.empty(4, N, dtype=torch.bfloat16), torch.empty(3, N), torch.empty(N, 3, dtype=torch.bfloat16).T):
-        with pytest.raises(ValueError, match=r"out .*: expected bfloat16 \[3, N <= 48\] with unit column stride"):
+    bad = (torch.empty(4, N, dtype=torch.bfloat16), torch.empty(3, N, dtype=torch.int32), torch.empty(N, 3).T)
+    for out in bad:
+        with pytest.raises(ValueError, match=r"out .*: expected \[3, N <= 48\] of bfloat16, float16 or float32 with"):
             linear_mxfp4(x, wc, sc, out=out, order=order)
     with pytest.raises(ValueError, match=r"bias \(48,\): expected \[40\]"):
         linear_mxfp4(x, wc, sc, torch.randn(48), out=torch.empty(3, N, dtype=torch.bfloat16), order=order)

@@ -522,12 +522,13 @@ def linear_mxfp4(
 
 
 def _check_out_and_bias(out: torch.Tensor, bias: torch.Tensor | None, M: int, N: int, max_n: int) -> None:
-    """``out`` a BF16 ``[M, N]`` with unit column stride (the kernels store rows at ``out.stride(0)``) and N at most
-    ``max_n`` (W's rows); ``bias`` None or ``[N]``: else one line."""
-    if out.dtype != torch.bfloat16 or out.shape[0] != M or not 0 < N <= max_n or (N > 1 and out.stride(1) != 1):
+    """``out`` a float ``[M, N]`` (the kernels store in its dtype) with unit column stride (they store rows at
+    ``out.stride(0)``) and N at most ``max_n`` (W's rows); ``bias`` None or ``[N]``: else one line."""
+    floats = (torch.bfloat16, torch.float16, torch.float32)
+    if out.dtype not in floats or out.shape[0] != M or not 0 < N <= max_n or (N > 1 and out.stride(1) != 1):
         raise ValueError(
-            f"out {out.dtype} {tuple(out.shape)} strides {out.stride()}: expected bfloat16 [{M}, N <= {max_n}] with "
-            "unit column stride"
+            f"out {out.dtype} {tuple(out.shape)} strides {out.stride()}: expected [{M}, N <= {max_n}] of bfloat16, "
+            "float16 or float32 with unit column stride"
         )
     if bias is not None and tuple(bias.shape) != (N,):
         raise ValueError(f"bias {tuple(bias.shape)}: expected [{N}] (one per output column)")
