@@ -11,6 +11,7 @@ GEMV configurations (the CUDA one also asks ``launches_dependents``); the work p
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -18,6 +19,7 @@ import time
 import torch
 
 import mxrepack.kernels.gemv_mxfp4 as gemv
+import mxrepack.kernels.linear_mxfp4 as linear
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
 
 
@@ -28,19 +30,27 @@ class _NoLaunch:
 
 def main() -> None:
     gemv._gemv_f16x2_kernel = gemv._prepare_x_kernel = gemv._gemv_mxfp4_kernel = _NoLaunch()
+    linear._linear_chunks_kernel = _NoLaunch()  # the chunk orders' tile (wgmma / mma2: one launch a call)
     shapes = {"lm_head": (201088, 2880), "qkv": (5120, 2880), "o": (2880, 4096)}
     record = {"torch": torch.__version__, "calls": 5000, "us_per_call": {}}
-    for name, (n, k) in shapes.items():
-        w = torch.zeros(n, k // 2, dtype=torch.uint8)
-        s = torch.zeros(n, k // 32, dtype=torch.uint8)
+    for (name, (n, k)), order in itertools.product(shapes.items(), ("rows", "wgmma")):
+        np_, kp = -(-n // 16) * 16, -(-k // 128) * 128
+        w = (
+            torch.zeros(n, k // 2, dtype=torch.uint8)
+            if order == "rows"
+            else torch.zeros(np_, kp // 2, dtype=torch.uint8)
+        )
+        s = torch.zeros(w.shape[0], w.shape[1] // 16, dtype=torch.uint8)
         x = torch.zeros(1, k, dtype=torch.bfloat16)
+        out = torch.empty(1, n, dtype=torch.bfloat16)
         for _ in range(200):
-            linear_mxfp4(x, w, s, None, fold_scale=True)
+            linear_mxfp4(x, w, s, None, fold_scale=True, order=order, out=out)
         t = time.perf_counter()
         for _ in range(record["calls"]):
-            linear_mxfp4(x, w, s, None, fold_scale=True)
-        record["us_per_call"][name] = (time.perf_counter() - t) / record["calls"] * 1e6
-        print(f"{name} M = 1: {record['us_per_call'][name]:.1f} us of mxrepack's Python a call", flush=True)
+            linear_mxfp4(x, w, s, None, fold_scale=True, order=order, out=out)
+        key = name if order == "rows" else f"{name}_{order}"
+        record["us_per_call"][key] = (time.perf_counter() - t) / record["calls"] * 1e6
+        print(f"{key} M = 1: {record['us_per_call'][key]:.1f} us of mxrepack's Python a call", flush=True)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(record, f, indent=1)

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mxrepack.kernels import cdiv
 from mxrepack.layouts.strided import WORD_DECODED_BITS, WORD_ROTATIONS
 
 
@@ -935,7 +936,7 @@ def dequantize_mxfp4_rows(
         raise ValueError(f"scales {tuple(w_scales.shape)} do not fit packed weights {tuple(w_packed.shape)}")
     if out is None:
         out = torch.empty(N, K, dtype=torch.bfloat16, device=w_packed.device)
-    grid = (triton.cdiv(N, config.block_n), triton.cdiv(K, config.block_k))
+    grid = (cdiv(N, config.block_n), cdiv(K, config.block_k))
     _dequant_mxfp4_kernel[grid](
         w_packed,
         w_scales,
@@ -980,7 +981,7 @@ def dequantize_chunks(w: torch.Tensor, s: torch.Tensor, K: int, order: str, out:
         )
     if out is None:
         out = torch.empty(N, K, dtype=torch.bfloat16, device=w.device)
-    _dequant_chunks_kernel[(triton.cdiv(N, 64), Kp // 128)](
+    _dequant_chunks_kernel[(cdiv(N, 64), Kp // 128)](
         w, s, out, N, K, w.stride(0), s.stride(0), out.stride(0), ORDER=order, num_warps=4
     )
     return out

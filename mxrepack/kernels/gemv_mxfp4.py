@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from mxrepack.kernels import cdiv
 from mxrepack.kernels.dequant_mxfp4 import (
     chunk_word_values,
     e8m0_to_fp32,
@@ -356,7 +357,7 @@ def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.T
     M, K = x.shape
     xp = torch.empty(M, K // 2, dtype=torch.int32, device=x.device)
     xe = torch.empty(M, K // 32, dtype=torch.float32, device=x.device)
-    _prepare_x_kernel[(M, triton.cdiv(K // 32, PREPARE_GROUPS))](
+    _prepare_x_kernel[(M, cdiv(K // 32, PREPARE_GROUPS))](
         x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0), GB=PREPARE_GROUPS, PDL=int(pdl)
     )
     return xp, xe
@@ -915,7 +916,7 @@ def fills_with_rows(N: int, sm_count: int = 132) -> bool:
     """Enough programs of the 4-row GEMV (four per SM) on a narrow layer: its programs wait on their activations'
     loads each K tile, and fewer of them lose to the split-K tile (o, 2880 rows: 0.0116-0.0133 ms vs 0.0113; qkv, 5120
     rows: 0.0113 vs 0.0139; H200, the sweeps above)."""
-    return not is_wide(N, sm_count) and triton.cdiv(N, NARROW_ROWS[4].block_n) >= 4 * sm_count
+    return not is_wide(N, sm_count) and cdiv(N, NARROW_ROWS[4].block_n) >= 4 * sm_count
 
 
 def pick_gemv_config(N: int, sm_count: int = 132, cuda: bool = True, M: int = 1) -> GemvConfig:
@@ -946,7 +947,7 @@ def gemv_mxfp4(
         cfg = dataclasses.replace(cfg, pdl=0)
     x = x.contiguous()
     rows = cfg.launched(M).rows
-    grid = (triton.cdiv(M, rows) if rows else M, triton.cdiv(N, cfg.block_n))
+    grid = (cdiv(M, rows) if rows else M, cdiv(N, cfg.block_n))
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
         _gemv_f16x2_kernel[grid](

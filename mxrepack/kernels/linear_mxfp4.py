@@ -26,6 +26,7 @@ The torch reference is :func:`mxrepack.kernels.reference.mxfp4_linear`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mxrepack.kernels import cdiv
 from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
 from mxrepack.kernels.dequant_mxfp4 import (
     DEQUANT,
@@ -58,7 +60,7 @@ MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
 
 def fills_gpu(N: int, sm_count: int = 132) -> bool:
     """Enough 64-row N tiles to fill the GPU (two per SM) without split-K: lm_head, not q/k/v/o."""
-    return triton.cdiv(N, DECODE.block_n) >= 2 * sm_count
+    return cdiv(N, DECODE.block_n) >= 2 * sm_count
 
 
 def use_dequant_gemm(M: int, N: int, sm_count: int = 132) -> bool:
@@ -194,11 +196,9 @@ def _two_per_sm(tile: LinearConfig, N: int, K: int, sm_count: int) -> LinearConf
     (arrival counters), H100 same-run sweep (peers.py --sweep-dense 4,16,64 --sweep-shapes qkv,o, 6259f2a, docs/bench/
     dense_sweep_splitk_fused_h100_2026-11-25_6259f2a.json): o M = 4 0.0116 ms at 8 splits vs 0.0137 at 16 (about four
     per SM, the rule before), qkv 0.0144 at 4 vs 0.0153 at 8."""
-    tiles = triton.cdiv(N, tile.block_n)
-    k_tiles = triton.cdiv(K, tile.block_k)
-    return dataclasses.replace(
-        tile, split_k=max(1, min(k_tiles, triton.next_power_of_2(triton.cdiv(2 * sm_count, tiles))))
-    )
+    tiles = cdiv(N, tile.block_n)
+    k_tiles = cdiv(K, tile.block_k)
+    return dataclasses.replace(tile, split_k=max(1, min(k_tiles, triton.next_power_of_2(cdiv(2 * sm_count, tiles)))))
 
 
 def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConfig:
@@ -211,11 +211,12 @@ def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConf
     return PREFILL if M >= 1024 else PREFILL_SMALL
 
 
+@functools.lru_cache(maxsize=4096)  # asked per launch; lm_head's runs outside vLLM's graphs, each step
 def pick_chunk_config(M: int, N: int, K: int, sm_count: int = 132, fold_scale: bool = False) -> LinearConfig | None:
     """The chunk-order tile for M rows: on a layer with two 128-column tiles per SM (lm_head), :data:`CHUNK_WIDE`'s of
     M's size, unsplit; else :data:`CHUNK_DECODE` up to 16 rows, :data:`CHUNK_MID` to 64, K split as there said; folded
     where ``fold_scale``; None past 64 rows (dequantize + cuBLAS)."""
-    if M <= 64 and triton.cdiv(N, 128) >= 2 * sm_count:
+    if M <= 64 and cdiv(N, 128) >= 2 * sm_count:
         tile = CHUNK_WIDE[16 if M <= 16 else 32 if M <= 32 else 64]
     elif M <= CHUNK_DECODE.block_m:
         tile = _two_per_sm(CHUNK_DECODE, N, K, sm_count)
@@ -474,12 +475,12 @@ def linear_mxfp4(
     if swap and cfg.fold_scale and not fold_scale:  # a folded tile chosen by hand: its precondition checked here
         check_fold_scale(w_scales)
     if swap:
-        a, a_scales = split_pairs(x, triton.cdiv(K, 128) * 128), None
+        a, a_scales = split_pairs(x, cdiv(K, 128) * 128), None
     elif a_fmt == "bf16":
         a, a_scales = x.contiguous(), None
     else:
         a, a_scales = quantize_activations(x, a_fmt)
-    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
+    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k)
     tiles = grid[0] * grid[1]
     if cfg.split_k > 1:
         part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
@@ -553,11 +554,11 @@ def linear_chunks(
     M, K = x.shape
     Np, Kp = w.shape[0], w.shape[1] * 2
     N = out.shape[1] if out is not None else Np
-    if Np % 16 or Kp % 128 or w_scales.shape != (Np, Kp // 32) or Kp != triton.cdiv(K, 128) * 128 or N > Np:
+    if Np % 16 or Kp % 128 or w_scales.shape != (Np, Kp // 32) or Kp != cdiv(K, 128) * 128 or N > Np:
         raise ValueError(
             f"{order}-order weights {tuple(w.shape)} / scales {tuple(w_scales.shape)} do not fit x {tuple(x.shape)}"
-            f"{'' if out is None else f' and out {tuple(out.shape)}'}: expected [Np, {triton.cdiv(K, 128) * 64}] bytes "
-            f"and [Np, {triton.cdiv(K, 128) * 4}] scales, Np a multiple of 16 and at least N"
+            f"{'' if out is None else f' and out {tuple(out.shape)}'}: expected [Np, {cdiv(K, 128) * 64}] bytes "
+            f"and [Np, {cdiv(K, 128) * 4}] scales, Np a multiple of 16 and at least N"
         )
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
@@ -570,7 +571,7 @@ def linear_chunks(
     if cfg.fold_scale and not fold_scale:  # a folded tile chosen by hand: its precondition checked here
         check_fold_scale(w_scales)
     x = x.contiguous()
-    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split_k)
+    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k)
     if cfg.split_k > 1:
         part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
         counters = arrival_counters(x.device, grid[0] * grid[1], "linear")
