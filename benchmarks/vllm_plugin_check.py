@@ -68,23 +68,6 @@ RECIPES = {
         "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp"},
         "config": {"quantization_config": "mxrepack"},
     },
-    # the sm121 dense weights in the wgmma order (the dense layout's option; sm90-strided with --dense mxfp4), beside
-    # Marlin experts as marlin-dense has them: only the dense kernels differ from that case
-    "marlin-dense-wgmma": {
-        "name": "marlin-dense-wgmma",
-        "description": "Marlin experts, MXFP4 q/k/v/o/lm_head in the wgmma order (mxrepack's dense tiles)",
-        "experts": {"layout": "marlin"},
-        "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp", "order": "wgmma"},
-        "config": {"quantization_config": "mxrepack"},
-    },
-    # the same in the mma2 order (sm121-strided's dense), run under DISABLE_MMA_V3 on a Hopper
-    "marlin-dense-mma2": {
-        "name": "marlin-dense-mma2",
-        "description": "Marlin experts, MXFP4 q/k/v/o/lm_head in the mma2 order (mxrepack's dense tiles)",
-        "experts": {"layout": "marlin"},
-        "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp", "order": "mma2"},
-        "config": {"quantization_config": "mxrepack"},
-    },
     "ct-experts": {
         "name": "ct-experts",
         "description": "the compressed-tensors target's experts, BF16 attention",
@@ -92,6 +75,18 @@ RECIPES = {
         "dense": {"format": "bf16"},
         "config": {"quantization_config": "compressed-tensors"},
     },
+} | {
+    # the sm121 dense weights in a chunk order (the dense layout's option: wgmma is sm90-strided's with --dense mxfp4,
+    # mma2 sm121-strided's, run under DISABLE_MMA_V3 on a Hopper), beside Marlin experts as marlin-dense has them: only
+    # the dense kernels differ from that case
+    f"marlin-dense-{order}": {
+        "name": f"marlin-dense-{order}",
+        "description": f"Marlin experts, MXFP4 q/k/v/o/lm_head in the {order} order (mxrepack's dense tiles)",
+        "experts": {"layout": "marlin"},
+        "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp", "order": order},
+        "config": {"quantization_config": "mxrepack"},
+    }
+    for order in ("wgmma", "mma2")
 }
 _MT = {"enable_multithread_load": True, "num_threads": 8}
 # vLLM's default serving mode (no enforce_eager): torch.compile, CUDA graphs at these batch sizes. The 3 prompts' 72
