@@ -904,6 +904,66 @@ def test_warm_counts_compile_what_triton_specializes():
     assert missing == {f"{o} {e}": [] for o, e, _ in cases}, missing
 
 
+_DENSE_WARM_COVERAGE = """
+import json, sys, torch
+from triton.runtime import jit as tjit
+from triton.backends.nvidia.compiler import CUDABackend
+from mxrepack.kernels import gemv_mxfp4, linear_mxfp4 as lin
+
+launched, binders = [], {}
+def record(self, *args, grid, warmup, **kwargs):  # as _WARM_COVERAGE's: Triton's own specialization, not run
+    b = binders.get(id(self))
+    if b is None:
+        b = binders[id(self)] = tjit.create_function_from_signature(self.signature, self.params, CUDABackend)
+    _, spec, opts = b(*args, **kwargs)
+    launched.append((self.fn.__name__, str(spec), str(sorted(opts.items()))))
+    return type("Compiled", (), {"hash": 0})()
+tjit.JITFunction.run = record
+gemv_mxfp4.launches_dependents = lambda device: True
+out = {}
+for order, name, n, k, has_bias in json.loads(sys.argv[1]):
+    np_, kp = (n, k) if order == "rows" else (-(-n // 16) * 16, -(-k // 128) * 128)
+    w = torch.empty(np_, kp // 2, dtype=torch.uint8, device="meta")
+    s = torch.empty(np_, kp // 32, dtype=torch.uint8, device="meta")
+    bias = torch.empty(n, dtype=torch.bfloat16, device="meta") if has_bias else None
+    x = torch.empty(max(max(lin.WARM_ROWS), 300), k, dtype=torch.bfloat16, device="meta")
+    by_rows = {}
+    for m in range(1, 301):
+        launched.clear()
+        y = torch.empty(m, n, dtype=torch.bfloat16, device="meta")
+        lin.linear_mxfp4(x[:m], w, s, bias, fold_scale=True, order=order, out=y)
+        by_rows[m] = set(launched)
+    warm = set().union(*(by_rows[m] for m in lin.WARM_ROWS))
+    out[f"{order} {name}"] = [m for m, got in by_rows.items() if got - warm]
+print(json.dumps(out))
+"""
+
+
+def test_dense_warm_rows_compile_what_triton_specializes():
+    """The dense warm-up's rows (``linear_mxfp4.WARM_ROWS``, what the vLLM plugin runs at load) against Triton itself:
+    every launch ``linear_mxfp4`` makes at 1 to 300 rows on gpt-oss's q/k/v (with its bias), o and lm_head, in each
+    byte order, specialized by Triton's own binder, is among those the warm-up's rows make; so a new tile or a
+    size-dependent argument fails here, not as a compile while serving. CPU: launches recorded, not run (meta
+    tensors)."""
+    from triton.runtime import jit as tjit
+
+    if not hasattr(tjit, "create_function_from_signature"):
+        pytest.skip("this Triton has no create_function_from_signature (the binder the recorder calls)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    layers = [["qkv", 5120, 2880, True], ["o", 2880, 4096, True], ["lm_head", 201088, 2880, False]]
+    cases = [[order, *layer] for order in ("rows", "wgmma", "mma2") for layer in layers]
+    proc = subprocess.run(
+        [sys.executable, "-c", _DENSE_WARM_COVERAGE, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    missing = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert missing == {f"{c[0]} {c[1]}": [] for c in cases}, missing
+
+
 def test_moe_mma2_order_matches_reference():
     """The strided layout's mma2 order (mma.sync's kWidth-8 operand order, sm_12x / sm_8x) through the scheduled tiles
     that read it, decode sizes included (portable decode here; the PTX one is compiled for sm_121a in the kernels check
@@ -1128,6 +1188,10 @@ def test_linear_chunk_orders_match_reference(order):
             linear_mxfp4(x, wc, sc, out=out, order=order)
     with pytest.raises(ValueError, match=r"bias \(48,\): expected \[40\]"):
         linear_mxfp4(x, wc, sc, torch.randn(48), out=torch.empty(3, N, dtype=torch.bfloat16), order=order)
+    with pytest.raises(ValueError, match=r"out .*\(3, 5\).*: expected \[3, N <= 40\]"):  # rows order: all of W's rows
+        linear_mxfp4(x, w, s, out=torch.empty(3, 5, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"out is torch.float32: the dequantize \+ cuBLAS path .* writes x's"):
+        linear_mxfp4(torch.randn(70, K).to(torch.bfloat16), wc, sc, out=torch.empty(70, N), order=order)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk orders' PTX decode feeds the GPU's MMA")

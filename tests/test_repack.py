@@ -321,7 +321,7 @@ def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):
 def test_dense_order_belongs_to_mxfp4():
     """The dense byte order (a recipe's dense.order) is MXFP4's: sm90-strided keeps it with BF16 dense for --dense
     mxfp4, drops it for --dense mxfp8, and a recipe asking mxfp8 in a chunk order is refused in one line."""
-    from mxrepack.recipes import _check, load_recipe
+    from mxrepack.recipes import Recipe, _check, load_recipe
 
     recipe = load_recipe("sm90-strided")
     assert recipe.dense_order == "rows" and recipe.data["dense"]["order"] == "wgmma"  # BF16 dense: no byte order
@@ -332,6 +332,9 @@ def test_dense_order_belongs_to_mxfp4():
     data["dense"].update(format="mxfp8")
     with pytest.raises(MxRepackError, match=r"dense.order wgmma is a byte order of MXFP4's, not of mxfp8"):
         _check(data, "x.yaml")
+    # a manifest written before the refusal (sm90-strided --dense mxfp8 kept wgmma) still gives its layout
+    written = Recipe("sm90-strided", data, "manifest")
+    assert written.dense_layout.format == "mxfp8" and not written.dense_layout.chunked
 
 
 # --- bad input: one-line error naming the file/tensor, and nothing left at the output path -------

@@ -410,7 +410,9 @@ from mxrepack.serve.vllm import linear as L
 assert type(L.make_dense_method("marlin")).__name__ == "MarlinMxfp4LinearMethod" and L._LIB is None
 rows = []
 apply = L.TritonMxfp4LinearMethod.apply
-L.TritonMxfp4LinearMethod.apply = lambda self, layer, x, bias=None: rows.append(len(x)) or apply(self, layer, x, bias)
+L.TritonMxfp4LinearMethod.apply = lambda self, layer, x, bias=None: rows.append((len(x), bias is not None)) or apply(
+    self, layer, x, bias
+)
 
 
 def loaded(N=96, K=320):  # q/k/v-like partitions; K not a multiple of 128
@@ -419,15 +421,17 @@ def loaded(N=96, K=320):  # q/k/v-like partitions; K not a multiple of 128
     g = torch.Generator().manual_seed(0)
     layer.weight_packed.data = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
     layer.weight_scale.data = torch.randint(118, 130, (N, K // 32), dtype=torch.uint8, generator=g)
+    layer.bias = torch.nn.Parameter(torch.randn(N).to(torch.bfloat16), requires_grad=False)  # gpt-oss's q/k/v have one
     method.process_weights_after_loading(layer)
     return method, layer
 
 
 method, layer = loaded()
 assert type(method).__name__ == "TritonMxfp4LinearMethod" and L._LIB is not None
-assert rows == list(L.WARM_ROWS), rows  # every row-count class compiled at load
+# every row-count class compiled at load, with the bias the forward passes (the kernels specialize on it)
+assert rows == [(m, True) for m in L.WARM_ROWS], rows
 loaded()
-assert rows == list(L.WARM_ROWS), rows  # once a shape
+assert rows == [(m, True) for m in L.WARM_ROWS], rows  # once a shape
 x, b = torch.randn(2, 3, 320).to(torch.bfloat16), torch.randn(96).to(torch.bfloat16)
 y = method.apply(layer, x, b)
 ref = mxfp4_linear(x.reshape(6, 320), layer.weight_packed, layer.weight_scale, b).reshape(2, 3, 96)

@@ -467,19 +467,34 @@ def _with_folded(configs: dict, bf16: bool) -> dict:
     return configs | folded
 
 
+# Streaming multiprocessors of the GPUs the chunk orders run on: GB10 (48), H100 / H200 (132), RTX 5090 (170), RTX PRO
+# 6000 Blackwell (188); the K split of a q/k/v/o tile follows the count (linear_mxfp4._two_per_sm)
+CHUNK_SM_COUNTS = (48, 132, 170, 188)
+GPT_OSS_DENSE = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}  # (N, K), 20b and 120b alike
+
+
+def chunk_tiles() -> dict:
+    """Every chunk-order tile ``pick_chunk_config`` launches for gpt-oss's dense layers on :data:`CHUNK_SM_COUNTS`, at
+    each row-count class (1-16, 17-32, 33-64), folded and not: {name in CHUNK_CONFIGS: config}."""
+    names = {dataclasses.replace(cfg, split_k=1): name for name, cfg in lin.CHUNK_CONFIGS.items()}
+    tiles = {}
+    for (n, k), sms, rows, fold in itertools.product(GPT_OSS_DENSE.values(), CHUNK_SM_COUNTS, (1, 17, 33), (0, 1)):
+        tile = lin.pick_chunk_config(rows, n, k, sms, bool(fold))
+        name = names[dataclasses.replace(tile, split_k=1, fold_scale=False)] + ("+fold" if tile.fold_scale else "")
+        tiles[f"{name}/s{tile.split_k}"] = tile
+    return dict(sorted(tiles.items()))
+
+
 def shipped_kernels():
     """(kernel, config name, mode, ASTSource, num_warps, num_stages) for every shipped configuration."""
     for mode in lin.MODES:
         for name, cfg in _with_folded(lin.CONFIGS, lin.MODES[mode] == "bf16").items():
             yield "linear_mxfp4", f"{name}:{cfg.name()}", mode, _linear_source(mode, cfg), cfg.num_warps, cfg.num_stages
-    # the chunk orders' dense tiles (the dense layout's order): each split the dispatch launches at gpt-oss's widths
-    # on an H100 (lm_head's wide tiles unsplit; split K on q/k/v/o: qkv 4, o 8 at decode; the mid tile at most
-    # CHUNK_MID_MAX_SPLIT), built where the order runs (run_check); and their prefill's dequantizer
-    splits = {lin.CHUNK_DECODE.block_m: (1, 4, 8), lin.CHUNK_MID.block_m: (1, lin.CHUNK_MID_MAX_SPLIT)}
-    for (name, cfg), order in itertools.product(_with_folded(lin.CHUNK_CONFIGS, True).items(), ("wgmma", "mma2")):
-        for split in (1,) if name.startswith("chunk_wide") else splits[cfg.block_m]:
-            tile = dataclasses.replace(cfg, split_k=split)
-            yield "linear_chunks", f"{order} {name}:{tile.name()}", "w4a16", _linear_chunks_source(tile, order), 4, 3
+    # the chunk orders' dense tiles (the dense layout's order): every tile and K split the dispatch picks at gpt-oss's
+    # widths on the GPUs they run on (:func:`chunk_tiles`), built where the order runs (run_check); and their prefill's
+    # dequantizer
+    for (name, tile), order in itertools.product(chunk_tiles().items(), ("wgmma", "mma2")):
+        yield "linear_chunks", f"{order} {name}:{tile.name()}", "w4a16", _linear_chunks_source(tile, order), 4, 3
     for order in ("wgmma", "mma2"):
         sig = {
             "w_ptr": "*u8",

@@ -1001,6 +1001,8 @@ def linear_dequant_gemm(
     "rows" (plain ``[N, K/2]``) or a chunk order (:func:`dequantize_chunks`; ``out``'s N columns may be fewer than
     W's padded rows)."""
     N, K = out.shape[1], x.shape[1]
+    if out.dtype != x.dtype:  # cuBLAS writes x's dtype: a float32 out would fail inside torch.mm, naming no tensor
+        raise ValueError(f"out is {out.dtype}: the dequantize + cuBLAS path (past 64 rows) writes x's {x.dtype}")
     rows = max(128, config.chunk_bytes // (2 * K) // 128 * 128)
     rows = min(rows, N)
     scratch = torch.empty(-(-rows // 16) * 16, K, dtype=torch.bfloat16, device=x.device)  # whole row tiles

@@ -211,6 +211,13 @@ def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConf
     return PREFILL if M >= 1024 else PREFILL_SMALL
 
 
+# Row counts that compile every kernel linear_mxfp4 launches for a layer, at load (the vLLM plugin's warm-up): rows at
+# which the kernels differ for some layer (the GEMV at 1, 2 and 4; the split-K and swapped tiles to 16 and
+# 17-64 or -255; the chunk orders' lm_head tiles of 16 / 32 / 64 rows: 17 and 33 start them; dequantize + cuBLAS past
+# that) and at which Triton specializes (1, multiples of 16, the rest).
+WARM_ROWS = (1, 2, 3, 4, 16, 17, 32, 33, 64, 65, 256)
+
+
 @functools.lru_cache(maxsize=4096)  # asked per launch; lm_head's runs outside vLLM's graphs, each step
 def pick_chunk_config(M: int, N: int, K: int, sm_count: int = 132, fold_scale: bool = False) -> LinearConfig | None:
     """The chunk-order tile for M rows: on a layer with two 128-column tiles per SM (lm_head), :data:`CHUNK_WIDE`'s of
@@ -526,7 +533,8 @@ def _check_out_and_bias(out: torch.Tensor, bias: torch.Tensor | None, M: int, N:
     """``out`` a float ``[M, N]`` (the kernels store in its dtype) with unit column stride (they store rows at
     ``out.stride(0)``) and N at most ``max_n`` (W's rows); ``bias`` None or ``[N]``: else one line."""
     floats = (torch.bfloat16, torch.float16, torch.float32)
-    if out.dtype not in floats or out.shape[0] != M or not 0 < N <= max_n or (N > 1 and out.stride(1) != 1):
+    shape_ok = out.dim() == 2 and tuple(out.shape) == (M, N) and 0 < N <= max_n
+    if out.dtype not in floats or not shape_ok or (N > 1 and out.stride(1) != 1):
         raise ValueError(
             f"out {out.dtype} {tuple(out.shape)} strides {out.stride()}: expected [{M}, N <= {max_n}] of bfloat16, "
             "float16 or float32 with unit column stride"

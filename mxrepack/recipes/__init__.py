@@ -140,7 +140,9 @@ def _dense_layout(dense: dict):
         dense.get("scales", "plain"),
         dense.get("scale_rule", "ocp"),
         dense.get("scale_search", False),
-        dense.get("order", "rows"),
+        # MXFP4's byte order; outputs of `--dense mxfp8` on sm90-strided before 21c0cdf recorded the recipe's wgmma
+        # beside mxfp8 (new recipes asking it are refused by _check), and still load
+        dense.get("order", "rows") if dense["format"] == "mxfp4" else "rows",
     )
 
 

@@ -277,7 +277,8 @@ def _check_whole_row_tiles(modules: frozenset[str], order: str, config: dict) ->
         if n % 16:
             raise MxRepackError(
                 f"quantization_config.groups.dense: {m} has {n} rows, not whole 16-row tiles, which the {order} order "
-                "needs in vLLM (its loaders would cut a tile); repack with dense order rows"
+                "needs in vLLM (its loaders would cut a tile); repack with a recipe whose dense.order is rows, or with "
+                "--dense bf16"
             )
 
 
@@ -504,9 +505,10 @@ def dense_serving(dense_format: str, quantization_config: str, dense_order: str 
     if dense_format != "mxfp4" or quantization_config != QUANT_METHOD:
         return None
     if dense_order != "rows":
+        gpus = DENSE_ORDER_GPUS.get(dense_order, "see docs/SERVING.md")  # an order a newer mxrepack wrote
         return (
             f"dense MXFP4 kernel: mxrepack's Triton chunk tiles (mxrepack.kernels.linear_mxfp4, {dense_order} order) "
-            f"[{DENSE_ORDER_GPUS[dense_order]}]; fixed by the stored order ({DENSE_KERNEL_ENV} does not apply)"
+            f"[{gpus}]; fixed by the stored order ({DENSE_KERNEL_ENV} does not apply)"
         )
     return (
         f"dense MXFP4 kernel: {DENSE_KERNELS[DENSE_KERNEL_DEFAULT]}; {DENSE_KERNEL_ENV}=mxrepack runs "

@@ -28,7 +28,7 @@ from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
 from vllm.model_executor.utils import set_weight_attrs
 
 from mxrepack.errors import MxRepackError
-from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
+from mxrepack.kernels.linear_mxfp4 import WARM_ROWS, linear_mxfp4
 
 
 def make_dense_method(kernel: str, order: str = "rows") -> LinearMethodBase:
@@ -145,11 +145,6 @@ def _register_op() -> None:
     direct_register_custom_op("linear_mxfp4", _linear_mxfp4_op, fake_impl=_linear_mxfp4_fake, target_lib=_LIB)
 
 
-# Rows at which the kernels differ for some layer (the GEMV at 1, 2 and 4; the split-K and swapped tiles to 16 and
-# 17-64 or -255; dequantize + cuBLAS past that) and at which Triton specializes (1, multiples of 16).
-WARM_ROWS = (1, 2, 3, 4, 16, 17, 32, 64, 65, 256)
-
-
 class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
     """mxrepack's Triton kernels on the stored bytes (:func:`mxrepack.kernels.linear_mxfp4.linear_mxfp4`).
 
@@ -158,7 +153,9 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
     a whole prompt chunk's for prompt logprobs) and captures nothing with ``enforce_eager``, so its first requests
     compiled them during inference (vLLM 0.26's JIT monitor warned; ``--jit-monitor-mode error`` would fail)."""
 
-    warmed: set[tuple] = set()  # (rows, columns, device, folded, order): shapes whose kernels this process compiled
+    warmed: set[tuple] = (
+        set()
+    )  # (rows, columns, device, folded, order, bias): shapes whose kernels this process compiled
 
     def __init__(self, order: str = "rows"):
         self.order = order
@@ -180,10 +177,13 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         # the split-K tiles' counters, before vLLM captures its CUDA graphs (a capture cannot allocate them)
         arrival_counters(device, 1, "linear")
         shape = (*layer.weight_packed.shape, str(device), layer.mxrepack_fold_scale, self.order)
+        # with the bias the layer's forward passes (q/k/v and o have one in gpt-oss): the kernels specialize on it
+        bias = None if getattr(layer, "skip_bias_add", False) else getattr(layer, "bias", None)
+        shape = (*shape, bias is not None)
         if shape not in self.warmed:
             x = torch.zeros(max(WARM_ROWS), layer.input_size_per_partition, dtype=torch.bfloat16, device=device)
             for m in WARM_ROWS:
-                self.apply(layer, x[:m])
+                self.apply(layer, x[:m], bias)
             self.warmed.add(shape)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
