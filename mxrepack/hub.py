@@ -276,10 +276,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
             f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "
             f"supports vLLM {VLLM_SUPPORTED_TEXT}. `{FAST_LOAD_FLAG}`: {FAST_LOAD_WHY}."
         )
-        dense_format = dense.get("format", "bf16")
-        dense_kernels = dense_serving(
-            dense_format, mode, dense.get("order", "rows") if dense_format == "mxfp4" else "rows"
-        )
+        dense_kernels = dense_serving(dense.get("format", "bf16"), mode, dense.get("order", "rows"))
         if dense_kernels:
             load += f" {dense_kernels[0].upper()}{dense_kernels[1:]}."
     elif mode == "compressed-tensors":

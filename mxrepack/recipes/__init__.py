@@ -81,8 +81,8 @@ class Recipe:
     @property
     def dense_order(self) -> str:
         """The MXFP4 dense layers' byte order (mxrepack.layouts.dense.ORDERS); "rows" where they are not MXFP4."""
-        dense = self.data["dense"]
-        return dense.get("order", "rows") if dense["format"] == "mxfp4" else "rows"
+        layout = self.dense_layout
+        return layout.order if layout is not None else "rows"
 
     @property
     def dense_layers(self) -> list[str]:

@@ -153,9 +153,8 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
     a whole prompt chunk's for prompt logprobs) and captures nothing with ``enforce_eager``, so its first requests
     compiled them during inference (vLLM 0.26's JIT monitor warned; ``--jit-monitor-mode error`` would fail)."""
 
-    warmed: set[tuple] = (
-        set()
-    )  # (rows, columns, device, folded, order, bias): shapes whose kernels this process compiled
+    # (rows, columns, device, folded, order, has bias): shapes whose kernels this process compiled
+    warmed: set[tuple] = set()
 
     def __init__(self, order: str = "rows"):
         self.order = order
@@ -176,10 +175,9 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         device = layer.weight_packed.device
         # the split-K tiles' counters, before vLLM captures its CUDA graphs (a capture cannot allocate them)
         arrival_counters(device, 1, "linear")
-        shape = (*layer.weight_packed.shape, str(device), layer.mxrepack_fold_scale, self.order)
         # with the bias the layer's forward passes (q/k/v and o have one in gpt-oss): the kernels specialize on it
         bias = None if getattr(layer, "skip_bias_add", False) else getattr(layer, "bias", None)
-        shape = (*shape, bias is not None)
+        shape = (*layer.weight_packed.shape, str(device), layer.mxrepack_fold_scale, self.order, bias is not None)
         if shape not in self.warmed:
             x = torch.zeros(max(WARM_ROWS), layer.input_size_per_partition, dtype=torch.bfloat16, device=device)
             for m in WARM_ROWS:
