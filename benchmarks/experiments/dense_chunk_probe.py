@@ -4,10 +4,12 @@ widths, beside the dispatch's own pick (``pick_chunk_config``) and cuBLAS BF16, 
 same-run records of ``benchmarks/peers.py`` (docs/PERF.md).
 
     TRITON_INTERPRET=1 python benchmarks/experiments/dense_chunk_probe.py check
-    python benchmarks/experiments/dense_chunk_probe.py time [OUT.json] [SHAPES]            # Hopper: wgmma order
-    DISABLE_MMA_V3=1 python benchmarks/experiments/dense_chunk_probe.py time [OUT.json]    # sm_12x's path: mma2
+    python benchmarks/experiments/dense_chunk_probe.py time [OUT.json] [SHAPES] [ROWS] [KIND]   # Hopper: wgmma order
+    DISABLE_MMA_V3=1 python benchmarks/experiments/dense_chunk_probe.py time [OUT.json]         # sm_12x's path: mma2
 
-SHAPES: comma-separated from qkv, o, lm_head (default all). The first version of this probe (c392dd9, records
+SHAPES: comma-separated from qkv, o, lm_head (default all); ROWS: comma-separated row counts (default 4,16,32,48,64);
+KIND (:func:`candidates`): ``deep`` (also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8)
+or ``prefetch`` (each tile with and without its W asked of L2 first). The first version of this probe (c392dd9, records
 ``dense_chunk_probe_{wgmma,mma2}_h100_2026-11-28_c392dd9.json``) carried its own copy of the kernel, before it
 shipped; the fused tile at prefill (2048 rows) measured 0.72x of cuBLAS there (dequantize + cuBLAS ships instead).
 """
@@ -45,16 +47,26 @@ def chunk_pack(w: torch.Tensor, s: torch.Tensor, order: str) -> tuple[torch.Tens
     )
 
 
-def candidates(M: int, N: int) -> list[LinearConfig]:
+def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
     """Tiles of 16, 32 and 64 rows (no more rows than M needs), 64 or 128 columns, K split 1-8 (not on lm_head:
-    its 201088 rows fill the GPU unsplit)."""
-    splits = (1,) if N > 100_000 else (1, 2, 4, 8)
+    its 201088 rows fill the GPU unsplit); ``kind`` "deep": the 32- and 64-row ones also with 8 warps and 2-4 stages;
+    "prefetch": splits 2-8, each with and without its W asked of L2 before the K loop (``LinearConfig.prefetch_l2``)."""
+    splits = (1,) if N > 100_000 else (2, 4, 8) if kind == "prefetch" else (1, 2, 4, 8)
+    shapes = [(bm, bn) for bm in (16, 32, 64) if bm <= max(16, triton.next_power_of_2(M)) for bn in (64, 128)]
+    if kind == "deep":
+        return [
+            LinearConfig(bm, bn, 128, split, num_warps=warps, num_stages=stages, swap_ab=True)
+            for bm, bn in shapes
+            if bm >= 32
+            for split in splits[1:]
+            for warps in (4, 8)
+            for stages in (2, 3, 4)
+        ]
     return [
-        LinearConfig(bm, bn, 128, split, num_warps=4, num_stages=3, swap_ab=True)
-        for bm in (16, 32, 64)
-        if bm <= max(16, triton.next_power_of_2(M))
-        for bn in (64, 128)
+        LinearConfig(bm, bn, 128, split, num_warps=4, num_stages=3, swap_ab=True, prefetch_l2=prefetch)
+        for bm, bn in shapes
         for split in splits
+        for prefetch in ((False, True) if kind == "prefetch" else (False,))
     ]
 
 
@@ -75,7 +87,7 @@ def check() -> None:
             assert err < 1e-2, err
 
 
-def time(out: str | None = None, shapes: str = ",".join(SHAPES)) -> None:
+def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4,16,32,48,64", kind: str = "") -> None:
     from common import bench_decode, deq, rand_mx, rotating
 
     order = "mma2" if mma_v3_disabled() else "wgmma"
@@ -90,7 +102,7 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES)) -> None:
         pool = [chunk_pack(*rand_mx(N, K), order) for _ in range(max(2, (400 << 20) // (wq.numel() + sq.numel())))]
         it_c = itertools.cycle(pool)
         nxt_b = rotating(lambda: torch.randn(N, K, device="cuda").to(torch.bfloat16), N * K * 2)
-        for M in (4, 16, 32, 48, 64):
+        for M in map(int, sizes.split(",")):
             x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
             ref = x.float() @ wf.T
             y = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
@@ -101,7 +113,7 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES)) -> None:
             rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *next(it_c), order=order, out=y, fold_scale=fold))
             rec["cublas_ms"] = bench_decode(lambda: x @ nxt_b().T)
             best = None
-            for cfg in candidates(M, N):
+            for cfg in candidates(M, N, kind):
                 cfg = with_fold(cfg, True, fold)
                 try:
                     err = float((linear_chunks(x, wq, sq, order, None, cfg, y).float() - ref).norm() / ref.norm())

@@ -10,7 +10,9 @@ Usage, on the GPU machine with vLLM importable (the kit):
       python benchmarks/experiments/ncu_moe_prefill.py [T] [EXPERTS] [ours|peer|both]
 then ``ncu -i OUT/moe.ncu-rep --page details --csv`` (and ``--page source --print-source sass``), summarized by
 ``ncu_summary.py``. ``dense`` instead of ours/peer/both: the q/k/v/o W4A16 layers at M = 4, 16 and 64 (the first
-argument ignored), the sizes where they trail Marlin and cuBLAS (PERF.md, "Dense W4A16")."""
+argument ignored), the sizes where they trail Marlin and cuBLAS (PERF.md, "Dense W4A16"); ``dense-chunk``: the same
+layers in the chunk order this build reads (wgmma; mma2 under ``DISABLE_MMA_V3``) at M = 1, 16 and 64, and cuBLAS BF16
+at 64 beside them."""
 
 import sys
 from pathlib import Path
@@ -33,8 +35,8 @@ def main() -> None:
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     E = int(sys.argv[2]) if len(sys.argv) > 2 else 32
     which = sys.argv[3] if len(sys.argv) > 3 else "both"
-    if which == "dense":
-        return profile(dense_runs())
+    if which in ("dense", "dense-chunk"):
+        return profile(dense_runs(which == "dense-chunk"))
     W = moe_weights(E)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     torch.manual_seed(T)
@@ -55,11 +57,26 @@ def main() -> None:
     profile(runs)
 
 
-def dense_runs() -> dict:
+def dense_runs(chunk: bool = False) -> dict:
+    from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled
+    from mxrepack.layouts.dense import DenseMxLayout
+
+    order = "mma2" if mma_v3_disabled() else "wgmma"
     runs = {}
     for layer, (N, K) in {"qkv": (5120, 2880), "o": (2880, 4096)}.items():
         w, ws = rand_mx(N, K)
         fold = fits_fold(ws)  # once, as a loader asks: not a reduction inside each profiled call
+        if chunk:
+            layout = DenseMxLayout("mxfp4", order=order)
+            wc = layout.store(w, ws, K, "values"), layout.store(w, ws, K, "scales")
+            wb = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+            for M in (1, 16, 64):
+                x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+                runs[f"{layer} {order} M = {M}"] = lambda x=x, wc=wc, fold=fold: linear_mxfp4(
+                    x, *wc, None, "w4a16", fold_scale=fold, order=order
+                )
+            runs[f"{layer} cublas M = 64"] = lambda x=x, wb=wb: x @ wb.T
+            continue
         for M in (4, 16, 64):
             x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
             runs[f"{layer} M = {M}"] = lambda x=x, w=w, ws=ws, fold=fold: linear_mxfp4(

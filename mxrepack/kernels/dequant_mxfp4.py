@@ -868,8 +868,9 @@ def launches_dependents(device: torch.device) -> bool:
 
 def mma_reads_registers_async(device: torch.device) -> bool:
     """Whether the swapped-operand step must wait for its MMAs (:func:`mma_done`): Hopper (sm_90), whose ``wgmma``
-    reads the decoded W from registers asynchronously."""
-    return device.type == "cuda" and device_capability(device)[0] == 9
+    reads the decoded W from registers asynchronously; not under Triton's ``DISABLE_MMA_V3``, where Hopper builds the
+    synchronous ``mma.sync`` as sm_12x does (so that the H100 stand-in runs sm_12x's code, wait included)."""
+    return device.type == "cuda" and device_capability(device)[0] == 9 and not mma_v3_disabled()
 
 
 def mma_v3_disabled() -> bool:

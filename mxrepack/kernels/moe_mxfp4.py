@@ -1716,7 +1716,7 @@ def _moe_scheduled(
     overlap = ptx and r is not None and launches_dependents(x.device)
     parts = [(cfg, r.block_m if r is not None else 0, 1 << 30, int(overlap))]
     parts += [(r, 0, r.block_m, 2 * int(overlap))] if r is not None else []
-    # Hopper: wgmma reads registers late (the mma2 order builds mma.sync there only under Triton's DISABLE_MMA_V3)
+    # Hopper's wgmma reads registers late (under Triton's DISABLE_MMA_V3 Hopper builds mma.sync: no wait)
     wait_here = swap and not interpreter and mma_reads_registers_async(x.device)
 
     def launch(tile: MoeConfig, rows_lo: int, rows_hi: int, pdl: int) -> dict:  # a tile and its options
