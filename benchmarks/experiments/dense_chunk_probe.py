@@ -8,10 +8,12 @@ same-run records of ``benchmarks/peers.py`` (docs/PERF.md).
     DISABLE_MMA_V3=1 python benchmarks/experiments/dense_chunk_probe.py time [OUT.json]         # sm_12x's path: mma2
 
 SHAPES: comma-separated from qkv, o, lm_head (default all); ROWS: comma-separated row counts (default 4,16,32,48,64);
-KIND (:func:`candidates`): ``deep`` (also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8)
-or ``prefetch`` (each tile with and without its W asked of L2 first). The first version of this probe (c392dd9, records
-``dense_chunk_probe_{wgmma,mma2}_h100_2026-11-28_c392dd9.json``) carried its own copy of the kernel, before it
-shipped; the fused tile at prefill (2048 rows) measured 0.72x of cuBLAS there (dequantize + cuBLAS ships instead).
+KIND (:func:`candidates`): ``deep``, also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8
+(the ``prefetch`` kind of d5b9856, each tile with its W asked of L2 before the K loop, lost and went with its kernel
+option: records ``dense_chunk_probe_prefetch_*_h200_2026-11-28_d5b9856.json``). The first version of this probe
+(c392dd9, records ``dense_chunk_probe_{wgmma,mma2}_h100_2026-11-28_c392dd9.json``) carried its own copy of the
+kernel, before it shipped; the fused tile at prefill (2048 rows) measured 0.72x of cuBLAS there (dequantize + cuBLAS
+ships instead).
 """
 
 from __future__ import annotations
@@ -49,9 +51,8 @@ def chunk_pack(w: torch.Tensor, s: torch.Tensor, order: str) -> tuple[torch.Tens
 
 def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
     """Tiles of 16, 32 and 64 rows (no more rows than M needs), 64 or 128 columns, K split 1-8 (not on lm_head:
-    its 201088 rows fill the GPU unsplit); ``kind`` "deep": the 32- and 64-row ones also with 8 warps and 2-4 stages;
-    "prefetch": splits 2-8, each with and without its W asked of L2 before the K loop (``LinearConfig.prefetch_l2``)."""
-    splits = (1,) if N > 100_000 else (2, 4, 8) if kind == "prefetch" else (1, 2, 4, 8)
+    its 201088 rows fill the GPU unsplit); ``kind`` "deep": the 32- and 64-row ones also with 8 warps and 2-4 stages."""
+    splits = (1,) if N > 100_000 else (1, 2, 4, 8)
     shapes = [(bm, bn) for bm in (16, 32, 64) if bm <= max(16, triton.next_power_of_2(M)) for bn in (64, 128)]
     if kind == "deep":
         return [
@@ -63,10 +64,9 @@ def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
             for stages in (2, 3, 4)
         ]
     return [
-        LinearConfig(bm, bn, 128, split, num_warps=4, num_stages=3, swap_ab=True, prefetch_l2=prefetch)
+        LinearConfig(bm, bn, 128, split, num_warps=4, num_stages=3, swap_ab=True)
         for bm, bn in shapes
         for split in splits
-        for prefetch in ((False, True) if kind == "prefetch" else (False,))
     ]
 
 

@@ -154,7 +154,6 @@ def _linear_chunks_source(cfg: lin.LinearConfig, order: str) -> ASTSource:
         "ORDER": order,
         "INTERPRETER": False,
         "WAIT_MMA": order == "wgmma",
-        "PREFETCH": cfg.prefetch_l2,
     }
     return ASTSource(lin._linear_chunks_kernel, sig | dict.fromkeys(const, "constexpr"), const)
 

@@ -95,8 +95,6 @@ class LinearConfig:
     swap_ab: bool = False
     # swap_ab on CUDA, weights with E8M0 scales <= 128 only: E2M1's 2^126 folded into the scale (MoeConfig.fold_scale)
     fold_scale: bool = False
-    # chunk orders on CUDA: each program asks L2 for all of its W bytes before its K loop (prefetch_l2)
-    prefetch_l2: bool = False
 
     def __post_init__(self):
         if self.fold_scale and not self.swap_ab:
@@ -113,7 +111,6 @@ class LinearConfig:
             + ("d" if self.manual_dequant else "")
             + ("x" if self.swap_ab else "")
             + ("f" if self.fold_scale else "")
-            + ("p" if self.prefetch_l2 else "")
         )
 
     @property
@@ -367,7 +364,6 @@ def _linear_chunks_kernel(
     ORDER: tl.constexpr,
     INTERPRETER: tl.constexpr,
     WAIT_MMA: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
 ):
     """``x @ W.T`` for W in a chunk order (``ORDER``), program (M tile, N tile, K split): the MoE tiles' K loop
     (``chunk_dots``) on x's rows in order over this split's K tiles, the splits summed as ``_linear_mxfp4_kernel``'s."""
@@ -380,13 +376,6 @@ def _linear_chunks_kernel(
     # a last N tile past the padded rows loads the last 16 rows again (not stored)
     blocks = tl.minimum(pid_n * BLOCK_N + 16 * tl.arange(0, BLOCK_N // 16), Np - 16)
     w_off, s_off = wgmma_chunks(blocks, stride_wn, stride_wsn, 16)
-    if PREFETCH:  # this program's W chunks (8 lines of 128 bytes each) and scale pieces, every K tile, asked of L2 now
-        lines = tl.arange(0, BLOCK_N // 16 * 8)
-        w_line = wgmma_chunks(tl.minimum(pid_n * BLOCK_N + 16 * (lines // 8), Np - 16), stride_wn, 0, 16)[0]
-        w_line += (lines % 8) * 128
-        for kt in range(kt0, tl.minimum(k_tiles, kt0 + per_split)):
-            prefetch_l2(w_ptr + w_line + kt * 1024)
-            prefetch_l2(ws_ptr + s_off + kt * 64)
     acc = chunk_dots(
         x_ptr + kt0 * 128,
         x_ptr,
@@ -431,15 +420,6 @@ def _linear_chunks_kernel(
             tl.atomic_xchg(counter, 0)
     else:
         _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """Ask L2 for the 128-byte lines at ``ptrs`` and go on (no register waits for them): a single-wave kernel whose K
-    loop waits on each load in turn puts its whole W stream in flight at the start."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
 
 
 @triton.jit
@@ -633,7 +613,6 @@ def linear_chunks(
         ORDER=order,
         INTERPRETER=interpreter,
         WAIT_MMA=ptx and mma_reads_registers_async(x.device),
-        PREFETCH=ptx and cfg.prefetch_l2,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
