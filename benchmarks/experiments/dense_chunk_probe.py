@@ -8,9 +8,10 @@ same-run records of ``benchmarks/peers.py`` (docs/PERF.md).
     DISABLE_MMA_V3=1 python benchmarks/experiments/dense_chunk_probe.py time [OUT.json]         # sm_12x's path: mma2
 
 SHAPES: comma-separated from qkv, o, lm_head (default all); ROWS: comma-separated row counts (default 4,16,32,48,64);
-KIND (:func:`candidates`): ``deep``, also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8
-(the ``prefetch`` kind of d5b9856, each tile with its W asked of L2 before the K loop, lost and went with its kernel
-option: records ``dense_chunk_probe_prefetch_*_h200_2026-11-28_d5b9856.json``). The first version of this probe
+KIND (:func:`candidates`): ``deep``, also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8;
+``pick``, the dispatch's tile alone (an A/B of two trees). The ``prefetch`` kind of d5b9856, each tile with its W
+asked of L2 before the K loop, lost and went with its kernel option (records
+``dense_chunk_probe_prefetch_*_h200_2026-11-28_d5b9856.json``). The first version of this probe
 (c392dd9, records ``dense_chunk_probe_{wgmma,mma2}_h100_2026-11-28_c392dd9.json``) carried its own copy of the
 kernel, before it shipped; the fused tile at prefill (2048 rows) measured 0.72x of cuBLAS there (dequantize + cuBLAS
 ships instead).
@@ -54,6 +55,8 @@ def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
     its 201088 rows fill the GPU unsplit); ``kind`` "deep": the 32- and 64-row ones also with 8 warps and 2-4 stages."""
     splits = (1,) if N > 100_000 else (1, 2, 4, 8)
     shapes = [(bm, bn) for bm in (16, 32, 64) if bm <= max(16, triton.next_power_of_2(M)) for bn in (64, 128)]
+    if kind == "pick":  # the dispatch's own tile only (an A/B of two trees)
+        return []
     if kind == "deep":
         return [
             LinearConfig(bm, bn, 128, split, num_warps=warps, num_stages=stages, swap_ab=True)
@@ -126,6 +129,11 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
                     best = (cfg.name(), ms)
             rec["best"] = best
             rows.append(rec)
+            if best is None:
+                print(
+                    f"{name} M={M}: pick {rec['pick']} {rec['pick_ms']:.4f} cublas {rec['cublas_ms']:.4f}", flush=True
+                )
+                continue
             print(
                 f"{name} M={M}: pick {rec['pick']} {rec['pick_ms']:.4f} cublas {rec['cublas_ms']:.4f} best "
                 f"{best[0]} {best[1]:.4f} (pick/best {rec['pick_ms'] / best[1]:.2f}, cublas/best "

@@ -3,8 +3,8 @@ kernel that made them (no zeroed buffer before the launch, no reduction kernel a
 
 Each program stores its partial, then arrives at the group's counter (:func:`last_to_arrive`); the one whose
 arrival completes the group reads every partial back in a fixed order, so the result does not depend on which
-program finished last, writes it, and sets the counter back to zero for the next call. Used by the MoE decode's
-combine of a token's k slots and by the dense kernel's split-K.
+program finished last, writes it, and sets the counter back to zero for the next call (:func:`reset_counter`).
+Used by the MoE decode's combine of a token's k slots and by the dense kernel's split-K.
 """
 
 from __future__ import annotations
@@ -20,6 +20,16 @@ def last_to_arrive(counter, arrivals):
     made before the arrival is published (release), and the others' are visible after it (acquire)."""
     tl.debug_barrier()
     return tl.atomic_add(counter, 1, sem="acq_rel") == arrivals - 1
+
+
+@triton.jit
+def reset_counter(counter):
+    """Set a completed group's ``counter`` back to zero for the next launch: a plain store. Every program of the
+    group has arrived, so nothing else touches it in this launch, and the next launch sees the zero once this one has
+    completed, as it sees the outputs. A fenced atomic here (``tl.atomic_xchg``'s default) made the group's last
+    program, the kernel's tail, first wait for its own output stores to complete, then for the atomic's round trip
+    (Nsight Compute, dense split-K on an H200: about 6% of the stall samples, docs/PERF_LOG.md stop 40)."""
+    tl.store(counter, 0)
 
 
 _COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from mxrepack.kernels import cdiv
-from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
+from mxrepack.kernels.arrival import arrival_counters, last_to_arrive, reset_counter
 from mxrepack.kernels.dequant_mxfp4 import (
     DEQUANT,
     DequantConfig,
@@ -333,7 +333,7 @@ def _linear_mxfp4_kernel(
                 acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
                 part += M * N
             _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
-            tl.atomic_xchg(counter, 0)
+            reset_counter(counter)
     else:
         _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
 
@@ -417,7 +417,7 @@ def _linear_chunks_kernel(
                 acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
                 part += M * N
             _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
-            tl.atomic_xchg(counter, 0)
+            reset_counter(counter)
     else:
         _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
 

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxrepack.kernels.arrival import arrival_counters, last_to_arrive
+from mxrepack.kernels.arrival import arrival_counters, last_to_arrive, reset_counter
 from mxrepack.kernels.dequant_mxfp4 import (
     MAX_SCALE_SHIFT,
     check_chunk_build,
@@ -1244,7 +1244,7 @@ def _combine_slots(y, part_ptr, count_ptr, out_ptr, p, tile, rn, H, stride_part,
         for j in range(TOPK):
             total += tl.load(part_ptr + (t * TOPK + j) * stride_part + rn, cache_modifier=".cg")
         tl.store(out_ptr + t * stride_out + rn, total.to(out_ptr.dtype.element_ty), mask=rn < H)
-        tl.atomic_xchg(counter, 0)
+        reset_counter(counter)
 
 
 @triton.jit
