@@ -28,7 +28,11 @@ def reset_counter(counter):
     group has arrived, so nothing else touches it in this launch, and the next launch sees the zero once this one has
     completed, as it sees the outputs. A fenced atomic here (``tl.atomic_xchg``'s default) made the group's last
     program, the kernel's tail, first wait for its own output stores to complete, then for the atomic's round trip
-    (Nsight Compute, dense split-K on an H200: about 6% of the stall samples, docs/PERF_LOG.md stop 40)."""
+    (Nsight Compute, dense split-K on an H200: about 6% of the stall samples, docs/PERF_LOG.md stop 40).
+
+    The rule this relies on, for every kernel using these counters: a kernel launched with programmatic dependent
+    launch (``launch_pdl``) must ``gdc_wait`` before its first :func:`last_to_arrive` (the MoE down GEMVs do, and
+    trigger no dependents of their own), so that the grid before it, and its reset, has completed."""
     tl.store(counter, 0)
 
 

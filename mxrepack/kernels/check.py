@@ -577,11 +577,12 @@ def specialized(src: ASTSource) -> ASTSource:
 
 
 def for_arch(src: ASTSource, cap: int) -> ASTSource:
-    """``src`` as launched on compute capability ``cap``: a swapped-operand kernel waits for its MMAs on Hopper only
-    (``WAIT_MMA``, as ``dequant_mxfp4.mma_reads_registers_async`` decides at launch)."""
+    """``src`` as launched on compute capability ``cap``: a swapped-operand kernel waits for its MMAs on Hopper only,
+    and not under Triton's ``DISABLE_MMA_V3`` (``WAIT_MMA``, as ``dequant_mxfp4.mma_reads_registers_async`` decides at
+    launch)."""
     if "WAIT_MMA" not in src.signature or _constant(src, "ORDER") in ("wgmma", "mma2"):  # as its config says
         return src
-    wait = bool(_constant(src, "SWAP_AB")) and cap // 10 == 9
+    wait = bool(_constant(src, "SWAP_AB")) and cap // 10 == 9 and not dq.mma_v3_disabled()
     names = list(src.fn.arg_names)
     const = {k: v for k, v in src.constants.items() if k not in ("WAIT_MMA", (names.index("WAIT_MMA"),))}
     return ASTSource(src.fn, src.signature, const | {"WAIT_MMA": wait}, src.attrs)
