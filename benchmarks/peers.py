@@ -51,7 +51,7 @@ from common import (
     vllm_convert,
 )
 
-from mxrepack.kernels.dequant_mxfp4 import fits_fold, mma_v3_disabled, with_fold, without_fold  # noqa: E402
+from mxrepack.kernels.dequant_mxfp4 import builds_wgmma, fits_fold, mma_v3_disabled, with_fold, without_fold  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4  # noqa: E402
 from mxrepack.kernels.moe_mxfp4 import (  # noqa: E402
     CHUNK_GEMVS,
@@ -211,7 +211,7 @@ def time_it(fn, n: int) -> tuple[float, str]:
 
 def wgmma_here() -> bool:
     """Whether this GPU runs the strided layout's wgmma order (Hopper, wgmma not disabled)."""
-    return torch.cuda.get_device_capability()[0] == 9 and not mma_v3_disabled()
+    return builds_wgmma(torch.cuda.get_device_capability()[0])
 
 
 def mma2_here() -> bool:

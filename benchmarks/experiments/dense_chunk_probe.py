@@ -129,14 +129,11 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
                     best = (cfg.name(), ms)
             rec["best"] = best
             rows.append(rec)
-            if best is None:
-                print(
-                    f"{name} M={M}: pick {rec['pick']} {rec['pick_ms']:.4f} cublas {rec['cublas_ms']:.4f}", flush=True
-                )
-                continue
+            line = f"{name} M={M}: pick {rec['pick']} {rec['pick_ms']:.4f} cublas {rec['cublas_ms']:.4f}"
             print(
-                f"{name} M={M}: pick {rec['pick']} {rec['pick_ms']:.4f} cublas {rec['cublas_ms']:.4f} best "
-                f"{best[0]} {best[1]:.4f} (pick/best {rec['pick_ms'] / best[1]:.2f}, cublas/best "
+                line
+                if best is None
+                else f"{line} best {best[0]} {best[1]:.4f} (pick/best {rec['pick_ms'] / best[1]:.2f}, cublas/best "
                 f"{rec['cublas_ms'] / best[1]:.2f})",
                 flush=True,
             )

@@ -58,17 +58,16 @@ def main() -> None:
 
 
 def dense_runs(chunk: bool = False) -> dict:
-    from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled
-    from mxrepack.layouts.dense import DenseMxLayout
+    from dense_chunk_probe import chunk_pack
+    from peers import chunk_order_here
 
-    order = "mma2" if mma_v3_disabled() else "wgmma"
+    order = chunk_order_here()
     runs = {}
     for layer, (N, K) in {"qkv": (5120, 2880), "o": (2880, 4096)}.items():
         w, ws = rand_mx(N, K)
         fold = fits_fold(ws)  # once, as a loader asks: not a reduction inside each profiled call
         if chunk:
-            layout = DenseMxLayout("mxfp4", order=order)
-            wc = layout.store(w, ws, K, "values"), layout.store(w, ws, K, "scales")
+            wc = chunk_pack(w, ws, order)
             wb = torch.randn(N, K, device="cuda").to(torch.bfloat16)
             for M in (1, 16, 64):
                 x = torch.randn(M, K, device="cuda").to(torch.bfloat16)

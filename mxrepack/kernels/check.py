@@ -582,7 +582,7 @@ def for_arch(src: ASTSource, cap: int) -> ASTSource:
     launch)."""
     if "WAIT_MMA" not in src.signature or _constant(src, "ORDER") in ("wgmma", "mma2"):  # as its config says
         return src
-    wait = bool(_constant(src, "SWAP_AB")) and cap // 10 == 9 and not dq.mma_v3_disabled()
+    wait = bool(_constant(src, "SWAP_AB")) and dq.builds_wgmma(cap // 10)
     names = list(src.fn.arg_names)
     const = {k: v for k, v in src.constants.items() if k not in ("WAIT_MMA", (names.index("WAIT_MMA"),))}
     return ASTSource(src.fn, src.signature, const | {"WAIT_MMA": wait}, src.attrs)

@@ -870,7 +870,13 @@ def mma_reads_registers_async(device: torch.device) -> bool:
     """Whether the swapped-operand step must wait for its MMAs (:func:`mma_done`): Hopper (sm_90), whose ``wgmma``
     reads the decoded W from registers asynchronously; not under Triton's ``DISABLE_MMA_V3``, where Hopper builds the
     synchronous ``mma.sync`` as sm_12x does (so that the H100 stand-in runs sm_12x's code, wait included)."""
-    return device.type == "cuda" and device_capability(device)[0] == 9 and not mma_v3_disabled()
+    return device.type == "cuda" and builds_wgmma(device_capability(device)[0])
+
+
+def builds_wgmma(major: int) -> bool:
+    """Whether Triton builds Hopper's ``wgmma`` for a GPU of compute capability ``major``: sm_90, not under its
+    ``DISABLE_MMA_V3`` (:func:`mma_v3_disabled`)."""
+    return major == 9 and not mma_v3_disabled()
 
 
 def mma_v3_disabled() -> bool:
@@ -1036,7 +1042,7 @@ def check_order(order: str, activations: str, device: torch.device) -> None:
     if device.type != "cuda":
         return
     major, minor = device_capability(device)
-    wgmma = major == 9 and not mma_v3_disabled()
+    wgmma = builds_wgmma(major)
     if order == "wgmma" and not wgmma:
         raise ValueError(
             f"the wgmma order is Hopper's (sm_90) wgmma fragment; this GPU builds mma.sync (sm_{major}{minor}"
