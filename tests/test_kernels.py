@@ -1164,7 +1164,7 @@ def test_linear_chunk_orders_match_reference(order):
     assert wc.shape == (48, 192) and sc.shape == (48, 12)
     assert all(torch.equal(a, b) for a, b in zip(DenseMxLayout("mxfp4", order=order).unpack(wc, sc, (N, K)), (w, s)))
     bias = torch.randn(N)
-    for M in (1, 5, 17, 70):
+    for M in (1, 5, 17, 40, 70):
         x = torch.randn(M, K).to(torch.bfloat16)
         ref = mxfp4_linear(x, w, s, bias).float()
         configs = [None, *CHUNK_CONFIGS.values(), dataclasses.replace(CHUNK_CONFIGS["chunk_decode"], split_k=3)]
@@ -1175,6 +1175,9 @@ def test_linear_chunk_orders_match_reference(order):
     assert pick_chunk_config(70, 5120, 2880) is None  # past 64 rows: dequantize + cuBLAS
     assert pick_chunk_config(4, 5120, 2880).split_k == 4 and pick_chunk_config(4, 2880, 4096).split_k == 8
     assert pick_chunk_config(64, 2880, 4096).split_k == 4 and pick_chunk_config(64, 5120, 2880).block_n == 64
+    # 33-64 rows: one 64-row tile, about 8 K tiles a split, where it fills the GPU (qkv), else two of 32 rows (o)
+    assert pick_chunk_config(33, 5120, 2880).name() == "m64n64k128s3w4st3x"
+    assert pick_chunk_config(64, 2880, 4096).block_m == 32 and pick_chunk_config(32, 5120, 2880).block_m == 32
     # lm_head fills the GPU unsplit: 128 columns, rows as M needs
     assert [pick_chunk_config(m, 201088, 2880).name() for m in (1, 17, 33)] == [
         f"m{m}n128k128s1w4st3x" for m in (16, 32, 64)

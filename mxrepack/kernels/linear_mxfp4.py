@@ -169,13 +169,22 @@ CONFIGS = {
 CHUNK_DECODE = LinearConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 CHUNK_MID = LinearConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 CHUNK_MID_MAX_SPLIT = 4
+# At 33-64 rows, W decoded once per 64 tokens (one 64-row tile, not two of 32) with K split to about 8 K tiles a
+# program, where that still launches 1.5 programs per SM (qkv on an H200, not o); else CHUNK_MID as above. Same-run
+# probe of 2-6 and 8 splits (H200, 2026-11-28, c81987d, ``dense_chunk_probe.py time OUT qkv,o 1,16,64 splits``,
+# docs/bench/dense_chunk_probe_splits_{wgmma,mma2}_h200_2026-11-28_c81987d.json), ms at 64 rows: qkv (23 K tiles) 64 x
+# 64 with 3 splits 0.0104 against CHUNK_MID's 4 splits 0.0110 (wgmma; cuBLAS BF16 0.0101) and 0.0126 against 0.0152
+# (mma2); o (32 K tiles, 45 column tiles: 180 programs at 64 rows) best on CHUNK_MID with 4 splits (0.0098; 64 x 64
+# with 4 splits 0.0109)
+CHUNK_MID64 = LinearConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
+CHUNK_MID64_K_TILES = 8
 # On a layer that fills the GPU unsplit (lm_head): 128 columns a tile, and as many rows as M needs up to 64, so that W
 # is decoded once per 64 tokens rather than once per 32. Same-run probe (H200, 2026-11-28, 21c0cdf, docs/bench/
 # dense_chunk_probe_{wgmma,mma2}_h200_2026-11-28_21c0cdf.json), lm_head, ms, the 64-column tile -> these: wgmma
 # M = 4 0.1053 -> 0.1015, 32 0.1389 -> 0.1292, 64 0.2703 -> 0.1874; mma2 M = 4 0.1173 -> 0.1107, 32 0.1887 -> 0.1592,
 # 64 0.3658 -> 0.2546 (Marlin's 0.308 in the same session)
 CHUNK_WIDE = {m: LinearConfig(m, 128, 128, num_warps=4, num_stages=3, swap_ab=True) for m in (16, 32, 64)}
-CHUNK_CONFIGS = {"chunk_decode": CHUNK_DECODE, "chunk_mid": CHUNK_MID} | {
+CHUNK_CONFIGS = {"chunk_decode": CHUNK_DECODE, "chunk_mid": CHUNK_MID, "chunk_mid64": CHUNK_MID64} | {
     f"chunk_wide{m}": cfg for m, cfg in CHUNK_WIDE.items()
 }
 
@@ -221,12 +230,16 @@ WARM_ROWS = (1, 2, 3, 4, 16, 17, 32, 33, 64, 65, 256)
 @functools.lru_cache(maxsize=4096)  # asked per launch; lm_head's runs outside vLLM's graphs, each step
 def pick_chunk_config(M: int, N: int, K: int, sm_count: int = 132, fold_scale: bool = False) -> LinearConfig | None:
     """The chunk-order tile for M rows: on a layer with two 128-column tiles per SM (lm_head), :data:`CHUNK_WIDE`'s of
-    M's size, unsplit; else :data:`CHUNK_DECODE` up to 16 rows, :data:`CHUNK_MID` to 64, K split as there said; folded
-    where ``fold_scale``; None past 64 rows (dequantize + cuBLAS)."""
+    M's size, unsplit; else :data:`CHUNK_DECODE` up to 16 rows, :data:`CHUNK_MID` to 64 (:data:`CHUNK_MID64` at 33-64
+    rows where it fills the GPU), K split as there said; folded where ``fold_scale``; None past 64 rows (dequantize +
+    cuBLAS)."""
+    split64 = max(1, min(CHUNK_MID_MAX_SPLIT, round(cdiv(K, 128) / CHUNK_MID64_K_TILES)))
     if M <= 64 and cdiv(N, 128) >= 2 * sm_count:
         tile = CHUNK_WIDE[16 if M <= 16 else 32 if M <= 32 else 64]
     elif M <= CHUNK_DECODE.block_m:
         tile = _two_per_sm(CHUNK_DECODE, N, K, sm_count)
+    elif CHUNK_MID.block_m < M <= 64 and 2 * cdiv(N, CHUNK_MID64.block_n) * split64 >= 3 * sm_count:
+        tile = dataclasses.replace(CHUNK_MID64, split_k=split64)
     elif M <= 64:
         tile = _two_per_sm(CHUNK_MID, N, K, sm_count)
         tile = dataclasses.replace(tile, split_k=min(tile.split_k, CHUNK_MID_MAX_SPLIT))
