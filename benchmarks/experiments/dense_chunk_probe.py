@@ -9,7 +9,8 @@ same-run records of ``benchmarks/peers.py`` (docs/PERF.md).
 
 SHAPES: comma-separated from qkv, o, lm_head (default all); ROWS: comma-separated row counts (default 4,16,32,48,64);
 KIND (:func:`candidates`): ``deep``, also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8;
-``splits``, the 64-column tiles at 2-6 and 8 K splits (3, 5 and 6 not powers of two); ``pick``, the dispatch's tile
+``splits``, the 64-column tiles at 2-6 and 8 K splits (3, 5 and 6 not powers of two); ``mid64``, the 64 x 64 tile at 3
+and 4 splits on 4 or 8 warps and 2-4 stages; ``pick``, the dispatch's tile
 alone (an A/B of two trees). The ``prefetch`` kind of d5b9856, each tile with its W
 asked of L2 before the K loop, lost and went with its kernel option (records
 ``dense_chunk_probe_prefetch_*_h200_2026-11-28_d5b9856.json``). The first version of this probe
@@ -58,6 +59,13 @@ def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
     shapes = [(bm, bn) for bm in (16, 32, 64) if bm <= max(16, triton.next_power_of_2(M)) for bn in (64, 128)]
     if kind == "pick":  # the dispatch's own tile only (an A/B of two trees)
         return []
+    if kind == "mid64":  # the 64-row tile at 3 and 4 splits on 4 or 8 warps and 2-4 stages (linear_mxfp4.CHUNK_MID64)
+        return [
+            LinearConfig(64, 64, 128, split, num_warps=warps, num_stages=stages, swap_ab=True)
+            for split in (3, 4)
+            for warps in (4, 8)
+            for stages in (2, 3, 4)
+        ]
     if kind == "splits":  # K splits that are not powers of two beside 2 and 4, on 64 columns
         return [
             LinearConfig(bm, 64, 128, split, num_warps=4, num_stages=3, swap_ab=True)
