@@ -7,7 +7,8 @@ same-run records of ``benchmarks/peers.py`` (docs/PERF.md).
     python benchmarks/experiments/dense_chunk_probe.py time [OUT.json] [SHAPES] [ROWS] [KIND]   # Hopper: wgmma order
     DISABLE_MMA_V3=1 python benchmarks/experiments/dense_chunk_probe.py time [OUT.json]         # sm_12x's path: mma2
 
-SHAPES: comma-separated from qkv, o, lm_head (default all); ROWS: comma-separated row counts (default 4,16,32,48,64);
+SHAPES: comma-separated from qkv, o, lm_head (default all); ROWS: comma-separated row counts (default 4,16,32,48,64;
+past 64 the dispatch's pick is dequantize + cuBLAS, timed with ``pick``);
 KIND (:func:`candidates`): ``deep``, also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8;
 ``splits``, the 64-column tiles at 2-6 and 8 K splits (3, 5 and 6 not powers of two); ``mid64``, the 64 x 64 tile at 3
 and 4 splits on 4 or 8 warps and 2-4 stages; ``pick``, the dispatch's tile
@@ -126,7 +127,8 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
             ref = x.float() @ wf.T
             y = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
             pick = pick_chunk_config(M, N, K, sms, fold)
-            rec = {"shape": name, "N": N, "K": K, "M": M, "order": order, "pick": pick.name(), "sms": sms}
+            picked = pick.name() if pick is not None else "dequantize + cuBLAS"  # past 64 rows
+            rec = {"shape": name, "N": N, "K": K, "M": M, "order": order, "pick": picked, "sms": sms}
             got = linear_mxfp4(x, wq, sq, order=order, out=y, fold_scale=fold)
             rec["pick_err"] = float((got.float() - ref).norm() / ref.norm())
             rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *next(it_c), order=order, out=y, fold_scale=fold))
