@@ -11,7 +11,8 @@ SHAPES: comma-separated from qkv, o, lm_head (default all); ROWS: comma-separate
 past 64 the dispatch's pick is dequantize + cuBLAS, timed with ``pick``);
 KIND (:func:`candidates`): ``deep``, also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8;
 ``splits``, the 64-column tiles at 2-6 and 8 K splits (3, 5 and 6 not powers of two); ``mid64``, the 64 x 64 tile at 3
-and 4 splits on 4 or 8 warps and 2-4 stages; ``pick``, the dispatch's tile
+and 4 splits on 4 or 8 warps and 2-4 stages; ``fly``, the 16-, 32- and 64-row tiles with their wgmmas waited for and
+kept in flight (Hopper: ``dequant_mxfp4.fresh_operand``); ``pick``, the dispatch's tile
 alone (an A/B of two trees). The ``prefetch`` kind of d5b9856, each tile with its W
 asked of L2 before the K loop, lost and went with its kernel option (records
 ``dense_chunk_probe_prefetch_*_h200_2026-11-28_d5b9856.json``). The first version of this probe
@@ -60,6 +61,13 @@ def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
     shapes = [(bm, bn) for bm in (16, 32, 64) if bm <= max(16, triton.next_power_of_2(M)) for bn in (64, 128)]
     if kind == "pick":  # the dispatch's own tile only (an A/B of two trees)
         return []
+    if kind == "fly":  # the 16-, 32- and 64-row tiles each timed twice, their wgmmas waited for and kept in flight
+        tiles = ((16, 4), (16, 8), (32, 4), (64, 3), (64, 4))
+        return [
+            LinearConfig(bm, 64, 128, split, swap_ab=True)
+            for bm, split in tiles
+            if bm <= max(16, triton.next_power_of_2(M))
+        ]
     if kind == "mid64":  # the 64-row tile at 3 and 4 splits on 4 or 8 warps and 2-4 stages (linear_mxfp4.CHUNK_MID64)
         return [
             LinearConfig(64, 64, 128, split, num_warps=warps, num_stages=stages, swap_ab=True)
@@ -110,6 +118,9 @@ def check() -> None:
 def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4,16,32,48,64", kind: str = "") -> None:
     from common import bench_decode, deq, rand_mx, rotating
 
+    import mxrepack.kernels.linear_mxfp4 as linear_module
+
+    waits = linear_module.mma_reads_registers_async
     order = "mma2" if mma_v3_disabled() else "wgmma"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -134,17 +145,21 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
             rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *next(it_c), order=order, out=y, fold_scale=fold))
             rec["cublas_ms"] = bench_decode(lambda: x @ nxt_b().T)
             best = None
-            for cfg in candidates(M, N, kind):
-                cfg = with_fold(cfg, True, fold)
+            for cfg, fly in itertools.product(candidates(M, N, kind), (False, True) if kind == "fly" else (False,)):
+                cfg, tag = with_fold(cfg, True, fold), "-fly" if fly else ""
+                # kept in flight: the kernel's WAIT_MMA off, as linear_chunks asks mma_reads_registers_async
+                linear_module.mma_reads_registers_async = (lambda device: False) if fly else waits
                 try:
                     err = float((linear_chunks(x, wq, sq, order, None, cfg, y).float() - ref).norm() / ref.norm())
                     ms = bench_decode(lambda: linear_chunks(x, *next(it_c), order, None, cfg, y))
                 except Exception as e:  # noqa: BLE001 - a tile that does not build here is a result too
-                    rec[cfg.name()] = f"{type(e).__name__}: {e}"[:200]
+                    rec[cfg.name() + tag] = f"{type(e).__name__}: {e}"[:200]
                     continue
-                rec[cfg.name()] = [round(ms, 5), err]
+                finally:
+                    linear_module.mma_reads_registers_async = waits
+                rec[cfg.name() + tag] = [round(ms, 5), err]
                 if best is None or ms < best[1]:
-                    best = (cfg.name(), ms)
+                    best = (cfg.name() + tag, ms)
             rec["best"] = best
             rows.append(rec)
             line = f"{name} M={M}: pick {rec['pick']} {rec['pick_ms']:.4f} cublas {rec['cublas_ms']:.4f}"
