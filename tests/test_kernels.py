@@ -1168,7 +1168,8 @@ def test_linear_chunk_orders_match_reference(order):
         x = torch.randn(M, K).to(torch.bfloat16)
         ref = mxfp4_linear(x, w, s, bias).float()
         configs = [None, *CHUNK_CONFIGS.values(), dataclasses.replace(CHUNK_CONFIGS["chunk_decode"], split_k=3)]
-        for cfg in configs if M <= 17 else [None]:
+        configs.append(dataclasses.replace(CHUNK_CONFIGS["chunk_mid64"], split_k=3))  # partial 64-row tiles, split
+        for cfg in configs if M <= 40 else [None]:
             out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
             y = linear_mxfp4(x, wc, sc, bias, config=cfg, out=out, order=order)
             assert rel(y, ref) <= 1e-2, (M, cfg, rel(y, ref))
@@ -1178,6 +1179,11 @@ def test_linear_chunk_orders_match_reference(order):
     # 33-64 rows: one 64-row tile, about 8 K tiles a split, where it fills the GPU (qkv), else two of 32 rows (o)
     assert pick_chunk_config(33, 5120, 2880).name() == "m64n64k128s3w4st3x"
     assert pick_chunk_config(64, 2880, 4096).block_m == 32 and pick_chunk_config(32, 5120, 2880).block_m == 32
+    # on GB10's 48 SMs both take it (unmeasured there; o's 64-row tile lost on an H200 at every split: CHUNK_MID64)
+    assert [pick_chunk_config(64, n, k, 48).name() for n, k in ((5120, 2880), (2880, 4096))] == [
+        "m64n64k128s3w4st3x",
+        "m64n64k128s4w4st3x",
+    ]
     # lm_head fills the GPU unsplit: 128 columns, rows as M needs
     assert [pick_chunk_config(m, 201088, 2880).name() for m in (1, 17, 33)] == [
         f"m{m}n128k128s1w4st3x" for m in (16, 32, 64)
@@ -1209,7 +1215,7 @@ def test_linear_chunk_order_on_a_gpu():
     for N, K in ((5120, 2880), (2880, 4096)):
         w, s, (wc, sc) = _chunk_dense(N, K, order, "cuda")
         bias = torch.randn(N, device="cuda")
-        for M in (1, 4, 16, 17, 64, 300):
+        for M in (1, 4, 16, 17, 40, 64, 300):
             x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
             ref = mxfp4_linear(x.cpu(), w, s, bias.cpu()).float()
             for fold in (False, True):

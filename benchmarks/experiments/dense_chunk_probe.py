@@ -56,7 +56,7 @@ def chunk_pack(w: torch.Tensor, s: torch.Tensor, order: str) -> tuple[torch.Tens
 
 def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
     """Tiles of 16, 32 and 64 rows (no more rows than M needs), 64 or 128 columns, K split 1-8 (not on lm_head:
-    its 201088 rows fill the GPU unsplit); ``kind`` "deep": the 32- and 64-row ones also with 8 warps and 2-4 stages."""
+    its 201088 rows fill the GPU unsplit); other ``kind`` s as the module's docstring lists."""
     splits = (1,) if N > 100_000 else (1, 2, 4, 8)
     shapes = [(bm, bn) for bm in (16, 32, 64) if bm <= max(16, triton.next_power_of_2(M)) for bn in (64, 128)]
     if kind == "pick":  # the dispatch's own tile only (an A/B of two trees)
@@ -145,7 +145,8 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
             rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *next(it_c), order=order, out=y, fold_scale=fold))
             rec["cublas_ms"] = bench_decode(lambda: x @ nxt_b().T)
             best = None
-            for cfg, fly in itertools.product(candidates(M, N, kind), (False, True) if kind == "fly" else (False,)):
+            flights = (False, True) if kind == "fly" and order == "wgmma" else (False,)  # mma.sync never waits
+            for cfg, fly in itertools.product(candidates(M, N, kind), flights):
                 cfg, tag = with_fold(cfg, True, fold), "-fly" if fly else ""
                 # kept in flight: the kernel's WAIT_MMA off, as linear_chunks asks mma_reads_registers_async
                 linear_module.mma_reads_registers_async = (lambda device: False) if fly else waits

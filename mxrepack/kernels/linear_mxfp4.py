@@ -165,12 +165,15 @@ CONFIGS = {
 # benchmarks/experiments/dense_chunk_probe.py, 2026-11-28, docs/bench/dense_chunk_probe_{wgmma,mma2}_h100_2026-11-28_
 # c392dd9.json; the wgmma order on Hopper, the mma2 order under DISABLE_MMA_V3): 16 x 64 best at M = 4 and 16 (qkv 4
 # splits, o 8: 0.0075-0.0087 ms against the plain order's shipped 0.0117-0.0143), 32 x 64 with 4 splits at M = 64
-# (wgmma: qkv 0.0116, o 0.0105 against 0.0185 / 0.0163; 8 splits slower; keeping the wgmmas in flight within 1-3%).
+# (wgmma: qkv 0.0116, o 0.0105 against 0.0185 / 0.0163; 8 splits slower; keeping the wgmmas in flight within 1-3%);
+# since 6210126 qkv's 33-64 rows take CHUNK_MID64 (below).
 CHUNK_DECODE = LinearConfig(16, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 CHUNK_MID = LinearConfig(32, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 CHUNK_MID_MAX_SPLIT = 4
 # At 33-64 rows, W decoded once per 64 tokens (one 64-row tile, not two of 32) with K split to about 8 K tiles a
-# program, where that still launches 1.5 programs per SM (qkv on an H200, not o); else CHUNK_MID as above. Same-run
+# program, where that still launches 1.5 programs per SM (qkv on an H200, not o); else CHUNK_MID as above. That bound
+# is fitted to these two layers on 132 SMs: with fewer SMs (GB10's 48, an H100 PCIe's 114) o takes the 64-row tile too,
+# unmeasured there, though on the H200 o's 64-row tile lost to CHUNK_MID at every split from 2 to 8. Same-run
 # probe of 2-6 and 8 splits (H200, 2026-11-28, c81987d, ``dense_chunk_probe.py time OUT qkv,o 1,16,64 splits``,
 # docs/bench/dense_chunk_probe_splits_{wgmma,mma2}_h200_2026-11-28_c81987d.json), ms at 64 rows: qkv (23 K tiles) 64 x
 # 64 with 3 splits 0.0104 against CHUNK_MID's 4 splits 0.0110 (wgmma; cuBLAS BF16 0.0101) and 0.0126 against 0.0152
@@ -222,8 +225,8 @@ def _pick_config(M: int, N: int, K: int, sm_count: int, mode: str) -> LinearConf
 
 # Row counts that compile every kernel linear_mxfp4 launches for a layer, at load (the vLLM plugin's warm-up): rows at
 # which the kernels differ for some layer (the GEMV at 1, 2 and 4; the split-K and swapped tiles to 16 and
-# 17-64 or -255; the chunk orders' lm_head tiles of 16 / 32 / 64 rows: 17 and 33 start them; dequantize + cuBLAS past
-# that) and at which Triton specializes (1, multiples of 16, the rest).
+# 17-64 or -255; the chunk orders' lm_head tiles of 16 / 32 / 64 rows and q/k/v's 64-row tile: 17 and 33 start them;
+# dequantize + cuBLAS past that) and at which Triton specializes (1, multiples of 16, the rest).
 WARM_ROWS = (1, 2, 3, 4, 16, 17, 32, 33, 64, 65, 256)
 
 
@@ -233,7 +236,7 @@ def pick_chunk_config(M: int, N: int, K: int, sm_count: int = 132, fold_scale: b
     M's size, unsplit; else :data:`CHUNK_DECODE` up to 16 rows, :data:`CHUNK_MID` to 64 (:data:`CHUNK_MID64` at 33-64
     rows where it fills the GPU), K split as there said; folded where ``fold_scale``; None past 64 rows (dequantize +
     cuBLAS)."""
-    split64 = max(1, min(CHUNK_MID_MAX_SPLIT, round(cdiv(K, 128) / CHUNK_MID64_K_TILES)))
+    split64 = max(1, min(CHUNK_MID_MAX_SPLIT, (cdiv(K, 128) + CHUNK_MID64_K_TILES // 2) // CHUNK_MID64_K_TILES))
     if M <= 64 and cdiv(N, 128) >= 2 * sm_count:
         tile = CHUNK_WIDE[16 if M <= 16 else 32 if M <= 32 else 64]
     elif M <= CHUNK_DECODE.block_m:
