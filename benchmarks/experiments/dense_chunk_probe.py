@@ -63,11 +63,7 @@ def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
         return []
     if kind == "fly":  # the 16-, 32- and 64-row tiles each timed twice, their wgmmas waited for and kept in flight
         tiles = ((16, 4), (16, 8), (32, 4), (64, 3), (64, 4))
-        return [
-            LinearConfig(bm, 64, 128, split, swap_ab=True)
-            for bm, split in tiles
-            if bm <= max(16, triton.next_power_of_2(M))
-        ]
+        return [LinearConfig(bm, 64, 128, split, swap_ab=True) for bm, split in tiles if (bm, 64) in shapes]
     if kind == "mid64":  # the 64-row tile at 3 and 4 splits on 4 or 8 warps and 2-4 stages (linear_mxfp4.CHUNK_MID64)
         return [
             LinearConfig(64, 64, 128, split, num_warps=warps, num_stages=stages, swap_ab=True)
