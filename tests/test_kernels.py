@@ -1138,16 +1138,20 @@ def test_moe_wgmma_order_on_hopper():
 def _chunk_dense(N, K, order, device="cpu"):
     """A random MXFP4 weight ``[N, K]`` (plain bytes and scales, logical size) and its stored form in the dense
     layout's chunk ``order`` (padded to 16 rows and 128 columns)."""
-    from mxrepack.layouts.dense import DenseMxLayout
-
     w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8)
     s = torch.randint(118, 126, (N, K // 32), dtype=torch.uint8)
+    return w, s, _chunk_dense_store(w, s, K, order, device)
+
+
+def _chunk_dense_store(w, s, K, order, device="cpu"):
+    """Plain MXFP4 bytes and scales of a weight ``[N, K]`` in the dense layout's chunk ``order``, stored."""
+    from mxrepack.layouts.dense import DenseMxLayout
+
     layout = DenseMxLayout("mxfp4", order=order)
-    Np = layout.padded(N, K)[0]
+    N, Np = w.shape[0], layout.padded(w.shape[0], K)[0]
     wp, sp = torch.zeros(Np, K // 2, dtype=torch.uint8), torch.zeros(Np, K // 32, dtype=torch.uint8)
     wp[:N], sp[:N] = w, s
-    stored = (layout.store(wp, sp, K, "values").to(device), layout.store(wp, sp, K, "scales").to(device))
-    return w, s, stored
+    return layout.store(wp, sp, K, "values").to(device), layout.store(wp, sp, K, "scales").to(device)
 
 
 @pytest.mark.parametrize("order", ["wgmma", "mma2"])
@@ -1203,12 +1207,29 @@ def test_linear_chunk_orders_match_reference(order):
         linear_mxfp4(torch.randn(70, K).to(torch.bfloat16), wc, sc, out=torch.empty(70, N), order=order)
 
 
+@pytest.mark.parametrize("order", ["wgmma", "mma2"])
+def test_chunk_order_dequantizer_gives_the_plain_bits(order):
+    """The chunk orders' prefill dequantizer (each word decoded on its own, its pairs relabelled to natural order) gives
+    the reference's bits: a partial last row tile and K tile, E8M0's subnormal, smallest and largest scales (subnormal
+    results kept, which the interpreter's float cast in the plain dequantizer flushes; on a GPU the two agree:
+    test_linear_chunk_order_on_a_gpu); an output it cannot read as bf16 pairs is refused."""
+    from mxrepack.kernels.dequant_mxfp4 import dequantize_chunks
+
+    N, K = 40, 288
+    w, s, _ = _chunk_dense(N, K, order)
+    s[0, :3] = torch.tensor([0, 1, 254], dtype=torch.uint8)
+    wc, sc = _chunk_dense_store(w, s, K, order)
+    assert torch.equal(dequantize_chunks(wc, sc, K, order)[:N], dequantize_mxfp4(w, s).to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"out strides \(1, 48\): expected unit column stride"):
+        dequantize_chunks(wc, sc, K, order, torch.empty(K, 48, dtype=torch.bfloat16).T)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk orders' PTX decode feeds the GPU's MMA")
 def test_linear_chunk_order_on_a_gpu():
     """On a GPU: dense W4A16 in the chunk order its MMA reads (wgmma on Hopper, mma2 under DISABLE_MMA_V3 or on
     sm_8x / sm_12x) at gpt-oss's widths, every row-count class, folded and not, against the reference; the same
-    bits on every repeat (the split-K sums in split order)."""
-    from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled
+    bits on every repeat (the split-K sums in split order); the prefill's dequantizer gives the plain one's bits."""
+    from mxrepack.kernels.dequant_mxfp4 import dequantize_chunks, mma_v3_disabled
 
     major = torch.cuda.get_device_capability()[0]
     order = "wgmma" if major == 9 and not mma_v3_disabled() else "mma2"
@@ -1224,6 +1245,11 @@ def test_linear_chunk_order_on_a_gpu():
                 assert all(
                     torch.equal(linear_mxfp4(x, wc, sc, bias, fold_scale=fold, order=order), y) for _ in range(3)
                 )
+        # the prefill's dequantizer: the PTX word decode, which no MMA reads, so both orders on any GPU
+        plain = dequantize_mxfp4_rows(w.cuda(), s.cuda())
+        for o in ("wgmma", "mma2"):
+            stored = _chunk_dense_store(w, s, K, o, "cuda")
+            assert torch.equal(dequantize_chunks(*stored, K, o)[:N], plain), (N, o)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX decode needs a GPU")

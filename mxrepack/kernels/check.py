@@ -499,15 +499,16 @@ def shipped_kernels():
         sig = {
             "w_ptr": "*u8",
             "s_ptr": "*u8",
-            "out_ptr": "*bf16",
+            "out_ptr": "*i32",
             "N": "i32",
             "K": "i32",
             "stride_wn": "i32",
             "stride_wsn": "i32",
             "stride_on": "i32",
             "ORDER": "constexpr",
+            "MATH": "constexpr",
         }
-        src = ASTSource(dq._dequant_chunks_kernel, sig, {"ORDER": order})
+        src = ASTSource(dq._dequant_chunks_kernel, sig, {"ORDER": order, "MATH": "asm"})
         yield "dequant_chunks", f"{order} prefill", "w4a16", src, 4, 1
     # A MoE tile's kernels do not depend on its remainder tile: each tile (a table entry's, or its remainder, which
     # may differ from every entry: a wider down tile) is built once, under the first table entry that runs it. The

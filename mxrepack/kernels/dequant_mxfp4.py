@@ -409,48 +409,78 @@ def _word_scales(sc, ORDER: tl.constexpr):
 
 
 @triton.jit
+def _word_values_ops(w_ptr, w_off, lane, s_lo, s_hi):
+    """The portable twin of :func:`_word_pairs_asm` as fp32 values: the words' bytes back in fragment order, then each
+    nibble."""
+    wb = tl.load(w_ptr + w_off + lane * 32 + tl.arange(0, 32)[None, None, :])
+    blocks: tl.constexpr = wb.shape[0]
+    b = tl.reshape(_fragment_bytes(wb, blocks).to(tl.int32), (blocks, 32, 8, 2, 2))  # byte 2 p1 + p0
+    f_lo = e8m0_to_fp32(s_lo.to(tl.int32))
+    f_hi = e8m0_to_fp32(s_hi.to(tl.int32))
+    b01, b23 = tl.split(tl.permute(b, (0, 1, 2, 4, 3)))  # p1 = 0, 1
+    b0, b1 = tl.split(b01)
+    b2, b3 = tl.split(b23)
+    v0, v1 = e2m1_to_fp32(b0 & 15) * f_lo, e2m1_to_fp32(b0 >> 4) * f_lo
+    v2, v3 = e2m1_to_fp32(b1 & 15) * f_lo, e2m1_to_fp32(b1 >> 4) * f_lo
+    v4, v5 = e2m1_to_fp32(b2 & 15) * f_hi, e2m1_to_fp32(b2 >> 4) * f_hi
+    v6, v7 = e2m1_to_fp32(b3 & 15) * f_hi, e2m1_to_fp32(b3 >> 4) * f_hi
+    return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
+def _word_pairs_asm(w_ptr, w_off, lane, s_lo, s_hi, ORDER: tl.constexpr, MATH: tl.constexpr):
+    """The PTX word decode (:data:`WORD_ASM`): each word's 4 bf16 pairs (int32, low code first)."""
+    tl.static_assert(MATH == "asm" or MATH == "asm-fold", "the chunk word decode: MATH is asm, asm-fold or ops")
+    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + w_off // 4 + lane * 8 + tl.arange(0, 8)[None, None, :])
+    pair_lo = _pair_scale(s_lo, MATH)
+    pair_hi = _pair_scale(s_hi, MATH) if ORDER == "wgmma" else pair_lo  # an mma2 word: one scale, passed twice
+    if MATH == "asm-fold":
+        p0, p1, p2, p3 = tl.inline_asm_elementwise(
+            WORD_ASM_FOLDED, "=r,=r,=r,=r,r,r,r", [words, pair_lo, pair_hi], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+        )
+    else:
+        p0, p1, p2, p3 = tl.inline_asm_elementwise(
+            WORD_ASM, "=r,=r,=r,=r,r,r,r", [words, pair_lo, pair_hi], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+        )
+    return p0, p1, p2, p3
+
+
+@triton.jit
 def chunk_word_values(w_ptr, w_off, lane, sc, ORDER: tl.constexpr, MATH: tl.constexpr):
     """The 8 codes' values (fp32, each ``[BLOCKS, 32, 8]``: block, lane ``4g + t``, word) of a chunk order's chunks at
     byte offsets ``w_off`` ``[BLOCKS, 1, 1]`` (``lane`` ``[1, 32, 1]``), times their scales ``sc`` (E8M0 bytes
     ``[BLOCKS, 32, 8]`` at 2 j + c: group j, row 8 c + g). Value j of word w, mma2 (w = 2 q + c): code 32 q + 8 t + j
     of row 8 c + g; wgmma (w = s, the k16 step): code 16 s + 2 t + (0, 1, 8, 9)[j % 4] of row g (j < 4) or g + 8."""
     s_lo, s_hi = _word_scales(sc, ORDER)
-    if MATH == "ops":  # the portable twin: the words' bytes back in fragment order, then each nibble
-        wb = tl.load(w_ptr + w_off + lane * 32 + tl.arange(0, 32)[None, None, :])
-        blocks: tl.constexpr = wb.shape[0]
-        b = tl.reshape(_fragment_bytes(wb, blocks).to(tl.int32), (blocks, 32, 8, 2, 2))  # byte 2 p1 + p0
-        f_lo = e8m0_to_fp32(s_lo.to(tl.int32))
-        f_hi = e8m0_to_fp32(s_hi.to(tl.int32))
-        b01, b23 = tl.split(tl.permute(b, (0, 1, 2, 4, 3)))  # p1 = 0, 1
-        b0, b1 = tl.split(b01)
-        b2, b3 = tl.split(b23)
-        v0, v1 = e2m1_to_fp32(b0 & 15) * f_lo, e2m1_to_fp32(b0 >> 4) * f_lo
-        v2, v3 = e2m1_to_fp32(b1 & 15) * f_lo, e2m1_to_fp32(b1 >> 4) * f_lo
-        v4, v5 = e2m1_to_fp32(b2 & 15) * f_hi, e2m1_to_fp32(b2 >> 4) * f_hi
-        v6, v7 = e2m1_to_fp32(b3 & 15) * f_hi, e2m1_to_fp32(b3 >> 4) * f_hi
+    if MATH == "ops":
+        v0, v1, v2, v3, v4, v5, v6, v7 = _word_values_ops(w_ptr, w_off, lane, s_lo, s_hi)
     else:
-        tl.static_assert(MATH == "asm" or MATH == "asm-fold", "the chunk GEMV decode: MATH is asm, asm-fold or ops")
-        words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + w_off // 4 + lane * 8 + tl.arange(0, 8)[None, None, :])
-        pair_lo = _pair_scale(s_lo, MATH)
-        pair_hi = _pair_scale(s_hi, MATH) if ORDER == "wgmma" else pair_lo  # an mma2 word: one scale, passed twice
-        if MATH == "asm-fold":
-            p0, p1, p2, p3 = tl.inline_asm_elementwise(
-                WORD_ASM_FOLDED,
-                "=r,=r,=r,=r,r,r,r",
-                [words, pair_lo, pair_hi],
-                dtype=(tl.int32,) * 4,
-                is_pure=True,
-                pack=1,
-            )
-        else:
-            p0, p1, p2, p3 = tl.inline_asm_elementwise(
-                WORD_ASM, "=r,=r,=r,=r,r,r,r", [words, pair_lo, pair_hi], dtype=(tl.int32,) * 4, is_pure=True, pack=1
-            )
+        p0, p1, p2, p3 = _word_pairs_asm(w_ptr, w_off, lane, s_lo, s_hi, ORDER, MATH)
         v0, v1 = _bf16_pair_values(p0)
         v2, v3 = _bf16_pair_values(p1)
         v4, v5 = _bf16_pair_values(p2)
         v6, v7 = _bf16_pair_values(p3)
     return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
+def _bf16_pair(lo, hi):
+    """Two fp32 values exact in bf16 (codes times E8M0 scales) as a bf16 pair in an int32, low half first: their top
+    16 bits, which a float cast may flush where subnormal (:func:`_code_times_scale`)."""
+    return ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (hi.to(tl.int32, bitcast=True) & -65536)
+
+
+@triton.jit
+def chunk_word_pairs(w_ptr, w_off, lane, sc, ORDER: tl.constexpr, MATH: tl.constexpr):
+    """:func:`chunk_word_values` as each word's 4 bf16 pairs (int32, low code first): pair p holds values 2 p and
+    2 p + 1, two neighbouring codes of one row."""
+    s_lo, s_hi = _word_scales(sc, ORDER)
+    if MATH == "ops":
+        v0, v1, v2, v3, v4, v5, v6, v7 = _word_values_ops(w_ptr, w_off, lane, s_lo, s_hi)
+        p0, p1, p2, p3 = _bf16_pair(v0, v1), _bf16_pair(v2, v3), _bf16_pair(v4, v5), _bf16_pair(v6, v7)
+    else:
+        p0, p1, p2, p3 = _word_pairs_asm(w_ptr, w_off, lane, s_lo, s_hi, ORDER, MATH)
+    return p0, p1, p2, p3
 
 
 @triton.jit
@@ -961,18 +991,34 @@ def dequantize_mxfp4_rows(
 
 
 @triton.jit
-def _dequant_chunks_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_wsn, stride_on, ORDER: tl.constexpr):
+def _dequant_chunks_kernel(
+    w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_wsn, stride_on, ORDER: tl.constexpr, MATH: tl.constexpr
+):
     """Program (i, kt): rows ``64 i ..`` of W in a chunk order (row tiles of 16, K-tiled) over K tile ``kt`` -> BF16 in
-    natural order. The portable decode (``MATH="ops"``): the PTX one relies on the MMA operand's register layout,
-    which a store does not give."""
+    natural order, ``out_ptr`` read as int32 (a bf16 pair each, row stride ``stride_on`` pairs). Each word is decoded
+    on its own into its 4 bf16 pairs (:func:`chunk_word_pairs`: elementwise, so the PTX decode too, whatever lanes
+    Triton gives the words), and the pairs are relabelled to natural order once before a coalesced store. A
+    relabel of fp32 values (the decode of the GEMM tiles) took three layout conversions and stored 33% slower than
+    the plain order's dequantizer; storing each pair where it goes, without a relabel, 12-33% slower still (PERF_LOG
+    stop 41)."""
     r0 = tl.program_id(0) * 64
     kt = tl.program_id(1)
     w_off, s_off = wgmma_chunks(tl.minimum(r0 + 16 * tl.arange(0, 4), N - 16), stride_wn, stride_wsn, 16)
-    w = chunk_tile(w_ptr, s_ptr, w_off + kt * 1024, s_off + kt * 64, 4, "ops", ORDER, 0)
+    lane = tl.arange(0, 32)[None, :, None]
+    sc = tl.load(s_ptr + s_off[:, None, None] + kt * 64 + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
+    p0, p1, p2, p3 = chunk_word_pairs(w_ptr, w_off[:, None, None] + kt * 1024, lane, sc, ORDER, MATH)
+    x = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [block, lane 4 g + t, word, p % 2, p // 2]
+    if ORDER == "wgmma":  # word s, pair p: row 8 (p // 2) + g, pair column 8 s + 4 (p % 2) + t
+        x = tl.permute(tl.reshape(x, (4, 8, 4, 8, 2, 2)), (0, 5, 1, 3, 4, 2))  # block, c, g | s, h, t
+    else:  # word 2 q + c, pair p: row 8 c + g, pair column 16 q + 4 t + p
+        tl.static_assert(ORDER == "mma2", "chunk orders: wgmma or mma2")
+        x = tl.permute(tl.reshape(x, (4, 8, 4, 4, 2, 2, 2)), (0, 4, 1, 3, 2, 6, 5))  # block, c, g | q, t, p // 2, p % 2
     rn = r0 + tl.arange(0, 64)
-    rk = kt * 128 + tl.arange(0, 128)
+    rp = kt * 64 + tl.arange(0, 64)
     tl.store(
-        out_ptr + rn[:, None] * stride_on + rk[None, :], w.to(tl.bfloat16), mask=(rn < N)[:, None] & (rk < K)[None, :]
+        out_ptr + rn[:, None] * stride_on + rp[None, :],
+        tl.reshape(x, (64, 64)),
+        mask=(rn < N)[:, None] & (rp < K // 2)[None, :],
     )
 
 
@@ -988,8 +1034,21 @@ def dequantize_chunks(w: torch.Tensor, s: torch.Tensor, K: int, order: str, out:
         )
     if out is None:
         out = torch.empty(N, K, dtype=torch.bfloat16, device=w.device)
+    if out.stride(1) != 1 or out.stride(0) % 2:  # read as bf16 pairs
+        raise ValueError(f"out strides {out.stride()}: expected unit column stride and an even row stride")
+    ptx = w.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
     _dequant_chunks_kernel[(cdiv(N, 64), Kp // 128)](
-        w, s, out, N, K, w.stride(0), s.stride(0), out.stride(0), ORDER=order, num_warps=4
+        w,
+        s,
+        out.view(torch.int32),
+        N,
+        K,
+        w.stride(0),
+        s.stride(0),
+        out.stride(0) // 2,
+        ORDER=order,
+        MATH="asm" if ptx else "ops",
+        num_warps=4,
     )
     return out
 
