@@ -8,7 +8,8 @@ CUDA graphs as ``peers.py`` times them, with every weight rotating through more 
 Variants (each the plain ``rows`` order and, where this GPU reads one, the chunk order: wgmma on Hopper, mma2 under
 ``DISABLE_MMA_V3``, where the rows order runs the same code and is left out): ``cublas`` (BF16 weights, rotating: the
 peer), ``cublas_same_w`` (one BF16 weight, which stays in L2 where it fits: the bound of what a dequantized slab still
-in L2 saves), ``shipped`` (the dispatch), ``dequant``
+in L2 saves), ``cublas_nn`` (BF16 weights stored ``[K, N]``), ``cublas_lt`` (with a zero bias, as
+``torch.addmm`` runs it: cuBLASLt), ``shipped`` (the dispatch), ``dequant``
 (the whole weight dequantized, no GEMM), ``slabN`` (the shipped path with N MB slabs), ``pipeN`` (slabs of N MB, each
 dequantized on a side stream into one of two buffers while cuBLAS multiplies the one before: the dequantization behind
 the GEMM where SMs are free), ``pipeN_hi`` (the same with the side stream at high priority, so that the dequant's
@@ -124,6 +125,10 @@ def time(
         }
         nxt_b = rotating(lambda: torch.randn(N, K, device="cuda").to(torch.bfloat16), N * K * 2)
         w_same = wf.to(torch.bfloat16)
+        # the same weights stored [K, N] (cuBLAS's NN product where x @ W.T is TN): what a dequantizer writing W
+        # transposed would hand cuBLAS
+        nxt_t = rotating(lambda: torch.randn(K, N, device="cuda").to(torch.bfloat16), N * K * 2)
+        zero = torch.zeros(N, dtype=torch.bfloat16, device="cuda")
         whole = torch.empty(-(-N // 16) * 16, K, dtype=torch.bfloat16, device="cuda")
         for M in map(int, sizes.split(",")):
             if M * N > 2048 * 201088:
@@ -134,6 +139,8 @@ def time(
             fns = {
                 "cublas": lambda: torch.mm(x, nxt_b().T, out=y),
                 "cublas_same_w": lambda: torch.mm(x, w_same.T, out=y),
+                "cublas_nn": lambda: torch.mm(x, nxt_t(), out=y),
+                "cublas_lt": lambda: torch.addmm(zero, x, nxt_b().T, out=y),  # with a bias: cuBLASLt's epilogue
             }
             for o in (order,) if mma_v3_disabled() else ("rows", order):  # under DISABLE_MMA_V3 rows is the same
                 fns[f"{o}_shipped"] = lambda o=o: linear_dequant_gemm(x, *nxt[o](), None, y, order=o)
