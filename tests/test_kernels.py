@@ -1220,8 +1220,14 @@ def test_chunk_order_dequantizer_gives_the_plain_bits(order):
     s[0, :3] = torch.tensor([0, 1, 254], dtype=torch.uint8)
     wc, sc = _chunk_dense_store(w, s, K, order)
     assert torch.equal(dequantize_chunks(wc, sc, K, order)[:N], dequantize_mxfp4(w, s).to(torch.bfloat16))
-    with pytest.raises(ValueError, match=r"out strides \(1, 48\): expected unit column stride"):
-        dequantize_chunks(wc, sc, K, order, torch.empty(K, 48, dtype=torch.bfloat16).T)
+    for out in (
+        torch.empty(K, 48, dtype=torch.bfloat16).T,
+        torch.empty(48 * K + 1, dtype=torch.bfloat16)[1:].view(48, K),
+    ):
+        with pytest.raises(
+            ValueError, match=r"out torch.bfloat16 strides .*: expected bfloat16 with unit column stride"
+        ):
+            dequantize_chunks(wc, sc, K, order, out)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk orders' PTX decode feeds the GPU's MMA")

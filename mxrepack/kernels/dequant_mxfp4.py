@@ -1034,8 +1034,11 @@ def dequantize_chunks(w: torch.Tensor, s: torch.Tensor, K: int, order: str, out:
         )
     if out is None:
         out = torch.empty(N, K, dtype=torch.bfloat16, device=w.device)
-    if out.stride(1) != 1 or out.stride(0) % 2:  # read as bf16 pairs
-        raise ValueError(f"out strides {out.stride()}: expected unit column stride and an even row stride")
+    if out.dtype != torch.bfloat16 or out.stride(1) != 1 or out.stride(0) % 2 or out.storage_offset() % 2:
+        raise ValueError(  # written as bf16 pairs (int32)
+            f"out {out.dtype} strides {out.stride()} offset {out.storage_offset()}: expected bfloat16 with unit column "
+            "stride, an even row stride and an even offset"
+        )
     ptx = w.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
     _dequant_chunks_kernel[(cdiv(N, 64), Kp // 128)](
         w,
