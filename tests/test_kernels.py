@@ -1220,14 +1220,16 @@ def test_chunk_order_dequantizer_gives_the_plain_bits(order):
     s[0, :3] = torch.tensor([0, 1, 254], dtype=torch.uint8)
     wc, sc = _chunk_dense_store(w, s, K, order)
     assert torch.equal(dequantize_chunks(wc, sc, K, order)[:N], dequantize_mxfp4(w, s).to(torch.bfloat16))
-    for out in (
+    bad = (  # column-major, odd offset, too few rows
         torch.empty(K, 48, dtype=torch.bfloat16).T,
         torch.empty(48 * K + 1, dtype=torch.bfloat16)[1:].view(48, K),
-    ):
-        with pytest.raises(
-            ValueError, match=r"out torch.bfloat16 strides .*: expected bfloat16 with unit column stride"
-        ):
+        torch.empty(16, K, dtype=torch.bfloat16),
+    )
+    for out in bad:
+        with pytest.raises(ValueError, match=r"out torch.bfloat16 \(\d+, \d+\) .*: expected bfloat16 \[48, 288\]"):
             dequantize_chunks(wc, sc, K, order, out)
+    with pytest.raises(ValueError, match="K a multiple of 32"):
+        dequantize_chunks(wc, sc, 280, order)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk orders' PTX decode feeds the GPU's MMA")
@@ -1251,7 +1253,11 @@ def test_linear_chunk_order_on_a_gpu():
                 assert all(
                     torch.equal(linear_mxfp4(x, wc, sc, bias, fold_scale=fold, order=order), y) for _ in range(3)
                 )
-        # the prefill's dequantizer: the PTX word decode, which no MMA reads, so both orders on any GPU
+    # the prefill's dequantizer: the PTX word decode, which no MMA reads, so both orders on any GPU; a partial row tile,
+    # E8M0's subnormal, smallest and largest scales
+    for N, K in ((5120, 2880), (2880, 4096), (40, 288)):
+        w, s, _ = _chunk_dense(N, K, order)
+        s[0, :3] = torch.tensor([0, 1, 254], dtype=torch.uint8)
         plain = dequantize_mxfp4_rows(w.cuda(), s.cuda())
         for o in ("wgmma", "mma2"):
             stored = _chunk_dense_store(w, s, K, o, "cuda")

@@ -147,8 +147,13 @@ def _code_times_scale(code, scale):
     """E2M1 codes (int32) times fp32 scales, as bf16: the fp32 product (exact: at most two significant bits), then
     its top 16 bits -- exact for subnormal results too, where a float cast may flush them (Triton 3.9's interpreter
     does)."""
-    bits = ((e2m1_to_fp32(code) * scale).to(tl.int32, bitcast=True) >> 16) & 0xFFFF
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return _bf16_bits(e2m1_to_fp32(code) * scale).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _bf16_bits(v):
+    """fp32 values exact in bf16 -> their bf16 bits (int32, 0-0xFFFF): the top 16 bits, kept for subnormals too."""
+    return (v.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
 
 
 @triton.jit
@@ -371,9 +376,10 @@ def _per_lane_byte(s, BLOCKS: tl.constexpr):
     return tl.reshape(s, (BLOCKS, 32, 32))
 
 
-# A chunk order's decode for a GEMV: WORD_ASM's rotations and masks, taking one int32 word at a time. Elementwise over
-# words, so no layout Triton picks can hand it another word's bytes: the tiles' byte form (pack = 4) relies on the
-# layout of the MMA operand it feeds, which a GEMV has not (its builds fail :func:`wgmma_words_packed`). Outputs: the
+# A chunk order's decode for a GEMV or the prefill's dequantizer: WORD_ASM's rotations and masks, taking one int32 word
+# at a time. Elementwise over words, so no layout Triton picks can hand it another word's bytes: the tiles' byte form
+# (pack = 4) relies on the layout of the MMA operand it feeds, which neither has (their builds fail
+# :func:`wgmma_words_packed`). Outputs: the
 # word's 4 bf16 pairs, pair p = byte p's codes (low half first). A wgmma word holds two rows (pairs 0, 1 row g; 2, 3 row
 # g + 8), each with its own scale; an mma2 word is 8 codes of one row in one scale group: its scale is passed as both.
 
@@ -406,6 +412,14 @@ def _word_scales(sc, ORDER: tl.constexpr):
         lo = sc
         hi = sc
     return lo, hi
+
+
+@triton.jit
+def chunk_lane_scales(s_ptr, s_off, lane):
+    """The E8M0 scales of each lane ``lane`` ``[1, 32, 1]`` of chunks whose 64-byte scale pieces start at ``s_off``
+    ``[BLOCKS, 1, 1]``: ``[BLOCKS, 32, 8]``, lane 4 g + t's 8 bytes at 2 j + c (group j, row 8 c + g), as
+    :func:`chunk_word_values` takes them."""
+    return tl.load(s_ptr + s_off + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
 
 
 @triton.jit
@@ -465,9 +479,9 @@ def chunk_word_values(w_ptr, w_off, lane, sc, ORDER: tl.constexpr, MATH: tl.cons
 
 @triton.jit
 def _bf16_pair(lo, hi):
-    """Two fp32 values exact in bf16 (codes times E8M0 scales) as a bf16 pair in an int32, low half first: their top
-    16 bits, which a float cast may flush where subnormal (:func:`_code_times_scale`)."""
-    return ((lo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (hi.to(tl.int32, bitcast=True) & -65536)
+    """Two fp32 values exact in bf16 (codes times E8M0 scales) as a bf16 pair in an int32, low half first
+    (:func:`_bf16_bits`)."""
+    return _bf16_bits(lo) | (_bf16_bits(hi) << 16)
 
 
 @triton.jit
@@ -997,22 +1011,22 @@ def _dequant_chunks_kernel(
     """Program (i, kt): rows ``64 i ..`` of W in a chunk order (row tiles of 16, K-tiled) over K tile ``kt`` -> BF16 in
     natural order, ``out_ptr`` read as int32 (a bf16 pair each, row stride ``stride_on`` pairs). Each word is decoded
     on its own into its 4 bf16 pairs (:func:`chunk_word_pairs`: elementwise, so the PTX decode too, whatever lanes
-    Triton gives the words), and the pairs are relabelled to natural order once before a coalesced store. A
-    relabel of fp32 values (the decode of the GEMM tiles) took three layout conversions and stored 33% slower than
-    the plain order's dequantizer; storing each pair where it goes, without a relabel, 12-33% slower still (PERF_LOG
-    stop 41)."""
+    Triton gives the words), and the pairs are relabelled to natural order once before a coalesced store. Relabelling
+    fp32 values instead (the GEMM tiles' decode: three layout conversions) made this dequantizer a third slower than
+    the plain order's (PERF_LOG stop 42); storing each pair where it goes, without a relabel, made the prefill 12-33%
+    slower (stop 41)."""
     r0 = tl.program_id(0) * 64
     kt = tl.program_id(1)
     w_off, s_off = wgmma_chunks(tl.minimum(r0 + 16 * tl.arange(0, 4), N - 16), stride_wn, stride_wsn, 16)
     lane = tl.arange(0, 32)[None, :, None]
-    sc = tl.load(s_ptr + s_off[:, None, None] + kt * 64 + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
+    sc = chunk_lane_scales(s_ptr, s_off[:, None, None] + kt * 64, lane)
     p0, p1, p2, p3 = chunk_word_pairs(w_ptr, w_off[:, None, None] + kt * 1024, lane, sc, ORDER, MATH)
     x = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [block, lane 4 g + t, word, p % 2, p // 2]
     if ORDER == "wgmma":  # word s, pair p: row 8 (p // 2) + g, pair column 8 s + 4 (p % 2) + t
-        x = tl.permute(tl.reshape(x, (4, 8, 4, 8, 2, 2)), (0, 5, 1, 3, 4, 2))  # block, c, g | s, h, t
+        x = tl.permute(tl.reshape(x, (4, 8, 4, 8, 2, 2)), (0, 5, 1, 3, 4, 2))  # block, p // 2, g | s, p % 2, t
     else:  # word 2 q + c, pair p: row 8 c + g, pair column 16 q + 4 t + p
         tl.static_assert(ORDER == "mma2", "chunk orders: wgmma or mma2")
-        x = tl.permute(tl.reshape(x, (4, 8, 4, 4, 2, 2, 2)), (0, 4, 1, 3, 2, 6, 5))  # block, c, g | q, t, p // 2, p % 2
+        x = tl.permute(tl.reshape(x, (4, 8, 4, 4, 2, 2, 2)), (0, 4, 1, 3, 2, 6, 5))  # block, c, g | q, t, p
     rn = r0 + tl.arange(0, 64)
     rp = kt * 64 + tl.arange(0, 64)
     tl.store(
@@ -1025,19 +1039,26 @@ def _dequant_chunks_kernel(
 def dequantize_chunks(w: torch.Tensor, s: torch.Tensor, K: int, order: str, out: torch.Tensor | None = None):
     """MXFP4 in a chunk order (``order`` "wgmma" or "mma2"; ``[Np, Kp/2]`` bytes in row tiles of 16, K-tiled, and
     ``[Np, Kp/32]`` quad-ordered scales: ``mxrepack.layouts.dense`` with that order) -> BF16 ``[Np, K]`` in natural
-    order (into ``out`` when given)."""
+    order (into ``out`` when given: bf16 ``[Np, K]`` with unit column stride and an even row stride and offset, written
+    as bf16 pairs)."""
     N, Kp = w.shape[0], w.shape[1] * 2
-    if N % 16 or Kp % 128 or s.shape != (N, Kp // 32) or not 0 < K <= Kp:
+    if N % 16 or Kp % 128 or s.shape != (N, Kp // 32) or not 0 < K <= Kp or K % 32:
         raise ValueError(
             f"{order}-order weights {tuple(w.shape)} / scales {tuple(s.shape)} for K={K}: expected [16 r, 64 t] bytes "
-            f"and [16 r, 4 t] scales with 128 t >= K"
+            f"and [16 r, 4 t] scales with 128 t >= K, K a multiple of 32"
         )
     if out is None:
         out = torch.empty(N, K, dtype=torch.bfloat16, device=w.device)
-    if out.dtype != torch.bfloat16 or out.stride(1) != 1 or out.stride(0) % 2 or out.storage_offset() % 2:
+    if (
+        tuple(out.shape) != (N, K)
+        or out.dtype != torch.bfloat16
+        or out.stride(1) != 1
+        or out.stride(0) % 2
+        or out.storage_offset() % 2
+    ):
         raise ValueError(  # written as bf16 pairs (int32)
-            f"out {out.dtype} strides {out.stride()} offset {out.storage_offset()}: expected bfloat16 with unit column "
-            "stride, an even row stride and an even offset"
+            f"out {out.dtype} {tuple(out.shape)} strides {out.stride()} offset {out.storage_offset()}: expected "
+            f"bfloat16 [{N}, {K}] with unit column stride, an even row stride and an even offset"
         )
     ptx = w.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
     _dequant_chunks_kernel[(cdiv(N, 64), Kp // 128)](

@@ -38,6 +38,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxrepack.kernels import cdiv
 from mxrepack.kernels.dequant_mxfp4 import (
+    chunk_lane_scales,
     chunk_word_values,
     e8m0_to_fp32,
     launches_dependents,
@@ -670,7 +671,7 @@ def _chunk_tile(
     BLOCKS: tl.constexpr = acc.shape[0]
     lane = tl.arange(0, 32)[None, :, None]
     wo = w_off[:, None, None] + kt * w_step
-    sc = tl.load(s_ptr + s_off[:, None, None] + kt * s_step + 8 * (lane // 4) + tl.arange(0, 8)[None, None, :])
+    sc = chunk_lane_scales(s_ptr, s_off[:, None, None] + kt * s_step, lane)
     sc = shift_scales(sc, SCALE_SHIFT)
     v0, v1, v2, v3, v4, v5, v6, v7 = chunk_word_values(w_ptr, wo, lane, sc, ORDER, MATH)
     if ORDER == "wgmma":
