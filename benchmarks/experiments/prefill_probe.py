@@ -25,16 +25,15 @@ import itertools
 import json
 import statistics
 import sys
-from datetime import date
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dense_chunk_probe import SHAPES, chunk_pack  # noqa: E402 - beside this script
+from dense_chunk_probe import meta as probe_meta  # noqa: E402
 
 from mxrepack.kernels.dequant_mxfp4 import (  # noqa: E402
     DequantConfig,
@@ -191,14 +190,7 @@ def time(
 
 
 def meta() -> dict:
-    return {
-        "script": "benchmarks/experiments/prefill_probe.py",
-        "date": str(date.today()),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "disable_mma_v3": mma_v3_disabled(),
-    }
+    return probe_meta() | {"script": "benchmarks/experiments/prefill_probe.py"}
 
 
 if __name__ == "__main__":
