@@ -642,9 +642,8 @@ def check_one(kernel: str, config: str, mode: str, src: ASTSource, num_warps: in
         # dequant_mxfp4.mma_done makes Triton wait for each one; a wgmma order tile kept in flight (wait_mma=False)
         # passes because its operand is copied per k16 step (dequant_mxfp4.fresh_operand)
         problems.append(f"a register an in-flight wgmma reads is written ({hazards[0]}; see dequant_mxfp4.mma_done)")
-    tile = not _no_mma(
-        kernel
-    )  # a chunk order's GEMVs and prefill dequantizer take whole int32 words, whatever the layout
+    # a chunk order's GEMVs and prefill dequantizer take whole int32 words, whatever the layout
+    tile = not _no_mma(kernel)
     if tile and _constant(src, "ORDER") in ("wgmma", "mma2") and not dq.wgmma_words_packed(compiled.asm["ttgir"]):
         # the tiles' decode takes a word's 4 bytes as 4 consecutive registers: true of the layouts Triton derives from
         # wgmma's A operand (kWidth 2) and mma.sync's fed by the mma2 order (kWidth 8), which it chooses, so each

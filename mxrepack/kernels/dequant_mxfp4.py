@@ -379,9 +379,9 @@ def _per_lane_byte(s, BLOCKS: tl.constexpr):
 # A chunk order's decode for a GEMV or the prefill's dequantizer: WORD_ASM's rotations and masks, taking one int32 word
 # at a time. Elementwise over words, so no layout Triton picks can hand it another word's bytes: the tiles' byte form
 # (pack = 4) relies on the layout of the MMA operand it feeds, which neither has (their builds fail
-# :func:`wgmma_words_packed`). Outputs: the
-# word's 4 bf16 pairs, pair p = byte p's codes (low half first). A wgmma word holds two rows (pairs 0, 1 row g; 2, 3 row
-# g + 8), each with its own scale; an mma2 word is 8 codes of one row in one scale group: its scale is passed as both.
+# :func:`wgmma_words_packed`). Outputs: the word's 4 bf16 pairs, pair p = byte p's codes (low half first). A wgmma word
+# holds two rows (pairs 0, 1 row g; 2, 3 row g + 8), each with its own scale; an mma2 word is 8 codes of one row in one
+# scale group: its scale is passed as both.
 
 
 @triton.jit
