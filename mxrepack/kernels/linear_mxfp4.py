@@ -338,20 +338,8 @@ def _linear_mxfp4_kernel(
             acc = tl.dot_scaled(a, xs, A_FMT, w.T, ws, "e2m1", acc)
     if SWAP_AB:
         acc = tl.trans(acc)
-    ok = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K > 1:  # partials [SPLIT_K, M, N]; the tile's last split to finish sums them in split order
-        part = part_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)  # int64: SPLIT_K * M * N may pass 2^31
-        counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
-        if last_to_arrive(counter, SPLIT_K):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for _ in range(SPLIT_K):
-                acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
-                part += M * N
-            _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
-            reset_counter(counter)
-    else:
-        _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+    counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
+    _store_split(acc, part_ptr, counter, pid_k, b_ptr, y_ptr, rm, rn, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -421,21 +409,32 @@ def _linear_chunks_kernel(
     acc = tl.trans(acc)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    counter = count_ptr + pid_n * tl.num_programs(0) + pid_m
+    _store_split(acc, part_ptr, counter, pid_k, b_ptr, y_ptr, rm, rn, M, N, stride_ym, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _store_split(
+    acc, part_ptr, counter, pid_k, b_ptr, y_ptr, rm, rn, M, N, stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr
+):
+    """Output tile ``acc`` (rows ``rm``, columns ``rn``) of K split ``pid_k`` of ``SPLIT_K``: unsplit, stored (+ bias);
+    split, its fp32 partial stored in ``part_ptr`` ``[SPLIT_K, M, N]`` and the tile's last split to arrive at
+    ``counter`` sums them in split order and stores that (:mod:`mxrepack.kernels.arrival`)."""
     n_ok = rn < N
     ok = (rm < M)[:, None] & n_ok[None, :]
+    y = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     if SPLIT_K > 1:
         part = part_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)
-        counter = count_ptr + pid_n * tl.num_programs(0) + pid_m
+        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=ok)  # int64: SPLIT_K * M * N may pass 2^31
         if last_to_arrive(counter, SPLIT_K):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = tl.zeros(acc.shape, dtype=tl.float32)
             for _ in range(SPLIT_K):
                 acc += tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
                 part += M * N
-            _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+            _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS)
             reset_counter(counter)
     else:
-        _store_output(acc, b_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], rn, n_ok, ok, HAS_BIAS)
+        _store_output(acc, b_ptr, y, rn, n_ok, ok, HAS_BIAS)
 
 
 @triton.jit
