@@ -12,7 +12,9 @@ past 64 the dispatch's pick is dequantize + cuBLAS, timed with ``pick``);
 KIND (:func:`candidates`): ``deep``, also 8 warps and 2 or 4 pipeline stages on the 32- and 64-row tiles, splits 2-8;
 ``splits``, the 64-column tiles at 2-6 and 8 K splits (3, 5 and 6 not powers of two); ``mid64``, the 64 x 64 tile at 3
 and 4 splits on 4 or 8 warps and 2-4 stages; ``fly``, the 16-, 32- and 64-row tiles with their wgmmas waited for and
-kept in flight (Hopper: ``dequant_mxfp4.fresh_operand``); ``pick``, the dispatch's tile
+kept in flight (Hopper: ``dequant_mxfp4.fresh_operand``); ``stages``, the 64-row tiles on 1-3 splits and 3-8
+stages (cuBLAS's form at 64 rows: few programs, deep pipelines); ``pick-stages``, the dispatch's tile on 2-6 stages,
+each timed twice; ``pick``, the dispatch's tile
 alone (an A/B of two trees). The ``prefetch`` kind of d5b9856, each tile with its W
 asked of L2 before the K loop, lost and went with its kernel option (records
 ``dense_chunk_probe_prefetch_*_h200_2026-11-28_d5b9856.json``). The first version of this probe
@@ -23,6 +25,7 @@ ships instead).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import sys
@@ -59,7 +62,7 @@ def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
     its 201088 rows fill the GPU unsplit); other ``kind`` s as the module's docstring lists."""
     splits = (1,) if N > 100_000 else (1, 2, 4, 8)
     shapes = [(bm, bn) for bm in (16, 32, 64) if bm <= max(16, triton.next_power_of_2(M)) for bn in (64, 128)]
-    if kind == "pick":  # the dispatch's own tile only (an A/B of two trees)
+    if kind in ("pick", "pick-stages"):  # the dispatch's own tile only (an A/B of two trees); on 2-6 stages
         return []
     if kind == "fly":  # the 16-, 32- and 64-row tiles each timed twice, their wgmmas waited for and kept in flight
         tiles = ((16, 4), (16, 8), (32, 4), (64, 3), (64, 4))
@@ -70,6 +73,14 @@ def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
             for split in (3, 4)
             for warps in (4, 8)
             for stages in (2, 3, 4)
+        ]
+    if kind == "stages":  # cuBLAS's form at 64 rows (bf16_gemm_probe.py kernels: 80 CTAs of 64 x 64, 13 stages of 64
+        # codes, no split): fewer programs with deeper pipelines; past 3 stages Hopper's shared memory only
+        return [
+            LinearConfig(64, bn, 128, split, num_warps=4, num_stages=stages, swap_ab=True)
+            for bn in (64, 128)
+            for split in (1, 2, 3)
+            for stages in (3, 4, 5, 6, 8)
         ]
     if kind == "splits":  # K splits that are not powers of two beside 2 and 4, on 64 columns
         return [
@@ -133,7 +144,7 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
             x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
             ref = x.float() @ wf.T
             y = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-            pick = pick_chunk_config(M, N, K, sms, fold)
+            pick = pick_chunk_config(M, N, K, sms, fold, order=order)
             picked = pick.name() if pick is not None else "dequantize + cuBLAS"  # past 64 rows
             rec = {"shape": name, "N": N, "K": K, "M": M, "order": order, "pick": picked, "sms": sms}
             got = linear_mxfp4(x, wq, sq, order=order, out=y, fold_scale=fold)
@@ -142,7 +153,10 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
             rec["cublas_ms"] = bench_decode(lambda: x @ nxt_b().T)
             best = None
             flights = (False, True) if kind == "fly" and order == "wgmma" else (False,)  # mma.sync never waits
-            for cfg, fly in itertools.product(candidates(M, N, kind), flights):
+            cands = candidates(M, N, kind)
+            if kind == "pick-stages" and pick is not None:  # the dispatch's tile on 2-6 stages, each twice
+                cands = [dataclasses.replace(pick, num_stages=st) for _ in range(2) for st in (2, 3, 4, 5, 6)]
+            for cfg, fly in itertools.product(cands, flights):
                 cfg, tag = with_fold(cfg, True, fold), "-fly" if fly else ""
                 # kept in flight: the kernel's WAIT_MMA off, as linear_chunks asks mma_reads_registers_async
                 linear_module.mma_reads_registers_async = (lambda device: False) if fly else waits
@@ -154,6 +168,7 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
                     continue
                 finally:
                     linear_module.mma_reads_registers_async = waits
+                tag += f"#{sum(k.startswith(cfg.name() + tag) for k in rec)}" if kind == "pick-stages" else ""
                 rec[cfg.name() + tag] = [round(ms, 5), err]
                 if best is None or ms < best[1]:
                     best = (cfg.name() + tag, ms)

@@ -473,13 +473,14 @@ CHUNK_SM_COUNTS = (48, 132, 170, 188)
 GPT_OSS_DENSE = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}  # (N, K), 20b and 120b alike
 
 
-def chunk_tiles() -> dict:
-    """Every chunk-order tile ``pick_chunk_config`` launches for gpt-oss's dense layers on :data:`CHUNK_SM_COUNTS`, at
-    each row-count class (1-16, 17-32, 33-64), folded and not: {name in CHUNK_CONFIGS: config}."""
+def chunk_tiles(order: str) -> dict:
+    """Every tile ``pick_chunk_config`` launches on weights in chunk order ``order`` for gpt-oss's dense layers on
+    :data:`CHUNK_SM_COUNTS`, at each row-count class (1-16, 17-32, 33-64), folded and not: {name in CHUNK_CONFIGS:
+    config}."""
     names = {dataclasses.replace(cfg, split_k=1): name for name, cfg in lin.CHUNK_CONFIGS.items()}
     tiles = {}
     for (n, k), sms, rows, fold in itertools.product(GPT_OSS_DENSE.values(), CHUNK_SM_COUNTS, (1, 17, 33), (0, 1)):
-        tile = lin.pick_chunk_config(rows, n, k, sms, bool(fold))
+        tile = lin.pick_chunk_config(rows, n, k, sms, bool(fold), order=order)
         name = names[dataclasses.replace(tile, split_k=1, fold_scale=False)] + ("+fold" if tile.fold_scale else "")
         tiles[f"{name}/s{tile.split_k}"] = tile
     return dict(sorted(tiles.items()))
@@ -493,8 +494,10 @@ def shipped_kernels():
     # the chunk orders' dense tiles (the dense layout's order): every tile and K split the dispatch picks at gpt-oss's
     # widths on the GPUs they run on (:func:`chunk_tiles`), built where the order runs (run_check); and their prefill's
     # dequantizer
-    for (name, tile), order in itertools.product(chunk_tiles().items(), ("wgmma", "mma2")):
-        yield "linear_chunks", f"{order} {name}:{tile.name()}", "w4a16", _linear_chunks_source(tile, order), 4, 3
+    for order in ("wgmma", "mma2"):
+        for name, tile in chunk_tiles(order).items():
+            src = _linear_chunks_source(tile, order)
+            yield "linear_chunks", f"{order} {name}:{tile.name()}", "w4a16", src, tile.num_warps, tile.num_stages
     for order in ("wgmma", "mma2"):
         sig = {
             "w_ptr": "*u8",

@@ -181,15 +181,29 @@ CHUNK_MID_MAX_SPLIT = 4
 # with 4 splits 0.0109)
 CHUNK_MID64 = LinearConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 CHUNK_MID64_K_TILES = 8
+# The wgmma order (Hopper only: 228 KB of shared memory a block) takes that tile on 5 stages, as cuBLAS at 64 rows keeps
+# a deep pipeline on few programs (80 blocks of 64 x 64, 13 stages: bf16_gemm_probe.py kernels). Same-run probe of the
+# dispatch's tiles on 2-6 stages, each twice (H200, 2026-11-29, 1b68cb3, ``dense_chunk_probe.py time OUT qkv,o,lm_head
+# 4,16,32,48,64 pick-stages``, docs/bench/dense_chunk_probe_pick_stages_{wgmma,mma2}_h200_2026-11-29_1b68cb3.json), qkv
+# at 48 / 64 rows, ms: 3 stages 0.01000 / 0.01041, 4 0.00988 / 0.01033, 5 0.00969 / 0.01015, 6 0.01347 / 0.01407 (cuBLAS
+# BF16 0.0101); the mma2 order's best on 3 (4 and 5 2-4% slower), as every other q/k/v/o tile in both orders. A/B of
+# the two dispatches, twice each, in one call on another H200 (dense_chunk_ab_stages_{wgmma,mma2}_h200_2026-11-29_
+# 1b68cb3.json): qkv at 48 / 64 rows 0.0100 / 0.0103 -> 0.0097 / 0.0101 ms (cuBLAS 0.0101), everything else within 1%
+CHUNK_MID64_WGMMA = dataclasses.replace(CHUNK_MID64, num_stages=5)
 # On a layer that fills the GPU unsplit (lm_head): 128 columns a tile, and as many rows as M needs up to 64, so that W
 # is decoded once per 64 tokens rather than once per 32. Same-run probe (H200, 2026-11-28, 21c0cdf, docs/bench/
 # dense_chunk_probe_{wgmma,mma2}_h200_2026-11-28_21c0cdf.json), lm_head, ms, the 64-column tile -> these: wgmma
 # M = 4 0.1053 -> 0.1015, 32 0.1389 -> 0.1292, 64 0.2703 -> 0.1874; mma2 M = 4 0.1173 -> 0.1107, 32 0.1887 -> 0.1592,
-# 64 0.3658 -> 0.2546 (Marlin's 0.308 in the same session)
+# 64 0.3658 -> 0.2546 (Marlin's 0.308 in the same session). On 4 stages the 16- and 32-row ones took 2-4% less in
+# the pick-stages probe (CHUNK_MID64_WGMMA's comment), which an A/B of the two dispatches did not repeat (within 1% in
+# both orders): kept on 3
 CHUNK_WIDE = {m: LinearConfig(m, 128, 128, num_warps=4, num_stages=3, swap_ab=True) for m in (16, 32, 64)}
-CHUNK_CONFIGS = {"chunk_decode": CHUNK_DECODE, "chunk_mid": CHUNK_MID, "chunk_mid64": CHUNK_MID64} | {
-    f"chunk_wide{m}": cfg for m, cfg in CHUNK_WIDE.items()
-}
+CHUNK_CONFIGS = {
+    "chunk_decode": CHUNK_DECODE,
+    "chunk_mid": CHUNK_MID,
+    "chunk_mid64": CHUNK_MID64,
+    "chunk_mid64_wgmma": CHUNK_MID64_WGMMA,
+} | {f"chunk_wide{m}": cfg for m, cfg in CHUNK_WIDE.items()}
 
 
 def pick_config(
@@ -231,18 +245,20 @@ WARM_ROWS = (1, 2, 3, 4, 16, 17, 32, 33, 64, 65, 256)
 
 
 @functools.lru_cache(maxsize=4096)  # asked per launch; lm_head's runs outside vLLM's graphs, each step
-def pick_chunk_config(M: int, N: int, K: int, sm_count: int = 132, fold_scale: bool = False) -> LinearConfig | None:
-    """The chunk-order tile for M rows: on a layer with two 128-column tiles per SM (lm_head), :data:`CHUNK_WIDE`'s of
-    M's size, unsplit; else :data:`CHUNK_DECODE` up to 16 rows, :data:`CHUNK_MID` to 64 (:data:`CHUNK_MID64` at 33-64
-    rows where it fills the GPU), K split as there said; folded where ``fold_scale``; None past 64 rows (dequantize +
-    cuBLAS)."""
+def pick_chunk_config(
+    M: int, N: int, K: int, sm_count: int = 132, fold_scale: bool = False, *, order: str
+) -> LinearConfig | None:
+    """The tile for M rows on weights in chunk order ``order``: on a layer with two 128-column tiles per SM (lm_head),
+    :data:`CHUNK_WIDE`'s of M's size, unsplit; else :data:`CHUNK_DECODE` up to 16 rows, :data:`CHUNK_MID` to 64
+    (:data:`CHUNK_MID64` at 33-64 rows where it fills the GPU, :data:`CHUNK_MID64_WGMMA` in the wgmma order), K split as
+    there said; folded where ``fold_scale``; None past 64 rows (dequantize + cuBLAS)."""
     split64 = max(1, min(CHUNK_MID_MAX_SPLIT, (cdiv(K, 128) + CHUNK_MID64_K_TILES // 2) // CHUNK_MID64_K_TILES))
     if M <= 64 and cdiv(N, 128) >= 2 * sm_count:
         tile = CHUNK_WIDE[16 if M <= 16 else 32 if M <= 32 else 64]
     elif M <= CHUNK_DECODE.block_m:
         tile = _two_per_sm(CHUNK_DECODE, N, K, sm_count)
     elif CHUNK_MID.block_m < M <= 64 and 2 * cdiv(N, CHUNK_MID64.block_n) * split64 >= 3 * sm_count:
-        tile = dataclasses.replace(CHUNK_MID64, split_k=split64)
+        tile = dataclasses.replace(CHUNK_MID64_WGMMA if order == "wgmma" else CHUNK_MID64, split_k=split64)
     elif M <= 64:
         tile = _two_per_sm(CHUNK_MID, N, K, sm_count)
         tile = dataclasses.replace(tile, split_k=min(tile.split_k, CHUNK_MID_MAX_SPLIT))
@@ -586,7 +602,7 @@ def linear_chunks(
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     _check_out_and_bias(out, bias, M, N, Np)
-    cfg = config or pick_chunk_config(M, N, K, sm_count(x.device), fold_scale)
+    cfg = config or pick_chunk_config(M, N, K, sm_count(x.device), fold_scale, order=order)
     if cfg is None or isinstance(cfg, DequantConfig):
         return linear_dequant_gemm(x.contiguous(), w, w_scales, bias, out, cfg or DEQUANT, order)
     if not cfg.swap_ab:
