@@ -186,9 +186,10 @@ CHUNK_MID64_K_TILES = 8
 # dispatch's tiles on 2-6 stages, each twice (H200, 2026-11-29, 1b68cb3, ``dense_chunk_probe.py time OUT qkv,o,lm_head
 # 4,16,32,48,64 pick-stages``, docs/bench/dense_chunk_probe_pick_stages_{wgmma,mma2}_h200_2026-11-29_1b68cb3.json), qkv
 # at 48 / 64 rows, ms: 3 stages 0.01000 / 0.01041, 4 0.00988 / 0.01033, 5 0.00969 / 0.01015, 6 0.01347 / 0.01407 (cuBLAS
-# BF16 0.0101); the mma2 order's best on 3 (4 and 5 2-4% slower), as every other q/k/v/o tile in both orders. A/B of
-# the two dispatches, twice each, in one call on another H200 (dense_chunk_ab_stages_{wgmma,mma2}_h200_2026-11-29_
-# 1b68cb3.json): qkv at 48 / 64 rows 0.0100 / 0.0103 -> 0.0097 / 0.0101 ms (cuBLAS 0.0101), everything else within 1%
+# BF16 0.0101); the mma2 order's best on 3 (4 and 5 2-5% slower); the other q/k/v/o tiles, both orders, best on 3 or
+# within 2% of it (o's 32-row tile at 32 rows 2% faster on 4 in the wgmma order, not taken). A/B of the two
+# dispatches, twice each, in one call on another H200 (dense_chunk_ab_stages_{wgmma,mma2}_h200_2026-11-29_1b68cb3.json):
+# qkv at 48 / 64 rows 0.0100 / 0.0103 -> 0.0097 / 0.0101 ms (cuBLAS 0.0101), everything else within 1%
 CHUNK_MID64_WGMMA = dataclasses.replace(CHUNK_MID64, num_stages=5)
 # On a layer that fills the GPU unsplit (lm_head): 128 columns a tile, and as many rows as M needs up to 64, so that W
 # is decoded once per 64 tokens rather than once per 32. Same-run probe (H200, 2026-11-28, 21c0cdf, docs/bench/
