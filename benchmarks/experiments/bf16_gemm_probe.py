@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dense_chunk_probe import SHAPES, chunk_pack, meta  # noqa: E402
+from dense_chunk_probe import SHAPES, Layer, meta  # noqa: E402
 
-from mxrepack.kernels.dequant_mxfp4 import fits_fold, mma_v3_disabled  # noqa: E402
+from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4, pick_chunk_config  # noqa: E402
 
 
@@ -105,19 +105,15 @@ def check() -> None:
 
 
 def time(out: str | None = None, shapes: str = "qkv,o", sizes: str = "16,64") -> None:
-    from common import bench_decode, deq, rand_mx, rotating
+    from common import bench_decode
 
     order = "mma2" if mma_v3_disabled() else "wgmma"
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for name in shapes.split(","):
-        N, K = SHAPES[name]
-        w, s = rand_mx(N, K)
-        wf = deq(w, s).to(torch.bfloat16)
-        fold = fits_fold(s)
-        pool = [chunk_pack(*rand_mx(N, K), order) for _ in range(max(2, (400 << 20) // (N * K // 2)))]
-        it_c = itertools.cycle(pool)
-        nxt_b = rotating(lambda: torch.randn(N, K, device="cuda").to(torch.bfloat16), N * K * 2)
+        layer = Layer.random(name, order)
+        N, K, fold, nxt_b = layer.N, layer.K, layer.fold, layer.next_bf16
+        wf = layer.wf.to(torch.bfloat16)
         for M in map(int, sizes.split(",")):
             x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
             ref = x.float() @ wf.float().T
@@ -125,7 +121,9 @@ def time(out: str | None = None, shapes: str = "qkv,o", sizes: str = "16,64") ->
             y32 = torch.zeros(M, N, dtype=torch.float32, device="cuda")
             pick = pick_chunk_config(M, N, K, sms, fold, order=order)
             rec = {"shape": name, "N": N, "K": K, "M": M, "order": order, "sms": sms, "pick": pick.name()}
-            rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *next(it_c), order=order, out=y, fold_scale=fold))
+            rec["pick_ms"] = bench_decode(
+                lambda: linear_mxfp4(x, *layer.next_chunked(), order=order, out=y, fold_scale=fold)
+            )
             rec["cublas_ms"] = bench_decode(lambda: x @ nxt_b().T)
             best = None
             for bw, bk, sp, wp, st in tiles(N):

@@ -122,8 +122,36 @@ def check() -> None:
             assert err < 1e-2, err
 
 
+@dataclasses.dataclass
+class Layer:
+    """One of :data:`SHAPES` on the GPU: a random MXFP4 weight in chunk order (``wq`` / ``sq``), its fp32
+    dequantization ``wf`` and whether its scales fold; ``next_chunked()`` cycles through 400 MB of others like it and
+    ``next_bf16()`` through BF16 weights of the shape (cuBLAS's), so that no timing reads a weight held in L2."""
+
+    N: int
+    K: int
+    wq: torch.Tensor
+    sq: torch.Tensor
+    wf: torch.Tensor
+    fold: bool
+    next_chunked: object
+    next_bf16: object
+
+    @classmethod
+    def random(cls, name: str, order: str) -> Layer:
+        from common import deq, rand_mx, rotating
+
+        N, K = SHAPES[name]
+        w, s = rand_mx(N, K)
+        wq, sq = chunk_pack(w, s, order)
+        pool = [chunk_pack(*rand_mx(N, K), order) for _ in range(max(2, (400 << 20) // (wq.numel() + sq.numel())))]
+        chunked = itertools.cycle(pool)
+        bf16 = rotating(lambda: torch.randn(N, K, device="cuda").to(torch.bfloat16), N * K * 2)
+        return cls(N, K, wq, sq, deq(w, s), fits_fold(s), lambda: next(chunked), bf16)
+
+
 def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4,16,32,48,64", kind: str = "") -> None:
-    from common import bench_decode, deq, rand_mx, rotating
+    from common import bench_decode
 
     import mxrepack.kernels.linear_mxfp4 as linear_module
 
@@ -132,14 +160,9 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for name in shapes.split(","):
-        N, K = SHAPES[name]
-        w, s = rand_mx(N, K)
-        wf = deq(w, s)
-        fold = fits_fold(s)
-        wq, sq = chunk_pack(w, s, order)
-        pool = [chunk_pack(*rand_mx(N, K), order) for _ in range(max(2, (400 << 20) // (wq.numel() + sq.numel())))]
-        it_c = itertools.cycle(pool)
-        nxt_b = rotating(lambda: torch.randn(N, K, device="cuda").to(torch.bfloat16), N * K * 2)
+        layer = Layer.random(name, order)
+        N, K, wq, sq, wf, fold = layer.N, layer.K, layer.wq, layer.sq, layer.wf, layer.fold
+        it_c, nxt_b = layer.next_chunked, layer.next_bf16
         for M in map(int, sizes.split(",")):
             x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
             ref = x.float() @ wf.T
@@ -149,7 +172,7 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
             rec = {"shape": name, "N": N, "K": K, "M": M, "order": order, "pick": picked, "sms": sms}
             got = linear_mxfp4(x, wq, sq, order=order, out=y, fold_scale=fold)
             rec["pick_err"] = float((got.float() - ref).norm() / ref.norm())
-            rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *next(it_c), order=order, out=y, fold_scale=fold))
+            rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *it_c(), order=order, out=y, fold_scale=fold))
             rec["cublas_ms"] = bench_decode(lambda: x @ nxt_b().T)
             best = None
             flights = (False, True) if kind == "fly" and order == "wgmma" else (False,)  # mma.sync never waits
@@ -162,7 +185,7 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
                 linear_module.mma_reads_registers_async = (lambda device: False) if fly else waits
                 try:
                     err = float((linear_chunks(x, wq, sq, order, None, cfg, y).float() - ref).norm() / ref.norm())
-                    ms = bench_decode(lambda: linear_chunks(x, *next(it_c), order, None, cfg, y))
+                    ms = bench_decode(lambda: linear_chunks(x, *it_c(), order, None, cfg, y))
                 except Exception as e:  # noqa: BLE001 - a tile that does not build here is a result too
                     rec[cfg.name() + tag] = f"{type(e).__name__}: {e}"[:200]
                     continue
