@@ -1194,6 +1194,8 @@ def test_linear_chunk_orders_match_reference(order):
     ]
     # lm_head fills the GPU unsplit: 128 columns, rows as M needs
     assert [pick(m, 201088, 2880).name() for m in (1, 17, 33)] == [f"m{m}n128k128s1w4st3x" for m in (16, 32, 64)]
+    with pytest.raises(ValueError, match="chunk order must be wgmma or mma2, got 'rows'"):
+        pick_chunk_config(4, 5120, 2880, order="rows")
     with pytest.raises(ValueError, match=r"wgmma-order weights .* do not fit x"):
         linear_mxfp4(torch.randn(2, 256).to(torch.bfloat16), wc, sc, order="wgmma")
     x = torch.randn(3, K).to(torch.bfloat16)

@@ -29,6 +29,7 @@ import dataclasses
 import itertools
 import json
 import sys
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -57,13 +58,16 @@ def chunk_pack(w: torch.Tensor, s: torch.Tensor, order: str) -> tuple[torch.Tens
     )
 
 
-def candidates(M: int, N: int, kind: str = "") -> list[LinearConfig]:
+def candidates(M: int, N: int, kind: str = "", pick: LinearConfig | None = None) -> list[LinearConfig]:
     """Tiles of 16, 32 and 64 rows (no more rows than M needs), 64 or 128 columns, K split 1-8 (not on lm_head:
-    its 201088 rows fill the GPU unsplit); other ``kind`` s as the module's docstring lists."""
+    its 201088 rows fill the GPU unsplit); other ``kind`` s as the module's docstring lists (``pick``: the dispatch's
+    tile for M rows, None past 64)."""
     splits = (1,) if N > 100_000 else (1, 2, 4, 8)
     shapes = [(bm, bn) for bm in (16, 32, 64) if bm <= max(16, triton.next_power_of_2(M)) for bn in (64, 128)]
-    if kind in ("pick", "pick-stages"):  # the dispatch's own tile only (an A/B of two trees); on 2-6 stages
+    if kind == "pick":  # the dispatch's own tile only, timed as pick_ms (an A/B of two trees)
         return []
+    if kind == "pick-stages":  # the dispatch's tile on 2-6 stages
+        return [] if pick is None else [dataclasses.replace(pick, num_stages=st) for st in (2, 3, 4, 5, 6)]
     if kind == "fly":  # the 16-, 32- and 64-row tiles each timed twice, their wgmmas waited for and kept in flight
         tiles = ((16, 4), (16, 8), (32, 4), (64, 3), (64, 4))
         return [LinearConfig(bm, 64, 128, split, swap_ab=True) for bm, split in tiles if (bm, 64) in shapes]
@@ -134,8 +138,8 @@ class Layer:
     sq: torch.Tensor
     wf: torch.Tensor
     fold: bool
-    next_chunked: object
-    next_bf16: object
+    next_chunked: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    next_bf16: Callable[[], torch.Tensor]
 
     @classmethod
     def random(cls, name: str, order: str) -> Layer:
@@ -162,7 +166,7 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
     for name in shapes.split(","):
         layer = Layer.random(name, order)
         N, K, wq, sq, wf, fold = layer.N, layer.K, layer.wq, layer.sq, layer.wf, layer.fold
-        it_c, nxt_b = layer.next_chunked, layer.next_bf16
+        next_chunked, next_bf16 = layer.next_chunked, layer.next_bf16
         for M in map(int, sizes.split(",")):
             x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
             ref = x.float() @ wf.T
@@ -172,26 +176,24 @@ def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4
             rec = {"shape": name, "N": N, "K": K, "M": M, "order": order, "pick": picked, "sms": sms}
             got = linear_mxfp4(x, wq, sq, order=order, out=y, fold_scale=fold)
             rec["pick_err"] = float((got.float() - ref).norm() / ref.norm())
-            rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *it_c(), order=order, out=y, fold_scale=fold))
-            rec["cublas_ms"] = bench_decode(lambda: x @ nxt_b().T)
+            rec["pick_ms"] = bench_decode(lambda: linear_mxfp4(x, *next_chunked(), order=order, out=y, fold_scale=fold))
+            rec["cublas_ms"] = bench_decode(lambda: x @ next_bf16().T)
             best = None
             flights = (False, True) if kind == "fly" and order == "wgmma" else (False,)  # mma.sync never waits
-            cands = candidates(M, N, kind)
-            if kind == "pick-stages" and pick is not None:  # the dispatch's tile on 2-6 stages, each twice
-                cands = [dataclasses.replace(pick, num_stages=st) for _ in range(2) for st in (2, 3, 4, 5, 6)]
-            for cfg, fly in itertools.product(cands, flights):
-                cfg, tag = with_fold(cfg, True, fold), "-fly" if fly else ""
+            repeats = 2 if kind == "pick-stages" else 1  # each config timed twice, the repeats apart
+            for rep, cfg, fly in itertools.product(range(repeats), candidates(M, N, kind, pick), flights):
+                cfg = with_fold(cfg, True, fold)
+                tag = ("-fly" if fly else "") + (f"#{rep}" if repeats > 1 else "")
                 # kept in flight: the kernel's WAIT_MMA off, as linear_chunks asks mma_reads_registers_async
                 linear_module.mma_reads_registers_async = (lambda device: False) if fly else waits
                 try:
                     err = float((linear_chunks(x, wq, sq, order, None, cfg, y).float() - ref).norm() / ref.norm())
-                    ms = bench_decode(lambda: linear_chunks(x, *it_c(), order, None, cfg, y))
+                    ms = bench_decode(lambda: linear_chunks(x, *next_chunked(), order, None, cfg, y))
                 except Exception as e:  # noqa: BLE001 - a tile that does not build here is a result too
                     rec[cfg.name() + tag] = f"{type(e).__name__}: {e}"[:200]
                     continue
                 finally:
                     linear_module.mma_reads_registers_async = waits
-                tag += f"#{sum(k.startswith(cfg.name() + tag) for k in rec)}" if kind == "pick-stages" else ""
                 rec[cfg.name() + tag] = [round(ms, 5), err]
                 if best is None or ms < best[1]:
                     best = (cfg.name() + tag, ms)

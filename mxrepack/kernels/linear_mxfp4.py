@@ -181,8 +181,10 @@ CHUNK_MID_MAX_SPLIT = 4
 # with 4 splits 0.0109)
 CHUNK_MID64 = LinearConfig(64, 64, 128, num_warps=4, num_stages=3, swap_ab=True)
 CHUNK_MID64_K_TILES = 8
-# The wgmma order (Hopper only: 228 KB of shared memory a block) takes that tile on 5 stages, as cuBLAS at 64 rows keeps
-# a deep pipeline on few programs (80 blocks of 64 x 64, 13 stages: bf16_gemm_probe.py kernels). Same-run probe of the
+# The wgmma order (Hopper only) takes that tile on 5 stages: about 100 KB of shared memory a program, so two still fit
+# an SM's 228 KB (6 stages, about 123 KB, leave room for one: 39% longer). cuBLAS's own form at 64 rows, few programs
+# on a deep pipeline (80 blocks of 64 x 64 unsplit, 13 stages: bf16_gemm_probe.py kernels), lost here at every depth
+# unsplit (0.0134-0.0145 ms, dense_chunk_probe_stages_wgmma_h200_2026-11-29_1b68cb3.json). Same-run probe of the
 # dispatch's tiles on 2-6 stages, each twice (H200, 2026-11-29, 1b68cb3, ``dense_chunk_probe.py time OUT qkv,o,lm_head
 # 4,16,32,48,64 pick-stages``, docs/bench/dense_chunk_probe_pick_stages_{wgmma,mma2}_h200_2026-11-29_1b68cb3.json), qkv
 # at 48 / 64 rows, ms: 3 stages 0.01000 / 0.01041, 4 0.00988 / 0.01033, 5 0.00969 / 0.01015, 6 0.01347 / 0.01407 (cuBLAS
@@ -195,7 +197,7 @@ CHUNK_MID64_WGMMA = dataclasses.replace(CHUNK_MID64, num_stages=5)
 # is decoded once per 64 tokens rather than once per 32. Same-run probe (H200, 2026-11-28, 21c0cdf, docs/bench/
 # dense_chunk_probe_{wgmma,mma2}_h200_2026-11-28_21c0cdf.json), lm_head, ms, the 64-column tile -> these: wgmma
 # M = 4 0.1053 -> 0.1015, 32 0.1389 -> 0.1292, 64 0.2703 -> 0.1874; mma2 M = 4 0.1173 -> 0.1107, 32 0.1887 -> 0.1592,
-# 64 0.3658 -> 0.2546 (Marlin's 0.308 in the same session). On 4 stages the 16- and 32-row ones took 2-4% less in
+# 64 0.3658 -> 0.2546 (Marlin's 0.308 in the same session). On 4 stages the 16- and 32-row ones took 2-5% less in
 # the pick-stages probe (CHUNK_MID64_WGMMA's comment), which an A/B of the two dispatches did not repeat (within 1% in
 # both orders): kept on 3
 CHUNK_WIDE = {m: LinearConfig(m, 128, 128, num_warps=4, num_stages=3, swap_ab=True) for m in (16, 32, 64)}
@@ -253,6 +255,8 @@ def pick_chunk_config(
     :data:`CHUNK_WIDE`'s of M's size, unsplit; else :data:`CHUNK_DECODE` up to 16 rows, :data:`CHUNK_MID` to 64
     (:data:`CHUNK_MID64` at 33-64 rows where it fills the GPU, :data:`CHUNK_MID64_WGMMA` in the wgmma order), K split as
     there said; folded where ``fold_scale``; None past 64 rows (dequantize + cuBLAS)."""
+    if order not in ("wgmma", "mma2"):
+        raise ValueError(f"chunk order must be wgmma or mma2, got {order!r}")
     split64 = max(1, min(CHUNK_MID_MAX_SPLIT, (cdiv(K, 128) + CHUNK_MID64_K_TILES // 2) // CHUNK_MID64_K_TILES))
     if M <= 64 and cdiv(N, 128) >= 2 * sm_count:
         tile = CHUNK_WIDE[16 if M <= 16 else 32 if M <= 32 else 64]
