@@ -923,6 +923,17 @@ def builds_wgmma(major: int) -> bool:
     return major == 9 and not mma_v3_disabled()
 
 
+def interpreting() -> bool:
+    """Triton's interpreter runs the kernels (``TRITON_INTERPRET=1``): no PTX, so the portable decode."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_ptx(device: torch.device) -> bool:
+    """Whether kernels on ``device`` are compiled for a GPU (CUDA, not the interpreter): the PTX decode, PDL and the
+    build checks apply; else the portable decode."""
+    return device.type == "cuda" and not interpreting()
+
+
 def mma_v3_disabled() -> bool:
     """Triton's ``DISABLE_MMA_V3`` is on: Hopper builds take ``mma.sync`` as sm_12x's do (an H100 then runs sm_12x's
     code path: ``benchmarks/experiments/mma_v2_proxy.py``)."""
@@ -1060,7 +1071,7 @@ def dequantize_chunks(w: torch.Tensor, s: torch.Tensor, K: int, order: str, out:
             f"out {out.dtype} {tuple(out.shape)} strides {out.stride()} offset {out.storage_offset()}: expected "
             f"bfloat16 [{N}, {K}] with unit column stride, an even row stride and an even offset"
         )
-    ptx = w.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+    ptx = runs_ptx(w.device)
     _dequant_chunks_kernel[(cdiv(N, 64), Kp // 128)](
         w,
         s,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +44,11 @@ from mxrepack.kernels.dequant_mxfp4 import (
     chunk_dots,
     dot_bf16_mxfp4,
     dot_w_mxfp4,
+    interpreting,
     linear_dequant_gemm,
     load_split,
     mma_reads_registers_async,
+    runs_ptx,
     split_pairs,
     wgmma_chunks,
     with_fold,
@@ -530,7 +531,7 @@ def linear_mxfp4(
         counters = arrival_counters(x.device, tiles, "linear")
     else:
         part = counters = out  # unused
-    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    interpreter = interpreting()
     _linear_mxfp4_kernel[grid](
         a,
         a_scales if a_scales is not None else w_scales,
@@ -621,8 +622,8 @@ def linear_chunks(
         counters = arrival_counters(x.device, grid[0] * grid[1], "linear")
     else:
         part = counters = out  # unused
-    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    ptx = x.device.type == "cuda" and not interpreter
+    interpreter = interpreting()
+    ptx = runs_ptx(x.device)
     kernel = _linear_chunks_kernel[grid](
         x,
         w,

@@ -33,7 +33,6 @@ kernel's W4A8 / W4A4 modes. Reference: :func:`mxrepack.kernels.reference.layout_
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -50,9 +49,11 @@ from mxrepack.kernels.dequant_mxfp4 import (
     dot_bf16_mxfp4,
     dot_w_mxfp4,
     in_flight_allowed,
+    interpreting,
     launches_dependents,
     load_split,
     mma_reads_registers_async,
+    runs_ptx,
     shift_scales,
     split_column,
     split_pairs,
@@ -1380,7 +1381,7 @@ def _moe_gemv_chunks(
     E, Ip2, _ = w13.shape
     Ip, Hp = Ip2 // 2, w2.shape[1]
     ids, wts = _flat_routing(topk_ids, topk_weights)
-    ptx = os.environ.get("TRITON_INTERPRET") != "1" and x.device.type == "cuda"
+    ptx = runs_ptx(x.device)
     math = ("asm-fold" if fold_scale else "asm") if ptx else "ops"
     pdl = int(cfg.pdl and ptx and launches_dependents(x.device))  # sm_8x: one after the other
     # everything the down kernel needs is allocated before the gate_up launch: nothing between the two launches
@@ -1698,7 +1699,7 @@ def _moe_scheduled(
     chunked = cfg.order != "rows"
     if swap and (Ip % 128 or Hp % 128):  # whole 128-column K tiles in split order: the loads have no K mask
         raise ValueError(f"swap_ab needs padded widths that are multiples of 128, got {Ip}/{Hp}")
-    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    interpreter = interpreting()
     x = x.contiguous()
     if chunked:  # natural order: the chunk orders' operand is W's K tile in natural order
         a, a_s = x, None
@@ -1711,7 +1712,7 @@ def _moe_scheduled(
     h = torch.empty(T * k, Ip, dtype=torch.bfloat16, device=x.device)
     # the tile on the schedule's blocks, and its remainder tile (if any) on those of at most remainder.block_m rows
     r = cfg.remainder
-    ptx = not interpreter and x.device.type == "cuda"  # else the portable decode
+    ptx = runs_ptx(x.device)  # else the portable decode
     # (tile, rows_lo, rows_hi, PDL): on a GPU the remainder tile's launch overlaps the tile's last wave
     overlap = ptx and r is not None and launches_dependents(x.device)
     parts = [(cfg, r.block_m if r is not None else 0, 1 << 30, int(overlap))]
