@@ -1257,6 +1257,24 @@ def test_linear_chunk_order_on_a_gpu():
                 assert all(
                     torch.equal(linear_mxfp4(x, wc, sc, bias, fold_scale=fold, order=order), y) for _ in range(3)
                 )
+        # repeats after the first launch go straight to its build (launch.Launcher): an activation 2 bytes off the
+        # 16-byte alignment Triton specializes on gets its own build, and each keeps its bits, in a CUDA graph too
+        M = 16
+        flat = torch.randn(M * K + 1, device="cuda").to(torch.bfloat16)
+        aligned, offset = flat[: M * K].view(M, K), flat[1:].view(M, K)
+        firsts = [linear_mxfp4(x, wc, sc, bias, order=order) for x in (aligned, offset)]
+        ref = mxfp4_linear(offset.cpu(), w, s, bias.cpu()).float()
+        assert rel(firsts[1].cpu(), ref) <= 1e-2
+        for _ in range(2):
+            assert all(
+                torch.equal(linear_mxfp4(x, wc, sc, bias, order=order), y) for x, y in zip((aligned, offset), firsts)
+            )
+        out = torch.empty_like(firsts[1])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            linear_mxfp4(offset, wc, sc, bias, order=order, out=out)
+        graph.replay()
+        assert torch.equal(out, firsts[1])
     # the prefill's dequantizer: the PTX word decode, which no MMA reads, so both orders on any GPU; a partial row tile,
     # E8M0's subnormal, smallest and largest scales
     for N, K in ((5120, 2880), (2880, 4096), (40, 288)):
@@ -1582,3 +1600,26 @@ def test_decode_counters_reserved_for_every_gemv_call():
     for gemv in CHUNK_GEMVS.values():
         most_chunks = CHUNK_GEMV_MAX_ASSIGNMENTS * (2944 // (16 * gemv.down_blocks))
         assert arrival.arrival_counters(dev, most_chunks, "moe_combine") is buf
+
+
+def test_launch_call_key():
+    """A known build is reused only for a call Triton would give the same build (launch.call_key): a tensor's dtype
+    and its address modulo 256 (16-byte divisibility is Triton's specialization), an integer's value, a bool apart
+    from an int, each constant and the launch shape all tell calls apart; another view at the same address does not."""
+    from mxrepack.kernels.launch import call_key
+
+    buf = torch.zeros(64, dtype=torch.bfloat16)
+    args = (buf[:16], 5, True)
+    base = call_key((1, 2, 1), args, 4, 3, {"ORDER": "wgmma"})
+    assert call_key((1, 2, 1), (buf[:16], 5, True), 4, 3, {"ORDER": "wgmma"}) == base  # another view, same address
+    others = [
+        call_key((1, 2, 1), (buf[8:24], 5, True), 4, 3, {"ORDER": "wgmma"}),  # 16 bytes on
+        call_key((1, 2, 1), (buf[:16].float(), 5, True), 4, 3, {"ORDER": "wgmma"}),
+        call_key((1, 2, 1), (buf[:16], 6, True), 4, 3, {"ORDER": "wgmma"}),
+        call_key((1, 2, 1), (buf[:16], 5, 1), 4, 3, {"ORDER": "wgmma"}),
+        call_key((1, 2, 1), args, 4, 3, {"ORDER": "mma2"}),
+        call_key((1, 2, 2), args, 4, 3, {"ORDER": "wgmma"}),
+        call_key((1, 2, 1), args, 8, 3, {"ORDER": "wgmma"}),
+        call_key((1, 2, 1), args, 4, 4, {"ORDER": "wgmma"}),
+    ]
+    assert all(k != base for k in others) and len(set(others)) == len(others)

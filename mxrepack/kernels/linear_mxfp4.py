@@ -48,12 +48,14 @@ from mxrepack.kernels.dequant_mxfp4 import (
     linear_dequant_gemm,
     load_split,
     mma_reads_registers_async,
+    mma_v3_disabled,
     runs_ptx,
     split_pairs,
     wgmma_chunks,
     with_fold,
 )
 from mxrepack.kernels.gemv_mxfp4 import GemvConfig, fills_with_rows, gemv_mxfp4, is_wide, sm_count
+from mxrepack.kernels.launch import Launcher
 from mxrepack.kernels.mx_quant import quantize_activations
 
 MODES = {"w4a16": "bf16", "w4a8": "e4m3", "w4a4": "e2m1"}
@@ -435,6 +437,9 @@ def _linear_chunks_kernel(
     _store_split(acc, part_ptr, counter, pid_k, b_ptr, y_ptr, rm, rn, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
 
+_LAUNCH_CHUNKS = Launcher(_linear_chunks_kernel)
+
+
 @triton.jit
 def _store_split(
     acc, part_ptr, counter, pid_k, b_ptr, y_ptr, rm, rn, M, N, stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr
@@ -491,7 +496,8 @@ def linear_mxfp4(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if order != "rows":
-        check_order(order, MODES[mode], x.device)
+        if mode != "w4a16":
+            check_order(order, MODES[mode], x.device)  # refuses it: the chunk orders are read with BF16 only
         return linear_chunks(x, w_packed, w_scales, order, bias, config, out, fold_scale)
     M, K = x.shape
     N = w_packed.shape[0]
@@ -569,15 +575,21 @@ def linear_mxfp4(
 def _check_out_and_bias(out: torch.Tensor, bias: torch.Tensor | None, M: int, N: int, max_n: int) -> None:
     """``out`` a float ``[M, N]`` (the kernels store in its dtype) with unit column stride (they store rows at
     ``out.stride(0)``) and N at most ``max_n`` (W's rows); ``bias`` None or ``[N]``: else one line."""
+    _check_shapes((out.shape, out.dtype, out.stride()), None if bias is None else bias.shape, M, N, max_n)
+
+
+def _check_shapes(out: tuple, bias_shape: tuple | None, M: int, N: int, max_n: int) -> None:
+    """:func:`_check_out_and_bias` on ``out``'s (shape, dtype, strides) and the bias's shape."""
+    shape, dtype, strides = out
     floats = (torch.bfloat16, torch.float16, torch.float32)
-    shape_ok = out.dim() == 2 and tuple(out.shape) == (M, N) and 0 < N <= max_n
-    if out.dtype not in floats or not shape_ok or (N > 1 and out.stride(1) != 1):
+    shape_ok = len(shape) == 2 and tuple(shape) == (M, N) and 0 < N <= max_n
+    if dtype not in floats or not shape_ok or (N > 1 and strides[1] != 1):
         raise ValueError(
-            f"out {out.dtype} {tuple(out.shape)} strides {out.stride()}: expected [{M}, N <= {max_n}] of bfloat16, "
+            f"out {dtype} {tuple(shape)} strides {strides}: expected [{M}, N <= {max_n}] of bfloat16, "
             "float16 or float32 with unit column stride"
         )
-    if bias is not None and tuple(bias.shape) != (N,):
-        raise ValueError(f"bias {tuple(bias.shape)}: expected [{N}] (one per output column)")
+    if bias_shape is not None and tuple(bias_shape) != (N,):
+        raise ValueError(f"bias {tuple(bias_shape)}: expected [{N}] (one per output column)")
 
 
 def linear_chunks(
@@ -594,37 +606,37 @@ def linear_chunks(
     ``[Np, Kp/2]`` bytes in row tiles of 16, K-tiled, ``w_scales`` ``[Np, Kp/32]`` quad-ordered) -> ``[M, N]`` bf16,
     N = ``out``'s columns (default Np). ``config``: a swapped :class:`LinearConfig` (:data:`CHUNK_CONFIGS`), a
     :class:`DequantConfig` (dequantize + cuBLAS), or None: :func:`pick_chunk_config`. ``fold_scale`` as
-    :func:`linear_mxfp4`'s. Run through :func:`linear_mxfp4` (``order=``), which checks that this GPU builds the
-    order's MMA."""
+    :func:`linear_mxfp4`'s. Refuses an order this GPU's MMA does not read (:func:`check_order`)."""
     M, K = x.shape
-    Np, Kp = w.shape[0], w.shape[1] * 2
-    N = out.shape[1] if out is not None else Np
-    if Np % 16 or Kp % 128 or w_scales.shape != (Np, Kp // 32) or Kp != cdiv(K, 128) * 128 or N > Np:
-        raise ValueError(
-            f"{order}-order weights {tuple(w.shape)} / scales {tuple(w_scales.shape)} do not fit x {tuple(x.shape)}"
-            f"{'' if out is None else f' and out {tuple(out.shape)}'}: expected [Np, {cdiv(K, 128) * 64}] bytes "
-            f"and [Np, {cdiv(K, 128) * 4}] scales, Np a multiple of 16 and at least N"
-        )
+    call = _chunk_call(
+        M,
+        K,
+        w.shape,
+        w_scales.shape,
+        order,
+        config,
+        fold_scale,
+        None if out is None else (out.shape, out.dtype, out.stride()),
+        None if bias is None else bias.shape,
+        x.device,
+        interpreting(),
+        mma_v3_disabled(),
+    )
     if out is None:
-        out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
-    _check_out_and_bias(out, bias, M, N, Np)
-    cfg = config or pick_chunk_config(M, N, K, sm_count(x.device), fold_scale, order=order)
-    if cfg is None or isinstance(cfg, DequantConfig):
-        return linear_dequant_gemm(x.contiguous(), w, w_scales, bias, out, cfg or DEQUANT, order)
-    if not cfg.swap_ab:
-        raise ValueError(f"config {cfg.name()}: the chunk orders decode W as the MMA's first operand (swap_ab)")
+        out = torch.empty(M, call.n, dtype=torch.bfloat16, device=x.device)
+    cfg = call.config
+    if isinstance(cfg, DequantConfig):
+        return linear_dequant_gemm(x.contiguous(), w, w_scales, bias, out, cfg, order)
     if cfg.fold_scale and not fold_scale:  # a folded tile chosen by hand: its precondition checked here
         check_fold_scale(w_scales)
     x = x.contiguous()
-    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k)
     if cfg.split_k > 1:
-        part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, grid[0] * grid[1], "linear")
+        part = torch.empty(cfg.split_k, M, call.n, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device, call.grid[0] * call.grid[1], "linear")
     else:
         part = counters = out  # unused
-    interpreter = interpreting()
-    ptx = runs_ptx(x.device)
-    kernel = _linear_chunks_kernel[grid](
+    build = _LAUNCH_CHUNKS(
+        call.grid,
         x,
         w,
         w_scales,
@@ -633,14 +645,70 @@ def linear_chunks(
         part,
         counters,
         M,
-        N,
+        call.n,
         K,
-        Np,
+        w.shape[0],
         x.stride(0),
         w.stride(0),
         w_scales.stride(0),
         out.stride(0),
-        HAS_BIAS=bias is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **call.constants,
+    )
+    if build is not None and call.ptx:  # each build checked once (Launcher: the first call that made it)
+        check_chunk_build(build)
+    return out
+
+
+@dataclass(frozen=True)
+class _ChunkCall:
+    """What :func:`linear_chunks` runs for one shape of call: worked out, and the call checked, once per shape, since
+    vLLM runs lm_head outside its CUDA graphs and each step pays the call's host time (PERF_LOG stop 44)."""
+
+    config: LinearConfig | DequantConfig
+    n: int  # output columns
+    grid: tuple[int, int, int]
+    constants: dict  # the kernel's constexpr arguments
+    ptx: bool  # the build runs the PTX decode (CUDA, not the interpreter): checked once per build
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_call(
+    M: int,
+    K: int,
+    w_shape: tuple[int, int],
+    scales_shape: tuple[int, int],
+    order: str,
+    config: LinearConfig | DequantConfig | None,
+    fold_scale: bool,
+    out: tuple | None,
+    bias_shape: tuple | None,
+    device: torch.device,
+    interpreter: bool,
+    mma_v3_off: bool,
+) -> _ChunkCall:
+    """The checks and the dispatch of :func:`linear_chunks` for a call of this shape: ``out`` its (shape, dtype,
+    strides) or None; ``interpreter`` / ``mma_v3_off`` the environment they read, so that a change of it is a new
+    shape. Raises as the call would."""
+    check_order(order, "bf16", device)
+    Np, Kp = w_shape[0], w_shape[1] * 2
+    N = out[0][-1] if out is not None and len(out[0]) else Np
+    if Np % 16 or Kp % 128 or scales_shape != (Np, Kp // 32) or Kp != cdiv(K, 128) * 128 or N > Np:
+        raise ValueError(
+            f"{order}-order weights {tuple(w_shape)} / scales {tuple(scales_shape)} do not fit x {(M, K)}"
+            f"{'' if out is None else f' and out {tuple(out[0])}'}: expected [Np, {cdiv(K, 128) * 64}] bytes "
+            f"and [Np, {cdiv(K, 128) * 4}] scales, Np a multiple of 16 and at least N"
+        )
+    _check_shapes(out or ((M, N), torch.bfloat16, (N, 1)), bias_shape, M, N, Np)
+    cfg = config or pick_chunk_config(M, N, K, sm_count(device), fold_scale, order=order)
+    if cfg is None or isinstance(cfg, DequantConfig):
+        return _ChunkCall(cfg or DEQUANT, N, (0, 0, 0), {}, False)
+    if not cfg.swap_ab:
+        raise ValueError(f"config {cfg.name()}: the chunk orders decode W as the MMA's first operand (swap_ab)")
+    ptx = runs_ptx(device)
+    constants = dict(
+        HAS_BIAS=bias_shape is not None,
         SPLIT_K=cfg.split_k,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
@@ -649,10 +717,6 @@ def linear_chunks(
         MATH=cfg.math if ptx else "ops",
         ORDER=order,
         INTERPRETER=interpreter,
-        WAIT_MMA=ptx and mma_reads_registers_async(x.device),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        WAIT_MMA=ptx and mma_reads_registers_async(device),
     )
-    if ptx:
-        check_chunk_build(kernel)
-    return out
+    return _ChunkCall(cfg, N, (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k), constants, ptx)

@@ -1,0 +1,176 @@
+"""The host time of one dense W4A16 call (vLLM runs lm_head outside its CUDA graphs, so each step pays it).
+
+Stop 39 profiled lm_head's call in vLLM at 240 us of host time a step against Marlin's 87 (`SERVING.md`); our own
+Python in it was 6 us after e83e369 (``linear_host_path.py``, launches stubbed), so the rest is Triton's launch or the
+profiler. This times, per call and on the host only (the GPU left to run behind), the layers of that call:
+
+- ``full``: ``linear_mxfp4`` as the plugin's op calls it (checks, pick, ``out`` given);
+- ``op``: the same behind a ``torch.library`` op registered as vLLM's ``direct_register_custom_op`` does;
+- ``jit``: ``_linear_chunks_kernel[grid](...)`` alone, the arguments ``linear_chunks`` passed recorded once;
+- ``compiled``: the compiled kernel's own launcher (``CompiledKernel[grid](*args)``), Triton's binder and cache
+  lookup skipped;
+- ``mm``: ``torch.mm`` on the BF16 weight (a cuBLAS launch from ATen) for scale.
+
+    python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS]    # Hopper (wgmma order)
+    python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS]
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import statistics
+import sys
+import time as clock
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import mxrepack.kernels.linear_mxfp4 as lin  # noqa: E402
+from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled  # noqa: E402
+
+CALLS = 300  # a round: few enough that the GPU's launch queue never fills, so the host is what is timed
+
+
+def host_us(fn, rounds: int = 7) -> list[float]:
+    """Microseconds of host time a call of ``fn``, per round of :data:`CALLS` calls, the GPU synchronized between."""
+    for _ in range(20):
+        fn()
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = clock.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        out.append((clock.perf_counter() - t0) / CALLS * 1e6)
+        torch.cuda.synchronize()
+    return out
+
+
+def recorded_launch(call) -> tuple:
+    """(grid, args, kwargs, compiled kernel) of the ``_linear_chunks_kernel`` launch that ``call()`` makes, through
+    Triton's own launch (the tree's ``linear_chunks`` launching through ``_LAUNCH_CHUNKS`` or straight)."""
+    real = lin._linear_chunks_kernel
+    seen = {}
+
+    def launch(grid, *args, **kwargs):
+        seen.update(grid=grid, args=args, kwargs=kwargs)
+        seen["compiled"] = real[grid](*args, **kwargs)
+        return seen["compiled"]
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launch(grid, *args, **kwargs)
+
+    name, stand_in = (
+        ("_LAUNCH_CHUNKS", launch) if hasattr(lin, "_LAUNCH_CHUNKS") else ("_linear_chunks_kernel", Recorder())
+    )
+    shipped = getattr(lin, name)
+    setattr(lin, name, stand_in)
+    try:
+        call()
+    finally:
+        setattr(lin, name, shipped)
+    return seen["grid"], seen["args"], seen["kwargs"], seen["compiled"]
+
+
+def register_op() -> None:
+    """``torch.ops.probe.linear_mxfp4``, as the plugin's op is (vLLM's ``direct_register_custom_op``: a schema and a
+    CUDA implementation in a FRAGMENT library, no ``custom_op`` wrapper)."""
+    lib = torch.library.Library("probe", "FRAGMENT")
+    lib.define("linear_mxfp4(Tensor x, Tensor w, Tensor s, bool fold, str order, int n) -> Tensor")
+
+    def impl(x, w, s, fold, order, n):
+        out = x.new_empty(x.shape[0], n)
+        return lin.linear_mxfp4(x, w, s, None, fold_scale=fold, order=order, out=out)
+
+    lib.impl("linear_mxfp4", impl, "CUDA")
+    register_op.lib = lib  # kept alive
+
+
+def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64") -> None:
+    from dense_chunk_probe import Layer, meta
+
+    order = "mma2" if mma_v3_disabled() else "wgmma"
+    register_op()
+    records = []
+    for name in shapes.split(","):
+        layer = Layer.random(name, order)
+        wbf = layer.next_bf16()
+        for M in map(int, rows.split(",")):
+            x = torch.randn(M, layer.K, device="cuda").to(torch.bfloat16)
+            y = torch.empty(M, layer.N, device="cuda", dtype=torch.bfloat16)
+            ybf = torch.empty(M, layer.N, device="cuda", dtype=torch.bfloat16)
+            wq, sq, fold = layer.wq, layer.sq, layer.fold
+
+            def full():
+                return lin.linear_mxfp4(x, wq, sq, None, fold_scale=fold, order=order, out=y)
+
+            grid, args, kwargs, compiled = recorded_launch(full)
+            params = inspect.signature(lin._linear_chunks_kernel.fn).parameters
+            bound = inspect.signature(lin._linear_chunks_kernel.fn).bind(
+                *args, **{k: v for k, v in kwargs.items() if k in params}
+            )
+            bound.apply_defaults()
+            values = list(bound.arguments.values())
+            runner = compiled[grid]
+            fns = {
+                "full": full,
+                "op": lambda: torch.ops.probe.linear_mxfp4(x, wq, sq, fold, order, layer.N),
+                "jit": lambda: lin._linear_chunks_kernel[grid](*args, **kwargs),
+                "compiled": lambda: runner(*values),
+                "mm": lambda: torch.mm(x, wbf.t(), out=ybf),
+            }
+            ref = full().clone()
+            runner(*values)
+            torch.cuda.synchronize()
+            same = bool(torch.equal(ref, y))
+            rec = {"shape": name, "M": M, "order": order, "grid": list(grid), "compiled_same_bits": same}
+            for key, fn in fns.items():
+                ts = host_us(fn)
+                rec[f"{key}_us"] = [round(t, 2) for t in ts]
+                rec[f"{key}_median_us"] = round(statistics.median(ts), 2)
+            records.append(rec)
+            print(json.dumps({k: v for k, v in rec.items() if not k.endswith("_us") or "median" in k}), flush=True)
+    if out:
+        meta_rec = meta() | {"script": "benchmarks/experiments/host_launch_probe.py", "calls_a_round": CALLS}
+        Path(out).write_text(json.dumps(meta_rec | {"rows": records}, indent=1))
+
+
+def profile(out: str | None = None, shape: str = "qkv", rows: str = "1", calls: str = "3000") -> None:
+    """cProfile of ``calls`` ``full`` calls: where the host time of the call goes (the profiler's own cost included)."""
+    import cProfile
+    import io
+    import pstats
+
+    from dense_chunk_probe import Layer
+
+    order = "mma2" if mma_v3_disabled() else "wgmma"
+    layer = Layer.random(shape, order)
+    M = int(rows)
+    x = torch.randn(M, layer.K, device="cuda").to(torch.bfloat16)
+    y = torch.empty(M, layer.N, device="cuda", dtype=torch.bfloat16)
+    for _ in range(20):
+        lin.linear_mxfp4(x, layer.wq, layer.sq, None, fold_scale=layer.fold, order=order, out=y)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(int(calls)):
+        lin.linear_mxfp4(x, layer.wq, layer.sq, None, fold_scale=layer.fold, order=order, out=y)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+    print(text.getvalue())
+    if out:
+        Path(out).write_text(text.getvalue())
+
+
+if __name__ == "__main__":
+    {"time": time, "profile": profile}[sys.argv[1]](*sys.argv[2:])
