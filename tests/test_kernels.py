@@ -1623,3 +1623,22 @@ def test_launch_call_key():
         call_key((1, 2, 1), args, 4, 4, {"ORDER": "wgmma"}),
     ]
     assert all(k != base for k in others) and len(set(others)) == len(others)
+
+
+def test_dequantize_cublas_path_records_no_autograd():
+    """Past 64 rows (dequantize + cuBLAS) with a bias and activations that require grad, as vLLM's linear layers
+    leave their bias: the product as without, nothing recorded for autograd (as the Triton kernels record nothing),
+    where torch's addmm(out=) refused it (the plugin's warm-up at load failed on q/k/v/o; PERF_LOG stop 44)."""
+    from mxrepack.kernels.dequant_mxfp4 import DEQUANT
+
+    torch.manual_seed(4)
+    N, K, M = 48, 288, 70
+    w, s = (
+        torch.randint(0, 256, (N, K // 2), dtype=torch.uint8),
+        torch.randint(118, 128, (N, K // 32), dtype=torch.uint8),
+    )
+    x, bias = torch.randn(M, K).to(torch.bfloat16), torch.randn(N).to(torch.bfloat16)
+    plain = linear_mxfp4(x, w, s, bias, config=DEQUANT)
+    y = linear_mxfp4(x.clone().requires_grad_(), w, s, torch.nn.Parameter(bias.clone()), config=DEQUANT)
+    assert torch.equal(y, plain) and not y.requires_grad
+    assert rel(y, mxfp4_linear(x, w, s, bias).float()) <= 1e-2

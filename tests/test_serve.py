@@ -421,7 +421,9 @@ def loaded(N=96, K=320):  # q/k/v-like partitions; K not a multiple of 128
     g = torch.Generator().manual_seed(0)
     layer.weight_packed.data = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
     layer.weight_scale.data = torch.randint(118, 130, (N, K // 32), dtype=torch.uint8, generator=g)
-    layer.bias = torch.nn.Parameter(torch.randn(N).to(torch.bfloat16), requires_grad=False)  # gpt-oss's q/k/v have one
+    # gpt-oss's q/k/v have one; vLLM's linear layers leave it requiring grad (their forward runs in inference mode, the
+    # warm-up at load does not)
+    layer.bias = torch.nn.Parameter(torch.randn(N).to(torch.bfloat16))
     method.process_weights_after_loading(layer)
     return method, layer
 
@@ -458,6 +460,7 @@ for order in ("wgmma", "mma2"):
     dense = DenseMxLayout("mxfp4", order=order)
     c_layer.weight_packed.data = dense.store(layer.weight_packed, layer.weight_scale, 320, "values")
     c_layer.weight_scale.data = dense.store(layer.weight_packed, layer.weight_scale, 320, "scales")
+    c_layer.bias = torch.nn.Parameter(b.clone())
     chunked.process_weights_after_loading(c_layer)
     for t in (x, torch.randn(70, 320).to(torch.bfloat16)):
         r = mxfp4_linear(t.reshape(-1, 320), layer.weight_packed, layer.weight_scale, b).reshape(*t.shape[:-1], 96)

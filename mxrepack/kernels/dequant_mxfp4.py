@@ -1107,7 +1107,11 @@ def linear_dequant_gemm(
     rows = max(128, config.chunk_bytes // (2 * K) // 128 * 128)
     rows = min(rows, N)
     scratch = torch.empty(-(-rows // 16) * 16, K, dtype=torch.bfloat16, device=x.device)  # whole row tiles
-    b = None if bias is None else bias.to(torch.bfloat16)
+    # no autograd, as the Triton kernels record none: torch's mm(out=) refuses an operand that requires grad, and vLLM's
+    # linear layers leave their bias requiring it (their forward runs in inference mode; the plugin's warm-up at load
+    # does not)
+    x = x.detach()
+    b = None if bias is None else bias.detach().to(torch.bfloat16)
     for n0 in range(0, N, rows):
         n1 = min(N, n0 + rows)
         if order == "rows":
