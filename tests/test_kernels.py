@@ -1241,6 +1241,7 @@ def test_linear_chunk_order_on_a_gpu():
     """On a GPU: dense W4A16 in the chunk order its MMA reads (wgmma on Hopper, mma2 under DISABLE_MMA_V3 or on
     sm_8x / sm_12x) at gpt-oss's widths, every row-count class, folded and not, against the reference; the same
     bits on every repeat (the split-K sums in split order); the prefill's dequantizer gives the plain one's bits."""
+    import mxrepack.kernels.linear_mxfp4 as lin
     from mxrepack.kernels.dequant_mxfp4 import dequantize_chunks, mma_v3_disabled
 
     major = torch.cuda.get_device_capability()[0]
@@ -1265,10 +1266,12 @@ def test_linear_chunk_order_on_a_gpu():
         firsts = [linear_mxfp4(x, wc, sc, bias, order=order) for x in (aligned, offset)]
         ref = mxfp4_linear(offset.cpu(), w, s, bias.cpu()).float()
         assert rel(firsts[1].cpu(), ref) <= 1e-2
+        kept = set(lin._LAUNCH_CHUNKS._runs)
         for _ in range(2):
             assert all(
                 torch.equal(linear_mxfp4(x, wc, sc, bias, order=order), y) for x, y in zip((aligned, offset), firsts)
             )
+        assert set(lin._LAUNCH_CHUNKS._runs) == kept  # the repeats reused the builds kept by the first calls
         out = torch.empty_like(firsts[1])
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -1642,3 +1645,49 @@ def test_dequantize_cublas_path_records_no_autograd():
     y = linear_mxfp4(x.clone().requires_grad_(), w, s, torch.nn.Parameter(bias.clone()), config=DEQUANT)
     assert torch.equal(y, plain) and not y.requires_grad
     assert rel(y, mxfp4_linear(x, w, s, bias).float()) <= 1e-2
+
+
+def test_launcher_reuses_only_checked_builds(monkeypatch):
+    """launch.Launcher with stand-ins for a compiled kernel and a CUDA tensor (the interpreter never takes the reuse
+    path): the first call of a kind through Triton, its build checked and then launched straight with every
+    argument in the kernel's order; a new integer value through Triton again; a build the check rejects never kept,
+    so each call that would run it raises."""
+    from mxrepack.kernels import launch
+
+    log = []
+
+    class Build:
+        def __init__(self, n):
+            self.n = n
+
+        def __getitem__(self, grid):
+            return lambda *args: log.append(("kept", grid, args))
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages, **constants):
+                log.append(("triton", grid, args, constants))
+                return Build(args[1])
+
+            return run
+
+    class CudaLike(torch.Tensor):
+        is_cuda = True
+
+    def check(build):
+        if build.n == 13:
+            raise RuntimeError("rejected build")
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    launcher = launch.Launcher(Kernel(), check=check)
+    launcher.compiled, launcher.names = True, ("x_ptr", "n", "BLOCK", "ORDER")  # as a JITFunction's would be
+    x = torch.zeros(64).as_subclass(CudaLike)
+    for _ in range(2):
+        launcher((4, 1, 1), x, 7, num_warps=4, num_stages=3, ORDER="mma2", BLOCK=16)
+    assert [e[0] for e in log] == ["triton", "kept"] and log[1][2][1:] == (7, 16, "mma2")  # signature order
+    launcher((4, 1, 1), x, 8, num_warps=4, num_stages=3, ORDER="mma2", BLOCK=16)
+    assert log[-1][0] == "triton"
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="rejected build"):
+            launcher((4, 1, 1), x, 13, num_warps=4, num_stages=3, ORDER="mma2", BLOCK=16)
+    assert [e[0] for e in log[-2:]] == ["triton", "triton"]

@@ -10,7 +10,8 @@ H200's host (Triton 3.6) 20-35 us a launch of the chunk tile, against 9-15 us fo
 matches goes straight to that build's launcher (``CompiledKernel[grid]``, Triton's own). A call matches on a key finer
 than any specialization Triton makes: every integer and constant by value, every tensor by dtype and its address
 modulo 256 (Triton specializes pointers on divisibility by 16), the grid, warps, stages and the current device. So a
-build is only reused for arguments Triton would have given that same build.
+build is only reused for arguments Triton would have given that same build (the arguments: not Triton's process-wide
+settings, :class:`Launcher`). Each new build can be checked before it is kept.
 """
 
 from __future__ import annotations
@@ -22,21 +23,28 @@ import triton
 
 
 class Launcher:
-    """``Launcher(kernel)(grid, *args, num_warps=, num_stages=, **constants)``: ``kernel[grid](*args, num_warps=...,
-    num_stages=..., **constants)``, the build reused without Triton's binding when the call matches one made before.
-    ``args`` are the kernel's leading parameters in order, ``constants`` the rest (its ``tl.constexpr`` ones) by
-    name; the kernel has no parameter defaults. Under Triton's interpreter, and for CPU tensors, Triton's own launch
-    every call."""
+    """``Launcher(kernel, check)(grid, *args, num_warps=, num_stages=, **constants)``: ``kernel[grid](*args,
+    num_warps=..., num_stages=..., **constants)``, the build reused without Triton's binding when the call matches one
+    made before. ``args`` are the kernel's leading parameters in order, ``constants`` the rest (its ``tl.constexpr``
+    ones) by name. ``check``: called with each new build before it is kept for reuse; a build it rejects (raises) is
+    not kept, so every call that would run it raises. Under Triton's interpreter, and for CPU tensors, Triton's own
+    launch every call.
 
-    def __init__(self, kernel):
+    Reuse sees the arguments only: Triton's process-wide settings (``TRITON_DEBUG``, instrumentation) changed after a
+    build was kept, and its pre-run hooks, do not reach the kept builds."""
+
+    def __init__(self, kernel, check=None):
         self.kernel = kernel
+        self.check = check
         self.compiled = isinstance(kernel, triton.runtime.JITFunction)  # False under TRITON_INTERPRET
-        self.names = tuple(inspect.signature(kernel.fn).parameters) if self.compiled else ()
+        params = inspect.signature(kernel.fn).parameters.values() if self.compiled else ()
+        if any(p.default is not inspect.Parameter.empty for p in params):
+            raise ValueError(f"{kernel}: a Launcher passes every parameter, the kernel's must have no defaults")
+        self.names = tuple(p.name for p in params)
         self._runs: dict[tuple, tuple] = {}
 
     def __call__(self, grid: tuple[int, ...], *args, num_warps: int, num_stages: int, **constants):
-        """Launch; returns the build when this call took Triton's path (a new match: so that a caller can check
-        each build once), else None."""
+        """Launch; returns the build when this call took Triton's path (a call not seen before), else None."""
         if not self.compiled or not args[0].is_cuda:
             return self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constants)
         key = (torch.cuda.current_device(), *call_key(grid, args, num_warps, num_stages, constants))
@@ -46,20 +54,25 @@ class Launcher:
             runner(*args, *tail)
             return None
         build = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constants)
+        if build is None:  # a Triton cache hook declined the launch: nothing to keep
+            return None
+        if self.check is not None:
+            self.check(build)
         tail = tuple(constants[name] for name in self.names[len(args) :])
-        if len(self._runs) >= MAX_BUILDS_KEPT:  # a bound on a process's calls of many shapes; refilled as they come
+        if len(self._runs) >= MAX_CALLS_KEPT:  # a bound on a process's calls of many shapes; refilled as they come
             self._runs.clear()
         self._runs[key] = (build[grid], tail)
         return build
 
 
-MAX_BUILDS_KEPT = 4096
+MAX_CALLS_KEPT = 4096
 
 
 def call_key(grid: tuple, args: tuple, num_warps: int, num_stages: int, constants: dict) -> tuple:
     """What a :class:`Launcher` call matches on, the current device aside: finer than Triton's specialization (every
-    integer and constant by type and value, every tensor by dtype and address modulo 256, of which Triton reads the
-    divisibility by 16), so that equal keys mean the build Triton would pick is the same."""
+    integer argument by type and value, every tensor by dtype and address modulo 256, of which Triton reads the
+    divisibility by 16; the constants by value, as Triton keys them), so that equal keys mean the build Triton would
+    pick is the same."""
     return (
         grid,
         num_warps,

@@ -437,7 +437,8 @@ def _linear_chunks_kernel(
     _store_split(acc, part_ptr, counter, pid_k, b_ptr, y_ptr, rm, rn, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
 
-_LAUNCH_CHUNKS = Launcher(_linear_chunks_kernel)
+# each build checked before it is kept (a CUDA build: under the interpreter, Triton's launch every call)
+_LAUNCH_CHUNKS = Launcher(_linear_chunks_kernel, check=check_chunk_build)
 
 
 @triton.jit
@@ -635,7 +636,7 @@ def linear_chunks(
         counters = arrival_counters(x.device, call.grid[0] * call.grid[1], "linear")
     else:
         part = counters = out  # unused
-    build = _LAUNCH_CHUNKS(
+    _LAUNCH_CHUNKS(
         call.grid,
         x,
         w,
@@ -656,8 +657,6 @@ def linear_chunks(
         num_stages=cfg.num_stages,
         **call.constants,
     )
-    if build is not None and call.ptx:  # each build checked once (Launcher: the first call that made it)
-        check_chunk_build(build)
     return out
 
 
@@ -670,7 +669,6 @@ class _ChunkCall:
     n: int  # output columns
     grid: tuple[int, int, int]
     constants: dict  # the kernel's constexpr arguments
-    ptx: bool  # the build runs the PTX decode (CUDA, not the interpreter): checked once per build
 
 
 @functools.lru_cache(maxsize=4096)
@@ -703,7 +701,7 @@ def _chunk_call(
     _check_shapes(out or ((M, N), torch.bfloat16, (N, 1)), bias_shape, M, N, Np)
     cfg = config or pick_chunk_config(M, N, K, sm_count(device), fold_scale, order=order)
     if cfg is None or isinstance(cfg, DequantConfig):
-        return _ChunkCall(cfg or DEQUANT, N, (0, 0, 0), {}, False)
+        return _ChunkCall(cfg or DEQUANT, N, (0, 0, 0), {})
     if not cfg.swap_ab:
         raise ValueError(f"config {cfg.name()}: the chunk orders decode W as the MMA's first operand (swap_ab)")
     ptx = runs_ptx(device)
@@ -719,4 +717,4 @@ def _chunk_call(
         INTERPRETER=interpreter,
         WAIT_MMA=ptx and mma_reads_registers_async(device),
     )
-    return _ChunkCall(cfg, N, (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k), constants, ptx)
+    return _ChunkCall(cfg, N, (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k), constants)
