@@ -128,9 +128,10 @@ def check() -> None:
 
 @dataclasses.dataclass
 class Layer:
-    """One of :data:`SHAPES` on the GPU: a random MXFP4 weight in chunk order (``wq`` / ``sq``), its fp32
-    dequantization ``wf`` and whether its scales fold; ``next_chunked()`` cycles through 400 MB of others like it and
-    ``next_bf16()`` through BF16 weights of the shape (cuBLAS's), so that no timing reads a weight held in L2."""
+    """One of :data:`SHAPES` on the GPU: a random MXFP4 weight in chunk order (``wq`` / ``sq``), the same weight
+    plain (``plain``: ``[N, K/2]`` / ``[N, K/32]``), its fp32 dequantization ``wf`` and whether its scales fold;
+    ``next_chunked()`` cycles through 400 MB of others like it and ``next_bf16()`` through BF16 weights of the shape
+    (cuBLAS's), so that no timing reads a weight held in L2."""
 
     N: int
     K: int
@@ -140,6 +141,7 @@ class Layer:
     fold: bool
     next_chunked: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     next_bf16: Callable[[], torch.Tensor]
+    plain: tuple[torch.Tensor, torch.Tensor]
 
     @classmethod
     def random(cls, name: str, order: str) -> Layer:
@@ -151,7 +153,7 @@ class Layer:
         pool = [chunk_pack(*rand_mx(N, K), order) for _ in range(max(2, (400 << 20) // (wq.numel() + sq.numel())))]
         chunked = itertools.cycle(pool)
         bf16 = rotating(lambda: torch.randn(N, K, device="cuda").to(torch.bfloat16), N * K * 2)
-        return cls(N, K, wq, sq, deq(w, s), fits_fold(s), lambda: next(chunked), bf16)
+        return cls(N, K, wq, sq, deq(w, s), fits_fold(s), lambda: next(chunked), bf16, (w, s))
 
 
 def time(out: str | None = None, shapes: str = ",".join(SHAPES), sizes: str = "4,16,32,48,64", kind: str = "") -> None:

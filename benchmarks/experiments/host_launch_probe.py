@@ -9,10 +9,17 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
 - ``jit``: ``_linear_chunks_kernel[grid](...)`` alone, the arguments ``linear_chunks`` passed recorded once;
 - ``compiled``: the compiled kernel's own launcher (``CompiledKernel[grid](*args)``), Triton's binder and cache
   lookup skipped;
-- ``mm``: ``torch.mm`` on the BF16 weight (a cuBLAS launch from ATen) for scale.
+- ``mm``: ``torch.mm`` on the BF16 weight (a cuBLAS launch from ATen) for scale;
+- where vLLM imports (the kit's device calls): ``plugin``, the plugin's ``TritonMxfp4LinearMethod.apply`` on the layer
+  (its registered op, through vLLM's ``direct_register_custom_op``), and ``marlin``, the plugin's
+  ``MarlinMxfp4LinearMethod.apply`` on the same values (vLLM's Marlin MXFP4 linear, what stock vLLM calls for them):
+  the two calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none).
+  Written after stop 44's runs and not run yet: the next session's same-run baseline for lm_head's host call.
 
     python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS]    # Hopper (wgmma order)
     python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS]
+    # with vLLM (the kit's fourth call): bash benchmarks/vllm_plugin_device.sh .kit3 >/dev/null 2>&1;
+    #   source .kitx/device.sh .kitx; export PYTHONPATH=$PWD:$PYTHONPATH; python benchmarks/experiments/... time OUT
 """
 
 from __future__ import annotations
@@ -92,6 +99,25 @@ def register_op() -> None:
     register_op.lib = lib  # kept alive
 
 
+def vllm_methods(layer, order: str, x: torch.Tensor) -> dict:
+    """``plugin`` and ``marlin`` (module docstring) on ``layer``'s values where vLLM imports, else nothing."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return {}
+    from peers import marlin_linear
+
+    from mxrepack.serve.vllm import linear as plugin
+
+    w, s = layer.plain
+    mx, method = torch.nn.Module(), plugin.make_dense_method("mxrepack", order)
+    method.create_weights(mx, layer.K, [layer.N], layer.K, layer.N, torch.bfloat16)
+    mx.weight_packed.data, mx.weight_scale.data = layer.wq, layer.sq
+    method.process_weights_after_loading(mx)
+    marlin = marlin_linear(w, s)
+    return {"plugin": lambda: method.apply(mx, x), "marlin": lambda: marlin[1].apply(marlin[0], x)}
+
+
 def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64") -> None:
     from dense_chunk_probe import Layer, meta
 
@@ -125,6 +151,7 @@ def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,
                 "compiled": lambda: runner(*values),
                 "mm": lambda: torch.mm(x, wbf.t(), out=ybf),
             }
+            fns |= vllm_methods(layer, order, x)
             ref = full().clone()
             runner(*values)
             torch.cuda.synchronize()
