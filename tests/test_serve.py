@@ -388,8 +388,9 @@ _VLLM_STAND_IN = {
         "def apply_fp4_marlin_linear(**kwargs):\n    raise AssertionError('Marlin called')\n"
         "def prepare_fp4_layer_for_marlin(layer):\n    raise AssertionError('Marlin called')\n"
     ),
-    "vllm/model_executor/utils.py": (
-        "def set_weight_attrs(p, attrs):\n    for k, v in attrs.items():\n        setattr(p, k, v)\n"
+    "vllm/model_executor/utils.py": (  # as vLLM's: an attribute is set once
+        "def set_weight_attrs(p, attrs):\n    for k, v in attrs.items():\n"
+        "        assert not hasattr(p, k), f'Overwriting existing tensor attribute: {k}'\n        setattr(p, k, v)\n"
     ),
     "vllm/utils/__init__.py": "",
     "vllm/utils/torch_utils.py": (
@@ -410,9 +411,9 @@ from mxrepack.serve.vllm import linear as L
 assert type(L.make_dense_method("marlin")).__name__ == "MarlinMxfp4LinearMethod" and L._LIB is None
 rows = []
 apply = L.TritonMxfp4LinearMethod.apply
-L.TritonMxfp4LinearMethod.apply = lambda self, layer, x, bias=None: rows.append((len(x), bias is not None)) or apply(
-    self, layer, x, bias
-)
+L.TritonMxfp4LinearMethod.apply = lambda self, layer, x, bias=None: rows.append(
+    (len(x), bias is not None, torch.is_grad_enabled())
+) or apply(self, layer, x, bias)
 
 
 def loaded(N=96, K=320):  # q/k/v-like partitions; K not a multiple of 128
@@ -431,9 +432,10 @@ def loaded(N=96, K=320):  # q/k/v-like partitions; K not a multiple of 128
 method, layer = loaded()
 assert type(method).__name__ == "TritonMxfp4LinearMethod" and L._LIB is not None
 # every row-count class compiled at load, with the bias the forward passes (the kernels specialize on it)
-assert rows == [(m, True) for m in L.WARM_ROWS], rows
+# (the warm-up with autograd off: vLLM loads with it on and leaves the bias requiring grad)
+assert rows == [(m, True, False) for m in L.WARM_ROWS], rows
 loaded()
-assert rows == [(m, True) for m in L.WARM_ROWS], rows  # once a shape
+assert rows == [(m, True, False) for m in L.WARM_ROWS], rows  # once a shape
 x, b = torch.randn(2, 3, 320).to(torch.bfloat16), torch.randn(96).to(torch.bfloat16)
 y = method.apply(layer, x, b)
 ref = mxfp4_linear(x.reshape(6, 320), layer.weight_packed, layer.weight_scale, b).reshape(2, 3, 96)

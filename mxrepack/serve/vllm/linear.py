@@ -180,8 +180,11 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         shape = (*layer.weight_packed.shape, str(device), layer.mxrepack_fold_scale, self.order, bias is not None)
         if shape not in self.warmed:
             x = torch.zeros(max(WARM_ROWS), layer.input_size_per_partition, dtype=torch.bfloat16, device=device)
-            for m in WARM_ROWS:
-                self.apply(layer, x[:m], bias)
+            # vLLM loads with autograd on (its forward runs in inference mode) and leaves the bias requiring grad: a
+            # torch op with out= on it would refuse it (b8d4f4b)
+            with torch.no_grad():
+                for m in WARM_ROWS:
+                    self.apply(layer, x[:m], bias)
             self.warmed.add(shape)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -289,7 +289,8 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         key = (tuple(tuple(t.shape) for t in w.values()), str(device), order, fold, shift, topk, hidden, tokens)
         if key in self.warmed:
             return
-        warm_moe(w, topk, hidden, tokens, fold, order, shift)
+        with torch.no_grad():  # vLLM loads with autograd on (its forward runs in inference mode)
+            warm_moe(w, topk, hidden, tokens, fold, order, shift)
         torch.cuda.synchronize(device)
         # no torch.cuda.empty_cache(): vLLM empties the cache before it profiles memory, and under its sleep mode the
         # load runs in a memory pool where emptying the cache is what it avoids (vllm/device_allocator/cumem.py)
