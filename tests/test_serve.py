@@ -482,3 +482,26 @@ def test_dense_layers_on_mxrepacks_kernels_through_a_registered_op(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}", "TRITON_INTERPRET": "1"}
     p = subprocess.run([sys.executable, "-c", _DENSE_ON_MXREPACK], env=env, capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+def test_weights_identity_names_the_weights_for_vllms_compile_cache(tmp_path):
+    """What the plugin records in the quantization config for vLLM's compile cache (a cached graph keeps the dense
+    op's fold flag, read from the weights when it was traced): the manifest's digest for an mxrepack output, which
+    any change of a file changes; else the safetensors files' names, sizes and times."""
+    from mxrepack.repack.output import MANIFEST_KIND, write_manifest
+    from mxrepack.serve.spec import weights_identity
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "model.safetensors").write_bytes(b"\0" * 8)
+    before = weights_identity(plain)
+    assert before.startswith("files:") and weights_identity(plain) == before
+    (plain / "model.safetensors").write_bytes(b"\0" * 9)
+    assert weights_identity(plain) != before
+    out = tmp_path / "out"
+    out.mkdir()
+    sealed = write_manifest(out, {"format": MANIFEST_KIND, "files": {"a.safetensors": {"sha256": "1" * 64}}})
+    first = weights_identity(out)
+    assert first == f"manifest:{sealed['manifest_sha256'][:16]}"
+    write_manifest(out, {"format": MANIFEST_KIND, "files": {"a.safetensors": {"sha256": "2" * 64}}})
+    assert weights_identity(out) != first

@@ -540,3 +540,25 @@ def serve_hint(
     if quantization_config in ("mxrepack", "compressed-tensors"):
         lines.append(f"       {FAST_LOAD_FLAG}: {FAST_LOAD_WHY}")
     return lines
+
+
+def weights_identity(model_dir: str | Path) -> str:
+    """A short name for the weights in ``model_dir`` that changes when they do: the mxrepack manifest's digest (which
+    covers every file's sha256), else a digest of the safetensors files' names, sizes and modification times.
+    Recorded where vLLM hashes its torch.compile cache, since a cached graph keeps the values a layer's ``apply`` read
+    from its weights at trace time (the dense op's ``fold_scale``): another checkpoint written to the same folder
+    with the same config must not reuse it. Reads no tensor data."""
+    import hashlib
+
+    from mxrepack.repack.output import DIGEST_KEY, MANIFEST, is_output
+
+    model_dir = Path(model_dir)
+    if is_output(model_dir):
+        try:
+            digest = json.loads((model_dir / MANIFEST).read_text()).get(DIGEST_KEY)
+        except (OSError, json.JSONDecodeError):
+            digest = None
+        if isinstance(digest, str):
+            return f"manifest:{digest[:16]}"
+    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.glob("*.safetensors"))
+    return "files:" + hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]

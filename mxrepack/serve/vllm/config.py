@@ -19,6 +19,7 @@ from mxrepack.serve.spec import (
     check_checkpoint,
     check_vllm_version,
     chosen_dense_kernel,
+    weights_identity,
 )
 
 
@@ -84,6 +85,8 @@ class MxRepackConfig(QuantizationConfig):
             # from the cache for the other: "KeyError: 'weight'", vLLM 0.26, H100), and where a worker that rebuilds
             # this config reads it (chosen_dense_kernel)
             qc["dense_kernel"] = self.dense_kernel
+            if Path(model_name).is_dir():  # and the weights, whose fold flags a cached graph keeps (weights_identity)
+                qc["mxrepack_weights"] = weights_identity(model_name)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`); for the dense
