@@ -547,7 +547,8 @@ def weights_identity(model_dir: str | Path) -> str:
     covers every file's sha256), else a digest of the safetensors files' names, sizes and modification times.
     Recorded where vLLM hashes its torch.compile cache, since a cached graph keeps the values a layer's ``apply`` read
     from its weights at trace time (the dense op's ``fold_scale``): another checkpoint written to the same folder
-    with the same config must not reuse it. Reads no tensor data."""
+    with the same config must not reuse it. Reads no tensor data; raises nothing for unreadable files (an engine must
+    start)."""
     import hashlib
 
     from mxrepack.repack.output import DIGEST_KEY, MANIFEST, is_output
@@ -555,10 +556,17 @@ def weights_identity(model_dir: str | Path) -> str:
     model_dir = Path(model_dir)
     if is_output(model_dir):
         try:
-            digest = json.loads((model_dir / MANIFEST).read_text()).get(DIGEST_KEY)
-        except (OSError, json.JSONDecodeError):
-            digest = None
+            manifest = json.loads((model_dir / MANIFEST).read_text())
+        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: named by the files instead
+            manifest = None
+        digest = manifest.get(DIGEST_KEY) if isinstance(manifest, dict) else None
         if isinstance(digest, str):
             return f"manifest:{digest[:16]}"
-    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.glob("*.safetensors"))
+    stats = []
+    for path in sorted(model_dir.glob("*.safetensors")):
+        try:
+            st = path.stat()
+            stats.append((path.name, st.st_size, st.st_mtime_ns))
+        except OSError:  # a dangling link (a Hub cache's) or a file gone meanwhile: vLLM reads the index, not this
+            stats.append((path.name, None, None))
     return "files:" + hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
