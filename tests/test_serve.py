@@ -488,7 +488,7 @@ def test_weights_identity_names_the_weights_for_vllms_compile_cache(tmp_path):
     """What the plugin records in the quantization config for vLLM's compile cache (a cached graph keeps the dense
     op's fold flag, read from the weights when it was traced): the manifest's digest for an mxrepack output, which
     any change of a file changes; else the safetensors files' names, sizes and times; never an error."""
-    from mxrepack.repack.output import MANIFEST_KIND, write_manifest
+    from mxrepack.repack.output import MANIFEST_KIND, load_manifest, write_manifest
     from mxrepack.serve.spec import weights_identity
 
     plain = tmp_path / "plain"
@@ -506,8 +506,10 @@ def test_weights_identity_names_the_weights_for_vllms_compile_cache(tmp_path):
     write_manifest(out, {"format": MANIFEST_KIND, "files": {"a.safetensors": {"sha256": "2" * 64}}})
     assert weights_identity(out) != first
     # nothing unreadable stops an engine: a manifest that is JSON but no object, or not UTF-8; a dangling link
-    for bad in (b"[1, 2]", b"\xff\xfe"):
+    for bad, why in ((b"[1, 2]", "a JSON list, not an object"), (b"\xff\xfe", "not valid JSON")):
         (out / "mxrepack.json").write_bytes(bad)
         assert weights_identity(out).startswith("files:")
+        with pytest.raises(MxRepackError, match=f"mxrepack.json: .*{why}"):  # elsewhere: one line, no traceback
+            load_manifest(out)
     (plain / "gone.safetensors").symlink_to(tmp_path / "nowhere")
     assert weights_identity(plain).startswith("files:")

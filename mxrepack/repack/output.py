@@ -182,8 +182,10 @@ def load_manifest(directory: str | Path) -> dict:
         raise MxRepackError(f"{path}: no manifest; not an mxrepack output (or not finished)")
     try:
         manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MxRepackError(f"{path}: manifest is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise MxRepackError(f"{path}: not an mxrepack manifest (a JSON {type(manifest).__name__}, not an object)")
     if manifest.get("format") != MANIFEST_KIND:
         raise MxRepackError(f"{path}: not an mxrepack manifest (format={manifest.get('format')!r})")
     return manifest

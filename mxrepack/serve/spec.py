@@ -551,17 +551,15 @@ def weights_identity(model_dir: str | Path) -> str:
     start)."""
     import hashlib
 
-    from mxrepack.repack.output import DIGEST_KEY, MANIFEST, is_output
+    from mxrepack.repack.output import DIGEST_KEY, load_manifest
 
     model_dir = Path(model_dir)
-    if is_output(model_dir):
-        try:
-            manifest = json.loads((model_dir / MANIFEST).read_text())
-        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: named by the files instead
-            manifest = None
-        digest = manifest.get(DIGEST_KEY) if isinstance(manifest, dict) else None
-        if isinstance(digest, str):
-            return f"manifest:{digest[:16]}"
+    try:
+        digest = load_manifest(model_dir).get(DIGEST_KEY)
+    except (MxRepackError, OSError):  # none, unreadable or no mxrepack manifest: named by the files instead
+        digest = None
+    if isinstance(digest, str):
+        return f"manifest:{digest[:16]}"
     stats = []
     for path in sorted(model_dir.glob("*.safetensors")):
         try:
