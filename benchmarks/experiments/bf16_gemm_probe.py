@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dense_chunk_probe import SHAPES, Layer, meta  # noqa: E402
 
-from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled  # noqa: E402
+from mxrepack.kernels.dequant_mxfp4 import interpreting, mma_v3_disabled  # noqa: E402
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4, pick_chunk_config  # noqa: E402
 
 
@@ -80,7 +79,7 @@ def bf16_gemm(x, w, y, block_w, block_k, splits, warps, stages):
     grid = (triton.cdiv(N, block_w), triton.cdiv(k_tiles, per))
     _bf16_gemm_kernel[grid](
         x, w, y, M, N, K, per, block_w, max(16, triton.next_power_of_2(M)), block_k, splits > 1,
-        os.environ.get("TRITON_INTERPRET") == "1", num_warps=warps, num_stages=stages,
+        interpreting(), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return y
 
