@@ -97,6 +97,9 @@ _ENV = "_env"  # a case's environment for its engine process, not an LLM argumen
 DECODE_RUNS = 5  # timed generations per batch size, after the first
 _PROFILE = "_profile"  # --profile: the engine profiles its decode steps, not an LLM argument
 _BATCHES = "_batches"  # --batches: the sequence counts whose decode is timed, not an LLM argument
+# after its first generation the engine sleeps at level 2 (its GPU memory discarded), wakes, reloads the weights from
+# the checkpoint and generates again: as an RL trainer cycles it. Not an LLM argument
+_SLEEP = "_sleep"
 _DENSE_TRITON = {DENSE_KERNEL_ENV: "mxrepack"}
 _MMA_V2 = {"DISABLE_MMA_V3": "1"}  # Triton builds mma.sync on a Hopper, as on sm_12x (the mma2 order needs it there)
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
@@ -217,6 +220,14 @@ CASES = {
         "the same dense values in the mma2 order on mxrepack's dense tiles (Triton without wgmma, sm_12x's code "
         "path) against vLLM's Marlin, compiled + graphs",
     ),
+    # sleep mode level 2 (an RL trainer's cycle): the arrival counters (MoE decode combine, dense split-K) are kept
+    # among the model's buffers, which vLLM restores on waking, and the weights reloaded through the plugin's loaders
+    "sleep-mma2": (
+        "sm121-strided",
+        {_ENV: _MMA_V2, "enable_sleep_mode": True, _SLEEP: True},
+        None,
+        "the same tokens and logprobs after sleep level 2, wake-up and a reload of the weights",
+    ),
     # the same without programmatic dependent launch (lm_head's GEMV then waits for its activations' preparation in
     # the stream): one suspect of the dense option's one-sequence gap (PERF_LOG stop 30)
     "dense-mxrepack-graphs-nopdl": (
@@ -237,6 +248,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     record["env"] = kwargs.pop(_ENV, {})
     profile_batches = kwargs.pop(_PROFILE, [])  # sequence counts of the profiled steps (none: no profile)
     batches = kwargs.pop(_BATCHES, [1, 4])
+    sleep = kwargs.pop(_SLEEP, False)
     os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
     try:
@@ -277,19 +289,17 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         sp = SamplingParams(
             temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP, prompt_logprobs=TOP, detokenize=False, ignore_eos=True
         )
-        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp)
-        record["outputs"] = []
-        for o in outs:
-            c = o.outputs[0]
-            record["outputs"].append(
-                {
-                    "tokens": list(c.token_ids),
-                    "logprobs": [{str(t): lp.logprob for t, lp in d.items()} for d in (c.logprobs or [])],
-                    "prompt_logprobs": [
-                        {str(t): lp.logprob for t, lp in d.items()} if d else {} for d in (o.prompt_logprobs or [])
-                    ],
-                }
-            )
+        record["outputs"] = _outputs(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp))
+        record["weights_identity"] = _weights_identity(llm)
+        if sleep:
+            llm.sleep(level=2)
+            llm.wake_up()
+            llm.collective_rpc("reload_weights")
+            llm.reset_prefix_cache()
+            again = _outputs(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp))
+            record["after_sleep_identical"] = again == record["outputs"]
+            if not record["after_sleep_identical"]:
+                record["after_sleep_outputs"] = again
         # generation speed: 64 greedy tokens for each batch size (1 and 4 sequences unless --batches; at 2 layers
         # lm_head and the host's step dominate it), their 24-token prompts' prefill included (a prefix-cache hit on
         # the timed runs); the median of 5 runs after one that compiles what the sizes need (one run of ~0.1 s moved by
@@ -314,6 +324,30 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         record["error"] = f"{type(e).__name__}: {e}"[:2000]
         record["traceback"] = traceback.format_exc()[-8000:]
     Path(out).write_text(json.dumps(record))
+
+
+def _outputs(outs) -> list[dict]:
+    """Each request's generated tokens, their top logprobs and its prompt's, as a record keeps them."""
+    return [
+        {
+            "tokens": list(o.outputs[0].token_ids),
+            "logprobs": [{str(t): lp.logprob for t, lp in d.items()} for d in (o.outputs[0].logprobs or [])],
+            "prompt_logprobs": [
+                {str(t): lp.logprob for t, lp in d.items()} if d else {} for d in (o.prompt_logprobs or [])
+            ],
+        }
+        for o in outs
+    ]
+
+
+def _weights_identity(llm) -> str | None:
+    """The weights' identity the plugin recorded in the engine's quantization config (where vLLM hashes its compile
+    cache; ``mxrepack.serve.spec.weights_identity``), or None."""
+    try:
+        qc = llm.llm_engine.vllm_config.model_config.hf_config.quantization_config
+        return qc.get("mxrepack_weights") if isinstance(qc, dict) else getattr(qc, "mxrepack_weights", None)
+    except AttributeError:
+        return None
 
 
 # kernels of a MoE layer, stock vLLM's (Marlin and its routing, triton_kernels) and mxrepack's (moe_mxfp4), by name
@@ -756,7 +790,18 @@ def main() -> None:
         line = {
             k: (round(v, 3) if isinstance(v, float) else v)
             for k, v in rec.items()
-            if k in ("ok", "ready_s", "weight_phase_s", "load_peak_gib", "load_end_gib", "error") or _is_decode_speed(k)
+            if k
+            in (
+                "ok",
+                "ready_s",
+                "weight_phase_s",
+                "load_peak_gib",
+                "load_end_gib",
+                "error",
+                "after_sleep_identical",
+                "weights_identity",
+            )
+            or _is_decode_speed(k)
         }
         print(f"== {name}: {line}", flush=True)
         for prof in (v for k, v in rec.items() if k.startswith("profile_batch")):

@@ -27,7 +27,7 @@ def test_every_case_names_a_checkpoint_and_a_known_baseline():
         assert baseline is None or baseline in check.CASES, f"case {name}: baseline {baseline!r} is not a case"
         assert baseline != name and expect, name
         # the check's private keys are popped before LLM(...); anything else must be an LLM argument, not a typo of one
-        assert not {k for k in kwargs if k.startswith("_")} - {check._ENV}, name
+        assert not {k for k in kwargs if k.startswith("_")} - {check._ENV, check._SLEEP}, name
         assert all(isinstance(v, str) for v in kwargs.get(check._ENV, {}).values()), f"case {name}: env values are str"
 
 

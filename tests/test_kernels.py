@@ -1595,8 +1595,8 @@ def test_decode_counters_reserved_for_every_gemv_call():
     from mxrepack.kernels.moe_mxfp4 import GEMV_MAX_ASSIGNMENTS, reserve_decode_counters
 
     dev = torch.device("cpu")
-    reserve_decode_counters(dev, 2944)
-    buf = arrival._COUNTERS[(dev, "moe_combine")]
+    buf = reserve_decode_counters(dev, 2944)  # returned for the plugin to keep among the layer's buffers
+    assert buf is arrival._COUNTERS[(dev, "moe_combine")]
     most = GEMV_MAX_ASSIGNMENTS * (2944 // MOE_GEMV.down.block_n)  # T <= T * k <= GEMV_MAX_ASSIGNMENTS
     assert arrival.arrival_counters(dev, most, "moe_combine") is buf and not buf.any()
     # the chunk orders' GEMVs: a counter per token and down row tile (16 rows a block)

@@ -157,6 +157,27 @@ def test_b12x_outputs_written_before_the_rename_still_serve(outputs, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "activation, alpha, limit, ok",
+    [
+        ("swigluoai", None, None, True),
+        ("swigluoai", 1.702, 7.0, True),
+        ("silu", None, None, False),
+        ("swigluoai", 1.0, None, False),
+        ("swigluoai", None, 10.0, False),
+    ],
+)
+def test_the_strided_moe_method_refuses_another_activation_in_one_line(activation, alpha, limit, ok):
+    from mxrepack.serve.spec import check_moe_activation
+
+    if ok:
+        check_moe_activation(activation, alpha, limit)
+        return
+    with pytest.raises(MxRepackError, match=r"gpt-oss's SwiGLU \(swigluoai, alpha 1\.702, limit 7\.0\); this MoE") as e:
+        check_moe_activation(activation, alpha, limit)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
     "version, ok",
     [
         ("0.25.2", False),
@@ -447,9 +468,22 @@ try:
     raise SystemExit("fp16 activations were taken")
 except ValueError as e:
     assert "bf16 activations" in str(e)
-# one opaque op to torch.compile (vLLM compiles the model with fullgraph=True)
+# one opaque op to torch.compile (vLLM compiles the model with fullgraph=True); run eagerly (lm_head at every step),
+# the op's function called without the dispatcher
+direct = []
+op_function = L._linear_mxfp4_op
+L._linear_mxfp4_op = lambda *a: direct.append(len(a[0])) or op_function(*a)
 compiled = torch.compile(lambda t: method.apply(layer, t, b), backend="eager", fullgraph=True)
-assert torch.equal(compiled(x), y)
+assert torch.equal(compiled(x), y) and direct == []
+assert torch.equal(method.apply(layer, x, b), y) and direct == [6]
+L._linear_mxfp4_op = op_function
+# the split-K counters among the model's buffers (vLLM's sleep mode level 2 restores those alone), not its state dict
+from mxrepack.kernels.arrival import arrival_counters
+
+model = torch.nn.ModuleDict({"a": layer, "b": loaded()[1]})
+assert [n for n, _ in model.named_buffers()] == ["a.mxrepack_arrival_counters"]
+assert dict(model.named_buffers())["a.mxrepack_arrival_counters"] is arrival_counters(x.device, 1, "linear")
+assert not any("counters" in n for n in model.state_dict())
 # the same weights stored in a chunk order (the dense layout's): mxrepack's method whatever kernel was chosen, its
 # parameters padded to 16 rows and 128 columns, the same products at decode and past it
 from mxrepack.layouts.dense import DenseMxLayout

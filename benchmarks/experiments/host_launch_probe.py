@@ -13,8 +13,9 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
 - where vLLM imports (the kit's device calls): ``plugin``, the plugin's ``TritonMxfp4LinearMethod.apply`` on the layer
   (its registered op, through vLLM's ``direct_register_custom_op``), and ``marlin``, the plugin's
   ``MarlinMxfp4LinearMethod.apply`` on the same values (vLLM's Marlin MXFP4 linear, what stock vLLM calls for them):
-  the two calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none).
-  Written after stop 44's runs and not run yet: the next session's same-run baseline for lm_head's host call.
+  the two calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none);
+  and ``plugin_op``, the plugin's registered op called as ``apply`` called it until it called the op's function
+  directly when not compiling.
 
     python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS]    # Hopper (wgmma order)
     python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS]
@@ -115,7 +116,15 @@ def vllm_methods(layer, order: str, x: torch.Tensor) -> dict:
     mx.weight_packed.data, mx.weight_scale.data = layer.wq, layer.sq
     method.process_weights_after_loading(mx)
     marlin = marlin_linear(w, s)
-    return {"plugin": lambda: method.apply(mx, x), "marlin": lambda: marlin[1].apply(marlin[0], x)}
+    fold = mx.mxrepack_fold_scale
+    return {
+        "plugin": lambda: method.apply(mx, x),
+        # the registered op, as apply called it before it called the op's function directly when not compiling
+        "plugin_op": lambda: torch.ops.mxrepack.linear_mxfp4(
+            x, mx.weight_packed, mx.weight_scale, None, fold, order, mx.output_size_per_partition
+        ),
+        "marlin": lambda: marlin[1].apply(marlin[0], x),
+    }
 
 
 def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64") -> None:

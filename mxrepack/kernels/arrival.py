@@ -61,3 +61,13 @@ def arrival_counters(device: torch.device, n: int, owner: str) -> torch.Tensor:
             _OUTGROWN.append(buf)
         buf = _COUNTERS[(device, owner)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
     return buf
+
+
+def keep_with(module: torch.nn.Module, counters: torch.Tensor) -> None:
+    """Register ``counters`` (:func:`arrival_counters`' buffer) on ``module`` as a non-persistent buffer: not in its
+    state dict, but among the buffers that a server saves and restores around discarding the model's memory. vLLM's
+    sleep mode at level 2 frees the memory pool the model was loaded into, weights and these counters with it, and
+    on waking restores the model's buffers only (``vllm/v1/worker/gpu_worker.py``); counters left as module state
+    would come back holding whatever the new memory held, and a group whose counter is not zero never writes its
+    output. One buffer may be registered on many modules (a model's ``named_buffers`` lists it once)."""
+    module.register_buffer("mxrepack_arrival_counters", counters, persistent=False)

@@ -1448,11 +1448,14 @@ def _moe_gemv_chunks(
 _COMBINE = "moe_combine"
 
 
-def reserve_decode_counters(device: torch.device, hidden_padded: int) -> None:
+def reserve_decode_counters(device: torch.device, hidden_padded: int) -> torch.Tensor:
     """Allocate the decode combine's arrival counters for every T the GEMV path takes (at least one slot per
-    token), so that no later call allocates them, e.g. inside a CUDA graph capture (:func:`arrival_counters`)."""
+    token), so that no later call allocates them, e.g. inside a CUDA graph capture (:func:`arrival_counters`), and
+    return them."""
     tile = min(MOE_GEMV.down.block_n, *(16 * c.down_blocks for c in CHUNK_GEMVS.values()))  # every order's down tile
-    arrival_counters(device, max(GEMV_MAX_ASSIGNMENTS, CHUNK_GEMV_MAX_ASSIGNMENTS) * (hidden_padded // tile), _COMBINE)
+    return arrival_counters(
+        device, max(GEMV_MAX_ASSIGNMENTS, CHUNK_GEMV_MAX_ASSIGNMENTS) * (hidden_padded // tile), _COMBINE
+    )
 
 
 def _combine_buffers(device: torch.device, T: int, k: int, Hp: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:

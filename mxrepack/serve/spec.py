@@ -413,6 +413,20 @@ def check_experts_written_by(layout: str, options: dict | None, version) -> None
         )
 
 
+def check_moe_activation(activation: str, alpha: float | None, limit: float | None) -> None:
+    """mxrepack's MoE kernels compute gpt-oss's SwiGLU (``swigluoai`` on interleaved gate/up rows) with its constants
+    (``moe_mxfp4.SWIGLU_ALPHA`` / ``SWIGLU_LIMIT``): a layer that asks for another activation or other constants (a
+    model other than gpt-oss under this quantization config) is refused in one line, not computed wrongly. ``None``
+    constants are the activation's own (vLLM 0.26 and 0.33 give gpt-oss none; their kernels hold the same values)."""
+    from mxrepack.kernels.moe_mxfp4 import SWIGLU_ALPHA, SWIGLU_LIMIT
+
+    if activation != "swigluoai" or alpha not in (None, SWIGLU_ALPHA) or limit not in (None, SWIGLU_LIMIT):
+        raise MxRepackError(
+            f"the strided layout's kernels compute gpt-oss's SwiGLU (swigluoai, alpha {SWIGLU_ALPHA}, limit "
+            f"{SWIGLU_LIMIT}); this MoE layer asks for {activation} (alpha {alpha}, limit {limit})"
+        )
+
+
 def check_vllm_version(version: str) -> None:
     """One line when the running vLLM is outside the versions the plugin is written for."""
     try:

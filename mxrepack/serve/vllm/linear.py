@@ -161,7 +161,7 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         _register_op()
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        from mxrepack.kernels.arrival import arrival_counters
+        from mxrepack.kernels.arrival import arrival_counters, keep_with
         from mxrepack.kernels.dequant_mxfp4 import check_order, fits_fold
 
         try:  # a chunk order is one GPU family's MMA operand: refused at load elsewhere, not at the first step
@@ -186,10 +186,16 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
                 for m in WARM_ROWS:
                     self.apply(layer, x[:m], bias)
             self.warmed.add(shape)
+        # after the warm-up, which allocates the most any call of this shape needs
+        keep_with(layer, arrival_counters(device, 1, "linear"))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]
-        y = torch.ops.mxrepack.linear_mxfp4(
+        # torch.compile traces the registered op (one opaque call); run eagerly (lm_head always: vLLM computes the
+        # logits outside its compiled graph, at every step), the op's function is called as it is, without the
+        # dispatcher's round trip (8-10 us of host time a call, PERF.md "The dense call's host time")
+        call = torch.ops.mxrepack.linear_mxfp4 if torch.compiler.is_compiling() else _linear_mxfp4_op
+        y = call(
             x.reshape(-1, k).to(torch.bfloat16),
             layer.weight_packed,
             layer.weight_scale,

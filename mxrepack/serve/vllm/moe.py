@@ -24,7 +24,7 @@ from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 from vllm.model_executor.utils import set_weight_attrs
 
 from mxrepack.errors import MxRepackError
-from mxrepack.serve.spec import ServeSpec
+from mxrepack.serve.spec import ServeSpec, check_moe_activation
 
 
 def make_moe_method(spec: ServeSpec, moe) -> FusedMoEMethodBase:
@@ -242,6 +242,9 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
     def __init__(self, moe, spec: ServeSpec):
         super().__init__(moe)
         self.spec = spec
+        # vLLM's MoE config: an MoEActivation (0.26, 0.33) and SwiGLU constants (None for gpt-oss)
+        activation = getattr(moe.activation, "value", moe.activation)
+        check_moe_activation(activation, getattr(moe, "swiglu_alpha", None), getattr(moe, "swiglu_limit", None))
 
     def create_weights(
         self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra_weight_attrs
@@ -250,6 +253,7 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         self._create_stored(layer, num_experts, extra_weight_attrs)
 
     def process_weights_after_loading(self, layer) -> None:
+        from mxrepack.kernels.arrival import keep_with
         from mxrepack.kernels.dequant_mxfp4 import fold_shift
         from mxrepack.kernels.moe_mxfp4 import check_order, reserve_decode_counters
 
@@ -260,7 +264,7 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         except ValueError as e:
             raise MxRepackError(f"this checkpoint's experts are in the strided layout's {order} order: {e}") from None
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed
-        reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1])
+        keep_with(layer, reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1]))
         # whether these experts take the folded decode, and with which shift (scales above 128): asked once here (a
         # synchronization), not per call. Scales written into the parameters after this (not through vLLM's
         # loading, which ends here again) go unchecked
