@@ -224,9 +224,21 @@ CASES = {
     # among the model's buffers, which vLLM restores on waking, and the weights reloaded through the plugin's loaders
     "sleep-mma2": (
         "sm121-strided",
-        {_ENV: _MMA_V2, "enable_sleep_mode": True, _SLEEP: True},
+        {_ENV: _MMA_V2, "enable_sleep_mode": True, _SLEEP: 2},
         None,
         "the same tokens and logprobs after sleep level 2, wake-up and a reload of the weights",
+    ),
+    "sleep1-mma2": (
+        "sm121-strided",
+        {_ENV: _MMA_V2, "enable_sleep_mode": True, _SLEEP: 1},
+        None,
+        "the same tokens and logprobs after sleep level 1 (weights offloaded to the CPU) and wake-up",
+    ),
+    "sleep-source": (
+        "source",
+        {"moe_backend": "marlin", "enable_sleep_mode": True, _SLEEP: 2},
+        None,
+        "stock vLLM: the same tokens and logprobs after sleep level 2, wake-up and a reload of the weights",
     ),
     # the same without programmatic dependent launch (lm_head's GEMV then waits for its activations' preparation in
     # the stream): one suspect of the dense option's one-sequence gap (PERF_LOG stop 30)
@@ -248,7 +260,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     record["env"] = kwargs.pop(_ENV, {})
     profile_batches = kwargs.pop(_PROFILE, [])  # sequence counts of the profiled steps (none: no profile)
     batches = kwargs.pop(_BATCHES, [1, 4])
-    sleep = kwargs.pop(_SLEEP, False)
+    sleep = kwargs.pop(_SLEEP, 0)  # the sleep level (0: none)
     os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
     try:
@@ -292,9 +304,10 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         record["outputs"] = _outputs(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp))
         record["weights_identity"] = _weights_identity(llm)
         if sleep:
-            llm.sleep(level=2)
+            llm.sleep(level=sleep)
             llm.wake_up()
-            llm.collective_rpc("reload_weights")
+            if sleep == 2:  # level 2 discarded the weights
+                llm.collective_rpc("reload_weights")
             llm.reset_prefix_cache()
             again = _outputs(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp))
             record["after_sleep_identical"] = again == record["outputs"]

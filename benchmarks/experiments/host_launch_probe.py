@@ -13,9 +13,9 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
 - where vLLM imports (the kit's device calls): ``plugin``, the plugin's ``TritonMxfp4LinearMethod.apply`` on the layer
   (its registered op, through vLLM's ``direct_register_custom_op``), and ``marlin``, the plugin's
   ``MarlinMxfp4LinearMethod.apply`` on the same values (vLLM's Marlin MXFP4 linear, what stock vLLM calls for them):
-  the two calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none);
-  and ``plugin_op``, the plugin's registered op called as ``apply`` called it until it called the op's function
-  directly when not compiling.
+  the two calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none).
+  First run 2026-11-29 (stop 45; ``PERF.md``, "The dense call's host time"), with ``plugin_op`` beside: ``apply``
+  calling the op's function directly when not compiling, a lead that measured no gain and was dropped.
 
     python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS]    # Hopper (wgmma order)
     python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS]
@@ -116,18 +116,22 @@ def vllm_methods(layer, order: str, x: torch.Tensor) -> dict:
     mx.weight_packed.data, mx.weight_scale.data = layer.wq, layer.sq
     method.process_weights_after_loading(mx)
     marlin = marlin_linear(w, s)
-    fold = mx.mxrepack_fold_scale
     return {
         "plugin": lambda: method.apply(mx, x),
-        # the registered op, as apply called it before it called the op's function directly when not compiling
-        "plugin_op": lambda: torch.ops.mxrepack.linear_mxfp4(
-            x, mx.weight_packed, mx.weight_scale, None, fold, order, mx.output_size_per_partition
-        ),
         "marlin": lambda: marlin[1].apply(marlin[0], x),
     }
 
 
-def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64") -> None:
+def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64", inference: str = "0") -> None:
+    """``inference`` "1": every call under ``torch.inference_mode()``, as vLLM's model runner calls the model and
+    lm_head (autograd's dispatch skipped for every torch op; a registered op's body skips it either way)."""
+    if inference == "1":
+        with torch.inference_mode():
+            return _time(out, shapes, rows, inference)
+    return _time(out, shapes, rows, inference)
+
+
+def _time(out, shapes, rows, inference) -> None:
     from dense_chunk_probe import Layer, meta
 
     order = "mma2" if mma_v3_disabled() else "wgmma"
@@ -173,7 +177,11 @@ def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,
             records.append(rec)
             print(json.dumps({k: v for k, v in rec.items() if not k.endswith("_us") or "median" in k}), flush=True)
     if out:
-        meta_rec = meta() | {"script": "benchmarks/experiments/host_launch_probe.py", "calls_a_round": CALLS}
+        meta_rec = meta() | {
+            "script": "benchmarks/experiments/host_launch_probe.py",
+            "calls_a_round": CALLS,
+            "inference_mode": inference == "1",
+        }
         Path(out).write_text(json.dumps(meta_rec | {"rows": records}, indent=1))
 
 

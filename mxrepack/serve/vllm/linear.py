@@ -191,11 +191,7 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]
-        # torch.compile traces the registered op (one opaque call); run eagerly (lm_head always: vLLM computes the
-        # logits outside its compiled graph, at every step), the op's function is called as it is, without the
-        # dispatcher's round trip (8-10 us of host time a call, PERF.md "The dense call's host time")
-        call = torch.ops.mxrepack.linear_mxfp4 if torch.compiler.is_compiling() else _linear_mxfp4_op
-        y = call(
+        y = torch.ops.mxrepack.linear_mxfp4(
             x.reshape(-1, k).to(torch.bfloat16),
             layer.weight_packed,
             layer.weight_scale,
