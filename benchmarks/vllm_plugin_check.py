@@ -97,8 +97,9 @@ _ENV = "_env"  # a case's environment for its engine process, not an LLM argumen
 DECODE_RUNS = 5  # timed generations per batch size, after the first
 _PROFILE = "_profile"  # --profile: the engine profiles its decode steps, not an LLM argument
 _BATCHES = "_batches"  # --batches: the sequence counts whose decode is timed, not an LLM argument
-# after its first generation the engine sleeps at level 2 (its GPU memory discarded), wakes, reloads the weights from
-# the checkpoint and generates again: as an RL trainer cycles it. Not an LLM argument
+# a sleep level: after its first generation the engine sleeps at that level (1: weights offloaded to the CPU; 2: its
+# GPU memory discarded), wakes, at level 2 reloads the weights from the checkpoint (as an RL trainer cycles it), and
+# generates again. Not an LLM argument
 _SLEEP = "_sleep"
 _DENSE_TRITON = {DENSE_KERNEL_ENV: "mxrepack"}
 _MMA_V2 = {"DISABLE_MMA_V3": "1"}  # Triton builds mma.sync on a Hopper, as on sm_12x (the mma2 order needs it there)
@@ -220,8 +221,9 @@ CASES = {
         "the same dense values in the mma2 order on mxrepack's dense tiles (Triton without wgmma, sm_12x's code "
         "path) against vLLM's Marlin, compiled + graphs",
     ),
-    # sleep mode level 2 (an RL trainer's cycle): the arrival counters (MoE decode combine, dense split-K) are kept
-    # among the model's buffers, which vLLM restores on waking, and the weights reloaded through the plugin's loaders
+    # sleep mode: at level 2 (an RL trainer's cycle) the arrival counters (MoE decode combine, dense split-K) come
+    # back as model buffers, which vLLM restores on waking, and the weights are reloaded through the plugin's loaders;
+    # level 1 and stock vLLM at level 2 beside it
     "sleep-mma2": (
         "sm121-strided",
         {_ENV: _MMA_V2, "enable_sleep_mode": True, _SLEEP: 2},
@@ -306,6 +308,8 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         if sleep:
             llm.sleep(level=sleep)
             llm.wake_up()
+            # the arrival counters as the kernels will find them (all zero, or a group's output goes wrong)
+            record["counters_nonzero_after_wake"] = llm.collective_rpc(_nonzero_counters)
             if sleep == 2:  # level 2 discarded the weights
                 llm.collective_rpc("reload_weights")
             llm.reset_prefix_cache()
@@ -351,6 +355,13 @@ def _outputs(outs) -> list[dict]:
         }
         for o in outs
     ]
+
+
+def _nonzero_counters(worker) -> int:
+    """On a worker: how many of mxrepack's arrival counters are not zero (every buffer, the outgrown ones too)."""
+    from mxrepack.kernels import arrival
+
+    return int(sum(int((buf != 0).sum()) for buf in [*arrival._COUNTERS.values(), *arrival._OUTGROWN]))
 
 
 def _weights_identity(llm) -> str | None:
@@ -812,6 +823,7 @@ def main() -> None:
                 "load_end_gib",
                 "error",
                 "after_sleep_identical",
+                "counters_nonzero_after_wake",
                 "weights_identity",
             )
             or _is_decode_speed(k)
@@ -899,7 +911,10 @@ def _summary(results: dict) -> dict:
     """The record without the per-token outputs (those stay in the case files)."""
     return {
         **results,
-        "cases": {k: {kk: vv for kk, vv in v.items() if kk != "outputs"} for k, v in results["cases"].items()},
+        "cases": {
+            k: {kk: vv for kk, vv in v.items() if kk not in ("outputs", "after_sleep_outputs")}
+            for k, v in results["cases"].items()
+        },
     }
 
 

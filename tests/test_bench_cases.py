@@ -29,6 +29,10 @@ def test_every_case_names_a_checkpoint_and_a_known_baseline():
         # the check's private keys are popped before LLM(...); anything else must be an LLM argument, not a typo of one
         assert not {k for k in kwargs if k.startswith("_")} - {check._ENV, check._SLEEP}, name
         assert all(isinstance(v, str) for v in kwargs.get(check._ENV, {}).values()), f"case {name}: env values are str"
+        # a sleep case sleeps at a level vLLM has, in an engine started with sleep mode on
+        assert kwargs.get(check._SLEEP, 0) in (0, 1, 2) and bool(kwargs.get(check._SLEEP)) <= bool(
+            kwargs.get("enable_sleep_mode")
+        ), name
 
 
 def test_each_case_is_also_compared_with_stock_vllm_in_its_mode():

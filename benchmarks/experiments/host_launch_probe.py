@@ -11,13 +11,14 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
   lookup skipped;
 - ``mm``: ``torch.mm`` on the BF16 weight (a cuBLAS launch from ATen) for scale;
 - where vLLM imports (the kit's device calls): ``plugin``, the plugin's ``TritonMxfp4LinearMethod.apply`` on the layer
-  (its registered op, through vLLM's ``direct_register_custom_op``), and ``marlin``, the plugin's
-  ``MarlinMxfp4LinearMethod.apply`` on the same values (vLLM's Marlin MXFP4 linear, what stock vLLM calls for them):
-  the two calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none).
-  First run 2026-11-29 (stop 45; ``PERF.md``, "The dense call's host time"), with ``plugin_op`` beside: ``apply``
-  calling the op's function directly when not compiling, a lead that measured no gain and was dropped.
+  (its registered op, through vLLM's ``direct_register_custom_op``: what ships); ``plugin_direct``, the same body with
+  the op's function called without the dispatcher (a lead: lm_head's eager call could skip it); and ``marlin``, the
+  plugin's ``MarlinMxfp4LinearMethod.apply`` on the same values (vLLM's Marlin MXFP4 linear, what stock vLLM calls for
+  them): the calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none).
+  The records of 6eab5c3 differ: there ``plugin`` was ``apply`` calling the function directly (the lead, then
+  shipped), ``plugin_op`` the bare op without ``apply``'s body, and each function's rounds ran one after another.
 
-    python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS]    # Hopper (wgmma order)
+    python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS] [INFERENCE]  # Hopper (wgmma)
     python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS]
     # with vLLM (the kit's fourth call): bash benchmarks/vllm_plugin_device.sh .kit3 >/dev/null 2>&1;
     #   source .kitx/device.sh .kitx; export PYTHONPATH=$PWD:$PYTHONPATH; python benchmarks/experiments/... time OUT
@@ -44,18 +45,22 @@ from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled  # noqa: E402
 CALLS = 300  # a round: few enough that the GPU's launch queue never fills, so the host is what is timed
 
 
-def host_us(fn, rounds: int = 7) -> list[float]:
-    """Microseconds of host time a call of ``fn``, per round of :data:`CALLS` calls, the GPU synchronized between."""
-    for _ in range(20):
-        fn()
-    out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = clock.perf_counter()
-        for _ in range(CALLS):
+def host_us(fns: dict, rounds: int = 7) -> dict[str, list[float]]:
+    """Microseconds of host time a call of each of ``fns``, per round of :data:`CALLS` calls, the GPU synchronized
+    between. The functions take turns within each round, so a slow period of the host falls on all of them alike (the
+    rounds' times move by up to 2x here)."""
+    for fn in fns.values():
+        for _ in range(20):
             fn()
-        out.append((clock.perf_counter() - t0) / CALLS * 1e6)
-        torch.cuda.synchronize()
+    out: dict[str, list[float]] = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            torch.cuda.synchronize()
+            t0 = clock.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            out[key].append((clock.perf_counter() - t0) / CALLS * 1e6)
+            torch.cuda.synchronize()
     return out
 
 
@@ -116,10 +121,34 @@ def vllm_methods(layer, order: str, x: torch.Tensor) -> dict:
     mx.weight_packed.data, mx.weight_scale.data = layer.wq, layer.sq
     method.process_weights_after_loading(mx)
     marlin = marlin_linear(w, s)
+
+    def direct():  # apply's body with the op's function called straight, without the dispatcher
+        k = x.shape[-1]
+        y = plugin._linear_mxfp4_op(
+            x.reshape(-1, k).to(torch.bfloat16),
+            mx.weight_packed,
+            mx.weight_scale,
+            None,
+            mx.mxrepack_fold_scale,
+            order,
+            mx.output_size_per_partition,
+        )
+        return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+
     return {
         "plugin": lambda: method.apply(mx, x),
+        "plugin_direct": direct,
         "marlin": lambda: marlin[1].apply(marlin[0], x),
     }
+
+
+def _vllm_version() -> str | None:
+    try:
+        import vllm
+
+        return vllm.__version__
+    except ImportError:
+        return None
 
 
 def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64", inference: str = "0") -> None:
@@ -170,8 +199,7 @@ def _time(out, shapes, rows, inference) -> None:
             torch.cuda.synchronize()
             same = bool(torch.equal(ref, y))
             rec = {"shape": name, "M": M, "order": order, "grid": list(grid), "compiled_same_bits": same}
-            for key, fn in fns.items():
-                ts = host_us(fn)
+            for key, ts in host_us(fns).items():
                 rec[f"{key}_us"] = [round(t, 2) for t in ts]
                 rec[f"{key}_median_us"] = round(statistics.median(ts), 2)
             records.append(rec)
@@ -181,6 +209,7 @@ def _time(out, shapes, rows, inference) -> None:
             "script": "benchmarks/experiments/host_launch_probe.py",
             "calls_a_round": CALLS,
             "inference_mode": inference == "1",
+            "vllm": _vllm_version(),
         }
         Path(out).write_text(json.dumps(meta_rec | {"rows": records}, indent=1))
 

@@ -69,5 +69,6 @@ def keep_with(module: torch.nn.Module, counters: torch.Tensor) -> None:
     sleep mode at level 2 frees the memory pool the model was loaded into, weights and these counters with it, and
     on waking restores the model's buffers only (``vllm/v1/worker/gpu_worker.py``); counters left as module state
     would come back holding whatever the new memory held, and a group whose counter is not zero never writes its
-    output. One buffer may be registered on many modules (a model's ``named_buffers`` lists it once)."""
+    output, or writes it from incomplete partials. One buffer may be registered on many modules (a model's
+    ``named_buffers`` lists it once)."""
     module.register_buffer("mxrepack_arrival_counters", counters, persistent=False)

@@ -173,8 +173,6 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         # scales allow it (same bits, faster)
         layer.mxrepack_fold_scale = fits_fold(layer.weight_scale)
         device = layer.weight_packed.device
-        # the split-K tiles' counters, before vLLM captures its CUDA graphs (a capture cannot allocate them)
-        arrival_counters(device, 1, "linear")
         # with the bias the layer's forward passes (q/k/v and o have one in gpt-oss): the kernels specialize on it
         bias = None if getattr(layer, "skip_bias_add", False) else getattr(layer, "bias", None)
         shape = (*layer.weight_packed.shape, str(device), layer.mxrepack_fold_scale, self.order, bias is not None)
@@ -186,7 +184,9 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
                 for m in WARM_ROWS:
                     self.apply(layer, x[:m], bias)
             self.warmed.add(shape)
-        # after the warm-up, which allocates the most any call of this shape needs
+        # the split-K tiles' counters, before vLLM captures its CUDA graphs (a capture cannot allocate them): after the
+        # warm-up, which grew them to what its row classes need (a later, larger call would allocate anew), kept among
+        # the layer's buffers for vLLM's sleep mode
         keep_with(layer, arrival_counters(device, 1, "linear"))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -263,7 +263,8 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
             check_order(order, "bf16", layer.w2_weight.device)
         except ValueError as e:
             raise MxRepackError(f"this checkpoint's experts are in the strided layout's {order} order: {e}") from None
-        # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed
+        # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed. As much as
+        # any call takes (the warm-up below included), kept among the layer's buffers for vLLM's sleep mode
         keep_with(layer, reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1]))
         # whether these experts take the folded decode, and with which shift (scales above 128): asked once here (a
         # synchronization), not per call. Scales written into the parameters after this (not through vLLM's
