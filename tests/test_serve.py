@@ -468,9 +468,15 @@ try:
     raise SystemExit("fp16 activations were taken")
 except ValueError as e:
     assert "bf16 activations" in str(e)
-# one opaque op to torch.compile (vLLM compiles the model with fullgraph=True)
+# one opaque op to torch.compile (vLLM compiles the model with fullgraph=True); run eagerly (lm_head at every step),
+# the op's function called without the dispatcher
+direct = []
+op_function = L._linear_mxfp4_op
+L._linear_mxfp4_op = lambda *a: direct.append(len(a[0])) or op_function(*a)
 compiled = torch.compile(lambda t: method.apply(layer, t, b), backend="eager", fullgraph=True)
-assert torch.equal(compiled(x), y)
+assert torch.equal(compiled(x), y) and direct == []
+assert torch.equal(method.apply(layer, x, b), y) and direct == [6]
+L._linear_mxfp4_op = op_function
 # the split-K counters among the model's buffers (vLLM's sleep mode level 2 restores those alone), not its state dict
 from mxrepack.kernels.arrival import arrival_counters
 

@@ -11,12 +11,13 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
   lookup skipped;
 - ``mm``: ``torch.mm`` on the BF16 weight (a cuBLAS launch from ATen) for scale;
 - where vLLM imports (the kit's device calls): ``plugin``, the plugin's ``TritonMxfp4LinearMethod.apply`` on the layer
-  (its registered op, through vLLM's ``direct_register_custom_op``: what ships); ``plugin_direct``, the same body with
-  the op's function called without the dispatcher (a lead: lm_head's eager call could skip it); and ``marlin``, the
-  plugin's ``MarlinMxfp4LinearMethod.apply`` on the same values (vLLM's Marlin MXFP4 linear, what stock vLLM calls for
-  them): the calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none).
-  The records of 6eab5c3 differ: there ``plugin`` was ``apply`` calling the function directly (the lead, then
-  shipped), ``plugin_op`` the bare op without ``apply``'s body, and each function's rounds ran one after another.
+  as it ships (eager: the op's function called without the dispatcher); ``plugin_op``, the same body calling its
+  registered op (through vLLM's ``direct_register_custom_op``, as a compiled graph does); and ``marlin``, the plugin's
+  ``MarlinMxfp4LinearMethod.apply`` on the same values (vLLM's Marlin MXFP4 linear, what stock vLLM calls for them):
+  the calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none).
+  Earlier records name them otherwise: at 6eab5c3 ``plugin`` was ``apply`` calling the function directly and
+  ``plugin_op`` the bare op without ``apply``'s body, each function's rounds one after another (not like for like);
+  at 4a92125 ``plugin`` was ``apply`` through the op and ``plugin_direct`` the direct call.
 
     python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS] [INFERENCE]  # Hopper (wgmma)
     python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS]
@@ -122,9 +123,9 @@ def vllm_methods(layer, order: str, x: torch.Tensor) -> dict:
     method.process_weights_after_loading(mx)
     marlin = marlin_linear(w, s)
 
-    def direct():  # apply's body with the op's function called straight, without the dispatcher
+    def through_op():  # apply's body calling the registered op, as a compiled graph does (and eager before stop 45)
         k = x.shape[-1]
-        y = plugin._linear_mxfp4_op(
+        y = torch.ops.mxrepack.linear_mxfp4(
             x.reshape(-1, k).to(torch.bfloat16),
             mx.weight_packed,
             mx.weight_scale,
@@ -137,7 +138,7 @@ def vllm_methods(layer, order: str, x: torch.Tensor) -> dict:
 
     return {
         "plugin": lambda: method.apply(mx, x),
-        "plugin_direct": direct,
+        "plugin_op": through_op,
         "marlin": lambda: marlin[1].apply(marlin[0], x),
     }
 
