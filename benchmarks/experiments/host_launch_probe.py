@@ -14,9 +14,11 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
   as it ships (eager: the op's function called without the dispatcher); ``plugin_op``, the same body calling its
   registered op (through vLLM's ``direct_register_custom_op``, as a compiled graph does); and ``marlin``, the plugin's
   ``MarlinMxfp4LinearMethod.apply`` on the same values (vLLM's Marlin MXFP4 linear, what stock vLLM calls for them):
-  the calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none).
+  the calls vLLM makes for lm_head outside its graphs, side by side in one run (no bias, as lm_head has none; qkv's
+  rows are a stand-in: gpt-oss's has a bias, and a compiled engine runs it inside its graph).
   Earlier records name them otherwise: at 6eab5c3 ``plugin`` was ``apply`` calling the function directly and
-  ``plugin_op`` the bare op without ``apply``'s body, each function's rounds one after another (not like for like);
+  ``plugin_op`` the bare op without ``apply``'s body, each function's rounds one after another (not like for like;
+  the inference-mode record ran 6eab5c3 plus the option committed in 2cfbcec);
   at 4a92125 ``plugin`` was ``apply`` through the op and ``plugin_direct`` the direct call.
 
     python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS] [INFERENCE]  # Hopper (wgmma)

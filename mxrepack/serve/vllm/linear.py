@@ -8,8 +8,9 @@ The checkpoint stores compressed-tensors' ``weight_packed`` uint8 ``[N, K/2]`` a
   sm_12x (``MarlinMxFp4LinearKernel``), and the only one of vLLM's that takes gpt-oss's 2880-wide K without padding.
 * :class:`TritonMxfp4LinearMethod` (``mxrepack``): mxrepack's :func:`~mxrepack.kernels.linear_mxfp4.linear_mxfp4` on
   the stored bytes as they are (nothing converted at load): the GEMV at one row, split-K tiles at decode,
-  dequantize + cuBLAS for prefill. Called through a registered op (``torch.ops.mxrepack.linear_mxfp4``), so that
-  vLLM's torch.compile sees one opaque call and its CUDA graphs capture the launches.
+  dequantize + cuBLAS for prefill. Called through a registered op (``torch.ops.mxrepack.linear_mxfp4``) where vLLM
+  compiles the model, so that torch.compile sees one opaque call and its CUDA graphs capture the launches; an eager
+  call (lm_head's, every step) calls the op's function directly.
 
 A checkpoint whose dense values are in a chunk order (the dense layout's ``order``: "wgmma" for sm_90, "mma2" for
 sm_12x / sm_8x; its config's ``groups.dense.order``) is served by :class:`TritonMxfp4LinearMethod` whatever kernel was
@@ -193,8 +194,8 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         lead, k = x.shape[:-1], x.shape[-1]
         # torch.compile traces the registered op (one opaque call). Run eagerly (lm_head always: vLLM computes the
         # logits outside its compiled graph, at every step), the op's function is called as it is: without the
-        # dispatcher, apply took 0.79-0.85x of the host time (7-9 us less a call; PERF.md "The plugin's dense call
-        # against Marlin's"), but the call is no longer named as an op in a profile
+        # dispatcher, apply took 0.79-0.85x of the host time (medians, inference mode, H200; 7-9 us less a call in 5 of
+        # 6 cells; PERF.md "The plugin's dense call against Marlin's"), but is no longer named as an op in a profile
         call = torch.ops.mxrepack.linear_mxfp4 if torch.compiler.is_compiling() else _linear_mxfp4_op
         y = call(
             x.reshape(-1, k).to(torch.bfloat16),
