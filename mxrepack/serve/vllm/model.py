@@ -52,27 +52,30 @@ class MxRepackGptOssForCausalLM(gpt_oss.GptOssForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The stored expert tensors into their parameters' loaders (as stored, no transpose), every other tensor to
-        the parent's loader; returns the names loaded."""
+        the parent's loader; returns the parameters' names loaded (what vLLM's weight tracking compares with the
+        model's parameters)."""
         if self.ct_experts:
             return self._load_ct_weights(weights)
         if self.mxrepack_config is None:
             return super().load_weights(weights)
         stored = self.mxrepack_config.spec.stored
-        params: dict[str, torch.nn.Parameter] = {}
+        # checkpoint name -> (parameter name, parameter): the module path differs between versions (0.33 adds
+        # ".routed_experts")
+        params: dict[str, tuple[str, torch.nn.Parameter]] = {}
         for name, p in self.named_parameters():
             hit = _EXPERT_PARAM.fullmatch(name)
             if hit and hit[2] in stored:
-                params[f"{hit[1]}.{hit[2]}"] = p  # the checkpoint name; the module path differs between versions
+                params[f"{hit[1]}.{hit[2]}"] = (name, p)
         loaded: set[str] = set()
 
         def the_rest():
             for name, tensor in weights:
                 hit = _EXPERT_PARAM.fullmatch(name)
                 if hit and hit[2] in stored:
-                    param = params.get(name)
-                    if param is not None:  # absent: a layer of another pipeline stage
+                    if name in params:  # absent: a layer of another pipeline stage
+                        param_name, param = params[name]
                         param.weight_loader(param, tensor)
-                        loaded.add(name)
+                        loaded.add(param_name)
                     continue
                 yield name, tensor
 
