@@ -547,3 +547,25 @@ def test_weights_identity_names_the_weights_for_vllms_compile_cache(tmp_path):
             load_manifest(out)
     (plain / "gone.safetensors").symlink_to(tmp_path / "nowhere")
     assert weights_identity(plain).startswith("files:")
+
+
+def test_a_hub_model_id_is_named_by_the_snapshot_vllm_read_its_config_from(tmp_path):
+    """For a Hub id the plugin records the commit of the cached snapshot holding the config (a repo pushed again gets
+    a new one, where vLLM hashes only the name and the revision): the revision's, else the default branch's; None
+    where nothing is cached or the name is no repo id; no network."""
+    from mxrepack.serve.spec import hub_snapshot_identity
+
+    repo = tmp_path / "models--org--gpt-oss-120b-sm121"
+    for ref, commit in (("main", "a" * 40), ("v2", "b" * 40)):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    assert hub_snapshot_identity("org/gpt-oss-120b-sm121", cache_dir=tmp_path) == "hub:" + "a" * 40
+    assert hub_snapshot_identity("org/gpt-oss-120b-sm121", "v2", cache_dir=tmp_path) == "hub:" + "b" * 40
+    (repo / "refs" / "main").write_text("c" * 40)  # pushed again: vLLM's config download moved the branch
+    (repo / "snapshots" / ("c" * 40)).mkdir()
+    (repo / "snapshots" / ("c" * 40) / "config.json").write_text("{}")
+    assert hub_snapshot_identity("org/gpt-oss-120b-sm121", cache_dir=tmp_path) == "hub:" + "c" * 40
+    assert hub_snapshot_identity("org/other", cache_dir=tmp_path) is None
+    assert hub_snapshot_identity("/no/such/dir.gguf", cache_dir=tmp_path) is None

@@ -556,6 +556,23 @@ def serve_hint(
     return lines
 
 
+def hub_snapshot_identity(
+    model_id: str, revision: str | None = None, cache_dir: str | Path | None = None
+) -> str | None:
+    """For a Hub model id: the commit of the snapshot whose ``config.json`` vLLM has just read (the local Hugging Face
+    cache, ``revision`` or the default branch; no network), as ``hub:<commit>``; None where the cache holds none.
+    A commit's files never change, so this names the weights as :func:`weights_identity` names a folder's: a repo
+    pushed again under the same name and an unpinned revision gets a new commit, where vLLM's compile cache would
+    otherwise hash only the name and the revision (vLLM 0.26 passes no revision: the default branch's commit)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(model_id, "config.json", cache_dir=cache_dir, revision=revision)
+    except Exception:  # noqa: BLE001 - not a repo id, or an unreadable cache: an engine must start
+        return None
+    return f"hub:{Path(path).parent.name}" if isinstance(path, str) else None
+
+
 def weights_identity(model_dir: str | Path) -> str:
     """A short name for the weights in ``model_dir`` that changes when they do: the mxrepack manifest's digest (which
     covers every file's sha256), else a digest of the safetensors files' names, sizes and modification times.

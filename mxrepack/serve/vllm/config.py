@@ -19,6 +19,7 @@ from mxrepack.serve.spec import (
     check_checkpoint,
     check_vllm_version,
     chosen_dense_kernel,
+    hub_snapshot_identity,
     weights_identity,
 )
 
@@ -85,8 +86,12 @@ class MxRepackConfig(QuantizationConfig):
             # from the cache for the other: "KeyError: 'weight'", vLLM 0.26, H100), and where a worker that rebuilds
             # this config reads it (chosen_dense_kernel)
             qc["dense_kernel"] = self.dense_kernel
-            if Path(model_name).is_dir():  # and the weights, whose fold flags a cached graph keeps (weights_identity)
+            # and the weights, whose fold flags a cached graph keeps: a folder's files (weights_identity), a Hub id's
+            # snapshot (vLLM 0.33 passes the revision, 0.26 none)
+            if Path(model_name).is_dir():
                 qc["mxrepack_weights"] = weights_identity(model_name)
+            elif (snapshot := hub_snapshot_identity(model_name, kwargs.get("revision"))) is not None:
+                qc["mxrepack_weights"] = snapshot
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`); for the dense
