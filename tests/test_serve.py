@@ -569,3 +569,13 @@ def test_a_hub_model_id_is_named_by_the_snapshot_vllm_read_its_config_from(tmp_p
     assert hub_snapshot_identity("org/gpt-oss-120b-sm121", cache_dir=tmp_path) == "hub:" + "c" * 40
     assert hub_snapshot_identity("org/other", cache_dir=tmp_path) is None
     assert hub_snapshot_identity("/no/such/dir.gguf", cache_dir=tmp_path) is None
+    # the commit the config came from wins over the cache's refs, which another process may have moved meanwhile:
+    # the config's own (transformers before 5.20), then vLLM 0.33's revision resolved to its commit, or a commit given
+    # as the revision
+    assert hub_snapshot_identity("org/gpt-oss-120b-sm121", "main", "e" * 40, cache_dir=tmp_path) == "hub:" + "e" * 40
+
+    class Resolved(str):  # as vLLM 0.33's ResolvedRevision: the name as given, the commit it resolved to
+        resolved = "f" * 40
+
+    assert hub_snapshot_identity("org/gpt-oss-120b-sm121", Resolved("main"), cache_dir=tmp_path) == "hub:" + "f" * 40
+    assert hub_snapshot_identity("org/gpt-oss-120b-sm121", "9" * 40, cache_dir=tmp_path) == "hub:" + "9" * 40

@@ -557,13 +557,18 @@ def serve_hint(
 
 
 def hub_snapshot_identity(
-    model_id: str, revision: str | None = None, cache_dir: str | Path | None = None
+    model_id: str, revision: str | None = None, config_commit: str | None = None, cache_dir: str | Path | None = None
 ) -> str | None:
-    """For a Hub model id: the commit of the snapshot whose ``config.json`` vLLM has just read (the local Hugging Face
-    cache, ``revision`` or the default branch; no network), as ``hub:<commit>``; None where the cache holds none.
-    A commit's files never change, so this names the weights as :func:`weights_identity` names a folder's: a repo
-    pushed again under the same name and an unpinned revision gets a new commit, where vLLM's compile cache would
-    otherwise hash only the name and the revision (vLLM 0.26 passes no revision: the default branch's commit)."""
+    """For a Hub model id: ``hub:<commit>``, the commit of the snapshot vLLM read the config from, or None where it
+    is not known. A commit's files never change, so this names the weights as :func:`weights_identity` names a
+    folder's: a repo pushed again under the same name and an unpinned revision gets a new commit, where vLLM's compile
+    cache would otherwise hash only the name and the revision. First the commit the config records
+    (``config_commit``: transformers before 5.20 keeps it as ``_commit_hash``), then the revision's own (vLLM 0.33
+    passes a revision resolved to its commit; 0.26 passes none), then the local Hugging Face cache's snapshot holding
+    ``config.json`` for the revision or the default branch (no network)."""
+    for commit in (config_commit, getattr(revision, "resolved", None), revision):
+        if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit):
+            return f"hub:{commit}"
     try:
         from huggingface_hub import try_to_load_from_cache
 

@@ -87,11 +87,14 @@ class MxRepackConfig(QuantizationConfig):
             # this config reads it (chosen_dense_kernel)
             qc["dense_kernel"] = self.dense_kernel
             # and the weights, whose fold flags a cached graph keeps: a folder's files (weights_identity), a Hub id's
-            # snapshot (vLLM 0.33 passes the revision, 0.26 none)
+            # snapshot (hub_snapshot_identity)
             if Path(model_name).is_dir():
                 qc["mxrepack_weights"] = weights_identity(model_name)
-            elif (snapshot := hub_snapshot_identity(model_name, kwargs.get("revision"))) is not None:
-                qc["mxrepack_weights"] = snapshot
+            else:
+                commit = getattr(hf_config, "_commit_hash", None)
+                snapshot = hub_snapshot_identity(model_name, kwargs.get("revision"), commit)
+                if snapshot is not None:
+                    qc["mxrepack_weights"] = snapshot
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         """The method for one layer: the experts' stored-layout method (:func:`.moe.make_moe_method`); for the dense

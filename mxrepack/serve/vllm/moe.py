@@ -176,17 +176,16 @@ class PreconvertedMoEMethod(_StoredExperts, vllm_mxfp4.GptOssMxfp4MoEMethod):
         """triton_kernels' tensor wrappers around the stored (already swizzled) bytes, as ``_swizzle_mxfp4`` leaves
         them: ``storage.data`` is the stored tensor transposed to ``[E, K-ish, N-ish]`` views, the layout object is
         built from the pre-swizzle shape, and nothing is swizzled again."""
-        import importlib.util
-
-        # vLLM 0.33 prefers a separately installed triton_kernels to its bundled copy; 3.8 renamed matmul_ogs to
-        # matmul and changed the wrappers this builds (not read here: its source is not in vLLM's wheel)
-        if importlib.util.find_spec("triton_kernels.matmul_ogs") is None:
+        # vLLM (0.26 and 0.33) prefers a separately installed triton_kernels to its bundled copy; 3.8 renamed
+        # matmul_ogs to matmul and changed the wrappers this builds (not read here: its source is not in vLLM's wheel)
+        try:
+            from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+        except ImportError:
             raise MxRepackError(
                 "the sm90 target's experts are wrapped for triton_kernels 3.5-3.6 (vLLM's bundled copy); the "
                 "triton_kernels installed here has no matmul_ogs (3.8 or later): uninstall it, or repack for "
                 "sm90-strided"
-            )
-        from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+            ) from None
         from triton_kernels.numerics import InFlexData
         from triton_kernels.tensor import FP4, Storage, Tensor
         from triton_kernels.tensor_details import layout as tk_layout
