@@ -177,6 +177,24 @@ def test_the_strided_moe_method_refuses_another_activation_in_one_line(activatio
     assert "\n" not in str(e.value)
 
 
+def test_mxrepacks_kernels_on_a_cpu_engine_are_one_line(monkeypatch):
+    """vLLM's CPU backend would hand the strided experts and the dense chunk tiles CPU tensors, which Triton cannot
+    launch ("0 active drivers" at the first call): refused at load in one line; the interpreter (the tests') runs."""
+    import torch
+
+    from mxrepack.serve.spec import check_kernel_device
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(
+        MxRepackError, match=r"strided experts run on mxrepack's Triton kernels, which need a CUDA GPU; "
+    ) as e:
+        check_kernel_device(torch.device("cpu"), "this checkpoint's strided experts")
+    assert "\n" not in str(e.value)
+    check_kernel_device(torch.device("cuda", 0), "x")  # the device's type only: no GPU needed to ask
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check_kernel_device(torch.device("cpu"), "x")
+
+
 @pytest.mark.parametrize(
     "version, ok",
     [

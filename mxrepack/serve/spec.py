@@ -427,6 +427,18 @@ def check_moe_activation(activation: str, alpha: float | None, limit: float | No
         )
 
 
+def check_kernel_device(device, what: str) -> None:
+    """mxrepack's Triton kernels (the strided experts, the dense chunk tiles) run on CUDA GPUs, or under Triton's
+    interpreter (``TRITON_INTERPRET=1``, the tests'): a layer ``what`` placed elsewhere (vLLM's CPU backend) is refused
+    in one line at load, where Triton would fail at the first launch with "0 active drivers"."""
+    from mxrepack.kernels.dequant_mxfp4 import interpreting
+
+    if device.type != "cuda" and not interpreting():
+        raise MxRepackError(
+            f"{what} run on mxrepack's Triton kernels, which need a CUDA GPU; this engine put them on {device}"
+        )
+
+
 def check_vllm_version(version: str) -> None:
     """One line when the running vLLM is outside the versions the plugin is written for."""
     try:

@@ -30,6 +30,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from mxrepack.errors import MxRepackError
 from mxrepack.kernels.linear_mxfp4 import WARM_ROWS, linear_mxfp4
+from mxrepack.serve.spec import check_kernel_device
 
 
 def make_dense_method(kernel: str, order: str = "rows") -> LinearMethodBase:
@@ -165,6 +166,7 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         from mxrepack.kernels.arrival import arrival_counters, keep_with
         from mxrepack.kernels.dequant_mxfp4 import check_order, fits_fold
 
+        check_kernel_device(layer.weight_packed.device, "this checkpoint's dense MXFP4 layers")
         try:  # a chunk order is one GPU family's MMA operand: refused at load elsewhere, not at the first step
             check_order(self.order, "bf16", layer.weight_packed.device)
         except ValueError as e:

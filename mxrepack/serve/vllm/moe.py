@@ -24,7 +24,7 @@ from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 from vllm.model_executor.utils import set_weight_attrs
 
 from mxrepack.errors import MxRepackError
-from mxrepack.serve.spec import ServeSpec, check_moe_activation
+from mxrepack.serve.spec import ServeSpec, check_kernel_device, check_moe_activation
 
 
 def make_moe_method(spec: ServeSpec, moe) -> FusedMoEMethodBase:
@@ -269,6 +269,7 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
 
         self._check_loaded(layer)
         order = self.spec.strided_order
+        check_kernel_device(layer.w2_weight.device, "this checkpoint's strided experts")
         try:  # the chunk orders are one GPU family's MMA operand: refused at load elsewhere, not at the first step
             check_order(order, "bf16", layer.w2_weight.device)
         except ValueError as e:
