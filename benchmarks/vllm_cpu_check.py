@@ -85,13 +85,19 @@ def setup(version: str, work: str) -> None:
     wheel = next((work_dir / "wheel").glob(f"vllm-{version}-*.whl"))
     with zipfile.ZipFile(wheel) as z:  # the Python code and its dist-info (vLLM reads its own version from it)
         z.extractall(work_dir / "vllm", [n for n in z.namelist() if not n.endswith(".so")])
-    probe = "import vllm, mxrepack.serve.vllm as p; p.register(); import mxrepack.serve.vllm.model"
+    # the probe is the check itself on one target: what an engine's set-up imports (a model inspection in a
+    # subprocess, plugins, the loader) shows up there, not in a bare import
+    model = _written(work_dir, "sm121-strided")
     tried = set()
     for _ in range(80):
-        p = subprocess.run([sys.executable, "-c", probe], env=_env(work_dir), capture_output=True, text=True)
-        missing = re.findall(r"No module named '([^'.]+)", p.stderr)
-        if p.returncode == 0 or not missing:
-            print(p.stderr[-2000:] if p.returncode else f"vllm {version}: the plugin imports", flush=True)
+        p = subprocess.run(
+            [sys.executable, __file__, "_one", str(model)], env=_env(work_dir), capture_output=True, text=True
+        )
+        missing = [m for m in re.findall(r"No module named '([^'.]+)", p.stdout + p.stderr) if m != "vllm"]
+        if not missing:
+            print(
+                f"vllm {version}: {p.stdout.strip().splitlines()[-1][:300] if p.stdout.strip() else p.stderr[-2000:]}"
+            )
             return
         module = missing[-1]
         if module in tried:
@@ -105,18 +111,24 @@ def setup(version: str, work: str) -> None:
         )
 
 
+def _written(work_dir: Path, target: str) -> Path:
+    """The shipped tiny model written for ``target`` under ``work_dir``/out (once)."""
+    from mxrepack.repack.pipeline import repack
+
+    model = work_dir / "out" / target
+    if not model.exists():
+        model.parent.mkdir(parents=True, exist_ok=True)
+        repack(str(ROOT / "mxrepack" / "data" / "tiny-gpt-oss"), target, model)
+    return model
+
+
 def check(work: str, targets: str = TARGETS, out: str | None = None) -> None:
     """Each target written from the shipped tiny model, then checked in its own process (vLLM's distributed state is
     once a process); a record per target."""
-    from mxrepack.repack.pipeline import repack
-
     work_dir = Path(work)
     records = {}
     for target in targets.split(","):
-        model = work_dir / "out" / target
-        if not model.exists():
-            model.parent.mkdir(parents=True, exist_ok=True)
-            repack(str(ROOT / "mxrepack" / "data" / "tiny-gpt-oss"), target, model)
+        model = _written(work_dir, target)
         p = subprocess.run(
             [sys.executable, __file__, "_one", str(model)], env=_env(work_dir), capture_output=True, text=True
         )
@@ -131,10 +143,16 @@ def _one(model: str) -> None:
     """One target, in this process: the plugin found by vLLM, the config, the model, the weights; prints a record."""
     import torch
     import vllm
+    import vllm.platforms
     from vllm.config import LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.plugins import load_general_plugins
 
+    if vllm.platforms.resolve_current_platform_cls_qualname().endswith("UnspecifiedPlatform"):
+        # vLLM 0.26 takes the CPU platform only from a CPU build's version ("+cpu"), 0.33 from VLLM_TARGET_DEVICE
+        from vllm.platforms.cpu import CpuPlatform
+
+        vllm.platforms._current_platform = CpuPlatform()
     rec: dict = {"vllm": vllm.__version__, "stage": "plugin"}
     try:
         load_general_plugins()  # vLLM's own discovery of the entry point, as an engine does
