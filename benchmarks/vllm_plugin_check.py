@@ -101,6 +101,9 @@ _BATCHES = "_batches"  # --batches: the sequence counts whose decode is timed, n
 # GPU memory discarded), wakes, at level 2 reloads the weights from the checkpoint (as an RL trainer cycles it), and
 # generates again. Not an LLM argument
 _SLEEP = "_sleep"
+# served by a Hub repo id, as a user serves a pushed output: the prebuilt folder made the snapshot of a made-up repo in
+# an offline Hugging Face cache under the work folder (``_hub_cache``). Not an LLM argument
+_HUB = "_hub"
 _DENSE_TRITON = {DENSE_KERNEL_ENV: "mxrepack"}
 _MMA_V2 = {"DISABLE_MMA_V3": "1"}  # Triton builds mma.sync on a Hopper, as on sm_12x (the mma2 order needs it there)
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
@@ -224,6 +227,13 @@ CASES = {
     # sleep mode: at level 2 (an RL trainer's cycle) the arrival counters (MoE decode combine, dense split-K) come
     # back as model buffers, which vLLM restores on waking, and the weights are reloaded through the plugin's loaders;
     # level 1 and stock vLLM at level 2 beside it
+    "dense-wgmma-hub": (
+        "marlin-dense-wgmma",
+        {_HUB: True, **_GRAPHS},
+        "dense-wgmma-graphs",
+        "served by Hub repo id from an offline cache: weights identity hub:<the snapshot's commit>, the tokens as by "
+        "folder",
+    ),
     "sleep-mma2": (
         "sm121-strided",
         {_ENV: _MMA_V2, "enable_sleep_mode": True, _SLEEP: 2},
@@ -617,6 +627,31 @@ def _convert(work: str, out: str) -> None:
     Path(out).write_text(json.dumps(results))
 
 
+def _hub_cache(folder: Path, work: Path) -> tuple[str, str, dict]:
+    """``folder`` as the snapshot of a made-up Hub repo in an offline Hugging Face cache under ``work``: its files
+    linked into ``models--mxrepack-check--<name>/snapshots/<commit>`` and ``refs/main`` naming that commit (made from
+    the folder's manifest, so a folder written again gets another). Returns the repo id, the commit and the
+    environment that serves it from that cache without the network."""
+    import hashlib
+
+    commit = hashlib.sha1((folder / "mxrepack.json").read_bytes()).hexdigest()
+    repo = f"mxrepack-check/{folder.name}"
+    repo_dir = Path(_hub_env(work)["HF_HUB_CACHE"]) / f"models--{repo.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        if f.is_file() and not (snapshot / f.name).exists():
+            (snapshot / f.name).symlink_to(f.resolve())
+    (repo_dir / "refs").mkdir(exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    return repo, commit, _hub_env(work)
+
+
+def _hub_env(work: Path) -> dict:
+    """The environment of an engine that reads the work folder's made-up Hugging Face cache, offline."""
+    return {"HF_HUB_CACHE": str(work / "hf-hub"), "HF_HUB_OFFLINE": "1"}
+
+
 def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int = 900) -> None:
     p = subprocess.run(
         [sys.executable, __file__, *args],
@@ -797,18 +832,28 @@ def main() -> None:
             continue
         out = work / f"case-{name}.json"
         out.unlink(missing_ok=True)
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        hub = None
+        if kwargs.get(_HUB):
+            model, commit, hub_env = _hub_cache(Path(model), work)
+            env |= hub_env
+            hub = {"repo": str(model), "commit": commit, "expected_identity": f"hub:{commit}"}
         t = time.perf_counter()
         _subprocess(
             [
                 "_engine",
                 str(model),
                 str(out),
-                json.dumps(kwargs | {_PROFILE: profile_batches, _BATCHES: batches}),
+                json.dumps(
+                    {k: v for k, v in kwargs.items() if k != _HUB} | {_PROFILE: profile_batches, _BATCHES: batches}
+                ),
             ],
             work / f"case-{name}.log",
-            {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            env,
         )
         rec = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
+        if hub is not None:
+            rec["hub"] = hub | {"identity_as_expected": rec.get("weights_identity") == hub["expected_identity"]}
         rec["wall_s"] = time.perf_counter() - t
         rec["expect"] = expect
         results["cases"][name] = rec
@@ -826,6 +871,7 @@ def main() -> None:
                 "after_sleep_identical",
                 "counters_nonzero_after_wake",
                 "weights_identity",
+                "hub",
             )
             or _is_decode_speed(k)
         }
@@ -889,10 +935,16 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int]) -> None:
     out = work / f"case-{name}-again.json"
     out.unlink(missing_ok=True)
     log = work / f"case-{name}-again.log"
+    kwargs = CASES[name][1]
     _subprocess(
-        ["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1] | {_BATCHES: batches})],
+        [
+            "_engine",
+            str(rec["model"]),
+            str(out),
+            json.dumps({k: v for k, v in kwargs.items() if k != _HUB} | {_BATCHES: batches}),
+        ],
         log,
-        {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | (_hub_env(work) if kwargs.get(_HUB) else {}),
     )
     again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
     runs = rec.setdefault("rounds", [_times(rec)])
