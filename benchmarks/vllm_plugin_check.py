@@ -198,6 +198,18 @@ CASES = {
     ),
     # sm_12x's code path on a Hopper: every Triton kernel of the engine built with mma.sync (Triton's DISABLE_MMA_V3),
     # the strided layout's mma2 order beside the rows order and stock Marlin (an mma.sync kernel either way) under it
+    # two starts of stock vLLM with Inductor's reduction configs fixed (a fresh start times them again, a start from
+    # the compile cache runs the first one's pick: docs/SERVING.md); with --repeat 2, beside source-marlin-graphs
+    "source-marlin-graphs-det": (
+        "source",
+        {
+            "moe_backend": "marlin",
+            _ENV: {"TORCHINDUCTOR_DETERMINISTIC": "1", "VLLM_CACHE_ROOT": "/tmp/mxrepack-check-vllm-cache-det"},
+            **_GRAPHS,
+        },
+        "source-marlin-graphs",
+        "stock vLLM, Inductor deterministic, its own compile cache: a second round equal to the first",
+    ),
     "source-marlin-mmav2-graphs": (
         "source",
         {"moe_backend": "marlin", _ENV: _MMA_V2, **_GRAPHS},
@@ -759,7 +771,8 @@ def main() -> None:
         type=int,
         default=1,
         help="run the case list this many times, interleaved (one engine per case and round); each case's record "
-        "keeps every round's load times and decode speeds and their medians, logprobs are compared in the first round",
+        "keeps every round's load times and decode speeds and their medians, logprobs are compared with the baseline "
+        "in the first round and each later round's with the first's",
     )
     ap.add_argument(
         "--profile",
@@ -927,8 +940,8 @@ def _times(rec: dict) -> dict:
 
 
 def _repeat(name: str, work: Path, cases: dict, batches: list[int]) -> None:
-    """A later round of one case: the same engine run again (same checkpoint, kwargs), only its times (load and
-    decode speed) kept."""
+    """A later round of one case: the same engine run again (same checkpoint, kwargs), its times (load and decode
+    speed) kept, and its logprobs compared with the first round's (a second start reuses vLLM's compile cache)."""
     rec = cases.get(name)
     if not (rec and rec.get("ok")):
         return
@@ -948,8 +961,8 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int]) -> None:
     )
     again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
     runs = rec.setdefault("rounds", [_times(rec)])
-    if again.get("ok"):
-        runs.append(_times(again))
+    if again.get("ok"):  # and its outputs against the first round's: two starts of one engine, same checkpoint
+        runs.append(_times(again) | {"vs_first_round": compare(again, rec)})
     else:  # kept with its reason: the medians are of the rounds that ran
         runs.append({"error": again.get("error", "failed"), "log": str(log)})
     for k in _times(rec):

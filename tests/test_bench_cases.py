@@ -27,7 +27,7 @@ def test_every_case_names_a_checkpoint_and_a_known_baseline():
         assert baseline is None or baseline in check.CASES, f"case {name}: baseline {baseline!r} is not a case"
         assert baseline != name and expect, name
         # the check's private keys are popped before LLM(...); anything else must be an LLM argument, not a typo of one
-        assert not {k for k in kwargs if k.startswith("_")} - {check._ENV, check._SLEEP}, name
+        assert not {k for k in kwargs if k.startswith("_")} - {check._ENV, check._SLEEP, check._HUB}, name
         assert all(isinstance(v, str) for v in kwargs.get(check._ENV, {}).values()), f"case {name}: env values are str"
         # a sleep case sleeps at a level vLLM has, in an engine started with sleep mode on
         assert kwargs.get(check._SLEEP, 0) in (0, 1, 2) and bool(kwargs.get(check._SLEEP)) <= bool(
@@ -61,18 +61,53 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
 
     def engine(args, log, env=None):  # the engine subprocess: writes the later round's record
         seen.append(json.loads(args[3]))
-        Path(args[2]).write_text(json.dumps({"ok": True, "ready_s": 3.0, "decode_tok_s_batch64": 300.0}))
+        again = {"ok": True, "ready_s": 3.0, "decode_tok_s_batch64": 300.0, "outputs": [output]}
+        Path(args[2]).write_text(json.dumps(again))
 
+    output = {
+        "tokens": [5, 6],
+        "prompt_logprobs": [{"1": -0.5}],
+        "logprobs": [{"5": -0.25}, {"6": -1.0}],
+    }  # as JSON has it
     monkeypatch.setattr(check, "_subprocess", engine)
-    first = {"ok": True, "model": "m", "ready_s": 1.0, "decode_tok_s_batch64": 100.0, "decode_tok_s_batch64_runs": [1]}
+    first = {
+        "ok": True,
+        "model": "m",
+        "ready_s": 1.0,
+        "decode_tok_s_batch64": 100.0,
+        "decode_tok_s_batch64_runs": [1],
+        "outputs": [output],
+    }
     cases = {"strided-graphs": first}
     check._repeat("strided-graphs", tmp_path, cases, [1, 64])
     assert seen[0][check._BATCHES] == [1, 64]  # the later round's engine times the same batch sizes
+    vs_first = first["rounds"][1].pop("vs_first_round")  # its outputs against the first round's: the same here
+    assert vs_first["bit_identical"] and vs_first["logprobs_compared"] == 3
     assert first["rounds"] == [
         {"ready_s": 1.0, "decode_tok_s_batch64": 100.0},
         {"ready_s": 3.0, "decode_tok_s_batch64": 300.0},
     ]
     assert first["median_ready_s"] == 2.0 and first["median_decode_tok_s_batch64"] == 200.0
+
+
+def test_a_hub_case_serves_the_folder_from_an_offline_cache(tmp_path, monkeypatch):
+    # what vLLM finds for a repo id there: the folder's files as the snapshot of refs/main, no network
+    check = _check_module()
+    folder = tmp_path / "sm121-strided"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "mxrepack.json").write_text('{"digest": "d"}')
+    repo, commit, env = check._hub_cache(folder, tmp_path)
+    assert repo == "mxrepack-check/sm121-strided" and env["HF_HUB_OFFLINE"] == "1"
+    assert check._hub_cache(folder, tmp_path) == (repo, commit, env)  # made again: the same
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, "config.json", cache_dir=env["HF_HUB_CACHE"])
+    assert (
+        Path(found)
+        == Path(env["HF_HUB_CACHE"]) / "models--mxrepack-check--sm121-strided/snapshots" / commit / "config.json"
+    )
+    assert Path(found).read_text() == "{}"
 
 
 def test_gpu_busy_time_counts_overlapping_kernels_once():
