@@ -307,7 +307,8 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
             return
         with torch.no_grad():  # vLLM loads with autograd on (its forward runs in inference mode)
             warm_moe(w, topk, hidden, tokens, fold, order, shift)
-        torch.cuda.synchronize(device)
+        if device.type == "cuda":  # a launch error shows here, at load (the interpreter, on the CPU, has run already)
+            torch.cuda.synchronize(device)
         # no torch.cuda.empty_cache(): vLLM empties the cache before it profiles memory, and under its sleep mode the
         # load runs in a memory pool where emptying the cache is what it avoids (vllm/device_allocator/cumem.py)
         self.warmed.add(key)
