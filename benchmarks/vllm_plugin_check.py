@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -196,20 +197,25 @@ CASES = {
         "marlin-dense-graphs",
         "the same dense values in the wgmma order on mxrepack's dense tiles against vLLM's Marlin, compiled + graphs",
     ),
-    # sm_12x's code path on a Hopper: every Triton kernel of the engine built with mma.sync (Triton's DISABLE_MMA_V3),
-    # the strided layout's mma2 order beside the rows order and stock Marlin (an mma.sync kernel either way) under it
     # two starts of stock vLLM with Inductor's reduction configs fixed (a fresh start times them again, a start from
-    # the compile cache runs the first one's pick: docs/SERVING.md); with --repeat 2, beside source-marlin-graphs
+    # the compile cache runs the first one's pick: docs/SERVING.md); with --repeat 2 --own-compile-cache, beside
+    # source-marlin-graphs
     "source-marlin-graphs-det": (
         "source",
-        {
-            "moe_backend": "marlin",
-            _ENV: {"TORCHINDUCTOR_DETERMINISTIC": "1", "VLLM_CACHE_ROOT": "/tmp/mxrepack-check-vllm-cache-det"},
-            **_GRAPHS,
-        },
+        {"moe_backend": "marlin", _ENV: {"TORCHINDUCTOR_DETERMINISTIC": "1"}, **_GRAPHS},
         "source-marlin-graphs",
-        "stock vLLM, Inductor deterministic, its own compile cache: a second round equal to the first",
+        "stock vLLM, Inductor deterministic: a second round equal to the first",
     ),
+    # as a user serves a pushed output, by repo id (offline, from a made-up cache of the prebuilt folder: _hub_cache)
+    "dense-wgmma-hub": (
+        "marlin-dense-wgmma",
+        {_HUB: True, **_GRAPHS},
+        "dense-wgmma-graphs",
+        "served by Hub repo id from an offline cache: loads and generates as by folder; the weights identity the "
+        "folder's (vLLM swaps an id for its snapshot's folder offline) or hub:<commit> (online)",
+    ),
+    # sm_12x's code path on a Hopper: every Triton kernel of the engine built with mma.sync (Triton's DISABLE_MMA_V3),
+    # the strided layout's mma2 order beside the rows order and stock Marlin (an mma.sync kernel either way) under it
     "source-marlin-mmav2-graphs": (
         "source",
         {"moe_backend": "marlin", _ENV: _MMA_V2, **_GRAPHS},
@@ -239,13 +245,6 @@ CASES = {
     # sleep mode: at level 2 (an RL trainer's cycle) the arrival counters (MoE decode combine, dense split-K) come
     # back as model buffers, which vLLM restores on waking, and the weights are reloaded through the plugin's loaders;
     # level 1 and stock vLLM at level 2 beside it
-    "dense-wgmma-hub": (
-        "marlin-dense-wgmma",
-        {_HUB: True, **_GRAPHS},
-        "dense-wgmma-graphs",
-        "served by Hub repo id from an offline cache: weights identity hub:<the snapshot's commit>, the tokens as by "
-        "folder",
-    ),
     "sleep-mma2": (
         "sm121-strided",
         {_ENV: _MMA_V2, "enable_sleep_mode": True, _SLEEP: 2},
@@ -285,6 +284,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     profile_batches = kwargs.pop(_PROFILE, [])  # sequence counts of the profiled steps (none: no profile)
     batches = kwargs.pop(_BATCHES, [1, 4])
     sleep = kwargs.pop(_SLEEP, 0)  # the sleep level (0: none)
+    kwargs.pop(_HUB, None)  # the caller's: the model is already the repo id
     os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
     try:
@@ -639,29 +639,42 @@ def _convert(work: str, out: str) -> None:
     Path(out).write_text(json.dumps(results))
 
 
-def _hub_cache(folder: Path, work: Path) -> tuple[str, str, dict]:
+def _hub_cache(folder: Path, work: Path) -> dict:
     """``folder`` as the snapshot of a made-up Hub repo in an offline Hugging Face cache under ``work``: its files
     linked into ``models--mxrepack-check--<name>/snapshots/<commit>`` and ``refs/main`` naming that commit (made from
-    the folder's manifest, so a folder written again gets another). Returns the repo id, the commit and the
-    environment that serves it from that cache without the network."""
+    the folder's weights identity, so a folder written again gets another; links made again each call). Returns the
+    repo id, the commit and the two weights identities the engine may record: the folder's, where vLLM swaps an
+    offline repo id for its snapshot's folder (0.26), and the snapshot's commit, where it keeps the id."""
     import hashlib
 
-    commit = hashlib.sha1((folder / "mxrepack.json").read_bytes()).hexdigest()
+    from mxrepack.serve.spec import weights_identity
+
+    identity = weights_identity(folder)
+    commit = hashlib.sha1(identity.encode()).hexdigest()
     repo = f"mxrepack-check/{folder.name}"
-    repo_dir = Path(_hub_env(work)["HF_HUB_CACHE"]) / f"models--{repo.replace('/', '--')}"
+    repo_dir = work / "hf-hub" / f"models--{repo.replace('/', '--')}"
     snapshot = repo_dir / "snapshots" / commit
     snapshot.mkdir(parents=True, exist_ok=True)
+    for link in snapshot.iterdir():  # links of an earlier call, some perhaps to files gone since
+        link.unlink()
     for f in folder.iterdir():
-        if f.is_file() and not (snapshot / f.name).exists():
+        if f.is_file():
             (snapshot / f.name).symlink_to(f.resolve())
     (repo_dir / "refs").mkdir(exist_ok=True)
     (repo_dir / "refs" / "main").write_text(commit)
-    return repo, commit, _hub_env(work)
+    return {"repo": repo, "commit": commit, "folder_identity": identity}
 
 
-def _hub_env(work: Path) -> dict:
-    """The environment of an engine that reads the work folder's made-up Hugging Face cache, offline."""
-    return {"HF_HUB_CACHE": str(work / "hf-hub"), "HF_HUB_OFFLINE": "1"}
+def _engine_env(name: str, work: Path, own_cache: bool) -> dict:
+    """The environment of case ``name``'s engine process: vLLM's engine in that process; for a Hub case the work
+    folder's made-up Hugging Face cache, offline; with ``own_cache``, a vLLM compile cache of the case's own under the
+    work folder (what a second round of the case finds)."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if CASES[name][1].get(_HUB):
+        env |= {"HF_HUB_CACHE": str(work / "hf-hub"), "HF_HUB_OFFLINE": "1"}
+    if own_cache:
+        env["VLLM_CACHE_ROOT"] = str(work / "vllm-cache" / name)
+    return env
 
 
 def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int = 900) -> None:
@@ -775,6 +788,12 @@ def main() -> None:
         "in the first round and each later round's with the first's",
     )
     ap.add_argument(
+        "--own-compile-cache",
+        action="store_true",
+        help="each case with a vLLM compile cache of its own under --work, emptied before its first round: the first "
+        "round compiles afresh and a later one starts from its cache (two starts compared, with --repeat 2)",
+    )
+    ap.add_argument(
         "--profile",
         action="store_true",
         help="each engine also profiles 16 decode steps of one sequence (torch.profiler): host against GPU time",
@@ -833,40 +852,37 @@ def main() -> None:
     for round_, name in [(r, n) for r in range(args.repeat) for n in names]:
         what, kwargs, baseline, expect = CASES[name]
         if round_:
-            _repeat(name, work, results["cases"], batches)
+            _repeat(name, work, results["cases"], batches, _engine_env(name, work, args.own_compile_cache))
             if args.json:
                 Path(args.json).write_text(json.dumps(_summary(results), indent=1))
             continue
         try:
             model = _model(what, work, src, args.ct_site)
+            hub = _hub_cache(Path(model), work) if kwargs.get(_HUB) else None
         except Exception as e:  # noqa: BLE001
             results["cases"][name] = {"ok": False, "error": f"repack failed: {e}"}
             print(f"== {name}: repack failed: {e}", flush=True)
             continue
+        if args.own_compile_cache:  # the script's own folder: the first round compiles afresh
+            shutil.rmtree(work / "vllm-cache" / name, ignore_errors=True)
         out = work / f"case-{name}.json"
         out.unlink(missing_ok=True)
-        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        hub = None
-        if kwargs.get(_HUB):
-            model, commit, hub_env = _hub_cache(Path(model), work)
-            env |= hub_env
-            hub = {"repo": str(model), "commit": commit, "expected_identity": f"hub:{commit}"}
         t = time.perf_counter()
         _subprocess(
             [
                 "_engine",
-                str(model),
+                hub["repo"] if hub else str(model),
                 str(out),
-                json.dumps(
-                    {k: v for k, v in kwargs.items() if k != _HUB} | {_PROFILE: profile_batches, _BATCHES: batches}
-                ),
+                json.dumps(kwargs | {_PROFILE: profile_batches, _BATCHES: batches}),
             ],
             work / f"case-{name}.log",
-            env,
+            _engine_env(name, work, args.own_compile_cache),
         )
         rec = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
-        if hub is not None:
-            rec["hub"] = hub | {"identity_as_expected": rec.get("weights_identity") == hub["expected_identity"]}
+        if hub is not None:  # which identity the engine recorded: the folder's (offline, vLLM 0.26) or the commit's
+            found = rec.get("weights_identity")
+            hub["identity_is"] = {hub["folder_identity"]: "folder", f"hub:{hub['commit']}": "hub"}.get(found, "other")
+            rec["hub"] = hub
         rec["wall_s"] = time.perf_counter() - t
         rec["expect"] = expect
         results["cases"][name] = rec
@@ -939,7 +955,7 @@ def _times(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k in _TIMES or _is_decode_speed(k)}
 
 
-def _repeat(name: str, work: Path, cases: dict, batches: list[int]) -> None:
+def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -> None:
     """A later round of one case: the same engine run again (same checkpoint, kwargs), its times (load and decode
     speed) kept, and its logprobs compared with the first round's (a second start reuses vLLM's compile cache)."""
     rec = cases.get(name)
@@ -948,17 +964,7 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int]) -> None:
     out = work / f"case-{name}-again.json"
     out.unlink(missing_ok=True)
     log = work / f"case-{name}-again.log"
-    kwargs = CASES[name][1]
-    _subprocess(
-        [
-            "_engine",
-            str(rec["model"]),
-            str(out),
-            json.dumps({k: v for k, v in kwargs.items() if k != _HUB} | {_BATCHES: batches}),
-        ],
-        log,
-        {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | (_hub_env(work) if kwargs.get(_HUB) else {}),
-    )
+    _subprocess(["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1] | {_BATCHES: batches})], log, env)
     again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
     runs = rec.setdefault("rounds", [_times(rec)])
     if again.get("ok"):  # and its outputs against the first round's: two starts of one engine, same checkpoint

@@ -79,7 +79,7 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
         "outputs": [output],
     }
     cases = {"strided-graphs": first}
-    check._repeat("strided-graphs", tmp_path, cases, [1, 64])
+    check._repeat("strided-graphs", tmp_path, cases, [1, 64], {})
     assert seen[0][check._BATCHES] == [1, 64]  # the later round's engine times the same batch sizes
     vs_first = first["rounds"][1].pop("vs_first_round")  # its outputs against the first round's: the same here
     assert vs_first["bit_identical"] and vs_first["logprobs_compared"] == 3
@@ -90,24 +90,38 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
     assert first["median_ready_s"] == 2.0 and first["median_decode_tok_s_batch64"] == 200.0
 
 
-def test_a_hub_case_serves_the_folder_from_an_offline_cache(tmp_path, monkeypatch):
+def test_a_hub_case_serves_the_folder_from_an_offline_cache(tmp_path):
     # what vLLM finds for a repo id there: the folder's files as the snapshot of refs/main, no network
+    from huggingface_hub import try_to_load_from_cache
+
     check = _check_module()
     folder = tmp_path / "sm121-strided"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    (folder / "mxrepack.json").write_text('{"digest": "d"}')
-    repo, commit, env = check._hub_cache(folder, tmp_path)
-    assert repo == "mxrepack-check/sm121-strided" and env["HF_HUB_OFFLINE"] == "1"
-    assert check._hub_cache(folder, tmp_path) == (repo, commit, env)  # made again: the same
-    from huggingface_hub import try_to_load_from_cache
+    (folder / "model.safetensors").write_bytes(b"x")  # no mxrepack manifest: named by its files
+    hub = check._hub_cache(folder, tmp_path)
+    env = check._engine_env("dense-wgmma-hub", tmp_path, own_cache=False)
+    assert hub["repo"] == "mxrepack-check/sm121-strided" and env["HF_HUB_OFFLINE"] == "1"
+    assert hub["folder_identity"].startswith("files:")
+    found = try_to_load_from_cache(hub["repo"], "config.json", cache_dir=env["HF_HUB_CACHE"])
+    assert Path(found).parent.name == hub["commit"] and Path(found).read_text() == "{}"
+    # written again, with a file gone: another commit, its links made afresh
+    (folder / "model.safetensors").write_bytes(b"xy")
+    (folder / "config.json").unlink()
+    again = check._hub_cache(folder, tmp_path)
+    assert again["commit"] != hub["commit"]
+    assert try_to_load_from_cache(hub["repo"], "config.json", cache_dir=env["HF_HUB_CACHE"]) is None
+    assert check._hub_cache(folder, tmp_path) == again  # made again over its own links
 
-    found = try_to_load_from_cache(repo, "config.json", cache_dir=env["HF_HUB_CACHE"])
-    assert (
-        Path(found)
-        == Path(env["HF_HUB_CACHE"]) / "models--mxrepack-check--sm121-strided/snapshots" / commit / "config.json"
-    )
-    assert Path(found).read_text() == "{}"
+
+def test_each_case_has_its_own_compile_cache_when_asked(tmp_path):
+    check = _check_module()
+    assert "VLLM_CACHE_ROOT" not in check._engine_env("source-marlin-graphs", tmp_path, own_cache=False)
+    own = {
+        n: check._engine_env(n, tmp_path, own_cache=True)["VLLM_CACHE_ROOT"]
+        for n in ("source-marlin-graphs", "dense-wgmma-graphs")
+    }
+    assert len(set(own.values())) == 2 and all(v.startswith(str(tmp_path)) for v in own.values())
 
 
 def test_gpu_busy_time_counts_overlapping_kernels_once():
