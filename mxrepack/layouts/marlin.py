@@ -10,8 +10,9 @@ Matches ``marlin_utils_fp4.py::prepare_moe_mxfp4_layer_for_marlin`` byte for byt
   +9); the eight nibbles of a word are, low to high, (k,n) (k+8,n) (k,n+8) (k+8,n+8) (k+1,n)
   (k+9,n) (k+1,n+8) (k+9,n+8) -- the B fragment of ``mma.sync m16n8k16``;
 * scales: ``[K/32, N]``, ``marlin_permute_scales`` (8x8 transposes of 64-column groups), then the
-  E8M0 ``[0,2,1,3]`` swap of each 4 consecutive bytes, stored as ``float8_e8m0fnu``;
-  ``fp8_activations=True`` instead adds 6 to every exponent and skips the swap (W4A8-FP8 kernels);
+  E8M0 ``[0,2,1,3]`` swap of each 4 consecutive bytes, stored as ``float8_e8m0fnu``. No W4A8 variant: vLLM's
+  FP8-activation Marlin (``VLLM_MARLIN_INPUT_DTYPE``) repacks weights and scales with ``is_a_8bit`` (other tiles and
+  permutations, and +6 on every exponent), which no golden vector here pins down;
 * bias: ``marlin_permute_bias`` on each expert's ``[N]``, BF16.
 
 Gate/up rows keep the checkpoint interleave (even = gate, odd = up).
@@ -130,31 +131,23 @@ def unrepack_weight(words: torch.Tensor) -> torch.Tensor:
     return b.permute(0, 2, 5, 6, 3, 1, 7, 4).reshape(E, N, K // 2)
 
 
-def _scale_group_order(fp8_activations: bool) -> torch.Tensor:
-    """Within each 64 consecutive N of a scale row: ``marlin_permute_scales`` (an 8x8 transpose), then,
-    for BF16 activations, the E8M0 ``[0,2,1,3]`` swap of every 4 bytes, as one gather index."""
-    order = _SCALE_PERM.view(-1, 4)
-    return order.reshape(-1) if fp8_activations else order[:, _E8M0_SWAP].reshape(-1)
+# Within each 64 consecutive N of a scale row: ``marlin_permute_scales`` (an 8x8 transpose), then the E8M0
+# ``[0,2,1,3]`` swap of every 4 bytes, as one gather index
+_SCALE_GROUP_ORDER = _SCALE_PERM.view(-1, 4)[:, _E8M0_SWAP].reshape(-1)
 
 
-def permute_scales(scales: torch.Tensor, fp8_activations: bool = False) -> torch.Tensor:
-    """``[E, N, K/32]`` E8M0 bytes -> Marlin ``[E, K/32, N]`` bytes (pure permutation, or +6 for FP8):
-    the rows (N) reordered inside every 64 by one row gather, then one transposing copy (1.5x faster than
-    transposing first and gathering single bytes)."""
-    E, N, Ks = scales.shape
-    order = _scale_group_order(fp8_activations)
-    rows = torch.arange(N).view(-1, 64)[:, order].reshape(-1)  # N is padded to Marlin's 64-column tiles
-    s = scales.index_select(1, rows).transpose(1, 2).contiguous()
-    if fp8_activations:
-        if int(s.max()) > 249:
-            raise MxRepackError("Marlin FP8-activation scales need every E8M0 byte <= 249 (exponent + 6)")
-        s += 6
-    return s
+def permute_scales(scales: torch.Tensor) -> torch.Tensor:
+    """``[E, N, K/32]`` E8M0 bytes -> Marlin ``[E, K/32, N]`` bytes (a pure permutation): the rows (N) reordered
+    inside every 64 by one row gather, then one transposing copy (1.5x faster than transposing first and gathering
+    single bytes)."""
+    N = scales.shape[1]
+    rows = torch.arange(N).view(-1, 64)[:, _SCALE_GROUP_ORDER].reshape(-1)  # N is padded to Marlin's 64-column tiles
+    return scales.index_select(1, rows).transpose(1, 2).contiguous()
 
 
-def unpermute_scales(s: torch.Tensor, fp8_activations: bool = False) -> torch.Tensor:
+def unpermute_scales(s: torch.Tensor) -> torch.Tensor:
     E, shape = s.shape[0], s.shape
-    s = s - 6 if fp8_activations else s.reshape(E, -1, 4)[:, :, _E8M0_SWAP].reshape(shape)
+    s = s.reshape(E, -1, 4)[:, :, _E8M0_SWAP].reshape(shape)
     inv = torch.argsort(_SCALE_PERM)
     return s.reshape(E, -1, 64)[:, :, inv].reshape(shape).transpose(1, 2).contiguous()
 
@@ -174,9 +167,6 @@ class MarlinLayout(ExpertLayout):
         "weights, permuted E8M0 scales [E,K/32,N], permuted bf16 biases"
     )
 
-    def __init__(self, fp8_activations: bool = False):
-        self.fp8_activations = fp8_activations
-
     def padded(self, d: ExpertDims) -> tuple[int, int]:
         return round_up(d.hidden, 256), round_up(d.intermediate, 128)
 
@@ -184,13 +174,12 @@ class MarlinLayout(ExpertLayout):
         H, I, E = d.hidden, d.intermediate, d.experts
         Hp, Ip = self.padded(d)
         pad = {"hidden": [H, Hp], "intermediate": [I, Ip]}
-        fp8 = self.fp8_activations
 
         def w13(gate_up_proj_blocks):
             return repack_weight(gate_up_proj_blocks.flatten(2), 2 * Ip, Hp // 2)
 
         def w13_scale(gate_up_proj_scales):
-            return permute_scales(pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32), fp8).view(torch.float8_e8m0fnu)
+            return permute_scales(pad_rows_cols(gate_up_proj_scales, 2 * Ip, Hp // 32)).view(torch.float8_e8m0fnu)
 
         def w13_bias(gate_up_proj_bias):
             return permute_bias(
@@ -201,12 +190,12 @@ class MarlinLayout(ExpertLayout):
             return repack_weight(down_proj_blocks.flatten(2), Hp, Ip // 2)
 
         def w2_scale(down_proj_scales):
-            return permute_scales(pad_rows_cols(down_proj_scales, Hp, Ip // 32), fp8).view(torch.float8_e8m0fnu)
+            return permute_scales(pad_rows_cols(down_proj_scales, Hp, Ip // 32)).view(torch.float8_e8m0fnu)
 
         def w2_bias(down_proj_bias):
             return permute_bias(pad_rows_cols(down_proj_bias.unsqueeze(-1), Hp, 1).squeeze(-1).to(torch.bfloat16))
 
-        u = UPSTREAM + (" with FP8-activation scales (+6)" if fp8 else "")
+        u = UPSTREAM
         return [
             OutputSpec(
                 "w13_weight",
@@ -255,15 +244,14 @@ class MarlinLayout(ExpertLayout):
         ]
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:
-        fp8 = self.fp8_activations
         w13, w2 = unrepack_weight(stored["w13_weight"]), unrepack_weight(stored["w2_weight"])
         E = w13.shape[0]
         return {
             "gate_up_proj_blocks": w13.reshape(E, w13.shape[1], -1, 16),
-            "gate_up_proj_scales": unpermute_scales(stored["w13_weight_scale"].view(torch.uint8), fp8),
+            "gate_up_proj_scales": unpermute_scales(stored["w13_weight_scale"].view(torch.uint8)),
             "gate_up_proj_bias": unpermute_bias(stored["w13_bias"]),
             "down_proj_blocks": w2.reshape(E, w2.shape[1], -1, 16),
-            "down_proj_scales": unpermute_scales(stored["w2_weight_scale"].view(torch.uint8), fp8),
+            "down_proj_scales": unpermute_scales(stored["w2_weight_scale"].view(torch.uint8)),
             "down_proj_bias": unpermute_bias(stored["w2_bias"]),
         }
 

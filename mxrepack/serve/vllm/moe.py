@@ -121,8 +121,8 @@ class PreconvertedMoEMethod(_StoredExperts, vllm_mxfp4.GptOssMxfp4MoEMethod):
 
             if get_marlin_input_dtype() is not None:
                 raise MxRepackError(
-                    "VLLM_MARLIN_INPUT_DTYPE is set: the stored Marlin scales are for BF16 activations; "
-                    "unset it, or repack with experts.options {fp8_activations: true}"
+                    "VLLM_MARLIN_INPUT_DTYPE is set: the stored Marlin weights and scales are for BF16 activations "
+                    "(mxrepack writes no FP8-activation Marlin layout); unset it"
                 )
 
     def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
