@@ -177,6 +177,24 @@ def test_the_strided_moe_method_refuses_another_activation_in_one_line(activatio
     assert "\n" not in str(e.value)
 
 
+def test_a_moe_backend_request_for_another_backend_is_one_line(outputs):
+    from mxrepack.serve.spec import check_moe_backend_request
+
+    marlin, strided = check_checkpoint(outputs["sm121-marlin"]), check_checkpoint(outputs["sm121-strided"])
+    for requested in (None, "auto"):
+        check_moe_backend_request(requested, None, marlin)
+    check_moe_backend_request("marlin", ["MARLIN"], marlin)  # what vLLM maps "marlin" to: the stored backend
+    refusals = [
+        ("triton", ["TRITON"], marlin),
+        ("no-such-backend", None, marlin),  # a name this vLLM does not map
+        ("marlin", ["MARLIN"], strided),  # mxrepack's own kernels: no vLLM backend serves them
+    ]
+    for requested, candidates, spec in refusals:
+        with pytest.raises(MxRepackError, match=f"--moe-backend {requested} cannot serve this checkpoint") as e:
+            check_moe_backend_request(requested, candidates, spec)
+        assert spec.target in str(e.value) and "\n" not in str(e.value)
+
+
 def test_mxrepacks_kernels_on_a_cpu_engine_are_one_line(monkeypatch):
     """vLLM's CPU backend would hand the strided experts and the dense chunk tiles CPU tensors, which Triton cannot
     launch ("0 active drivers" at the first call): refused at load in one line; the interpreter (the tests') runs."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -425,6 +425,23 @@ def check_moe_activation(activation: str, alpha: float | None, limit: float | No
             f"the strided layout's kernels compute gpt-oss's SwiGLU (swigluoai, alpha {SWIGLU_ALPHA}, limit "
             f"{SWIGLU_LIMIT}); this MoE layer asks for {activation} (alpha {alpha}, limit {limit})"
         )
+
+
+def check_moe_backend_request(requested: str | None, candidates: Iterable[str] | None, spec: ServeSpec) -> None:
+    """A checkpoint's experts run on one backend only, the one their bytes are laid out for (or mxrepack's own
+    kernels for ``strided``). vLLM's ``--moe-backend`` (``requested``; ``"auto"`` or None: no request) names backends
+    (``candidates``: the ``Mxfp4MoeBackend`` members vLLM maps the request to, None where it knows no such name); a
+    request that does not include the stored one is refused in one line, not served silently on the stored one."""
+    if requested in (None, "auto"):
+        return
+    stored = spec.backend.vllm_backend
+    if candidates is not None and stored in set(candidates):
+        return
+    raise MxRepackError(
+        f"--moe-backend {requested} cannot serve this checkpoint: its experts are laid out for "
+        f"{spec.backend.kernel} (target {spec.target}); drop --moe-backend, or repack with a target for that backend "
+        "(`repack targets`)"
+    )
 
 
 def check_kernel_device(device, what: str) -> None:

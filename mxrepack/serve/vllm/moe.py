@@ -24,13 +24,19 @@ from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 from vllm.model_executor.utils import set_weight_attrs
 
 from mxrepack.errors import MxRepackError
-from mxrepack.serve.spec import ServeSpec, check_kernel_device, check_moe_activation
+from mxrepack.serve.spec import ServeSpec, check_kernel_device, check_moe_activation, check_moe_backend_request
 
 
 def make_moe_method(spec: ServeSpec, moe) -> FusedMoEMethodBase:
     """The experts' method for ``spec``'s stored layout: :class:`StridedMoEMethod` for ``strided``, else
     :class:`PreconvertedMoEMethod` on the vLLM backend the layout was written for (refused in one line where this GPU
-    cannot run it)."""
+    cannot run it, or where ``--moe-backend`` asks for another)."""
+    requested = getattr(moe, "moe_backend", None)  # vLLM's FusedMoEConfig, 0.26 and 0.33: "auto" unless asked
+    try:
+        candidates = [b.name for b in oracle.map_mxfp4_backend(requested)] if requested not in (None, "auto") else None
+    except ValueError:  # a name this vLLM maps to no MXFP4 backend
+        candidates = None
+    check_moe_backend_request(requested, candidates, spec)
     if spec.layout == "strided":
         return StridedMoEMethod(moe, spec)
     return PreconvertedMoEMethod(moe, spec)
