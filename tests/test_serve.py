@@ -177,6 +177,17 @@ def test_the_strided_moe_method_refuses_another_activation_in_one_line(activatio
     assert "\n" not in str(e.value)
 
 
+def test_expert_options_the_layout_does_not_take_are_refused(outputs):
+    # e.g. Marlin's fp8_activations, withdrawn in stop 46: its bytes were not what vLLM's FP8-activation Marlin reads
+    config = json.loads((outputs["sm121-marlin"] / "config.json").read_text())
+    config["quantization_config"]["groups"]["experts"]["options"] = {"fp8_activations": True}
+    with pytest.raises(
+        MxRepackError, match=r"groups\.experts: experts\.options \['fp8_activations'\] not accepted"
+    ) as e:
+        ServeSpec.from_config(config)
+    assert "\n" not in str(e.value)
+
+
 def test_a_moe_backend_request_for_another_backend_is_one_line(outputs):
     from mxrepack.serve.spec import check_moe_backend_request
 

@@ -195,7 +195,6 @@ class MarlinLayout(ExpertLayout):
         def w2_bias(down_proj_bias):
             return permute_bias(pad_rows_cols(down_proj_bias.unsqueeze(-1), Hp, 1).squeeze(-1).to(torch.bfloat16))
 
-        u = UPSTREAM
         return [
             OutputSpec(
                 "w13_weight",
@@ -205,7 +204,7 @@ class MarlinLayout(ExpertLayout):
                 w13,
                 (E, H // 16, 4 * I),
                 pad,
-                u,
+                UPSTREAM,
                 6,
             ),
             OutputSpec(
@@ -216,9 +215,11 @@ class MarlinLayout(ExpertLayout):
                 w13_scale,
                 (E, H // 32, 2 * I),
                 pad,
-                u,
+                UPSTREAM,
             ),
-            OutputSpec("w13_bias", torch.bfloat16, (E, 2 * Ip), ("gate_up_proj_bias",), w13_bias, (E, 2 * I), pad, u),
+            OutputSpec(
+                "w13_bias", torch.bfloat16, (E, 2 * Ip), ("gate_up_proj_bias",), w13_bias, (E, 2 * I), pad, UPSTREAM
+            ),
             OutputSpec(
                 "w2_weight",
                 torch.int32,
@@ -227,7 +228,7 @@ class MarlinLayout(ExpertLayout):
                 w2,
                 (E, I // 16, 2 * H),
                 pad,
-                u,
+                UPSTREAM,
                 6,
             ),
             OutputSpec(
@@ -238,9 +239,9 @@ class MarlinLayout(ExpertLayout):
                 w2_scale,
                 (E, I // 32, H),
                 pad,
-                u,
+                UPSTREAM,
             ),
-            OutputSpec("w2_bias", torch.bfloat16, (E, Hp), ("down_proj_bias",), w2_bias, (E, H), pad, u),
+            OutputSpec("w2_bias", torch.bfloat16, (E, Hp), ("down_proj_bias",), w2_bias, (E, H), pad, UPSTREAM),
         ]
 
     def unpack_padded(self, stored: dict[str, torch.Tensor], d: ExpertDims) -> dict[str, torch.Tensor]:

@@ -181,6 +181,12 @@ class ServeSpec:
                 f"orders {', '.join(STRIDED_ORDERS)} (written by a newer mxrepack?)"
             )
         check_experts_written_by(layout, options, qc.get("mxrepack_version"))
+        from mxrepack.layouts import make_layout  # here: the module imports no torch (benchmarks read it)
+
+        try:  # options this mxrepack's layout does not take (a newer writer's, or one withdrawn) laid out other bytes
+            make_layout(layout, options)
+        except MxRepackError as e:
+            raise MxRepackError(f"quantization_config.groups.experts: {e}") from None
         missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(
             stored
         )
