@@ -330,7 +330,8 @@ def test_layout_options_are_checked():
     with pytest.raises(MxRepackError, match="not accepted by layout 'marlin'"):
         make_layout("marlin", {"tile": 64})
     # vLLM's FP8-activation Marlin repacks with is_a_8bit (other tiles and scale permutation, by vLLM 0.33's source):
-    # the option that wrote BF16 tiles with +6 scales for it, which the plugin served as BF16, went (stop 46)
+    # the option that wrote BF16 tiles with +6 scales for it, which the plugin served on the BF16 kernel (misread
+    # scales), went (stop 46)
     with pytest.raises(MxRepackError, match="not accepted by layout 'marlin'"):
         make_layout("marlin", {"fp8_activations": True})
     with pytest.raises(MxRepackError, match="value='tma'"):

@@ -185,7 +185,12 @@ def test_expert_options_the_layout_does_not_take_are_refused(outputs):
         MxRepackError, match=r"groups\.experts: experts\.options \['fp8_activations'\] not accepted"
     ) as e:
         ServeSpec.from_config(config)
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and "repack the source" in str(e.value)
+    # a value the layout takes but the plugin does not serve: triton-hopper bytes swizzled for 4 warps
+    config = json.loads((outputs["sm90"] / "config.json").read_text())
+    config["quantization_config"]["groups"]["experts"].setdefault("options", {})["num_warps"] = 4
+    with pytest.raises(MxRepackError, match=r"triton-hopper experts written with num_warps=4; .* reads num_warps=8"):
+        ServeSpec.from_config(config)
 
 
 def test_a_moe_backend_request_for_another_backend_is_one_line(outputs):

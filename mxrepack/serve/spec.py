@@ -39,6 +39,8 @@ class ExpertBackend:
     kernel: str
     gpus: str
     min_capability: int  # compute capability x 10
+    # layout options whose value the plugin assumes when it serves these bytes (others lay out bytes it would misread)
+    served_options: tuple[tuple[str, object], ...] = ()
 
 
 EXPERT_BACKENDS: dict[str, ExpertBackend] = {
@@ -46,7 +48,13 @@ EXPERT_BACKENDS: dict[str, ExpertBackend] = {
     for b in (
         ExpertBackend("marlin", "MARLIN", "vLLM Marlin MXFP4 MoE (fused_marlin_moe, W4A16)", "sm80 and newer", 80),
         ExpertBackend(
-            "triton-hopper", "TRITON", "OpenAI triton_kernels matmul_ogs as vendored in vLLM", "sm90 (H100/H200)", 90
+            "triton-hopper",
+            "TRITON",
+            "OpenAI triton_kernels matmul_ogs as vendored in vLLM",
+            "sm90 (H100/H200)",
+            90,
+            # what vLLM's sm90 path swizzles with: the plugin wraps the stored bytes in these layouts
+            (("value", "hopper"), ("scale", "hopper"), ("num_warps", 8)),
         ),
         ExpertBackend(
             "trtllm", "FLASHINFER_TRTLLM_MXFP4_BF16", "FlashInfer TRT-LLM-gen MXFP4 MoE", "sm100 (B200/GB200)", 100
@@ -184,9 +192,18 @@ class ServeSpec:
         from mxrepack.layouts import make_layout  # here: the module imports no torch (benchmarks read it)
 
         try:  # options this mxrepack's layout does not take (a newer writer's, or one withdrawn) laid out other bytes
-            make_layout(layout, options)
+            written = make_layout(layout, options)
         except MxRepackError as e:
-            raise MxRepackError(f"quantization_config.groups.experts: {e}") from None
+            raise MxRepackError(
+                f"quantization_config.groups.experts: {e}; repack the source with this mxrepack"
+            ) from None
+        for name, value in EXPERT_BACKENDS[layout].served_options:
+            if getattr(written, name) != value:
+                raise MxRepackError(
+                    f"quantization_config.groups.experts.options: {layout} experts written with {name}="
+                    f"{getattr(written, name)!r}; vLLM's {EXPERT_BACKENDS[layout].vllm_backend} backend reads "
+                    f"{name}={value!r} only (a recipe's option, not a target's)"
+                )
         missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(
             stored
         )
@@ -445,8 +462,8 @@ def check_moe_backend_request(requested: str | None, candidates: Iterable[str] |
         return
     raise MxRepackError(
         f"--moe-backend {requested} cannot serve this checkpoint: its experts are laid out for "
-        f"{spec.backend.kernel} (target {spec.target}); drop --moe-backend, or repack with a target for that backend "
-        "(`repack targets`)"
+        f"{spec.backend.kernel} (target {spec.target}); leave the MoE backend at auto (it follows the stored layout), "
+        "or repack with a target for that backend (`repack targets`)"
     )
 
 
