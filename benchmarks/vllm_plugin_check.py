@@ -62,6 +62,14 @@ RECIPES = {
         "dense": {"format": "bf16"},
         "config": {"quantization_config": "mxrepack"},
     },
+    # sm121-strided's experts with BF16 dense layers: the mma2 order's MoE alone against stock
+    "strided-mma2": {
+        "name": "strided-mma2",
+        "description": "strided experts in the mma2 order on mxrepack's Triton kernels; BF16 dense",
+        "experts": {"layout": "strided", "options": {"order": "mma2"}},
+        "dense": {"format": "bf16"},
+        "config": {"quantization_config": "mxrepack"},
+    },
     "marlin-dense": {
         "name": "marlin-dense",
         "description": "Marlin experts, MXFP4 q/k/v/o/lm_head (the sm121 dense)",
@@ -234,6 +242,13 @@ CASES = {
         "strided-mmav2-graphs",
         "the same experts in the mma2 order and the dense layers MXFP4 in it (sm121-strided), Triton without wgmma: "
         "the kernels' bound plus MXFP4 q/k/v/o/lm_head error",
+    ),
+    "strided-mma2-bf16-graphs": (
+        "strided-mma2",
+        {_ENV: _MMA_V2, **_GRAPHS},
+        "source-marlin-mmav2-graphs",
+        "the mma2 order's experts with BF16 dense (sm121-strided's MoE alone), Triton without wgmma: within the "
+        "kernels' bound",
     ),
     "dense-mma2-graphs": (
         "marlin-dense-mma2",
