@@ -84,6 +84,13 @@ def _env(work: Path) -> dict:
     return {**os.environ, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
 
 
+def _run_one(work_dir: Path, model: Path) -> subprocess.CompletedProcess:
+    """:func:`_one` on ``model`` in a process of its own, with the release under ``work_dir`` importable."""
+    return subprocess.run(
+        [sys.executable, __file__, "_one", str(model)], env=_env(work_dir), capture_output=True, text=True
+    )
+
+
 def setup(version: str, work: str) -> None:
     """vLLM ``version``'s wheel unpacked under ``work``/vllm, and what the check then misses installed, module by
     module, under ``work``/site (binary wheels only, no dependencies pulled along: torch, triton and transformers stay
@@ -100,9 +107,7 @@ def setup(version: str, work: str) -> None:
     model = _written(work_dir, "sm121-strided")
     tried = set()
     for _ in range(80):
-        p = subprocess.run(
-            [sys.executable, __file__, "_one", str(model)], env=_env(work_dir), capture_output=True, text=True
-        )
+        p = _run_one(work_dir, model)
         missing = [m for m in re.findall(r"No module named '([^'.]+)", p.stdout + p.stderr) if m != "vllm"]
         if not missing:
             print(
@@ -139,9 +144,7 @@ def check(work: str, targets: str = TARGETS, out: str | None = None) -> None:
     records = {}
     for target in targets.split(","):
         model = _written(work_dir, target)
-        p = subprocess.run(
-            [sys.executable, __file__, "_one", str(model)], env=_env(work_dir), capture_output=True, text=True
-        )
+        p = _run_one(work_dir, model)
         lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
         records[target] = json.loads(lines[-1]) if lines else {"error": p.stderr[-3000:]}
         print(target, json.dumps(records[target])[:600], flush=True)

@@ -157,10 +157,8 @@ def _vllm_version() -> str | None:
 def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64", inference: str = "0") -> None:
     """``inference`` "1": every call under ``torch.inference_mode()``, as vLLM's model runner calls the model and
     lm_head (autograd's dispatch skipped for every torch op; a registered op's body skips it either way)."""
-    if inference == "1":
-        with torch.inference_mode():
-            return _time(out, shapes, rows, inference)
-    return _time(out, shapes, rows, inference)
+    with torch.inference_mode(inference == "1"):  # off: the default, autograd on
+        _time(out, shapes, rows, inference)
 
 
 def _time(out, shapes, rows, inference) -> None:

@@ -197,11 +197,12 @@ class ServeSpec:
             raise MxRepackError(
                 f"quantization_config.groups.experts: {e}; repack the source with this mxrepack"
             ) from None
-        for name, value in EXPERT_BACKENDS[layout].served_options:
+        backend = EXPERT_BACKENDS[layout]
+        for name, value in backend.served_options:
             if getattr(written, name) != value:
                 raise MxRepackError(
                     f"quantization_config.groups.experts.options: {layout} experts written with {name}="
-                    f"{getattr(written, name)!r}; vLLM's {EXPERT_BACKENDS[layout].vllm_backend} backend reads "
+                    f"{getattr(written, name)!r}; vLLM's {backend.vllm_backend} backend reads "
                     f"{name}={value!r} only (a recipe's option, not a target's)"
                 )
         missing = {"w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias"} - set(

@@ -33,8 +33,8 @@ def make_moe_method(spec: ServeSpec, moe) -> FusedMoEMethodBase:
     cannot run it, or where ``--moe-backend`` asks for another)."""
     requested = getattr(moe, "moe_backend", None)  # vLLM's FusedMoEConfig, 0.26 and 0.33: "auto" unless asked
     try:
-        candidates = [b.name for b in oracle.map_mxfp4_backend(requested)] if requested not in (None, "auto") else None
-    except ValueError:  # a name this vLLM maps to no MXFP4 backend
+        candidates = [b.name for b in oracle.map_mxfp4_backend(requested)]
+    except ValueError:  # a name this vLLM maps to no MXFP4 backend ("auto" included: no request, checked below)
         candidates = None
     check_moe_backend_request(requested, candidates, spec)
     if spec.layout == "strided":
