@@ -214,6 +214,13 @@ CASES = {
         "source-marlin-graphs",
         "stock vLLM, Inductor deterministic: a second round equal to the first",
     ),
+    # the same for the plugin's dense tiles: with --repeat 2 --own-compile-cache, beside dense-wgmma-graphs
+    "dense-wgmma-graphs-det": (
+        "marlin-dense-wgmma",
+        {_ENV: {"TORCHINDUCTOR_DETERMINISTIC": "1"}, **_GRAPHS},
+        "dense-wgmma-graphs",
+        "the plugin's dense tiles, Inductor deterministic: a second round equal to the first",
+    ),
     # as a user serves a pushed output, by repo id (offline, from a made-up cache of the prebuilt folder: _hub_cache)
     "dense-wgmma-hub": (
         "marlin-dense-wgmma",
