@@ -468,6 +468,7 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
 
     sp = SamplingParams(temperature=0.0, max_tokens=tokens, detokenize=False, ignore_eos=True)
     prompt = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
+    marked = llm.collective_rpc(_mark_lm_head)  # lm_head's call, eager at every step, a range of its own
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -478,7 +479,10 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
     spans, moe_spans = [], []  # kernels' (start, end), us
     durations = collections.defaultdict(list)  # kernel name -> each call's duration, us
     kernels = []  # (start, end, name)
+    lm_head_calls = []  # the host time of each lm_head call (its quant method's apply, inclusive), us
     for e in prof.events():
+        if e.name == _LM_HEAD_RANGE and e.device_type != torch.autograd.DeviceType.CUDA:
+            lm_head_calls.append(e.cpu_time_total)
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernel_us[e.name[:80]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             spans.append((e.time_range.start, e.time_range.end))
@@ -514,7 +518,34 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         # the host time of mxrepack's own ops (the registered dense op, the MoE method's calls) a step. Since stop 45
         # an eager dense call (lm_head's, every step) calls the op's function without the dispatcher: not counted here
         "host_mxrepack_us_per_step": sum(v for k, v in host_us.items() if "mxrepack" in k) / tokens,
+        # lm_head's call on the host, whoever serves it (Marlin's apply or the plugin's direct launch): the engine's
+        # answer to "what does our lm_head cost the host against Marlin's", which the op count above no longer sees
+        "lm_head_marked": marked,
+        "lm_head_calls": len(lm_head_calls),
+        "lm_head_host_us_median": statistics.median(lm_head_calls) if lm_head_calls else None,
+        "lm_head_host_us_per_step": sum(lm_head_calls) / tokens,
     }
+
+
+_LM_HEAD_RANGE = "mxrepack-check::lm_head"
+
+
+def _mark_lm_head(worker) -> str:
+    """On a worker: wrap the lm_head's quant method ``apply`` in a profiler range (:data:`_LM_HEAD_RANGE`), once; the
+    method's class name, for the record."""
+    from torch.profiler import record_function
+
+    method = worker.model_runner.get_model().lm_head.quant_method
+    if not getattr(method, "_mxrepack_check_marked", False):
+        apply = method.apply
+
+        def marked(*args, **kwargs):
+            with record_function(_LM_HEAD_RANGE):
+                return apply(*args, **kwargs)
+
+        method.apply = marked
+        method._mxrepack_check_marked = True
+    return type(method).__name__
 
 
 def stock_case(name: str) -> str | None:
