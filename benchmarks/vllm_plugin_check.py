@@ -479,10 +479,14 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
     spans, moe_spans = [], []  # kernels' (start, end), us
     durations = collections.defaultdict(list)  # kernel name -> each call's duration, us
     kernels = []  # (start, end, name)
-    lm_head_calls = []  # the host time of each lm_head call (its quant method's apply, inclusive), us
+    lm_head_calls, lm_head_gpu = [], []  # each lm_head call's host time (its apply, inclusive) and GPU span, us
     for e in prof.events():
-        if e.name == _LM_HEAD_RANGE and e.device_type != torch.autograd.DeviceType.CUDA:
-            lm_head_calls.append(e.cpu_time_total)
+        if e.name == _LM_HEAD_RANGE:  # the range's host event, and its GPU-side span (not a kernel: not counted)
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                lm_head_gpu.append(e.time_range.end - e.time_range.start)
+            else:
+                lm_head_calls.append(e.cpu_time_total)
+            continue
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernel_us[e.name[:80]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             spans.append((e.time_range.start, e.time_range.end))
@@ -524,6 +528,7 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         "lm_head_calls": len(lm_head_calls),
         "lm_head_host_us_median": statistics.median(lm_head_calls) if lm_head_calls else None,
         "lm_head_host_us_per_step": sum(lm_head_calls) / tokens,
+        "lm_head_gpu_us_median": statistics.median(lm_head_gpu) if lm_head_gpu else None,
     }
 
 

@@ -136,3 +136,29 @@ def test_profile_timeline_is_relative_to_its_first_kernel():
     kernels = [(100.0, 112.34, "gate_up"), (101.0, 130.0, "down")]
     assert check._timeline(kernels) == [("gate_up", 0.0, 12.3), ("down", 1.0, 30.0)]
     assert check._timeline([]) == []
+
+
+def test_the_profile_marks_lm_head_once_whoever_serves_it():
+    # vLLM calls lm_head's quant method outside its graphs at every step; the profile times that call in a range of
+    # its own (Marlin's apply or the plugin's direct launch alike), wrapped once however often it is asked
+    import types
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    check = _check_module()
+
+    class Method:
+        def apply(self, layer, x, bias=None):
+            return x @ layer.weight.T
+
+    head = types.SimpleNamespace(weight=torch.ones(8, 4), quant_method=Method())
+    worker = types.SimpleNamespace(
+        model_runner=types.SimpleNamespace(get_model=lambda: types.SimpleNamespace(lm_head=head))
+    )
+    assert check._mark_lm_head(worker) == check._mark_lm_head(worker) == "Method"
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            out = head.quant_method.apply(head, torch.ones(2, 4), bias=None)
+    assert out.shape == (2, 8) and float(out[0, 0]) == 4.0
+    assert sum(e.name == check._LM_HEAD_RANGE for e in prof.events()) == 3
