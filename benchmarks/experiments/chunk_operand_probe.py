@@ -32,16 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sass_vs_triton_kernels import loop_counts  # noqa: E402
+from words_mma_sync_probe import wgmma_words_tile  # noqa: E402
 
 import mxrepack.kernels.dequant_mxfp4 as dq  # noqa: E402
 from mxrepack.kernels import check  # noqa: E402
-from mxrepack.kernels.dequant_mxfp4 import (  # noqa: E402
-    _mma2_words,
-    _wgmma_words,
-    _word_pairs_asm,
-    _word_scales,
-    shift_scales,
-)
+from mxrepack.kernels.dequant_mxfp4 import _mma2_words, _wgmma_words, shift_scales  # noqa: E402
 
 SHIPPED_CHUNK_TILE = dq.chunk_tile
 
@@ -71,27 +66,12 @@ def chunk_tile_scales_once(
 def chunk_tile_words_int32(
     w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr, ORDER: tl.constexpr, SCALE_SHIFT: tl.constexpr
 ):
-    """The wgmma order decoded a word at a time (``words_mma_sync_probe.chunk_tile_words``) with the scales kept int32
+    """The wgmma order decoded a word at a time (``words_mma_sync_probe.wgmma_words_tile``) with the scales kept int32
     and no impure no-op before the dot; the mma2 order as shipped."""
     if ORDER == "mma2":
         x = SHIPPED_CHUNK_TILE(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, ORDER, SCALE_SHIFT)
     else:
-        lane = tl.arange(0, 32)[None, :, None]
-        woff = w_off[:, None, None]
-        soff = s_off[:, None, None]
-        sw = tl.load(
-            s_ptr.to(tl.pointer_type(tl.int32)) + (soff + 8 * (lane // 4)) // 4 + tl.arange(0, 2)[None, None, :]
-        )
-        sb = (sw[:, :, :, None] >> (8 * tl.arange(0, 4))[None, None, None, :]) & 0xFF
-        sc = shift_scales(tl.reshape(sb, (BLOCKS, 32, 8)), SCALE_SHIFT)  # int32: no uint8 in the chain
-        s_lo, s_hi = _word_scales(sc, "wgmma")
-        p0, p1, p2, p3 = _word_pairs_asm(w_ptr, woff, lane, s_lo, s_hi, "wgmma", MATH)
-        pairs = tl.join(tl.join(p0, p1), tl.join(p2, p3))
-        lo, hi = tl.inline_asm_elementwise(
-            "mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1
-        )
-        x = tl.reshape(tl.join(lo, hi), (BLOCKS, 8, 4, 8, 2, 2, 2))
-        x = tl.reshape(tl.permute(x, (0, 5, 1, 3, 4, 2, 6)), (16 * BLOCKS, 128))
+        x = wgmma_words_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, SCALE_SHIFT, False)
     return x
 
 

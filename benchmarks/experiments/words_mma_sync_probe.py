@@ -42,6 +42,40 @@ SHIPPED_CHUNK_TILE = dq.chunk_tile
 
 
 @triton.jit
+def wgmma_words_tile(
+    w_ptr,
+    s_ptr,
+    w_off,
+    s_off,
+    BLOCKS: tl.constexpr,
+    MATH: tl.constexpr,
+    SCALE_SHIFT: tl.constexpr,
+    SCALES_U8: tl.constexpr,
+):
+    """The wgmma order's K tile decoded a word at a time, relabelled to ``[16 BLOCKS, 128]`` in natural order.
+    ``SCALES_U8``: the scale bytes taken as uint8 after their int32 loads, as this probe ran them; without it they stay
+    int32 (``chunk_operand_probe.py words-int32``)."""
+    lane = tl.arange(0, 32)[None, :, None]
+    woff = w_off[:, None, None]
+    soff = s_off[:, None, None]
+    # the lane's 8 scale bytes as two int32 words: a uint8 load would widen kWidth again
+    s_words = s_ptr.to(tl.pointer_type(tl.int32)) + (soff + 8 * (lane // 4)) // 4
+    sw = tl.load(s_words + tl.arange(0, 2)[None, None, :])
+    sb = tl.reshape((sw[:, :, :, None] >> (8 * tl.arange(0, 4))[None, None, None, :]) & 0xFF, (BLOCKS, 32, 8))
+    if SCALES_U8:
+        sb = sb.to(tl.uint8)
+    sc = shift_scales(sb, SCALE_SHIFT)
+    s_lo, s_hi = _word_scales(sc, "wgmma")
+    p0, p1, p2, p3 = _word_pairs_asm(w_ptr, woff, lane, s_lo, s_hi, "wgmma", MATH)
+    pairs = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [BLOCKS, 32, 8, kh, c]: pair 2 c + kh of word s
+    lo, hi = tl.inline_asm_elementwise(
+        "mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1
+    )
+    x = tl.reshape(tl.join(lo, hi), (BLOCKS, 8, 4, 8, 2, 2, 2))  # block, g, t, s, kh, c, kl
+    return tl.reshape(tl.permute(x, (0, 5, 1, 3, 4, 2, 6)), (16 * BLOCKS, 128))  # block, c, g | s, kh, t, kl
+
+
+@triton.jit
 def chunk_tile_words(
     w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr, ORDER: tl.constexpr, SCALE_SHIFT: tl.constexpr
 ):
@@ -50,23 +84,7 @@ def chunk_tile_words(
     if ORDER == "mma2":
         x = SHIPPED_CHUNK_TILE(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, ORDER, SCALE_SHIFT)
     else:
-        lane = tl.arange(0, 32)[None, :, None]
-        woff = w_off[:, None, None]
-        soff = s_off[:, None, None]
-        # the lane's 8 scale bytes as two int32 words: a uint8 load would widen kWidth again
-        sw = tl.load(
-            s_ptr.to(tl.pointer_type(tl.int32)) + (soff + 8 * (lane // 4)) // 4 + tl.arange(0, 2)[None, None, :]
-        )
-        sb = (sw[:, :, :, None] >> (8 * tl.arange(0, 4))[None, None, None, :]) & 0xFF
-        sc = shift_scales(tl.reshape(sb, (BLOCKS, 32, 8)).to(tl.uint8), SCALE_SHIFT)
-        s_lo, s_hi = _word_scales(sc, "wgmma")
-        p0, p1, p2, p3 = _word_pairs_asm(w_ptr, woff, lane, s_lo, s_hi, "wgmma", MATH)
-        pairs = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [BLOCKS, 32, 8, kh, c]: pair 2 c + kh of word s
-        lo, hi = tl.inline_asm_elementwise(
-            "mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1
-        )
-        x = tl.reshape(tl.join(lo, hi), (BLOCKS, 8, 4, 8, 2, 2, 2))  # block, g, t, s, kh, c, kl
-        x = tl.reshape(tl.permute(x, (0, 5, 1, 3, 4, 2, 6)), (16 * BLOCKS, 128))  # block, c, g | s, kh, t, kl
+        x = wgmma_words_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, SCALE_SHIFT, True)
         # impure: Triton's computeOrigBitWidth stops here, so mma.sync takes kWidth 2 (x by ldmatrix)
         x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.bfloat16, is_pure=False, pack=2)
     return x
