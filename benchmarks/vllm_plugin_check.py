@@ -28,6 +28,7 @@ docs/SERVING.md "Proof"). One run:
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -461,8 +462,6 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
     greedy tokens under torch.profiler (after the timed runs, so nothing compiles), their prompts' prefill (a
     prefix-cache hit) included: the steps' wall time, the GPU kernels' summed time, graph launches against single
     kernel launches made by the host, and the host ops and kernels that took the most."""
-    import collections
-
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -475,29 +474,9 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         llm.generate(prompt, sp, use_tqdm=False)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
-    runtime, kernel_us, host_us = collections.Counter(), collections.Counter(), collections.Counter()
-    spans, moe_spans = [], []  # kernels' (start, end), us
-    durations = collections.defaultdict(list)  # kernel name -> each call's duration, us
-    kernels = []  # (start, end, name)
-    lm_head_calls, lm_head_gpu = [], []  # each lm_head call's host time (its apply, inclusive) and GPU span, us
-    for e in prof.events():
-        if e.name == _LM_HEAD_RANGE:  # the range's host event, and its GPU-side span (not a kernel: not counted)
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                lm_head_gpu.append(e.time_range.end - e.time_range.start)
-            else:
-                lm_head_calls.append(e.cpu_time_total)
-            continue
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            kernel_us[e.name[:80]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            spans.append((e.time_range.start, e.time_range.end))
-            durations[e.name[:80]].append(e.time_range.end - e.time_range.start)
-            kernels.append((e.time_range.start, e.time_range.end, e.name[:48]))
-            if any(m in e.name.lower() for m in _MOE_KERNELS):
-                moe_spans.append(spans[-1])
-        elif e.name.startswith(("cuda", "cu")):
-            runtime[e.name] += 1
-        else:
-            host_us[e.name[:80]] += e.self_cpu_time_total
+    tally = _tally(prof.events(), torch.autograd.DeviceType.CUDA)
+    kernel_us, durations = tally.kernel_us, tally.durations
+    lm_head_calls, lm_head_gpu = tally.lm_head_calls, tally.lm_head_gpu
     return {
         "steps": tokens,
         "batch": batch,
@@ -505,9 +484,9 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         "gpu_kernel_ms_per_step": sum(kernel_us.values()) / tokens / 1e3,
         # the time some kernel ran (a union: kernels launched under PDL overlap the one before, and a sum counts that
         # twice), and the same over the MoE layers' kernels (routing to combine, either backend)
-        "gpu_busy_ms_per_step": _union_us(spans) / tokens / 1e3,
-        "moe_busy_ms_per_step": _union_us(moe_spans) / tokens / 1e3,
-        "runtime_calls": runtime.most_common(12),
+        "gpu_busy_ms_per_step": _union_us(tally.spans) / tokens / 1e3,
+        "moe_busy_ms_per_step": _union_us(tally.moe_spans) / tokens / 1e3,
+        "runtime_calls": tally.runtime.most_common(12),
         "kernel_us": kernel_us.most_common(20),
         # each of those kernels' calls and median duration: the decode steps' typical call, where the total above
         # also holds the prompt's step
@@ -517,11 +496,11 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         ],
         # the last decode step's end as a timeline: (name, start and end in us after the first listed kernel's
         # start), enough kernels for a few layers; a kernel launched under PDL starts before the one before it ends
-        "last_kernels": _timeline(sorted(kernels)[-_TIMELINE_KERNELS:]),
-        "host_self_us": host_us.most_common(20),
+        "last_kernels": _timeline(sorted(tally.kernels)[-_TIMELINE_KERNELS:]),
+        "host_self_us": tally.host_us.most_common(20),
         # the host time of mxrepack's own ops (the registered dense op, the MoE method's calls) a step. Since stop 45
         # an eager dense call (lm_head's, every step) calls the op's function without the dispatcher: not counted here
-        "host_mxrepack_us_per_step": sum(v for k, v in host_us.items() if "mxrepack" in k) / tokens,
+        "host_mxrepack_us_per_step": sum(v for k, v in tally.host_us.items() if "mxrepack" in k) / tokens,
         # lm_head's call on the host, whoever serves it (Marlin's apply or the plugin's direct launch): the engine's
         # answer to "what does our lm_head cost the host against Marlin's", which the op count above no longer sees
         "lm_head_marked": marked,
@@ -532,7 +511,47 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
     }
 
 
-_LM_HEAD_RANGE = "mxrepack-check::lm_head"
+# no "mxrepack" in it: host_mxrepack_us_per_step counts the host ops whose name holds that (85a77a1's range did)
+_LM_HEAD_RANGE = "check::lm_head"
+
+
+class _Tally:
+    """A profile's events sorted out (:func:`_tally`); times in us. (A plain class: the tests load this script by
+    path, where a dataclass cannot resolve its module.)"""
+
+    def __init__(self):
+        self.runtime = collections.Counter()  # CUDA API calls, by name
+        self.kernel_us = collections.Counter()  # GPU time, by kernel
+        self.host_us = collections.Counter()  # host self time, by op
+        self.durations = collections.defaultdict(list)  # kernel -> each call's duration
+        self.spans, self.moe_spans = [], []  # the kernels' and the MoE layers' kernels' (start, end)
+        self.kernels = []  # (start, end, name)
+        self.lm_head_calls = []  # each lm_head call's host time (its apply, inclusive)
+        self.lm_head_gpu = []  # each lm_head range's GPU-side span
+
+
+def _tally(events, cuda) -> _Tally:
+    """torch.profiler's ``events`` (``cuda``: the CUDA device type) sorted into kernels, CUDA API calls, host ops and
+    the lm_head range (:data:`_LM_HEAD_RANGE`), whose GPU-side span is no kernel and is kept out of the kernels'."""
+    t = _Tally()
+    for e in events:
+        if e.name == _LM_HEAD_RANGE:
+            if e.device_type == cuda:
+                t.lm_head_gpu.append(e.time_range.end - e.time_range.start)
+            else:
+                t.lm_head_calls.append(e.cpu_time_total)
+        elif e.device_type == cuda:
+            t.kernel_us[e.name[:80]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            t.spans.append((e.time_range.start, e.time_range.end))
+            t.durations[e.name[:80]].append(e.time_range.end - e.time_range.start)
+            t.kernels.append((e.time_range.start, e.time_range.end, e.name[:48]))
+            if any(m in e.name.lower() for m in _MOE_KERNELS):
+                t.moe_spans.append(t.spans[-1])
+        elif e.name.startswith(("cuda", "cu")):
+            t.runtime[e.name] += 1
+        else:
+            t.host_us[e.name[:80]] += e.self_cpu_time_total
+    return t
 
 
 def _mark_lm_head(worker) -> str:

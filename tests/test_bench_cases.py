@@ -162,3 +162,36 @@ def test_the_profile_marks_lm_head_once_whoever_serves_it():
             out = head.quant_method.apply(head, torch.ones(2, 4), bias=None)
     assert out.shape == (2, 8) and float(out[0, 0]) == 4.0
     assert sum(e.name == check._LM_HEAD_RANGE for e in prof.events()) == 3
+
+
+def test_the_lm_head_range_is_no_kernel_and_no_host_op():
+    # the range's GPU-side span covers lm_head's kernels: counted as a kernel it added itself to the GPU time (85a77a1)
+    import types
+
+    check = _check_module()
+    cpu, cuda = "cpu", "cuda"
+
+    def event(name, device, start, end, self_cpu=0.0, cpu_total=0.0):
+        return types.SimpleNamespace(
+            name=name,
+            device_type=device,
+            time_range=types.SimpleNamespace(start=start, end=end),
+            device_time_total=end - start,
+            self_cpu_time_total=self_cpu,
+            cpu_time_total=cpu_total,
+        )
+
+    events = [
+        event(check._LM_HEAD_RANGE, cpu, 0.0, 50.0, self_cpu=30.0, cpu_total=50.0),
+        event(check._LM_HEAD_RANGE, cuda, 60.0, 160.0),
+        event("marlin::Marlin", cuda, 61.0, 159.0),
+        event("_gate_up_kernel", cuda, 200.0, 220.0),
+        event("cuLaunchKernelEx", cpu, 10.0, 12.0),
+        event("aten::argmax", cpu, 51.0, 55.0, self_cpu=4.0),
+    ]
+    t = check._tally(events, cuda)
+    assert t.lm_head_calls == [50.0] and t.lm_head_gpu == [100.0]
+    assert dict(t.kernel_us) == {"marlin::Marlin": 98.0, "_gate_up_kernel": 20.0}
+    assert check._union_us(t.spans) == 118.0 and t.moe_spans == [(200.0, 220.0)]
+    assert dict(t.host_us) == {"aten::argmax": 4.0} and dict(t.runtime) == {"cuLaunchKernelEx": 1}
+    assert "mxrepack" not in check._LM_HEAD_RANGE  # host_mxrepack_us_per_step counts names holding it

@@ -38,8 +38,6 @@ import mxrepack.kernels.dequant_mxfp4 as dq  # noqa: E402
 from mxrepack.kernels import check  # noqa: E402
 from mxrepack.kernels.dequant_mxfp4 import _mma2_words, _wgmma_words, shift_scales  # noqa: E402
 
-SHIPPED_CHUNK_TILE = dq.chunk_tile
-
 
 @triton.jit
 def chunk_tile_scales_once(
@@ -67,12 +65,9 @@ def chunk_tile_words_int32(
     w_ptr, s_ptr, w_off, s_off, BLOCKS: tl.constexpr, MATH: tl.constexpr, ORDER: tl.constexpr, SCALE_SHIFT: tl.constexpr
 ):
     """The wgmma order decoded a word at a time (``words_mma_sync_probe.wgmma_words_tile``) with the scales kept int32
-    and no impure no-op before the dot; the mma2 order as shipped."""
-    if ORDER == "mma2":
-        x = SHIPPED_CHUNK_TILE(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, ORDER, SCALE_SHIFT)
-    else:
-        x = wgmma_words_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, SCALE_SHIFT, False)
-    return x
+    and no impure no-op before the dot (every tile of this variant reads the wgmma order: :func:`_tiles`)."""
+    tl.static_assert(ORDER == "wgmma", "words-int32 builds the wgmma order's bytes only")
+    return wgmma_words_tile(w_ptr, s_ptr, w_off, s_off, BLOCKS, MATH, SCALE_SHIFT, False)
 
 
 def _tiles(variant: str):
@@ -87,6 +82,7 @@ def _tiles(variant: str):
             names = list(src.fn.arg_names)
             key = "ORDER" if "ORDER" in src.constants else (names.index("ORDER"),)
             src = ASTSource(src.fn, src.signature, dict(src.constants) | {key: "wgmma"}, src.attrs)
+            config = f"wgmma bytes in the {config}"
         yield f"{kernel} {config}", src, warps, stages, 90 if order == "wgmma" else 121
 
 
