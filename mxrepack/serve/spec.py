@@ -161,8 +161,9 @@ class ServeSpec:
         experts = groups.get("experts")
         if not isinstance(experts, dict) or "layout" not in experts:
             raise MxRepackError("quantization_config.groups.experts is missing: the checkpoint names no expert layout")
-        layout = experts["layout"]
-        layout = {"b12x": "flashinfer-cutlass"}.get(layout, layout)  # written before the rename
+        from mxrepack.layouts import RENAMED, make_layout  # here: the module imports no torch (benchmarks read it)
+
+        layout = RENAMED.get(experts["layout"], experts["layout"])  # b12x: written before the rename
         if layout not in EXPERT_BACKENDS:
             raise MxRepackError(
                 f"quantization_config.groups.experts.layout is {layout!r}, which no vLLM backend serves "
@@ -189,8 +190,6 @@ class ServeSpec:
                 f"orders {', '.join(STRIDED_ORDERS)} (written by a newer mxrepack?)"
             )
         check_experts_written_by(layout, options, qc.get("mxrepack_version"))
-        from mxrepack.layouts import make_layout  # here: the module imports no torch (benchmarks read it)
-
         try:  # options this mxrepack's layout does not take (a newer writer's, or one withdrawn) laid out other bytes
             written = make_layout(layout, options)
         except MxRepackError as e:
