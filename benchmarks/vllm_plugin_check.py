@@ -475,24 +475,22 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
     tally = _tally(prof.events(), torch.autograd.DeviceType.CUDA)
-    kernel_us, durations = tally.kernel_us, tally.durations
-    lm_head_calls, lm_head_gpu = tally.lm_head_calls, tally.lm_head_gpu
     return {
         "steps": tokens,
         "batch": batch,
         "ms_per_step_profiled": wall / tokens * 1e3,
-        "gpu_kernel_ms_per_step": sum(kernel_us.values()) / tokens / 1e3,
+        "gpu_kernel_ms_per_step": sum(tally.kernel_us.values()) / tokens / 1e3,
         # the time some kernel ran (a union: kernels launched under PDL overlap the one before, and a sum counts that
         # twice), and the same over the MoE layers' kernels (routing to combine, either backend)
         "gpu_busy_ms_per_step": _union_us(tally.spans) / tokens / 1e3,
         "moe_busy_ms_per_step": _union_us(tally.moe_spans) / tokens / 1e3,
         "runtime_calls": tally.runtime.most_common(12),
-        "kernel_us": kernel_us.most_common(20),
+        "kernel_us": tally.kernel_us.most_common(20),
         # each of those kernels' calls and median duration: the decode steps' typical call, where the total above
         # also holds the prompt's step
         "kernel_median_us": [
-            (name, len(durations[name]), sorted(durations[name])[len(durations[name]) // 2])
-            for name, _ in kernel_us.most_common(20)
+            (name, len(tally.durations[name]), sorted(tally.durations[name])[len(tally.durations[name]) // 2])
+            for name, _ in tally.kernel_us.most_common(20)
         ],
         # the last decode step's end as a timeline: (name, start and end in us after the first listed kernel's
         # start), enough kernels for a few layers; a kernel launched under PDL starts before the one before it ends
@@ -504,10 +502,10 @@ def _profile_decode(llm, SamplingParams, tokens: int = 16, batch: int = 1) -> di
         # lm_head's call on the host, whoever serves it (Marlin's apply or the plugin's direct launch): the engine's
         # answer to "what does our lm_head cost the host against Marlin's", which the op count above no longer sees
         "lm_head_marked": marked,
-        "lm_head_calls": len(lm_head_calls),
-        "lm_head_host_us_median": statistics.median(lm_head_calls) if lm_head_calls else None,
-        "lm_head_host_us_per_step": sum(lm_head_calls) / tokens,
-        "lm_head_gpu_us_median": statistics.median(lm_head_gpu) if lm_head_gpu else None,
+        "lm_head_calls": len(tally.lm_head_calls),
+        "lm_head_host_us_median": statistics.median(tally.lm_head_calls) if tally.lm_head_calls else None,
+        "lm_head_host_us_per_step": sum(tally.lm_head_calls) / tokens,
+        "lm_head_gpu_us_median": statistics.median(tally.lm_head_gpu) if tally.lm_head_gpu else None,
     }
 
 
