@@ -310,6 +310,9 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     kwargs.pop(_HUB, None)  # the caller's: the model is already the repo id
     os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
+    if os.environ.get(_CPUS_ENV):  # --pin-cpus: before vLLM starts its threads, which inherit it
+        os.sched_setaffinity(0, cpu_list(os.environ[_CPUS_ENV]))
+    record["host"] = _host_state()
     try:
         import vllm
         from vllm import LLM, SamplingParams
@@ -370,15 +373,20 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         for batch in batches:
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
-            runs = []
+            runs, cpu = [], []
             for _ in range(1 + DECODE_RUNS):
                 torch.cuda.synchronize()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 llm.generate(prompts, timed, use_tqdm=False)
                 torch.cuda.synchronize()
                 runs.append(64 * batch / (time.perf_counter() - t))
+                cpu.append((time.process_time() - c) / 64 * 1e3)
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
+            # the process's CPU time a step (all its threads, ms): an engine slow because its host computes slower
+            # spends more of it on the same steps; one slow because its host waits does not (docs/SERVING.md, stop 48)
+            record[f"decode_cpu_ms_per_step_batch{batch}"] = statistics.median(cpu[1:])
+            record[f"decode_cpu_ms_per_step_batch{batch}_runs"] = cpu[1:]
         for batch in profile_batches:
             record[f"profile_batch{batch}"] = _profile_decode(llm, SamplingParams, batch=int(batch))
         record["ok"] = True
@@ -740,16 +748,48 @@ def _hub_cache(folder: Path, work: Path) -> dict:
     return {"repo": repo, "commit": commit, "folder_identity": identity}
 
 
-def _engine_env(name: str, work: Path, own_cache: bool) -> dict:
+def _engine_env(name: str, work: Path, own_cache: bool, cpus: str | None = None) -> dict:
     """The environment of case ``name``'s engine process: vLLM's engine in that process; for a Hub case the work
     folder's made-up Hugging Face cache, offline; with ``own_cache``, a vLLM compile cache of the case's own under the
-    work folder (what a second round of the case finds)."""
+    work folder (what a second round of the case finds); with ``cpus`` (a CPU list), the CPUs it runs on."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if cpus:
+        env[_CPUS_ENV] = cpus
     if CASES[name][1].get(_HUB):
         env |= {"HF_HUB_CACHE": str(work / "hf-hub"), "HF_HUB_OFFLINE": "1"}
     if own_cache:
         env["VLLM_CACHE_ROOT"] = str(work / "vllm-cache" / name)
     return env
+
+
+_CPUS_ENV = "MXREPACK_CHECK_CPUS"  # the engine process's CPU list, from --pin-cpus
+
+
+def cpu_list(text: str) -> set[int]:
+    """A Linux CPU list ("0-7,16-23", as ``local_cpulist`` and ``taskset -c`` write it) as CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _gpu_local_cpus() -> str:
+    """The CPUs of the GPU's own NUMA node (the first GPU's, as the engines use it), from its PCI device's
+    ``local_cpulist``: an engine on them reaches the GPU and its pinned memory without crossing sockets."""
+    bus = subprocess.run(
+        ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return (Path("/sys/bus/pci/devices") / bus[-12:].lower() / "local_cpulist").read_text().strip()
+
+
+def _host_state() -> dict:
+    """What an engine's host had when it started: its CPUs (the affinity) and the machine's load."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {"cpus": len(cpus), "affinity": cpus, "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
 
 
 def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int = 900) -> None:
@@ -885,6 +925,11 @@ def main() -> None:
         help="sequence counts whose decode speed is timed (engines take max_num_seqs to match); past a few layers and "
         "tens of sequences the kernels, not the host's step, set it",
     )
+    ap.add_argument(
+        "--pin-cpus",
+        help="run every engine on these CPUs (a list such as 0-15, or 'gpu': the GPU's own NUMA node's, from "
+        "sysfs): engines of one case moved by up to a third on unpinned hosts (docs/SERVING.md, stop 48)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -923,11 +968,14 @@ def main() -> None:
         pass
     names = args.cases.split(",")
     batches = [int(b) for b in args.batches.split(",")]
+    cpus = _gpu_local_cpus() if args.pin_cpus == "gpu" else args.pin_cpus
+    if cpus:
+        results["pinned_cpus"] = cpus
     profile_batches = [int(b) for b in args.profile_batch.split(",")] if args.profile else []
     for round_, name in [(r, n) for r in range(args.repeat) for n in names]:
         what, kwargs, baseline, expect = CASES[name]
         if round_:
-            _repeat(name, work, results["cases"], batches, _engine_env(name, work, args.own_compile_cache))
+            _repeat(name, work, results["cases"], batches, _engine_env(name, work, args.own_compile_cache, cpus))
             if args.json:
                 Path(args.json).write_text(json.dumps(_summary(results), indent=1))
             continue
@@ -951,7 +999,7 @@ def main() -> None:
                 json.dumps(kwargs | {_PROFILE: profile_batches, _BATCHES: batches}),
             ],
             work / f"case-{name}.log",
-            _engine_env(name, work, args.own_compile_cache),
+            _engine_env(name, work, args.own_compile_cache, cpus),
         )
         rec = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
         if hub is not None:  # which identity the engine recorded: the folder's (offline, vLLM 0.26) or the commit's
@@ -978,6 +1026,7 @@ def main() -> None:
                 "hub",
             )
             or _is_decode_speed(k)
+            or _is_decode_cpu(k)
         }
         print(f"== {name}: {line}", flush=True)
         for prof in (v for k, v in rec.items() if k.startswith("profile_batch")):
@@ -1025,9 +1074,14 @@ def _is_decode_speed(key: str) -> bool:
     return key.startswith("decode_tok_s_batch") and not key.endswith("_runs")
 
 
+def _is_decode_cpu(key: str) -> bool:
+    """A record's median host CPU time a decode step at one batch size (not its list of runs)."""
+    return key.startswith("decode_cpu_ms_per_step_batch") and not key.endswith("_runs")
+
+
 def _times(rec: dict) -> dict:
-    """What a round of a case keeps: its load times and its decode speeds."""
-    return {k: v for k, v in rec.items() if k in _TIMES or _is_decode_speed(k)}
+    """What a round of a case keeps: its load times, its decode speeds and their host CPU time a step."""
+    return {k: v for k, v in rec.items() if k in _TIMES or _is_decode_speed(k) or _is_decode_cpu(k)}
 
 
 def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -> None:
@@ -1043,7 +1097,7 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -
     again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
     runs = rec.setdefault("rounds", [_times(rec)])
     if again.get("ok"):  # and its outputs against the first round's: two starts of one engine, same checkpoint
-        runs.append(_times(again) | {"vs_first_round": compare(again, rec)})
+        runs.append(_times(again) | {"host": again.get("host"), "vs_first_round": compare(again, rec)})
     else:  # kept with its reason: the medians are of the rounds that ran
         runs.append({"error": again.get("error", "failed"), "log": str(log)})
     for k in _times(rec):

@@ -61,7 +61,15 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
 
     def engine(args, log, env=None):  # the engine subprocess: writes the later round's record
         seen.append(json.loads(args[3]))
-        again = {"ok": True, "ready_s": 3.0, "decode_tok_s_batch64": 300.0, "outputs": [output]}
+        again = {
+            "ok": True,
+            "ready_s": 3.0,
+            "decode_tok_s_batch64": 300.0,
+            "decode_cpu_ms_per_step_batch64": 2.0,
+            "decode_cpu_ms_per_step_batch64_runs": [2.0],
+            "host": {"cpus": 8},
+            "outputs": [output],
+        }
         Path(args[2]).write_text(json.dumps(again))
 
     output = {
@@ -76,6 +84,7 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
         "ready_s": 1.0,
         "decode_tok_s_batch64": 100.0,
         "decode_tok_s_batch64_runs": [1],
+        "decode_cpu_ms_per_step_batch64": 4.0,
         "outputs": [output],
     }
     cases = {"strided-graphs": first}
@@ -84,10 +93,20 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
     vs_first = first["rounds"][1].pop("vs_first_round")  # its outputs against the first round's: the same here
     assert vs_first["bit_identical"] and vs_first["logprobs_compared"] == 3
     assert first["rounds"] == [
-        {"ready_s": 1.0, "decode_tok_s_batch64": 100.0},
-        {"ready_s": 3.0, "decode_tok_s_batch64": 300.0},
+        {"ready_s": 1.0, "decode_tok_s_batch64": 100.0, "decode_cpu_ms_per_step_batch64": 4.0},
+        {"ready_s": 3.0, "decode_tok_s_batch64": 300.0, "decode_cpu_ms_per_step_batch64": 2.0, "host": {"cpus": 8}},
     ]
     assert first["median_ready_s"] == 2.0 and first["median_decode_tok_s_batch64"] == 200.0
+    assert first["median_decode_cpu_ms_per_step_batch64"] == 3.0
+
+
+def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
+    check = _check_module()
+    assert check.cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}  # as sysfs' local_cpulist writes it
+    assert check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False, cpus="0-3")[check._CPUS_ENV] == "0-3"
+    assert check._CPUS_ENV not in check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False)
+    host = check._host_state()
+    assert host["cpus"] == len(host["affinity"]) >= 1 and len(host["loadavg"]) == 3
 
 
 def test_a_hub_case_serves_the_folder_from_an_offline_cache(tmp_path):

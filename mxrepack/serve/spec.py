@@ -118,7 +118,7 @@ DENSE_KERNELS = {
     "mxrepack": "mxrepack's Triton kernels (mxrepack.kernels.linear_mxfp4) on the stored bytes, nothing repacked",
 }
 DENSE_KERNEL_ENV = "MXREPACK_DENSE_KERNEL"
-DENSE_KERNEL_DEFAULT = "marlin"  # what vLLM itself runs MXFP4 linears on at sm_12x; the other measured on H100 only
+DENSE_KERNEL_DEFAULT = "marlin"  # what vLLM itself runs MXFP4 linears on at sm_12x; the other has no lead (SERVING)
 
 # safetensors header dtype names of the torch dtypes a layout stores
 _ST_DTYPES = {
@@ -578,7 +578,7 @@ def dense_serving(dense_format: str, quantization_config: str, dense_order: str 
         )
     return (
         f"dense MXFP4 kernel: {DENSE_KERNELS[DENSE_KERNEL_DEFAULT]}; {DENSE_KERNEL_ENV}=mxrepack runs "
-        "mxrepack's Triton kernels on the same bytes (opt-in: measured on an H100 only, docs/SERVING.md)"
+        "mxrepack's Triton kernels on the same bytes (opt-in: no lead over Marlin in decode speed yet, docs/SERVING.md)"
     )
 
 
