@@ -31,6 +31,7 @@ import argparse
 import collections
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -299,6 +300,8 @@ CASES = {
 
 def _engine(model: str, out: str, kwargs_json: str) -> None:
     """One case, in this process: start vLLM on ``model``, generate, write the record to ``out``."""
+    if os.environ.get(_CPUS_ENV):  # --pin-cpus: before torch sizes its thread pools and vLLM starts its threads
+        os.sched_setaffinity(0, cpu_list(os.environ[_CPUS_ENV]))
     import torch
 
     kwargs = json.loads(kwargs_json)
@@ -310,8 +313,6 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     kwargs.pop(_HUB, None)  # the caller's: the model is already the repo id
     os.environ.pop(DENSE_KERNEL_ENV, None)  # one exported by the caller would make every case's dense the same
     os.environ.update(record["env"])
-    if os.environ.get(_CPUS_ENV):  # --pin-cpus: before vLLM starts its threads, which inherit it
-        os.sched_setaffinity(0, cpu_list(os.environ[_CPUS_ENV]))
     record["host"] = _host_state()
     try:
         import vllm
@@ -373,20 +374,24 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         for batch in batches:
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
-            runs, cpu = [], []
+            runs, cpu, preempted = [], [], []
             for _ in range(1 + DECODE_RUNS):
                 torch.cuda.synchronize()
-                t, c = time.perf_counter(), time.process_time()
+                t, c, u = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
                 llm.generate(prompts, timed, use_tqdm=False)
                 torch.cuda.synchronize()
                 runs.append(64 * batch / (time.perf_counter() - t))
                 cpu.append((time.process_time() - c) / 64 * 1e3)
+                preempted.append((resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - u.ru_nivcsw) / 64)
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
-            # the process's CPU time a step (all its threads, ms): an engine slow because its host computes slower
-            # spends more of it on the same steps; one slow because its host waits does not (docs/SERVING.md, stop 48)
+            # where a slow engine's time goes on the host (docs/SERVING.md, stop 48): the process's CPU time a step
+            # (all its threads, ms; CUDA's default sync spins, so a wait for the GPU counts too: read it against the
+            # step's wall time, 1000 / tok/s at one sequence) and how often a step its threads were preempted (a
+            # host shared with other work)
             record[f"decode_cpu_ms_per_step_batch{batch}"] = statistics.median(cpu[1:])
             record[f"decode_cpu_ms_per_step_batch{batch}_runs"] = cpu[1:]
+            record[f"decode_preempted_per_step_batch{batch}_runs"] = preempted[1:]
         for batch in profile_batches:
             record[f"profile_batch{batch}"] = _profile_decode(llm, SamplingParams, batch=int(batch))
         record["ok"] = True
@@ -774,22 +779,50 @@ def cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def _gpu_local_cpus() -> str:
-    """The CPUs of the GPU's own NUMA node (the first GPU's, as the engines use it), from its PCI device's
-    ``local_cpulist``: an engine on them reaches the GPU and its pinned memory without crossing sockets."""
+def cpu_text(cpus: set[int]) -> str:
+    """CPU numbers as a Linux CPU list, runs joined ("0-7,16-23"): :func:`cpu_list`'s inverse."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def pci_cpulist_path(bus_id: str) -> Path:
+    """sysfs' ``local_cpulist`` of the PCI device nvidia-smi names ``bus_id`` ("00000000:18:00.0": an 8-digit
+    domain, where sysfs writes 4, in lower case)."""
+    domain, rest = bus_id.strip().split(":", 1)
+    return Path("/sys/bus/pci/devices") / f"{int(domain, 16):04x}:{rest.lower()}" / "local_cpulist"
+
+
+def _gpu_local_cpus() -> set[int]:
+    """The CPUs of the engines' GPU's own NUMA node (the first visible one), from its PCI device's ``local_cpulist``:
+    an engine on them reaches the GPU and its pinned memory without crossing sockets."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     bus = subprocess.run(
-        ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
+        ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", visible or "0"],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.strip()
-    return (Path("/sys/bus/pci/devices") / bus[-12:].lower() / "local_cpulist").read_text().strip()
+    ).stdout
+    return cpu_list(pci_cpulist_path(bus).read_text())
+
+
+def pinned_cpus(wanted: set[int], allowed: set[int]) -> str:
+    """The CPU list engines are pinned to: ``wanted`` within what this process may run on (a container's cpuset can
+    hold fewer CPUs than a NUMA node lists). Raises when nothing is left."""
+    cpus = wanted & allowed
+    if not cpus:
+        raise SystemExit(f"--pin-cpus: none of CPUs {cpu_text(wanted)} is allowed here ({cpu_text(allowed)})")
+    return cpu_text(cpus)
 
 
 def _host_state() -> dict:
     """What an engine's host had when it started: its CPUs (the affinity) and the machine's load."""
-    cpus = sorted(os.sched_getaffinity(0))
-    return {"cpus": len(cpus), "affinity": cpus, "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
+    cpus = os.sched_getaffinity(0)
+    return {"cpus": len(cpus), "affinity": cpu_text(cpus), "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
 
 
 def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int = 900) -> None:
@@ -928,7 +961,8 @@ def main() -> None:
     ap.add_argument(
         "--pin-cpus",
         help="run every engine on these CPUs (a list such as 0-15, or 'gpu': the GPU's own NUMA node's, from "
-        "sysfs): engines of one case moved by up to a third on unpinned hosts (docs/SERVING.md, stop 48)",
+        "sysfs), within those this process may use: unpinned, one case's engines decoded one sequence at 383-667 "
+        "tok/s (docs/SERVING.md, stop 48); not yet run pinned",
     )
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -968,9 +1002,11 @@ def main() -> None:
         pass
     names = args.cases.split(",")
     batches = [int(b) for b in args.batches.split(",")]
-    cpus = _gpu_local_cpus() if args.pin_cpus == "gpu" else args.pin_cpus
-    if cpus:
-        results["pinned_cpus"] = cpus
+    cpus = None
+    if args.pin_cpus:
+        wanted = _gpu_local_cpus() if args.pin_cpus == "gpu" else cpu_list(args.pin_cpus)
+        cpus = results["pinned_cpus"] = pinned_cpus(wanted, os.sched_getaffinity(0))
+        print(f"engines pinned to CPUs {cpus}", flush=True)
     profile_batches = [int(b) for b in args.profile_batch.split(",")] if args.profile else []
     for round_, name in [(r, n) for r in range(args.repeat) for n in names]:
         what, kwargs, baseline, expect = CASES[name]
@@ -1024,6 +1060,7 @@ def main() -> None:
                 "counters_nonzero_after_wake",
                 "weights_identity",
                 "hub",
+                "host",
             )
             or _is_decode_speed(k)
             or _is_decode_cpu(k)

@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from mxrepack.recipes import builtin_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +89,7 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
         "decode_cpu_ms_per_step_batch64": 4.0,
         "outputs": [output],
     }
-    cases = {"strided-graphs": first}
+    cases = {"strided-graphs": first}  # the first round's host stays at the record's top level, as _engine wrote it
     check._repeat("strided-graphs", tmp_path, cases, [1, 64], {})
     assert seen[0][check._BATCHES] == [1, 64]  # the later round's engine times the same batch sizes
     vs_first = first["rounds"][1].pop("vs_first_round")  # its outputs against the first round's: the same here
@@ -103,10 +105,17 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
 def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
     check = _check_module()
     assert check.cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}  # as sysfs' local_cpulist writes it
+    assert check.cpu_text({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
+    # nvidia-smi's bus id (8-digit domain, upper-case hex) -> sysfs' device folder (4 digits, lower case)
+    assert check.pci_cpulist_path("00000000:9B:00.0\n").parent.name == "0000:9b:00.0"
+    # a NUMA node's CPUs within those the process may use; none left is one line, before any engine starts
+    assert check.pinned_cpus({0, 1, 2, 3, 4, 5, 6, 7}, {4, 5, 6, 7, 8, 9}) == "4-7"
+    with pytest.raises(SystemExit, match="none of CPUs 0-3 is allowed here"):
+        check.pinned_cpus({0, 1, 2, 3}, {8, 9})
     assert check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False, cpus="0-3")[check._CPUS_ENV] == "0-3"
     assert check._CPUS_ENV not in check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False)
     host = check._host_state()
-    assert host["cpus"] == len(host["affinity"]) >= 1 and len(host["loadavg"]) == 3
+    assert host["cpus"] == len(check.cpu_list(host["affinity"])) >= 1 and len(host["loadavg"]) == 3
 
 
 def test_a_hub_case_serves_the_folder_from_an_offline_cache(tmp_path):
