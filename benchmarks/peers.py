@@ -4,7 +4,8 @@ Not a test.
     python benchmarks/peers.py [--quick] [--json out.json] [--commit C]
     DISABLE_MMA_V3=1 python benchmarks/peers.py --only moe   # sm_12x's mma.sync code path on a Hopper, against Marlin
 
-Needs vLLM (on the lent GPU: ../shared/tools/vllm-kit; docs/SERVING.md "Reproduce" has the calls). Peers:
+Needs vLLM 0.26-0.33 (on the lent GPU: ../shared/tools/vllm-kit; docs/SERVING.md "Reproduce" has the calls; a GB10
+runs vLLM 0.33). Peers:
 
 * MoE, 120b shapes (128 experts, top-4, H = I = 2880; ``--experts 32``: the 20b's): vLLM's Marlin MXFP4 MoE
   (``fused_marlin_moe``) and OpenAI's triton_kernels ``matmul_ogs`` as vendored in vLLM
@@ -114,7 +115,8 @@ def vllm_moe_tensors(W: dict, hv: int, iv: int) -> dict:
 
 
 def marlin_moe(W: dict):
-    """vLLM's Marlin MXFP4 MoE as its MarlinExperts calls it for gpt-oss (SWIGLUOAI, alpha 1.702, limit 7)."""
+    """vLLM's Marlin MXFP4 MoE as its MarlinExperts calls it for gpt-oss: SWIGLUOAI, whose kernel applies gpt-oss's
+    alpha 1.702 and limit 7 itself (vLLM 0.26's clamp and alpha arguments were ignored for it; 0.33 removed them)."""
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
     from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
@@ -139,9 +141,6 @@ def marlin_moe(W: dict):
             quant_type_id=scalar_types.float4_e2m1f.id,
             global_num_experts=E,
             activation=MoEActivation.SWIGLUOAI,
-            clamp_limit=7.0,
-            gemm1_alpha=1.702,
-            gemm1_beta=1.0,
         )
         return y[:, :H]
 
@@ -206,7 +205,9 @@ def time_it(fn, n: int) -> tuple[float, str]:
 # Under Triton's DISABLE_MMA_V3 (mma_v3_disabled) Hopper builds take mma.sync as sm_12x's do (experiments/
 # mma_v2_proxy.py: the rows order's tiles compile to sm_121a's loops), so a run times GB10's code path on the H100.
 # The wgmma order cannot run then, the mma2 order can, and triton_kernels (Triton too, its Hopper layouts made for
-# wgmma) is not the peer it is in vLLM: Marlin, an mma.sync kernel either way, is the peer.
+# wgmma) is not the peer it is in vLLM: Marlin, an mma.sync kernel either way, is the peer. On a real sm_12x (GB10,
+# vLLM 0.33) both peers are tried: there vLLM ranks Marlin first for gpt-oss and keeps triton_kernels as a backend
+# (block_m capped at 32); one that does not build is recorded as an error row, the others still run.
 
 
 def wgmma_here() -> bool:
@@ -635,6 +636,13 @@ def marlin_linear(w: torch.Tensor, s: torch.Tensor):
     layer.weight_packed.data = w.clone()
     layer.weight_scale.data = s.clone()
     method.process_weights_after_loading(layer)
+    if getattr(layer, "workspace", None) is None:
+        # vLLM 0.33 keeps Marlin's locks in its engine's workspace manager, which this script has none of: without one
+        # every call would allocate and zero them. A layer's own, as 0.26 gives it, sized as 0.33 asks.
+        from vllm.model_executor.layers.quantization.utils import marlin_utils
+
+        blocks = getattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", 4)
+        layer.workspace = marlin_utils.marlin_make_workspace_new(w.device, blocks)
     return layer, method
 
 
