@@ -170,7 +170,8 @@ def convert(
             activations=activations,
             allow_nonfinite=allow_nonfinite,
         )
-    from mxrepack.serve.spec import serve_hint
+    from mxrepack.repack.source import load_json
+    from mxrepack.serve.spec import serve_hint, serve_refusal
 
     s = result.summary()
     s["serve"] = serve_hint(
@@ -180,6 +181,7 @@ def convert(
         result.expert_options,
         result.dense_format,
         result.dense_order,
+        refusal=serve_refusal(load_json(Path(result.out) / "config.json", "config")),
     )
     for warning in s["warnings"]:
         typer.echo(f"warning: {warning}", err=True)
@@ -554,7 +556,13 @@ def eval_serve_cmd(
     from mxrepack.eval.local import LocalChatModel
     from mxrepack.eval.server import ChatServer
 
-    server = ChatServer(LocalChatModel(path), name, host, port)
+    if not 0 <= port <= 65535:
+        raise MxRepackError(f"--port {port}: expected 0-65535")
+    model = LocalChatModel(path)
+    try:
+        server = ChatServer(model, name, host, port)
+    except OSError as e:  # in use, not permitted, no such address
+        raise MxRepackError(f"{host}:{port}: cannot listen ({e.strerror or e})") from None
     typer.echo(f"serving {path} at {server.base_url} (Ctrl-C to stop)")
     try:
         server.httpd.serve_forever()

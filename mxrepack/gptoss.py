@@ -60,15 +60,24 @@ class Dims:
 
     @classmethod
     def from_config(cls, config: dict) -> "Dims":
+        """The sizes from a ``config.json``: KeyError for a missing key, ValueError for a size that is not a positive
+        integer (a string or null there would otherwise fail deep in shape arithmetic)."""
+
+        def size(key: str, default: int | None = None) -> int:
+            value = config[key] if default is None else config.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{key} is {value!r}, expected a positive integer")
+            return value
+
         return cls(
-            layers=config["num_hidden_layers"],
-            experts=config["num_local_experts"],
-            hidden=config["hidden_size"],
-            intermediate=config["intermediate_size"],
-            heads=config["num_attention_heads"],
-            kv_heads=config["num_key_value_heads"],
-            head_dim=config.get("head_dim", 64),
-            vocab=config["vocab_size"],
+            layers=size("num_hidden_layers"),
+            experts=size("num_local_experts"),
+            hidden=size("hidden_size"),
+            intermediate=size("intermediate_size"),
+            heads=size("num_attention_heads"),
+            kv_heads=size("num_key_value_heads"),
+            head_dim=size("head_dim", 64),
+            vocab=size("vocab_size"),
         )
 
 

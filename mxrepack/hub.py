@@ -122,6 +122,28 @@ def _license(manifest: dict) -> str | None:
     return KNOWN_LICENSES.get(src.get("repo_id") or "")
 
 
+def _evaluated(r: dict) -> str | None:
+    """The checkpoint folder a result evaluated, where it names one: the candidate of `eval logits`, the checkpoint of
+    `eval gpqa --local` (a server's model is not named by a folder)."""
+    if r.get("eval") == "logits":
+        return r.get("candidate")
+    backend = r.get("backend")
+    return backend[len("local ") :] if isinstance(backend, str) and backend.startswith("local ") else None
+
+
+def check_evals_match(paths: list[Path], directory: Path) -> None:
+    """Refuse a result that evaluated other weights than ``directory``'s (its figures would go on this model's card):
+    the folder it names, where that still exists, must hold the same weights (:func:`weights_identity`, the
+    manifest's digest). A result whose folder is gone, or a server's, cannot be told apart and is taken."""
+    from mxrepack.serve.spec import weights_identity
+
+    mine = weights_identity(directory)
+    for p in paths:
+        evaluated = _evaluated(load_json(Path(p), "`repack eval gpqa` or `repack eval logits` result"))
+        if evaluated and Path(evaluated).is_dir() and weights_identity(evaluated) != mine:
+            raise MxRepackError(f"{p}: evaluates {evaluated}, whose weights are not {directory}'s; pass its own result")
+
+
 def _eval_entries(paths: list[Path]) -> list[dict]:
     out = []
     for p in paths:
@@ -211,8 +233,9 @@ def _quant_rows(manifest: dict) -> list[dict]:
     ]
 
 
-def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> str:
-    """The model card (YAML metadata + README body), rendered offline."""
+def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = (), refusal: str | None = None) -> str:
+    """The model card (YAML metadata + README body), rendered offline. ``refusal``: why no engine serves the output
+    (:func:`mxrepack.serve.spec.serve_refusal`), said instead of how to serve it."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     from mxrepack.layouts import get_layout
@@ -220,6 +243,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
         FAST_LOAD_FLAG,
         FAST_LOAD_WHY,
         RUN_HERE,
+        UNSERVED_HOW,
         VLLM_SUPPORTED_TEXT,
         dense_serving,
         serving,
@@ -267,7 +291,9 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = ()) -> st
     mode = target["recipe"]["config"]["quantization_config"]
     layout = get_layout(experts).name
     how, kernel = serving(layout, mode, target["recipe"]["experts"].get("options"))
-    if mode == "mxrepack":
+    if refusal:
+        load = f"No serving engine loads this checkpoint: {refusal}. Instead, {UNSERVED_HOW}."
+    elif mode == "mxrepack":
         load = (
             "Serve it with vLLM and mxrepack's vLLM plugin, which loads the stored bytes straight into the kernel's "
             'parameters (no repack at start-up):\n\n```\npip install "mxrepack[vllm]"\nvllm serve '
@@ -374,7 +400,10 @@ def plan_push(
     # Only what the manifest lists, and the manifest: a README.md or .gitattributes there (a download from the
     # Hub has them) is not uploaded; the card below replaces the one.
     files = [(name, (directory / name).stat().st_size) for name in [*manifest["files"], MANIFEST]]
-    card = render_card(manifest, repo_id, eval_paths)
+    check_evals_match(list(eval_paths), directory)
+    from mxrepack.serve.spec import serve_refusal
+
+    card = render_card(manifest, repo_id, eval_paths, serve_refusal(load_json(directory / "config.json", "config")))
     files.append((CARD, len(card.encode())))
     message = commit_message or f"mxrepack {mxrepack.__version__}: {manifest['target']['name']} checkpoint"
     return PushPlan(directory, repo_id, private, revision, message, sorted(files), card, manifest)

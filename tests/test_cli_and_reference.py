@@ -57,6 +57,33 @@ def test_usage_mistakes_are_short_messages_not_tracebacks(args, rc, text):
         assert len(p.stderr.strip().splitlines()) <= 4
 
 
+def test_eval_mistakes_are_one_line(tmp_path, capsys):
+    # a port out of range or taken, a window of no tokens, two models' vocabularies: one line each, exit 1
+    import shutil
+    import socket
+
+    from mxrepack.eval.bundled import bundled_model
+    from mxrepack.repack.fixture import make_fixture
+
+    tiny = bundled_model()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    other = tmp_path / "other-vocab"  # another model's vocabulary, with a tokenizer so that it gets that far
+    make_fixture(other, preset="tiny", vocab_size=512)
+    shutil.copy(tiny / "tokenizer.json", other)
+    for args, text in (
+        (["eval", "serve", str(tiny), "--port", "80000"], "--port 80000: expected 0-65535"),
+        (["eval", "serve", str(tiny), "--port", str(taken.getsockname()[1])], "cannot listen"),
+        (["eval", "logits", str(tiny), str(tiny), "--ctx", "0"], "--ctx 0 / --max-tokens 4096: expected at least"),
+        (["eval", "logits", str(tiny), str(other)], "vocabulary of 512 tokens, where the reference"),
+    ):
+        assert main(args) == 1, args
+        err = capsys.readouterr().err.strip()
+        assert text in err and len(err.splitlines()) == 1, err
+    taken.close()
+
+
 def test_verify_detects_tampering_and_missing_manifest(tiny, tmp_path):
     out = tmp_path / "out"
     assert run(tiny, "--target", "mxfp4", "--out", out).returncode == 0

@@ -117,6 +117,21 @@ def test_sm121_quantizes_dense_by_default_and_dense_bf16_keeps_them(tiny, tmp_pa
     assert kept["lm_head.weight"].dtype == torch.bfloat16 and "lm_head.weight_packed" not in kept
 
 
+def test_dense_options_that_would_do_nothing_are_refused():
+    # an empty layer list (recorded as [] while the default layers were quantized), and the quantization's options on a
+    # target whose dense layers stay BF16 (silently ignored before)
+    from mxrepack.recipes import load_recipe
+
+    with pytest.raises(MxRepackError, match="--dense-layers ',': name at least one layer"):
+        load_recipe("sm121").with_overrides(dense_layers=",")
+    for options in ({"dense_layers": "qkv"}, {"scale_search": True}, {"scale_rule": "ocp"}):
+        with pytest.raises(MxRepackError, match="sm80 keeps the dense layers BF16; add --dense mxfp4"):
+            load_recipe("sm80").with_overrides(**options)
+        with pytest.raises(MxRepackError, match="sm121 keeps the dense layers BF16"):
+            load_recipe("sm121").with_overrides(dense="bf16", **options)
+    assert load_recipe("sm80").with_overrides(dense="mxfp4", dense_layers="qkv").dense_layers == ["qkv"]
+
+
 def test_recorded_activations_enter_the_report(tiny, tmp_path):
     acts = {"lm_head.weight": torch.randn(8, 288).to(torch.bfloat16)}
     save_file(acts, str(tmp_path / "acts.safetensors"))

@@ -292,6 +292,15 @@ def test_regression_gate_rule_and_cli(tmp_path):
     assert main(["eval", "compare", str(tmp_path / "b.json"), str(tmp_path / "c.json")]) == 1
 
 
+def test_the_gate_refuses_a_negative_margin():
+    from mxrepack.errors import MxRepackError
+    from mxrepack.eval.gpqa import compare
+
+    base = {"score": 0.80, "stderr": 0.01, "n_samples": 100, "errors": 0, "too_many_errors": False}
+    with pytest.raises(MxRepackError, match="--tolerance -1 / z 1.96: expected 0 or more"):
+        compare(base, base | {"score": 0.9}, tolerance=-1)  # it would fail a candidate that scored higher
+
+
 def test_logits_compare_report_and_cli(tmp_path):
     from mxrepack.cli import main
     from mxrepack.eval.bundled import bundled_model
@@ -377,6 +386,18 @@ def test_report_charts_have_axes_and_an_edited_manifest_is_refused(tiny, tmp_pat
     (out / "mxrepack.json").write_text(json.dumps(manifest))
     with pytest.raises(MxRepackError, match="mxrepack.json: edited since mxrepack wrote it"):
         build_report(out)
+
+    # the report goes to a folder of its own: into a checkpoint its files would travel with the model
+    from mxrepack.eval.report import write_report
+
+    report = build_report()
+    for checkpoint, held in ((out, "mxrepack.json"), (tiny, "config.json")):
+        before = sorted(p.name for p in checkpoint.iterdir())
+        with pytest.raises(MxRepackError, match=f"holds {held}, a checkpoint; write the report to a folder of its own"):
+            write_report(report, checkpoint)
+        assert sorted(p.name for p in checkpoint.iterdir()) == before
+    assert write_report(report, tmp_path / "rep")["html"].is_file()
+    assert write_report(report, tmp_path / "rep")["html"].is_file()  # a report's own folder: written again
 
 
 def test_gpqa_cli_local_and_backend_choice(tmp_path):

@@ -258,3 +258,16 @@ def test_card_says_what_loads_each_kind_of_target(output, no_network):
     assert meta["library_name"] == "vllm" and 'pip install "mxrepack[vllm]"\nvllm serve me/tiny-sm90' in card
     meta, card = _card_for(output, "sm90-strided")  # mxrepack's own kernels, in an order for sm90 only
     assert meta["library_name"] == "vllm" and "wgmma order [sm90 (H100/H200) only]" in card
+
+
+def test_a_result_of_other_weights_is_not_published_with_this_output(output, tiny, tmp_path):
+    # `eval logits` of another output, passed to push by mistake, would put its figures on this model's card
+    other = repack(str(tiny), "sm80", tmp_path / "tiny-sm80").out
+    logits = {"eval": "logits", "candidate": str(other), "kl": {"mean": 0.1}, "same_top": 0.9, "tokens": 8}
+    result = tmp_path / "logits.json"
+    result.write_text(json.dumps(logits))
+    with pytest.raises(MxRepackError, match="evaluates .*tiny-sm80, whose weights are not .*tiny-sm121's"):
+        plan_push(output, "me/x", eval_paths=[result])
+    for evaluated in (str(output), str(tmp_path / "moved-away")):  # its own result; a folder gone cannot be told
+        result.write_text(json.dumps(logits | {"candidate": evaluated, "text": "t.txt"}))
+        assert "KL divergence to the source" in plan_push(output, "me/x", eval_paths=[result]).card

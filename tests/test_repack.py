@@ -161,7 +161,17 @@ def _tree(path: Path) -> dict:
 
 
 @pytest.mark.parametrize(
-    "where", ["source", "source parent", "inside source", "plain folder", "output with a user file"]
+    "where",
+    [
+        "source",
+        "source parent",
+        "inside source",
+        "plain folder",
+        "output with a user file",
+        "output with an edited file",
+        "output edited in place",
+        "output with an edited manifest",
+    ],
 )
 def test_overwrite_never_deletes_what_mxrepack_did_not_write(tiny, tmp_path, copy_of, where):
     """--overwrite replaces only an mxrepack output holding nothing else, and never the source or what holds it."""
@@ -172,14 +182,27 @@ def test_overwrite_never_deletes_what_mxrepack_did_not_write(tiny, tmp_path, cop
         "source parent": tmp_path,
         "inside source": src / "sub",
         "plain folder": tmp_path / "mine",
-        "output with a user file": tmp_path / "out",
-    }[where]
+    }.get(where, tmp_path / "out")
     if where == "plain folder":
         out.mkdir()
         (out / "keep.txt").write_text("x")
-    if where == "output with a user file":
+    if where.startswith("output with") or where == "output edited in place":
+        out = tmp_path / "out"
         repack(str(src), "bf16", out)
+    if where == "output with a user file":
         (out / "my-eval.json").write_text("{}")
+    if where == "output with an edited file":  # the user's own generation settings: theirs to keep
+        (out / "generation_config.json").write_text('{"temperature": 0.7, "top_p": 0.95, "mine": true}')
+    if where == "output edited in place":  # same size, later time
+        shard = next(out.glob("*.safetensors"))
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 1
+        shard.write_bytes(bytes(data))
+        os.utime(shard, ns=((out / "mxrepack.json").stat().st_mtime_ns + 10**9,) * 2)  # whatever the clock's grain
+    if where == "output with an edited manifest":
+        m = json.loads((out / "mxrepack.json").read_text())
+        m["target"]["name"] = "renamed"
+        (out / "mxrepack.json").write_text(json.dumps(m))
     before = _tree(tmp_path)
     message = {
         "source": "is the source checkpoint",
@@ -187,6 +210,9 @@ def test_overwrite_never_deletes_what_mxrepack_did_not_write(tiny, tmp_path, cop
         "inside source": "lies inside the source checkpoint",
         "plain folder": "holds no readable mxrepack.json",
         "output with a user file": "holds 'my-eval.json', which its manifest does not list",
+        "output with an edited file": "'generation_config.json' is .* bytes where its manifest says",
+        "output edited in place": "was modified after mxrepack wrote this output",
+        "output with an edited manifest": "its manifest was edited since mxrepack wrote it",
     }[where]
     with pytest.raises(MxRepackError, match=message) as e:
         repack(str(src), "bf16", out, overwrite=True)
@@ -373,6 +399,13 @@ def _bad_config(d):
     return str(d), "model_type is 'llama', expected 'gpt_oss'"
 
 
+def _bad_config_size(d):
+    c = json.loads((d / "config.json").read_text())
+    c["intermediate_size"] = str(c["intermediate_size"])  # a hand-edited config
+    (d / "config.json").write_text(json.dumps(c))
+    return str(d), f"config.json: intermediate_size is '{c['intermediate_size']}', expected a positive integer"
+
+
 def _bad_missing_shard(d):
     _shard(d).unlink()
     return str(d), "model-00000-of-00000.safetensors: shard listed in model.safetensors.index.json is missing"
@@ -411,9 +444,21 @@ def _bad_e8m0_nan(d):
     return str(d), f"tensor '{SCALES}': 1 E8M0 scale byte(s) are 255 (NaN)"
 
 
+def _bad_stale_file(d):
+    # no index, and a stray file holding a weight's name (a partial download; recorded activations use these names):
+    # which copy to read is not known, so neither is read
+    from safetensors.torch import load_file, save_file
+
+    (d / "model.safetensors.index.json").unlink()
+    save_file({"model.norm.weight": load_file(_shard(d))["model.norm.weight"] * 7}, d / "zz-stale.safetensors")
+    return str(d), "zz-stale.safetensors: tensor 'model.norm.weight' is also in model-00000-of-00000.safetensors"
+
+
 BAD_INPUTS = [
     _bad_missing_path,
+    _bad_stale_file,
     _bad_config,
+    _bad_config_size,
     _bad_missing_shard,
     _bad_truncated,
     _bad_corrupt_header,

@@ -27,6 +27,7 @@ from mxrepack.serve.spec import (
     dense_kernel,
     dense_serving,
     serve_hint,
+    serve_refusal,
     serving,
 )
 
@@ -283,6 +284,26 @@ def test_vllm_finds_the_plugin_through_its_entry_point_and_importing_mxrepack_ne
         "assert callable(p.register); assert 'vllm' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_output_no_engine_serves_says_so_instead_of_vllm_serve(tiny, tmp_path):
+    # a recipe can write what the plugin refuses (MXFP8 dense; BF16 experts with MXFP4 dense, whose config names
+    # quant_method mxrepack): repack and the model card give the plugin's reason, not a "vllm serve" that fails
+    from mxrepack.hub import plan_push
+
+    for target, dense, reason in (("sm121", "mxfp8", "'dense-mxfp8'"), ("bf16", "mxfp4", "layout is 'bf16'")):
+        out = tmp_path / f"{target}-{dense}"
+        repack(str(tiny), target, out, dense=dense)
+        refusal = serve_refusal(json.loads((out / "config.json").read_text()))
+        assert reason in refusal
+        hint = serve_hint(out, "x", "mxrepack", refusal=refusal)
+        assert hint[0] == f"serve: no engine serves this output: {refusal}" and "vllm serve" not in "".join(hint)
+        card = plan_push(out, "me/x").card
+        assert f"No serving engine loads this checkpoint: {refusal}" in card and "vllm serve" not in card
+    sm121 = tmp_path / "sm121"
+    repack(str(tiny), "sm121", sm121)
+    assert serve_refusal(json.loads((sm121 / "config.json").read_text())) is None
+    assert serve_refusal({"quantization_config": {"quant_method": "mxfp4"}}) is None  # not the plugin's to judge
 
 
 def test_repack_says_how_to_serve_each_kind_of_target():

@@ -274,6 +274,8 @@ def compare(base: dict, cand: dict, z: float = 1.96, tolerance: float = 0.0) -> 
     ``tolerance + z * sqrt(stderr_base**2 + stderr_cand**2)``, i.e. by more than chance explains (a
     one-sided test at ~97.5% with z = 1.96) plus an optional absolute tolerance (vLLM CI uses 0.05
     alone). A better candidate always passes."""
+    if tolerance < 0 or z < 0:  # a negative margin would fail a candidate that scored higher
+        raise MxRepackError(f"--tolerance {tolerance} / z {z}: expected 0 or more")
     for name, r in (("baseline", base), ("candidate", cand)):
         require_score(r, f"{name} JSON")
     se = math.sqrt(base["stderr"] ** 2 + cand["stderr"] ** 2)

@@ -36,6 +36,8 @@ class LocalChatModel:
         from tokenizers import Tokenizer
 
         self.path = Path(path)
+        if not self.path.is_dir():
+            raise MxRepackError(f"{self.path}: {'not a folder' if self.path.exists() else 'path does not exist'}")
         if not (self.path / "tokenizer.json").is_file():
             raise MxRepackError(f"{self.path}: no tokenizer.json; the local backend needs the model's tokenizer")
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))

@@ -12,6 +12,8 @@ import html
 import json
 from pathlib import Path
 
+from mxrepack.errors import MxRepackError
+
 
 def _nice_ticks(vmax: float, n: int = 5) -> list[float]:
     """0 and round steps (1, 2 or 5 x 10^k) up to at least ``vmax``: a linear axis's tick values."""
@@ -349,7 +351,14 @@ def _markdown_to_html(md: str, images: dict[str, str]) -> str:
 
 
 def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
+    """Write the report's JSON, Markdown, HTML and plots into ``out_dir`` (a previous report's files there are
+    replaced). Refuses a checkpoint folder: files added to a model or an mxrepack output would travel with it
+    (`repack verify` and `push` refuse an output holding files its manifest does not list)."""
     out = Path(out_dir)
+    held = [name for name in ("mxrepack.json", "config.json") if (out / name).is_file()]
+    if held or (out.is_dir() and next(out.glob("*.safetensors"), None)):
+        what = held[0] if held else "safetensors files"
+        raise MxRepackError(f"{out}: holds {what}, a checkpoint; write the report to a folder of its own")
     out.mkdir(parents=True, exist_ok=True)
     plots = _plots(report)
     names = {k: f"report_{k}.svg" for k in plots}

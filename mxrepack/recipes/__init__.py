@@ -117,10 +117,18 @@ class Recipe:
             "scale_rule": scale_rule,
             "scale_search": scale_search,
         }
+        if changes["layers"] == []:  # "" or ",": the recipe would record no layers and quantize the default ones
+            raise MxRepackError(f"--dense-layers {dense_layers!r}: name at least one layer (e.g. qkv,o,lm_head)")
         changed = {k: v for k, v in changes.items() if v is not None}
         if not changed:
             return self
         data["dense"].update(changed)
+        unused = [f"--{k.replace('_', '-')}" for k in ("layers", "scale_rule", "scale_search") if k in changed]
+        if data["dense"]["format"] == "bf16" and unused:  # they choose how dense layers are quantized: none are
+            raise MxRepackError(
+                f"{'/'.join(o.replace('--layers', '--dense-layers') for o in unused)}: {self.name} keeps the dense "
+                "layers BF16; add --dense mxfp4 (or mxfp8) to quantize them"
+            )
         if data["dense"]["format"] == "mxfp8":
             data["dense"].pop("order", None)  # a byte order of MXFP4's (kept with bf16 for a later --dense mxfp4)
         if data["dense"]["format"] != "bf16" and data["config"]["quantization_config"] in ("native", "remove"):

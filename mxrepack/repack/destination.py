@@ -4,7 +4,8 @@ replace.
 The rules protect what the user did not ask mxrepack to make:
 
 * ``--overwrite`` replaces only a folder that is itself an mxrepack output (it holds an mxrepack manifest)
-  and holds nothing its manifest does not list; anything else is refused, naming the path.
+  and holds nothing its manifest does not list, every file as mxrepack left it (the manifest's own digest, each
+  file's size, nothing modified after the manifest); anything else is refused, naming the path.
 * An output never is, contains, or lies inside the source checkpoint (nor the folders its files resolve to,
   such as the Hugging Face cache's blobs), with or without ``--overwrite``.
 * One conversion at a time writes to a given output: a second one fails at once and leaves the first's
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Iterable
 
 from mxrepack.errors import MxRepackError
-from mxrepack.repack.output import MANIFEST, MANIFEST_KIND
+from mxrepack.repack.output import MANIFEST, MANIFEST_KIND, check_manifest_digest
 
 
 def lock_path(out: Path) -> Path:
@@ -148,6 +149,27 @@ def _not_replaceable(out: Path) -> str | None:
     for entry in sorted(out.iterdir()):
         if entry.name not in listed:
             return f"it holds {entry.name!r}, which its manifest does not list (not written by mxrepack)"
+    return _changed_since_written(out, data)
+
+
+def _changed_since_written(out: Path, manifest: dict) -> str | None:
+    """Why a file of output ``out`` is not as mxrepack left it, or None: the manifest edited (its own digest), a file of
+    another size than it records, or one modified after the manifest was written (mxrepack writes the manifest last,
+    and renaming the folder into place keeps its files' times). Sizes and times, not checksums: a user's edit to a
+    config or a shard is theirs to keep, and hashing a whole model first would double an overwrite's time."""
+    problem, _ = check_manifest_digest(out, manifest)
+    if problem:
+        return "its manifest was edited since mxrepack wrote it"
+    written = (out / MANIFEST).stat().st_mtime_ns
+    for name, entry in sorted((manifest.get("files") or {}).items()):
+        try:
+            st = (out / name).stat()
+        except OSError:
+            continue  # gone: nothing of the user's to lose
+        if isinstance(entry, dict) and entry.get("size") not in (None, st.st_size):
+            return f"{name!r} is {st.st_size} bytes where its manifest says {entry['size']} (changed since written)"
+        if st.st_mtime_ns > written:
+            return f"{name!r} was modified after mxrepack wrote this output"
     return None
 
 

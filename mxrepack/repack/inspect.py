@@ -35,7 +35,10 @@ def inspect_checkpoint(source: str) -> dict:
     original = "model_type" not in config and "num_experts" in config
     if original:
         config = gptoss.hf_config_from_original(config)
-    d = gptoss.Dims.from_config(config) if "num_local_experts" in config else None
+    try:
+        d = gptoss.Dims.from_config(config) if "num_local_experts" in config else None
+    except (KeyError, ValueError) as e:  # inspect describes what it can: the sizes are then unknown
+        raise MxRepackError(f"{config_path}: {e if isinstance(e, ValueError) else f'missing key {e}'}") from None
     manifest_path = root / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
 

@@ -178,6 +178,8 @@ def load_manifest(directory: str | Path) -> dict:
     manifest. Does not check its digest or the files it lists: :func:`check_manifest_digest` and
     ``verify.verify_dir`` do."""
     path = Path(directory) / MANIFEST
+    if not Path(directory).is_dir():
+        raise MxRepackError(f"{directory}: {'not a folder' if Path(directory).exists() else 'path does not exist'}")
     if not path.is_file():
         raise MxRepackError(f"{path}: no manifest; not an mxrepack output (or not finished)")
     try:

@@ -398,7 +398,8 @@ def repack(
     out = Path(out) if out is not None else default_out(source, recipe.name)
     out = out.expanduser().absolute()
     if not out.parent.is_dir():
-        raise MxRepackError(f"{out.parent}: output's parent directory does not exist")
+        what = "is not a directory" if out.parent.exists() else "does not exist"
+        raise MxRepackError(f"{out.parent}: output's parent {what}")
     with OutputLock(out):
         if (out.exists() or out.is_symlink()) and not overwrite:  # before a Hub source is fetched
             raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")

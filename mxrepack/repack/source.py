@@ -250,14 +250,23 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
         dims = gptoss.Dims.from_config(config)
     except KeyError as e:
         raise MxRepackError(f"{root / 'config.json'}: missing key {e.args[0]!r}") from None
+    except ValueError as e:
+        raise MxRepackError(f"{root / 'config.json'}: {e}") from None
 
     files, where = _shard_files(root)
     headers = {f: read_header(f)[0] for f in files}
     tensors: dict[str, SourceTensor] = {}
+    found_in: dict[str, Path] = {}
     for f in files:
         for name, info in headers[f].items():
             if where is not None and where.get(name) != f.name:
                 continue  # the index assigns this name elsewhere
+            if name in found_in:  # no index: a stale or stray file (a partial download, recorded activations)
+                raise MxRepackError(
+                    f"{f}: tensor '{name}' is also in {found_in[name].name}, and no model.safetensors.index.json "
+                    "says which to read; remove the file that does not belong"
+                )
+            found_in[name] = f
             if layout == "hf":
                 tensors[name] = SourceTensor(name, info)
             else:

@@ -582,6 +582,24 @@ def dense_serving(dense_format: str, quantization_config: str, dense_order: str 
     )
 
 
+def serve_refusal(config: dict) -> str | None:
+    """Why the vLLM plugin would refuse an output with this ``config.json`` (its one-line reason), or None. A recipe can
+    write what no engine serves (MXFP8 dense layers; BF16 experts beside MXFP4 dense ones, whose config then names
+    ``quant_method: mxrepack``, so stock transformers refuses it too): ``repack`` and the model card say so, instead of
+    a ``vllm serve`` line that fails."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
+        return None
+    try:
+        ServeSpec.from_config(config)
+    except MxRepackError as e:
+        return str(e)
+    return None
+
+
+UNSERVED_HOW = "mxrepack's torch runner reads it: repack eval logits, eval gpqa --local, eval serve"
+
+
 def serve_hint(
     out: str | Path,
     target_layout: str | None,
@@ -589,8 +607,12 @@ def serve_hint(
     expert_options: dict | None = None,
     dense_format: str = "bf16",
     dense_order: str = "rows",
+    refusal: str | None = None,
 ) -> list[str]:
-    """The lines ``repack`` prints after a conversion: how to serve the output with vLLM."""
+    """The lines ``repack`` prints after a conversion: how to serve the output with vLLM, or (``refusal``, from
+    :func:`serve_refusal`) why no engine does."""
+    if refusal:
+        return [f"serve: no engine serves this output: {refusal}", f"       {UNSERVED_HOW}"]
     how, kernel = serving(target_layout, quantization_config, expert_options)
     lines = []
     if quantization_config in ("mxrepack", "compressed-tensors"):
