@@ -149,6 +149,10 @@ def convert(
         raise MxRepackError(f"--target {target} and --recipe {recipe}: pass one (the recipe file names its own target)")
     if push_to_hub is not None and push_to_hub.count("/") != 1:
         raise MxRepackError(f"--push-to-hub {push_to_hub!r}: expected ORG/NAME")
+    if push_to_hub is not None:  # before the conversion, not after it (a 65 GB one takes minutes)
+        from mxrepack.hub import hub_token
+
+        hub_token()
     shard_bytes = _parse_size(shard_size)
     from mxrepack.progress import ProgressBar
 
@@ -612,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         rc = app(args=argv, prog_name="repack", standalone_mode=False)
-        if rc == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM during a conversion) into 130
+        if rc == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM / SIGHUP during a conversion) into 130
             typer.echo(INTERRUPTED, err=True)
         if isinstance(rc, int):
             return rc

@@ -409,7 +409,8 @@ def plan_push(
     return PushPlan(directory, repo_id, private, revision, message, sorted(files), card, manifest)
 
 
-def _token() -> str:
+def hub_token() -> str:
+    """The Hugging Face token a push uses (HF_TOKEN, else the saved login); one line when there is none."""
     token = os.environ.get("HF_TOKEN")
     if not token:
         from huggingface_hub import get_token
@@ -429,7 +430,7 @@ def push(plan: PushPlan, api=None) -> str:
     if api is None:
         from huggingface_hub import HfApi
 
-        api = HfApi(token=_token())
+        api = HfApi(token=hub_token())
     from huggingface_hub import CommitOperationAdd
 
     try:

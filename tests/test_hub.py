@@ -271,3 +271,18 @@ def test_a_result_of_other_weights_is_not_published_with_this_output(output, tin
     for evaluated in (str(output), str(tmp_path / "moved-away")):  # its own result; a folder gone cannot be told
         result.write_text(json.dumps(logits | {"candidate": evaluated, "text": "t.txt"}))
         assert "KL divergence to the source" in plan_push(output, "me/x", eval_paths=[result]).card
+
+
+def test_push_to_hub_without_a_token_fails_before_converting(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no saved login either
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    out = tmp_path / "out"
+    assert main([str(tiny), "--target", "sm121", "--out", str(out), "--push-to-hub", "me/x"]) == 1
+    assert "no Hugging Face token" in capsys.readouterr().err
+    assert not out.exists()  # minutes of conversion not spent on an output that cannot be pushed
+
+
+def test_a_revision_for_a_local_folder_is_refused(tiny, tmp_path):
+    with pytest.raises(MxRepackError, match="--revision v1: .* is a local folder"):
+        repack(str(tiny), "sm121", tmp_path / "out", revision="v1")

@@ -652,12 +652,13 @@ def test_sigkill_leaves_nothing_at_output_path(tmp_path, moment):
     assert result.verify["ok"] and not list(tmp_path.glob(".out.mxrepack-tmp-*"))
 
 
-def test_sigterm_cleans_up(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP (a closed terminal)"])
+def test_sigterm_cleans_up(tmp_path, sig):
     from mxrepack.repack.fixture import make_fixture
 
     src = make_fixture(tmp_path / "src", "tiny", layers=16, num_local_experts=64)
     out = tmp_path / "out"
-    proc = _start_and_wait_for(src, out, ".out.mxrepack-tmp-*/model-00002-*", signal.SIGTERM)
+    proc = _start_and_wait_for(src, out, ".out.mxrepack-tmp-*/model-00002-*", sig)
     assert proc.returncode != 0
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
 

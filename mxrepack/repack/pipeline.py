@@ -69,7 +69,9 @@ class RepackResult:
             "source_bytes": self.source_bytes,
             "output_bytes": self.output_bytes,
             "seconds": round(self.seconds, 3),
-            "verify": self.verify,
+            # the check of the new output before it was moved into place: its folder is the output's now, and its
+            # checksums were computed from the bytes as written (so "checksums": False there, not unverified)
+            "verify": {**self.verify, "directory": str(self.out), "checksums": "computed while writing"},
             "quantization_error": self.quantization_error,
             "expert_layout": self.expert_layout,
             "quantization_config": self.quantization_config,
@@ -328,12 +330,13 @@ def _convert(
         tmp.mkdir()
     except OSError as e:
         raise MxRepackError(f"{out.parent}: cannot write the output here ({e.strerror or e})") from None
-    previous_term = signal.getsignal(signal.SIGTERM)
+    # SIGTERM and SIGHUP (a closed terminal) unwind like Ctrl-C so the finally below removes the temporary directory.
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        # SIGTERM unwinds like Ctrl-C so the finally below removes the temporary directory.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        for sig in previous:
+            signal.signal(sig, signal.default_int_handler)
     except ValueError:  # not in the main thread
-        previous_term = None
+        previous = {}
     try:
         weight_map, files = _write_weights(tmp, plan, shard_bytes, chunk_bytes, progress)
         total_size = sum(i.nbytes for i in plan)
@@ -358,8 +361,8 @@ def _convert(
         where = e.filename or tmp
         raise MxRepackError(f"{where}: write failed ({e.strerror or e}); is the disk full?") from None
     finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest, files, report
 

@@ -180,6 +180,8 @@ def resolve(source: str, revision: str | None = None) -> tuple[Path, dict]:
     if path.exists():
         if not path.is_dir():
             raise MxRepackError(f"{source}: not a directory; expected a checkpoint directory or a Hub repo id")
+        if revision is not None:  # it would be recorded as if it had chosen something
+            raise MxRepackError(f"--revision {revision}: {source} is a local folder; a revision picks a Hub repo's")
         return path.resolve(), {"kind": "local", "path": str(path.resolve())}
     if not _REPO_ID.match(source) or source.startswith((".", "/", "~")):
         raise MxRepackError(
@@ -205,8 +207,8 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[Path, dict]:
         except Exception as e:
             reason = type(e).__name__ + (f": {str(e).splitlines()[0]}" if str(e) else "")
             raise MxRepackError(
-                f"{repo_id}: not in the Hugging Face cache and the Hub could not be reached ({reason}); "
-                f"download it where there is network (hf download {repo_id}) and pass the local "
+                f"{repo_id}: no such local folder, not in the Hugging Face cache, and the Hub could not be reached "
+                f"({reason}); download it where there is network (hf download {repo_id}) and pass the local "
                 f"directory, or point HF_HUB_CACHE at a cache that holds it"
             ) from None
     return folder, {
