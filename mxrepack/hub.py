@@ -331,7 +331,7 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = (), refus
             f"vLLM serves it too, {how} -- MoE kernel: {kernel}:"
             f"\n\n```\npip install vllm\nvllm serve {repo_id}\n```"
         )
-    if RUN_HERE.get(target["name"]):
+    if RUN_HERE.get(target["name"]) and not refusal:
         load += f"\n\nRun on a GPU by mxrepack: {RUN_HERE[target['name']]}."
     notes = (
         f"Experts: `{experts}` layout. Dense layers: {dense['format']}"

@@ -125,10 +125,11 @@ def test_dense_options_that_would_do_nothing_are_refused():
     with pytest.raises(MxRepackError, match="--dense-layers ',': name at least one layer"):
         load_recipe("sm121").with_overrides(dense_layers=",")
     for options in ({"dense_layers": "qkv"}, {"scale_search": True}, {"scale_rule": "ocp"}):
-        with pytest.raises(MxRepackError, match="sm80 keeps the dense layers BF16; add --dense mxfp4"):
+        with pytest.raises(MxRepackError, match="sm80 keeps the dense layers BF16; pass --dense mxfp4"):
             load_recipe("sm80").with_overrides(**options)
-        with pytest.raises(MxRepackError, match="sm121 keeps the dense layers BF16"):
+        with pytest.raises(MxRepackError, match="--dense bf16 keeps the dense layers BF16"):
             load_recipe("sm121").with_overrides(dense="bf16", **options)
+    assert load_recipe("sm80").with_overrides(scale_search=False).name == "sm80"  # --no-scale-search asks nothing
     assert load_recipe("sm80").with_overrides(dense="mxfp4", dense_layers="qkv").dense_layers == ["qkv"]
 
 

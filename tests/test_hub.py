@@ -273,10 +273,10 @@ def test_a_result_of_other_weights_is_not_published_with_this_output(output, tin
         assert "KL divergence to the source" in plan_push(output, "me/x", eval_paths=[result]).card
 
 
-def test_push_to_hub_without_a_token_fails_before_converting(tiny, tmp_path, monkeypatch, capsys):
+def test_push_to_hub_without_a_token_fails_before_converting(tiny, tmp_path, monkeypatch, capsys, no_network):
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no saved login either
-    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)  # no saved login either (read at import)
     out = tmp_path / "out"
     assert main([str(tiny), "--target", "sm121", "--out", str(out), "--push-to-hub", "me/x"]) == 1
     assert "no Hugging Face token" in capsys.readouterr().err

@@ -151,6 +151,10 @@ def test_existing_output_is_refused_then_replaced_with_overwrite(tiny, tmp_path)
     repack(str(tiny), "bf16", out)
     with pytest.raises(MxRepackError, match="already exists; pass --overwrite"):
         repack(str(tiny), "mxfp4", out)
+    later = (out / "mxrepack.json").stat().st_mtime_ns + 10**9  # as a copy that did not keep file times leaves it
+    for f in out.iterdir():
+        if f.name != "mxrepack.json":
+            os.utime(f, ns=(later, later))
     repack(str(tiny), "mxfp4", out, overwrite=True)
     assert json.loads((out / "mxrepack.json").read_text())["target"]["name"] == "mxfp4"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary siblings or lock left
@@ -743,3 +747,22 @@ def test_verify_shows_progress_on_a_terminal_and_none_with_json(tiny, tmp_path, 
     assert main(["verify", str(out), "--json"]) == 0
     cap = capsys.readouterr()
     assert cap.err == "" and json.loads(cap.out)["ok"]
+
+
+def test_an_ignored_hangup_stays_ignored(tiny, tmp_path, monkeypatch):
+    # `nohup repack ...` ignores SIGHUP so that a long conversion outlives its terminal: it must not abort it
+    from mxrepack.repack import pipeline
+
+    write = pipeline._write_weights
+
+    def hang_up_then_write(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGHUP)  # the terminal closes mid-conversion
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_write_weights", hang_up_then_write)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert repack(str(tiny), "bf16", tmp_path / "out").verify["ok"]
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)

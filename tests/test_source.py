@@ -79,7 +79,7 @@ def test_unreachable_hub_is_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     with pytest.raises(
         MxRepackError,
-        match=r"openai/gpt-oss-120b: not in the Hugging Face cache and the Hub could "
+        match=r"openai/gpt-oss-120b: no such local folder, not in the Hugging Face cache, and the Hub could "
         r"not be reached .*pass the local directory",
     ) as e:
         resolve("openai/gpt-oss-120b")

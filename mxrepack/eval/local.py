@@ -35,7 +35,7 @@ class LocalChatModel:
     def __init__(self, path: str | Path, runner: GptOssRunner | None = None, max_new_tokens: int = 64, **runner_kwargs):
         from tokenizers import Tokenizer
 
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # recorded by `eval gpqa --local` (push --eval checks it)
         if not self.path.is_dir():
             raise MxRepackError(f"{self.path}: {'not a folder' if self.path.exists() else 'path does not exist'}")
         if not (self.path / "tokenizer.json").is_file():

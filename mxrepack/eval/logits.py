@@ -100,8 +100,9 @@ def compare_logits(
     counts = torch.histogram(kl.clamp(1e-8, 10), bins=edges).hist.tolist()
     return {
         "eval": "logits",
-        "reference": str(ref),
-        "candidate": str(cand),
+        # absolute: `repack push --eval` checks the candidate is the output it publishes, from any folder
+        "reference": str(Path(ref).absolute()),
+        "candidate": str(Path(cand).absolute()),
         "text": str(text_path),
         "tokens": int(kl.numel()),
         "ctx": ctx,

@@ -355,10 +355,12 @@ def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
     replaced). Refuses a checkpoint folder: files added to a model or an mxrepack output would travel with it
     (`repack verify` and `push` refuse an output holding files its manifest does not list)."""
     out = Path(out_dir)
-    held = [name for name in ("mxrepack.json", "config.json") if (out / name).is_file()]
-    if held or (out.is_dir() and next(out.glob("*.safetensors"), None)):
-        what = held[0] if held else "safetensors files"
-        raise MxRepackError(f"{out}: holds {what}, a checkpoint; write the report to a folder of its own")
+    for folder in (out, *out.absolute().parents):  # the folder or one above it (out/report inside an output)
+        held = [name for name in ("mxrepack.json", "config.json") if (folder / name).is_file()]
+        if held or (folder.is_dir() and next(folder.glob("*.safetensors"), None)):
+            what = held[0] if held else "safetensors files"
+            where = "" if folder == out else f" (in {folder})"
+            raise MxRepackError(f"{out}: {folder.name} holds {what}, a checkpoint{where}; write the report elsewhere")
     out.mkdir(parents=True, exist_ok=True)
     plots = _plots(report)
     names = {k: f"report_{k}.svg" for k in plots}

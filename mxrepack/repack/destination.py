@@ -24,6 +24,7 @@ from typing import Iterable
 
 from mxrepack.errors import MxRepackError
 from mxrepack.repack.output import MANIFEST, MANIFEST_KIND, check_manifest_digest
+from mxrepack.repack.safetensors_io import sha256_file
 
 
 def lock_path(out: Path) -> Path:
@@ -155,8 +156,9 @@ def _not_replaceable(out: Path) -> str | None:
 def _changed_since_written(out: Path, manifest: dict) -> str | None:
     """Why a file of output ``out`` is not as mxrepack left it, or None: the manifest edited (its own digest), a file of
     another size than it records, or one modified after the manifest was written (mxrepack writes the manifest last,
-    and renaming the folder into place keeps its files' times). Sizes and times, not checksums: a user's edit to a
-    config or a shard is theirs to keep, and hashing a whole model first would double an overwrite's time."""
+    and renaming the folder into place keeps its files' times) whose sha256 then differs from the manifest's. Sizes and
+    times first, a hash only for a newer file: a user's edit to a config or a shard is theirs to keep, and hashing a
+    whole model before every overwrite would double its time."""
     problem, _ = check_manifest_digest(out, manifest)
     if problem:
         return "its manifest was edited since mxrepack wrote it"
@@ -168,8 +170,12 @@ def _changed_since_written(out: Path, manifest: dict) -> str | None:
             continue  # gone: nothing of the user's to lose
         if isinstance(entry, dict) and entry.get("size") not in (None, st.st_size):
             return f"{name!r} is {st.st_size} bytes where its manifest says {entry['size']} (changed since written)"
-        if st.st_mtime_ns > written:
-            return f"{name!r} was modified after mxrepack wrote this output"
+        # newer than the manifest: an edit, or a copy that did not keep file times (cp -r, rsync without -t, in
+        # whatever order): the file's own hash decides, for these few files only
+        if st.st_mtime_ns > written and not (
+            isinstance(entry, dict) and sha256_file(out / name) == entry.get("sha256")
+        ):
+            return f"{name!r} was modified after mxrepack wrote this output (its sha256 differs from the manifest's)"
     return None
 
 

@@ -37,7 +37,7 @@ def inspect_checkpoint(source: str) -> dict:
         config = gptoss.hf_config_from_original(config)
     try:
         d = gptoss.Dims.from_config(config) if "num_local_experts" in config else None
-    except (KeyError, ValueError) as e:  # inspect describes what it can: the sizes are then unknown
+    except (KeyError, ValueError) as e:  # one line, as repack says it
         raise MxRepackError(f"{config_path}: {e if isinstance(e, ValueError) else f'missing key {e}'}") from None
     manifest_path = root / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None

@@ -69,9 +69,9 @@ class RepackResult:
             "source_bytes": self.source_bytes,
             "output_bytes": self.output_bytes,
             "seconds": round(self.seconds, 3),
-            # the check of the new output before it was moved into place: its folder is the output's now, and its
-            # checksums were computed from the bytes as written (so "checksums": False there, not unverified)
-            "verify": {**self.verify, "directory": str(self.out), "checksums": "computed while writing"},
+            # the check of the new output before it was moved into place: its folder is the output's now; its
+            # checksums were not read back ("checksums": False) but computed from the bytes as written
+            "verify": {**self.verify, "directory": str(self.out), "checksums_computed_while_writing": True},
             "quantization_error": self.quantization_error,
             "expert_layout": self.expert_layout,
             "quantization_config": self.quantization_config,
@@ -330,8 +330,13 @@ def _convert(
         tmp.mkdir()
     except OSError as e:
         raise MxRepackError(f"{out.parent}: cannot write the output here ({e.strerror or e})") from None
-    # SIGTERM and SIGHUP (a closed terminal) unwind like Ctrl-C so the finally below removes the temporary directory.
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGTERM and SIGHUP (a closed terminal) unwind like Ctrl-C so the finally below removes the temporary directory;
+    # one the user set to be ignored stays so (`nohup repack ...` is how a long conversion outlives its terminal)
+    previous = {
+        sig: handler
+        for sig in (signal.SIGTERM, signal.SIGHUP)
+        if (handler := signal.getsignal(sig)) is not signal.SIG_IGN
+    }
     try:
         for sig in previous:
             signal.signal(sig, signal.default_int_handler)
