@@ -122,25 +122,31 @@ def _license(manifest: dict) -> str | None:
     return KNOWN_LICENSES.get(src.get("repo_id") or "")
 
 
-def _evaluated(r: dict) -> str | None:
-    """The checkpoint folder a result evaluated, where it names one: the candidate of `eval logits`, the checkpoint of
-    `eval gpqa --local` (a server's model is not named by a folder)."""
+def _evaluated(r: dict) -> tuple[str | None, str | None]:
+    """The checkpoint folder a result evaluated and the weights it read (:func:`weights_identity`, recorded since
+    mxrepack 0.2), where it names them: the candidate of `eval logits`, the checkpoint of `eval gpqa --local` (a
+    server's model is named by neither)."""
     if r.get("eval") == "logits":
-        return r.get("candidate")
+        return r.get("candidate"), r.get("candidate_weights")
     backend = r.get("backend")
-    return backend[len("local ") :] if isinstance(backend, str) and backend.startswith("local ") else None
+    if isinstance(backend, str) and backend.startswith("local "):
+        return backend[len("local ") :], r.get("weights")
+    return None, None
 
 
 def check_evals_match(paths: list[Path], directory: Path) -> None:
     """Refuse a result that evaluated other weights than ``directory``'s (its figures would go on this model's card):
-    the folder it names, where that still exists, must hold the same weights (:func:`weights_identity`, the
-    manifest's digest). A result whose folder is gone, or a server's, cannot be told apart and is taken."""
+    the weights it recorded, or else those of the folder it names where that still exists, must be the output's
+    (:func:`weights_identity`, the manifest's digest). A server's result, or an older one whose folder is gone,
+    cannot be told apart and is taken."""
     from mxrepack.serve.spec import weights_identity
 
     mine = weights_identity(directory)
     for p in paths:
-        evaluated = _evaluated(load_json(Path(p), "`repack eval gpqa` or `repack eval logits` result"))
-        if evaluated and Path(evaluated).is_dir() and weights_identity(evaluated) != mine:
+        evaluated, weights = _evaluated(load_json(Path(p), "`repack eval gpqa` or `repack eval logits` result"))
+        if weights is None and evaluated and Path(evaluated).is_dir():
+            weights = weights_identity(evaluated)
+        if weights is not None and weights != mine:
             raise MxRepackError(f"{p}: evaluates {evaluated}, whose weights are not {directory}'s; pass its own result")
 
 

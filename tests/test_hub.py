@@ -271,6 +271,10 @@ def test_a_result_of_other_weights_is_not_published_with_this_output(output, tin
     for evaluated in (str(output), str(tmp_path / "moved-away")):  # its own result; a folder gone cannot be told
         result.write_text(json.dumps(logits | {"candidate": evaluated, "text": "t.txt"}))
         assert "KL divergence to the source" in plan_push(output, "me/x", eval_paths=[result]).card
+    # the weights a result recorded decide, wherever its folder is now: one of an earlier conversion to this path
+    result.write_text(json.dumps(logits | {"candidate": str(output), "candidate_weights": "manifest:0123456789abcdef"}))
+    with pytest.raises(MxRepackError, match="whose weights are not"):
+        plan_push(output, "me/x", eval_paths=[result])
 
 
 def test_push_to_hub_without_a_token_fails_before_converting(tiny, tmp_path, monkeypatch, capsys, no_network):

@@ -163,6 +163,9 @@ class LocalBackend:
         self.model = model or LocalChatModel(path, **runner_kwargs)
         self.temperature, self.max_tokens = temperature, max_tokens
         self.name = f"local {self.model.path}"
+        from mxrepack.serve.spec import weights_identity
+
+        self.weights = weights_identity(self.model.path)
 
     def complete(self, messages: list[dict]) -> str:
         return self.model.complete(messages, self.temperature, self.max_tokens)[0]
@@ -250,6 +253,8 @@ def run_gpqa(
         "n_repeats": n_repeats,
         "data": {"path": str(data), "sha256": _sha256(data), "rows": len(read_rows(data))},
         "backend": backend.name,
+        # the weights a local run read (the manifest's digest): `repack push --eval` checks it is the output's
+        "weights": getattr(backend, "weights", None),
         "concurrency": concurrency,
         "seconds": round(elapsed, 3),
         "requests_per_s": round(len(results) / elapsed, 3) if elapsed > 0 else None,

@@ -18,6 +18,7 @@ import torch
 from mxrepack.errors import MxRepackError
 from mxrepack.eval.local import LocalChatModel
 from mxrepack.progress import Progress
+from mxrepack.serve.spec import weights_identity
 
 
 def _quantile(x: torch.Tensor, q: float) -> float:
@@ -103,6 +104,7 @@ def compare_logits(
         # absolute: `repack push --eval` checks the candidate is the output it publishes, from any folder
         "reference": str(Path(ref).absolute()),
         "candidate": str(Path(cand).absolute()),
+        "candidate_weights": weights_identity(cand),  # what push --eval compares with the output it publishes
         "text": str(text_path),
         "tokens": int(kl.numel()),
         "ctx": ctx,
