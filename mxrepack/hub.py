@@ -123,8 +123,8 @@ def _license(manifest: dict) -> str | None:
 
 
 def _evaluated(r: dict) -> tuple[str | None, str | None]:
-    """The checkpoint folder a result evaluated and the weights it read (:func:`weights_identity`, recorded since
-    mxrepack 0.2), where it names them: the candidate of `eval logits`, the checkpoint of `eval gpqa --local` (a
+    """The checkpoint folder a result evaluated and the weights it read (:func:`weights_identity`; older results do
+    not record them), where it names them: the candidate of `eval logits`, the checkpoint of `eval gpqa --local` (a
     server's model is named by neither)."""
     if r.get("eval") == "logits":
         return r.get("candidate"), r.get("candidate_weights")

@@ -393,9 +393,9 @@ def test_report_charts_have_axes_and_an_edited_manifest_is_refused(tiny, tmp_pat
     report = build_report()
     for checkpoint, held in ((out, "mxrepack.json"), (tiny, "config.json")):
         before = sorted(p.name for p in checkpoint.iterdir())
-        with pytest.raises(MxRepackError, match=f"holds {held}, a checkpoint; write the report elsewhere"):
+        with pytest.raises(MxRepackError, match=f"holds {held} \\(a checkpoint\\); write the report elsewhere"):
             write_report(report, checkpoint)
-        with pytest.raises(MxRepackError, match=f"holds {held}, a checkpoint \\(in "):  # nor a folder inside one
+        with pytest.raises(MxRepackError, match=f"report: is inside .*, which holds {held}"):  # nor a folder in one
             write_report(report, checkpoint / "report")
         assert sorted(p.name for p in checkpoint.iterdir()) == before
     assert write_report(report, tmp_path / "rep")["html"].is_file()

@@ -359,8 +359,8 @@ def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
         held = [name for name in ("mxrepack.json", "config.json") if (folder / name).is_file()]
         if held or (folder.is_dir() and next(folder.glob("*.safetensors"), None)):
             what = held[0] if held else "safetensors files"
-            where = "" if folder == out else f" (in {folder})"
-            raise MxRepackError(f"{out}: {folder.name} holds {what}, a checkpoint{where}; write the report elsewhere")
+            where = "holds" if folder == out else f"is inside {folder}, which holds"
+            raise MxRepackError(f"{out}: {where} {what} (a checkpoint); write the report elsewhere")
     out.mkdir(parents=True, exist_ok=True)
     plots = _plots(report)
     names = {k: f"report_{k}.svg" for k in plots}

@@ -124,12 +124,12 @@ class Recipe:
             return self
         data["dense"].update(changed)
         # they choose how dense layers are quantized (--no-scale-search asks nothing): with none quantized, nothing
-        unused = [f"--{k.replace('_', '-')}" for k in ("layers", "scale_rule", "scale_search") if changed.get(k)]
+        flags = {"layers": "--dense-layers", "scale_rule": "--scale-rule", "scale_search": "--scale-search"}
+        unused = [flag for key, flag in flags.items() if changed.get(key)]
         if data["dense"]["format"] == "bf16" and unused:
             why = "--dense bf16 keeps" if dense == "bf16" else f"{self.name} keeps"
             raise MxRepackError(
-                f"{'/'.join(o.replace('--layers', '--dense-layers') for o in unused)}: {why} the dense layers BF16; "
-                "pass --dense mxfp4 (or mxfp8) to quantize them"
+                f"{'/'.join(unused)}: {why} the dense layers BF16; pass --dense mxfp4 (or mxfp8) to quantize them"
             )
         if data["dense"]["format"] == "mxfp8":
             data["dense"].pop("order", None)  # a byte order of MXFP4's (kept with bf16 for a later --dense mxfp4)

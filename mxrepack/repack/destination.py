@@ -5,7 +5,7 @@ The rules protect what the user did not ask mxrepack to make:
 
 * ``--overwrite`` replaces only a folder that is itself an mxrepack output (it holds an mxrepack manifest)
   and holds nothing its manifest does not list, every file as mxrepack left it (the manifest's own digest, each
-  file's size, nothing modified after the manifest); anything else is refused, naming the path.
+  file's size, and the hash of any file newer than the manifest); anything else is refused, naming the path.
 * An output never is, contains, or lies inside the source checkpoint (nor the folders its files resolve to,
   such as the Hugging Face cache's blobs), with or without ``--overwrite``.
 * One conversion at a time writes to a given output: a second one fails at once and leaves the first's
