@@ -562,11 +562,15 @@ def eval_serve_cmd(
 
     if not 0 <= port <= 65535:
         raise MxRepackError(f"--port {port}: expected 0-65535")
-    model = LocalChatModel(path)
-    try:
-        server = ChatServer(model, name, host, port)
+    try:  # the port first: a taken one is said at once, not after the model has loaded
+        server = ChatServer(None, name, host, port)
     except OSError as e:  # in use, not permitted, no such address
         raise MxRepackError(f"{host}:{port}: cannot listen ({e.strerror or e})") from None
+    try:
+        server.model = LocalChatModel(path)
+    except BaseException:
+        server.httpd.server_close()
+        raise
     typer.echo(f"serving {path} at {server.base_url} (Ctrl-C to stop)")
     try:
         server.httpd.serve_forever()
