@@ -34,6 +34,12 @@ def test_targets_inspect_and_verify(tiny, tmp_path, capsys):
     assert v["ok"] and v["source_checked"] and v["checksums"]
     assert main(["inspect", str(out)]) == 0
     assert "mxrepack target 'bf16'" in capsys.readouterr().out
+    # an unfinished download: inspect describes the files present and says the index lists more
+    shard = next(out.glob("model-*.safetensors"))
+    shard.rename(tmp_path / shard.name)
+    (out / "model-extra.safetensors").write_bytes((tmp_path / shard.name).read_bytes())  # so that some file is left
+    assert main(["inspect", str(out)]) == 0
+    assert f"incomplete: the index lists 1 file(s) not here ({shard.name})" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

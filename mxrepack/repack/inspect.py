@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from pathlib import Path
 
 from mxrepack import gptoss
 from mxrepack.errors import MxRepackError
@@ -77,7 +78,19 @@ def inspect_checkpoint(source: str) -> dict:
         "manifest": {"target": manifest["target"]["name"], "tool": manifest["tool"], "created": manifest["created"]}
         if manifest
         else None,
+        "missing_shards": _missing_shards(root),
     }
+
+
+def _missing_shards(root: Path) -> list[str]:
+    """The files the folder's index lists that are not there: what inspect describes is then part of the model (an
+    unfinished download), which `repack` itself refuses."""
+    index = root / "model.safetensors.index.json"
+    try:
+        listed = set(json.loads(index.read_text()).get("weight_map", {}).values())
+    except (OSError, ValueError, AttributeError):
+        return []
+    return sorted(name for name in listed if not (root / name).is_file())
 
 
 def format_report(r: dict) -> str:
@@ -93,4 +106,11 @@ def format_report(r: dict) -> str:
         lines.append(f"    {name:<11} {c['tensors']:>5} tensors {c['bytes'] / 1e6:>12.2f} MB  {'/'.join(c['dtypes'])}")
     if r["manifest"]:
         lines.append(f"  made by mxrepack {r['manifest']['tool']['mxrepack']} on {r['manifest']['created']}")
+    if r["missing_shards"]:
+        missing = r["missing_shards"]
+        lines.append(
+            f"  incomplete: the index lists {len(missing)} file(s) not here ({missing[0]}"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+            + "); the figures above are of the files present"
+        )
     return "\n".join(lines)
