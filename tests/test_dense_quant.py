@@ -147,6 +147,15 @@ def test_recorded_activations_enter_the_report(tiny, tmp_path):
     )
     entry = r.quantization_error["lm_head.weight"]
     assert entry["format"] == "mxfp8" and 0 < entry["out_rel_recorded"] < 0.05
+    # the weights given by mistake (same names, each its weight's shape): their "output error" would mean nothing
+    from mxrepack.repack.source import open_checkpoint
+
+    shape = open_checkpoint(str(tiny)).tensors["lm_head.weight"].shape
+    save_file({"lm_head.weight": torch.zeros(*shape, dtype=torch.bfloat16)}, str(tmp_path / "weights.safetensors"))
+    with pytest.raises(MxRepackError, match="holds the weights themselves"):
+        repack(
+            str(tiny), "sm121", tmp_path / "o2", dense_layers="lm_head", activations=tmp_path / "weights.safetensors"
+        )
 
 
 def _rewrite(directory, name, fn):

@@ -74,17 +74,25 @@ def select_dense(names: list[str], layers: list[str], where: str = "dense.layers
     return [n for n in names if n in chosen]
 
 
-def load_activations(path: str | Path | None) -> dict[str, torch.Tensor]:
+def load_activations(path: str | Path | None, weight_shapes: dict[str, tuple] | None = None) -> dict[str, torch.Tensor]:
+    """Recorded layer inputs (weight name -> ``[m, K]``). ``weight_shapes``: the checkpoint's, to refuse a file of
+    the weights themselves (same names; every tensor ``[N, K]``, which no run of tokens repeats on every layer)."""
     if path is None:
         return {}
     from safetensors.torch import load_file
 
     try:
-        return {k: v.float() for k, v in load_file(str(path)).items()}
+        acts = {k: v.float() for k, v in load_file(str(path)).items()}
     except FileNotFoundError:
         raise MxRepackError(f"{path}: activations file does not exist") from None
     except Exception as e:
         raise MxRepackError(f"{path}: not a safetensors file of recorded activations ({e})") from None
+    if acts and weight_shapes and all(tuple(v.shape) == tuple(weight_shapes.get(k, ())) for k, v in acts.items()):
+        raise MxRepackError(
+            f"{path}: holds the weights themselves (each tensor its weight's [N, K]), not recorded inputs; "
+            "make them with `repack eval record-activations`"
+        )
+    return acts
 
 
 class ErrorStats:

@@ -414,7 +414,8 @@ def repack(
         ck = checkpoint or open_checkpoint(source, revision)
         check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
         guard = FiniteGuard(allow_nonfinite)
-        plan = build_plan(ck, recipe, load_activations(activations), guard)
+        acts = load_activations(activations, {name: tuple(t.shape) for name, t in ck.tensors.items()})
+        plan = build_plan(ck, recipe, acts, guard)
         manifest, files, report = _convert(ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress)
     layout = make_layout(recipe.expert_layout, recipe.expert_options).name
     return RepackResult(
