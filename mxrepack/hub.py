@@ -312,12 +312,16 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = (), refus
         if dense_kernels:
             load += f" {dense_kernels[0].upper()}{dense_kernels[1:]}."
     elif mode == "compressed-tensors":
+        dense_kernels = dense_serving(dense.get("format", "bf16"), mode)
+        formats = "`mxfp4-pack-quantized`" + (" and `mxfp8-quantized`" if dense.get("format") == "mxfp8" else "")
         load = (
             "Serve it with vLLM and mxrepack's vLLM plugin (stock vLLM 0.26-0.33 cannot: its compressed-tensors "
             'MXFP4 MoE method has no expert biases):\n\n```\npip install "mxrepack[vllm]"\nvllm serve '
             + repo_id
-            + f"\n```\n\nKernels: {kernel}. One GPU (tensor parallelism 1). The tensors are compressed-tensors' "
-            "`mxfp4-pack-quantized` format, which the library reads and decompresses (the versions mxrepack's "
+            + f"\n```\n\nKernels: {kernel}"
+            + (f"; {dense_kernels}" if dense_kernels else "")
+            + f". One GPU (tensor parallelism 1). The tensors are compressed-tensors' {formats} formats, which the "
+            "library reads and decompresses (the versions mxrepack's "
             'tests compare with):\n\n```\npip install "compressed-tensors>=0.19,<0.22"\n```\n\n'
             "mxrepack's torch reference runner "
             "(for evaluation, not serving) also runs it: `pip install mxrepack`, then `repack eval serve DIR` on "

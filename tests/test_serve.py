@@ -324,7 +324,10 @@ def test_targets_with_mxfp4_dense_say_which_kernel_serves_it_and_the_option():
     assert not any("dense" in line for line in serve_hint("/m", "marlin", "mxrepack", None, "bf16"))
     chunks = serve_hint("/m", "strided", "mxrepack", {"order": "mma2"}, "mxfp4", "mma2")[-2]
     assert "mxrepack's Triton chunk tiles" in chunks and "mma2 order" in chunks and "does not apply" in chunks
-    assert dense_serving("mxfp4", "compressed-tensors") is None  # vLLM's own compressed-tensors linear, no choice
+    # vLLM's own compressed-tensors linear, named by format (no choice of kernel): MXFP8 is another scheme than MXFP4
+    assert "compressed-tensors MXFP4 linear" in dense_serving("mxfp4", "compressed-tensors")
+    assert "CompressedTensorsW8A8Mxfp8" in dense_serving("mxfp8", "compressed-tensors")
+    assert dense_serving("bf16", "compressed-tensors") is None
 
 
 def test_the_compressed_tensors_target_names_the_versions_it_is_tested_with(monkeypatch):

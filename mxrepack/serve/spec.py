@@ -512,8 +512,7 @@ def serving(target_layout: str | None, quantization_config: str, expert_options:
         return (
             'vLLM with the mxrepack plugin: pip install "mxrepack[vllm]" (stock vLLM cannot: its compressed-'
             "tensors MXFP4 MoE has no expert biases)",
-            "vLLM's gpt-oss MXFP4 MoE (its backend per GPU, converted at load); q/k/v/o on vLLM's "
-            "compressed-tensors MXFP4 linear",
+            "vLLM's gpt-oss MXFP4 MoE (its backend per GPU, converted at load)",
         )
     backend = EXPERT_BACKENDS.get(target_layout or "")
     if backend is None:
@@ -565,9 +564,20 @@ FAST_LOAD_WHY = (
 DENSE_ORDER_GPUS = {"wgmma": "sm90 (H100/H200) only", "mma2": "sm120/sm121 and sm80-sm89; not sm90/sm100"}
 
 
+# what vLLM (0.26-0.33) picks for a compressed-tensors checkpoint's dense layers: its own compressed-tensors
+# integration, not the plugin (read from both versions' scheme selection and kernel lists; not run on a GPU)
+CT_DENSE_SCHEMES = {
+    "mxfp4": "vLLM's compressed-tensors MXFP4 linear (Marlin below sm100)",
+    "mxfp8": "vLLM's compressed-tensors MXFP8 linear (CompressedTensorsW8A8Mxfp8: Marlin, weight-only, on sm_8x/sm_90; "
+    "FlashInfer with activations quantized to MXFP8 on sm_100 and sm_12x)",
+}
+
+
 def dense_serving(dense_format: str, quantization_config: str, dense_order: str = "rows") -> str | None:
     """How the plugin serves a target's MXFP4 dense layers under ``quant_method: mxrepack``; None elsewhere. Values
     in a chunk order (``dense_order``) are read by mxrepack's tiles alone; in the rows order the engine chooses."""
+    if quantization_config == "compressed-tensors" and dense_format in CT_DENSE_SCHEMES:
+        return f"dense q/k/v/o: {CT_DENSE_SCHEMES[dense_format]}"
     if dense_format != "mxfp4" or quantization_config != QUANT_METHOD:
         return None
     if dense_order != "rows":
