@@ -10,7 +10,7 @@ from mxrepack import gptoss
 from mxrepack.errors import MxRepackError
 from mxrepack.repack.output import MANIFEST
 from mxrepack.repack.safetensors_io import dtype_name, read_header
-from mxrepack.repack.source import resolve
+from mxrepack.repack.source import config_dims, resolve
 
 CONFIG_KEYS = (
     "num_hidden_layers",
@@ -36,10 +36,7 @@ def inspect_checkpoint(source: str) -> dict:
     original = "model_type" not in config and "num_experts" in config
     if original:
         config = gptoss.hf_config_from_original(config)
-    try:
-        d = gptoss.Dims.from_config(config) if "num_local_experts" in config else None
-    except (KeyError, ValueError) as e:  # one line, as repack says it
-        raise MxRepackError(f"{config_path}: {e if isinstance(e, ValueError) else f'missing key {e}'}") from None
+    d = config_dims(config, config_path) if "num_local_experts" in config else None
     manifest_path = root / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
 

@@ -248,12 +248,7 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
             f"{root / 'config.json'}: not a gpt-oss config (no model_type 'gpt_oss', "
             f"nor the original/ keys num_experts and experts_per_token)"
         )
-    try:
-        dims = gptoss.Dims.from_config(config)
-    except KeyError as e:
-        raise MxRepackError(f"{root / 'config.json'}: missing key {e.args[0]!r}") from None
-    except ValueError as e:
-        raise MxRepackError(f"{root / 'config.json'}: {e}") from None
+    dims = config_dims(config, root / "config.json")
 
     files, where = _shard_files(root)
     headers = {f: read_header(f)[0] for f in files}
@@ -281,6 +276,17 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
     ck = Checkpoint(root, layout, config, tensors, files, origin)
     validate(ck)
     return ck
+
+
+def config_dims(config: dict, path: Path) -> gptoss.Dims:
+    """``config``'s sizes (:meth:`gptoss.Dims.from_config`), a missing key or a size that is not a positive integer
+    one line naming ``path``."""
+    try:
+        return gptoss.Dims.from_config(config)
+    except KeyError as e:
+        raise MxRepackError(f"{path}: missing key {e.args[0]!r}") from None
+    except ValueError as e:
+        raise MxRepackError(f"{path}: {e}") from None
 
 
 def _refuse_mxrepack_output(source: str, root: Path) -> None:

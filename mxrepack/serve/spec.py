@@ -574,8 +574,9 @@ CT_DENSE_SCHEMES = {
 
 
 def dense_serving(dense_format: str, quantization_config: str, dense_order: str = "rows") -> str | None:
-    """How the plugin serves a target's MXFP4 dense layers under ``quant_method: mxrepack``; None elsewhere. Values
-    in a chunk order (``dense_order``) are read by mxrepack's tiles alone; in the rows order the engine chooses."""
+    """How a target's quantized dense layers are served: under ``quant_method: mxrepack`` the plugin's MXFP4 kernels
+    (values in a chunk order, ``dense_order``, are read by mxrepack's tiles alone; in the rows order the engine
+    chooses), under ``compressed-tensors`` vLLM's own scheme for the format; None elsewhere."""
     if quantization_config == "compressed-tensors" and dense_format in CT_DENSE_SCHEMES:
         return f"dense q/k/v/o: {CT_DENSE_SCHEMES[dense_format]}"
     if dense_format != "mxfp4" or quantization_config != QUANT_METHOD:
