@@ -368,6 +368,41 @@ def test_multi_row_gemv_is_the_one_row_gemv_on_a_gpu():
         assert torch.equal(rows, one), cfg.name()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the rows order's launches reuse CUDA builds")
+def test_linear_rows_order_launches_on_a_gpu():
+    """The rows order's kernels launch through launch.Launcher since stop 49 (vLLM runs lm_head outside its graphs): at
+    every path's row count (the GEMVs, the split-K and swapped tiles, dequantize + cuBLAS) on a layer that takes the
+    wide GEMV and on a narrow one, right against the reference, the same bits on repeats that reuse the first call's
+    builds, an activation 2 bytes off the 16-byte alignment Triton specializes on in its own build, and in a CUDA
+    graph."""
+    import mxrepack.kernels.gemv_mxfp4 as gemv
+    import mxrepack.kernels.linear_mxfp4 as lin
+
+    launchers = (lin._LAUNCH_ROWS, gemv._LAUNCH_F16X2, gemv._LAUNCH_PREPARE, gemv._LAUNCH_GEMV)
+    # wide as lm_head: the wide GEMV (gemv_mxfp4.is_wide) and, at 17-64 rows, the swapped tile (not use_dequant_gemm)
+    wide = max(65544, 256 * torch.cuda.get_device_properties(0).multi_processor_count + 8)
+    torch.manual_seed(5)
+    for N, K in ((wide, 288), (520, 1056)):
+        w, s = quantize_mxfp4(torch.randn(N, K) * 0.05)
+        w, s = w.cuda(), s.cuda()
+        bias = torch.randn(N, device="cuda").to(torch.bfloat16)
+        for M in (1, 2, 4, 16, 40, 64, 300):
+            flat = torch.randn(M * K + 1, device="cuda").to(torch.bfloat16)
+            for x in (flat[: M * K].view(M, K), flat[1:].view(M, K)):
+                y = linear_mxfp4(x, w, s, bias)
+                ref = mxfp4_linear(x.cpu(), w.cpu(), s.cpu(), bias.cpu()).float()
+                assert rel(y.cpu(), ref) <= 1e-2, (N, M, x.data_ptr() % 16, rel(y.cpu(), ref))
+                kept = [set(launch._runs) for launch in launchers]
+                assert all(torch.equal(linear_mxfp4(x, w, s, bias), y) for _ in range(2)), (N, M)
+                assert [set(launch._runs) for launch in launchers] == kept, (N, M)  # the repeats reused the builds
+                out = torch.empty_like(y)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    linear_mxfp4(x, w, s, bias, out=out)
+                graph.replay()
+                assert torch.equal(out, y), (N, M)
+
+
 def test_fold_scale_refuses_larger_scales():
     from mxrepack.kernels.dequant_mxfp4 import check_fold_scale
 

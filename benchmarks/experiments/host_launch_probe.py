@@ -29,6 +29,7 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import statistics
@@ -45,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mxrepack.kernels.linear_mxfp4 as lin  # noqa: E402
 from mxrepack.kernels.dequant_mxfp4 import mma_v3_disabled  # noqa: E402
 
+# the calls timed (module docstring), in the order each round calls them: the same as before the rows order came in
+CALLED = ("full", "op", "jit", "compiled", "mm", "plugin", "plugin_op", "marlin")
 CALLS = 300  # a round: few enough that the GPU's launch queue never fills, so the host is what is timed
 
 
@@ -154,21 +157,27 @@ def _vllm_version() -> str | None:
         return None
 
 
-def time(out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64", inference: str = "0") -> None:
+def time(
+    out: str | None = None, shapes: str = "lm_head,qkv", rows: str = "1,16,64", inference: str = "0", order: str = ""
+) -> None:
     """``inference`` "1": every call under ``torch.inference_mode()``, as vLLM's model runner calls the model and
-    lm_head (autograd's dispatch skipped for every torch op; a registered op's body skips it either way)."""
+    lm_head (autograd's dispatch skipped for every torch op; a registered op's body skips it either way). ``order``:
+    the weights' byte order, the GPU's chunk order by default (wgmma, or mma2 under ``DISABLE_MMA_V3``), or "rows"
+    (the plain order: its GEMVs and tiles, two launches a call at one row; no ``jit`` / ``compiled`` rows, which
+    record the chunk tile's single launch)."""
     with torch.inference_mode(inference == "1"):  # off: the default, autograd on
-        _time(out, shapes, rows, inference)
+        _time(out, shapes, rows, inference, order or ("mma2" if mma_v3_disabled() else "wgmma"))
 
 
-def _time(out, shapes, rows, inference) -> None:
+def _time(out, shapes, rows, inference, order) -> None:
     from dense_chunk_probe import Layer, meta
 
-    order = "mma2" if mma_v3_disabled() else "wgmma"
     register_op()
     records = []
     for name in shapes.split(","):
-        layer = Layer.random(name, order)
+        layer = Layer.random(name, "mma2" if order == "mma2" else "wgmma")
+        if order == "rows":
+            layer = dataclasses.replace(layer, wq=layer.plain[0], sq=layer.plain[1])
         wbf = layer.next_bf16()
         for M in map(int, rows.split(",")):
             x = torch.randn(M, layer.K, device="cuda").to(torch.bfloat16)
@@ -179,27 +188,35 @@ def _time(out, shapes, rows, inference) -> None:
             def full():
                 return lin.linear_mxfp4(x, wq, sq, None, fold_scale=fold, order=order, out=y)
 
-            grid, args, kwargs, compiled = recorded_launch(full)
-            params = inspect.signature(lin._linear_chunks_kernel.fn).parameters
-            bound = inspect.signature(lin._linear_chunks_kernel.fn).bind(
-                *args, **{k: v for k, v in kwargs.items() if k in params}
-            )
-            bound.apply_defaults()
-            values = list(bound.arguments.values())
-            runner = compiled[grid]
             fns = {
                 "full": full,
                 "op": lambda: torch.ops.probe.linear_mxfp4(x, wq, sq, fold, order, layer.N),
-                "jit": lambda: lin._linear_chunks_kernel[grid](*args, **kwargs),
-                "compiled": lambda: runner(*values),
                 "mm": lambda: torch.mm(x, wbf.t(), out=ybf),
             }
             fns |= vllm_methods(layer, order, x)
+            rec = {"shape": name, "M": M, "order": order}
             ref = full().clone()
-            runner(*values)
-            torch.cuda.synchronize()
-            same = bool(torch.equal(ref, y))
-            rec = {"shape": name, "M": M, "order": order, "grid": list(grid), "compiled_same_bits": same}
+            if order == "rows":  # the plugin's calls and the op give the same bits as the call they wrap
+                rec["same_bits"] = all(
+                    torch.equal(fns[key](), ref) for key in fns if key in ("op", "plugin", "plugin_op")
+                )
+            else:  # the chunk tile's single launch, recorded: Triton's own launch and the build's launcher
+                grid, args, kwargs, compiled = recorded_launch(full)
+                params = inspect.signature(lin._linear_chunks_kernel.fn).parameters
+                bound = inspect.signature(lin._linear_chunks_kernel.fn).bind(
+                    *args, **{k: v for k, v in kwargs.items() if k in params}
+                )
+                bound.apply_defaults()
+                values = list(bound.arguments.values())
+                runner = compiled[grid]
+                fns |= {
+                    "jit": lambda: lin._linear_chunks_kernel[grid](*args, **kwargs),
+                    "compiled": lambda: runner(*values),
+                }
+                runner(*values)
+                torch.cuda.synchronize()
+                rec |= {"grid": list(grid), "compiled_same_bits": bool(torch.equal(ref, y))}
+            fns = {key: fns[key] for key in CALLED if key in fns}  # each round calls them in this order
             for key, ts in host_us(fns).items():
                 rec[f"{key}_us"] = [round(t, 2) for t in ts]
                 rec[f"{key}_median_us"] = round(statistics.median(ts), 2)

@@ -4,9 +4,10 @@
 
 vLLM runs lm_head outside its CUDA graphs, so each decode step pays the dense op's host path (PERF_LOG stop 30: 200 us
 a step under torch.profiler on the device, against 61-71 us for Marlin's). This separates the part that is ours (shape
-checks, the dispatch, the output and activation buffers) from Triton's launcher: the three GEMV-path kernels are
-replaced by objects whose launch does nothing, and the call is timed on CPU tensors. The CPU branch picks the portable
-GEMV configurations (the CUDA one also asks ``launches_dependents``); the work per call is otherwise the same.
+checks, the dispatch, the output and activation buffers) from Triton's launcher: the kernels, and the Launchers that
+launch them since stops 44 / 49, are replaced by objects whose launch does nothing, and the call is timed on CPU
+tensors. The CPU branch picks the portable GEMV configurations (the CUDA one also asks ``launches_dependents``); the
+work per call is otherwise the same.
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ class _NoLaunch:
 
 def main() -> None:
     gemv._gemv_f16x2_kernel = gemv._prepare_x_kernel = gemv._gemv_mxfp4_kernel = _NoLaunch()
-    linear._linear_chunks_kernel = _NoLaunch()  # the chunk orders' tile (wgmma / mma2: one launch a call)
-    if hasattr(linear, "_LAUNCH_CHUNKS"):  # since stop 44 it launches through a Launcher (its key not timed here)
-        linear._LAUNCH_CHUNKS = lambda grid, *args, **kwargs: None
+    linear._linear_chunks_kernel = linear._linear_mxfp4_kernel = _NoLaunch()  # the tiles (one launch a call)
+    # Launchers (the chunk tile's since stop 44, the rows order's kernels since stop 49): their keys not timed here
+    for module, name in [(linear, "_LAUNCH_CHUNKS"), (linear, "_LAUNCH_ROWS")] + [
+        (gemv, n) for n in ("_LAUNCH_F16X2", "_LAUNCH_PREPARE", "_LAUNCH_GEMV")
+    ]:
+        if hasattr(module, name):
+            setattr(module, name, lambda grid, *args, **kwargs: None)
     shapes = {"lm_head": (201088, 2880), "qkv": (5120, 2880), "o": (2880, 4096)}
     record = {"torch": torch.__version__, "calls": 5000, "us_per_call": {}}
     for (name, (n, k)), order in itertools.product(shapes.items(), ("rows", "wgmma")):

@@ -45,6 +45,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     shift_scales,
     unshift,
 )
+from mxrepack.kernels.launch import Launcher
 
 
 @dataclass(frozen=True)
@@ -333,9 +334,7 @@ def pack_groups(v, GB: tl.constexpr):
 
 
 @triton.jit
-def _prepare_x_kernel(
-    x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr, PDL: tl.constexpr = 0
-):
+def _prepare_x_kernel(x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em, GB: tl.constexpr, PDL: tl.constexpr):
     """x [M, K] bf16 -> xp [M, K/2] int32 fp16 pairs in decode order, xe [M, K/32] fp32 = 2^e per group.
     ``PDL``: let the GEMV launched after this kernel start at once (it waits for these stores itself)."""
     if PDL:
@@ -358,10 +357,24 @@ def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.T
     M, K = x.shape
     xp = torch.empty(M, K // 2, dtype=torch.int32, device=x.device)
     xe = torch.empty(M, K // 32, dtype=torch.float32, device=x.device)
-    _prepare_x_kernel[(M, cdiv(K // 32, PREPARE_GROUPS))](
-        x, xp, xe, K, x.stride(0), xp.stride(0), xe.stride(0), GB=PREPARE_GROUPS, PDL=int(pdl)
+    _LAUNCH_PREPARE(
+        (M, cdiv(K // 32, PREPARE_GROUPS)),
+        x,
+        xp,
+        xe,
+        K,
+        x.stride(0),
+        xp.stride(0),
+        xe.stride(0),
+        GB=PREPARE_GROUPS,
+        PDL=int(pdl),
+        num_warps=4,
+        num_stages=3,  # Triton's defaults, which this kernel ran on before it had a Launcher
     )
     return xp, xe
+
+
+_LAUNCH_PREPARE = Launcher(_prepare_x_kernel)
 
 
 def _decode_word_f16x2_ptx(word: str, pairs: tuple[str, str, str, str]) -> list[str]:
@@ -853,9 +866,9 @@ def _gemv_f16x2_kernel(
     BLOCK_K: tl.constexpr,
     MATH: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PDL: tl.constexpr = 0,
-    ROWS: tl.constexpr = 0,
-    M=1,
+    PDL: tl.constexpr,
+    ROWS: tl.constexpr,
+    M,
 ):
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_load = tl.minimum(rn, N - 1)
@@ -943,15 +956,13 @@ def gemv_mxfp4(
         w_packed = w_packed.contiguous()
     if w_packed.data_ptr() % 16:
         w_packed = w_packed.clone()  # contiguous() keeps a misaligned storage offset; a copy does not
-    cfg = config or pick_gemv_config(N, sm_count(x.device), x.device.type == "cuda", M)
-    if cfg.pdl and not launches_dependents(x.device):  # sm_8x: launched one after the other
-        cfg = dataclasses.replace(cfg, pdl=0)
+    cfg = _launched(config, M, N, x.device)
     x = x.contiguous()
-    rows = cfg.launched(M).rows
-    grid = (cdiv(M, rows) if rows else M, cdiv(N, cfg.block_n))
+    grid = (cdiv(M, cfg.rows) if cfg.rows else M, cdiv(N, cfg.block_n))
     if cfg.prepared:
         xp, xe = prepare_x(x, pdl=bool(cfg.pdl))
-        _gemv_f16x2_kernel[grid](
+        _LAUNCH_F16X2(
+            grid,
             xp,
             xe,
             w_packed,
@@ -971,12 +982,13 @@ def gemv_mxfp4(
             MATH=cfg.math,
             PREFETCH=cfg.prefetch,
             PDL=cfg.pdl,
-            ROWS=rows,
+            ROWS=cfg.rows,
             M=M,
             **cfg.launch_options(),
         )
         return out
-    _gemv_mxfp4_kernel[grid](
+    _LAUNCH_GEMV(
+        grid,
         x,
         w_packed,
         w_scales,
@@ -995,6 +1007,21 @@ def gemv_mxfp4(
         **cfg.launch_options(),
     )
     return out
+
+
+_LAUNCH_F16X2 = Launcher(_gemv_f16x2_kernel)
+_LAUNCH_GEMV = Launcher(_gemv_mxfp4_kernel)
+
+
+@functools.lru_cache(maxsize=1024)  # asked per call; lm_head's runs outside vLLM's graphs, each step
+def _launched(config: GemvConfig | None, M: int, N: int, device: torch.device) -> GemvConfig:
+    """The GEMV configuration that runs ``M`` rows of x on ``N`` weight rows on ``device``: ``config`` or the pick,
+    without programmatic dependent launch where the GPU has none (sm_8x: launched one after the other), its row block
+    as :meth:`GemvConfig.launched`."""
+    cfg = config or pick_gemv_config(N, sm_count(device), device.type == "cuda", M)
+    if cfg.pdl and not launches_dependents(device):
+        cfg = dataclasses.replace(cfg, pdl=0)
+    return cfg.launched(M)
 
 
 @functools.cache

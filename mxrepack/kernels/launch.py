@@ -23,12 +23,13 @@ import triton
 
 
 class Launcher:
-    """``Launcher(kernel, check)(grid, *args, num_warps=, num_stages=, **constants)``: ``kernel[grid](*args,
-    num_warps=..., num_stages=..., **constants)``, the build reused without Triton's binding when the call matches one
-    made before. ``args`` are the kernel's leading parameters in order, ``constants`` the rest (its ``tl.constexpr``
-    ones) by name. ``check``: called with each new build before it is kept for reuse; a build it rejects (raises) is
-    not kept, so every call that would run it raises. Under Triton's interpreter, and for CPU tensors, Triton's own
-    launch every call.
+    """``Launcher(kernel, check)(grid, *args, num_warps=, num_stages=, launch_pdl=False, **constants)``:
+    ``kernel[grid](*args, num_warps=..., num_stages=..., **constants)`` (and ``launch_pdl=True`` when set: Triton keeps
+    it in the build, whose own launcher then launches with programmatic dependent launch), the build reused without
+    Triton's binding when the call matches one made before. ``args`` are the kernel's leading parameters in order,
+    ``constants`` the rest by name (its ``tl.constexpr`` ones, and any plain one after them). ``check``: called with
+    each new build before it is kept for reuse; a build it rejects (raises) is not kept, so every call that would run
+    it raises. Under Triton's interpreter, and for CPU tensors, Triton's own launch every call.
 
     Reuse sees the arguments only: Triton's process-wide settings (``TRITON_DEBUG``, instrumentation) changed after a
     build was kept, and its pre-run hooks, do not reach the kept builds."""
@@ -43,17 +44,18 @@ class Launcher:
         self.names = tuple(p.name for p in params)
         self._runs: dict[tuple, tuple] = {}
 
-    def __call__(self, grid: tuple[int, ...], *args, num_warps: int, num_stages: int, **constants):
+    def __call__(self, grid: tuple[int, ...], *args, num_warps: int, num_stages: int, launch_pdl=False, **constants):
         """Launch; returns the build when this call took Triton's path (a call not seen before), else None."""
+        options = {"num_warps": num_warps, "num_stages": num_stages} | ({"launch_pdl": True} if launch_pdl else {})
         if not self.compiled or not args[0].is_cuda:
-            return self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constants)
-        key = (torch.cuda.current_device(), *call_key(grid, args, num_warps, num_stages, constants))
+            return self.kernel[grid](*args, **options, **constants)
+        key = (torch.cuda.current_device(), bool(launch_pdl), *call_key(grid, args, num_warps, num_stages, constants))
         run = self._runs.get(key)
         if run is not None:
             runner, tail = run
             runner(*args, *tail)
             return None
-        build = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constants)
+        build = self.kernel[grid](*args, **options, **constants)
         if build is None:  # a Triton cache hook declined the launch: nothing to keep
             return None
         if self.check is not None:

@@ -54,7 +54,7 @@ from mxrepack.kernels.dequant_mxfp4 import (
     wgmma_chunks,
     with_fold,
 )
-from mxrepack.kernels.gemv_mxfp4 import GemvConfig, fills_with_rows, gemv_mxfp4, is_wide, sm_count
+from mxrepack.kernels.gemv_mxfp4 import GemvConfig, fills_with_rows, gemv_mxfp4, is_wide, pick_gemv_config, sm_count
 from mxrepack.kernels.launch import Launcher
 from mxrepack.kernels.mx_quant import quantize_activations
 
@@ -299,11 +299,11 @@ def _linear_mxfp4_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    MANUAL_DEQUANT: tl.constexpr = False,
-    INTERPRETER: tl.constexpr = False,
-    SWAP_AB: tl.constexpr = False,
-    MATH: tl.constexpr = "asm",
-    WAIT_MMA: tl.constexpr = False,
+    MANUAL_DEQUANT: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    MATH: tl.constexpr,
+    WAIT_MMA: tl.constexpr,
 ):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -439,6 +439,7 @@ def _linear_chunks_kernel(
 
 # each build checked before it is kept (a CUDA build: under the interpreter, Triton's launch every call)
 _LAUNCH_CHUNKS = Launcher(_linear_chunks_kernel, check=check_chunk_build)
+_LAUNCH_ROWS = Launcher(_linear_mxfp4_kernel)
 
 
 @triton.jit
@@ -501,45 +502,43 @@ def linear_mxfp4(
             check_order(order, MODES[mode], x.device)  # refuses it: the chunk orders are read with BF16 only
         return linear_chunks(x, w_packed, w_scales, order, bias, config, out, fold_scale)
     M, K = x.shape
-    N = w_packed.shape[0]
-    if w_packed.shape != (N, K // 2) or w_scales.shape != (N, K // 32) or K % 32:
-        raise ValueError(
-            f"weights {tuple(w_packed.shape)}/{tuple(w_scales.shape)} do not fit x {tuple(x.shape)}: "
-            f"expected [N, {K // 2}] packed and [N, {K // 32}] scales, K % 32 == 0"
-        )
+    call = _rows_call(
+        M,
+        K,
+        tuple(w_packed.shape),
+        tuple(w_scales.shape),
+        mode,
+        config,
+        fold_scale,
+        None if out is None else (out.shape, out.dtype, out.stride()),
+        None if bias is None else bias.shape,
+        x.device,
+        interpreting(),
+    )
     if out is None:
-        out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
-    _check_out_and_bias(out, bias, M, N, N)
-    if isinstance(config, GemvConfig) or (config is None and mode == "w4a16" and use_gemv(M, N, sm_count(x.device))):
-        if mode != "w4a16":
-            raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
-        return gemv_mxfp4(x, w_packed, w_scales, bias, out, config)
-    if isinstance(config, DequantConfig) or (
-        config is None and mode == "w4a16" and use_dequant_gemm(M, N, sm_count(x.device))
-    ):
-        if mode != "w4a16":
-            raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
-        return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, config or DEQUANT)
-    cfg = config or pick_config(M, N, K, sm_count(x.device), mode, fold_scale)
-    a_fmt = MODES[mode]
-    swap = cfg.swap_ab and a_fmt == "bf16"
+        out = torch.empty(M, call.n, dtype=torch.bfloat16, device=x.device)
+    cfg = call.config
+    if isinstance(cfg, GemvConfig):
+        return gemv_mxfp4(x, w_packed, w_scales, bias, out, cfg)
+    if isinstance(cfg, DequantConfig):
+        return linear_dequant_gemm(x.contiguous(), w_packed, w_scales, bias, out, cfg)
+    swap = call.constants["SWAP_AB"]
     if swap and cfg.fold_scale and not fold_scale:  # a folded tile chosen by hand: its precondition checked here
         check_fold_scale(w_scales)
+    a_fmt = MODES[mode]
     if swap:
         a, a_scales = split_pairs(x, cdiv(K, 128) * 128), None
     elif a_fmt == "bf16":
         a, a_scales = x.contiguous(), None
     else:
         a, a_scales = quantize_activations(x, a_fmt)
-    grid = (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k)
-    tiles = grid[0] * grid[1]
     if cfg.split_k > 1:
-        part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, tiles, "linear")
+        part = torch.empty(cfg.split_k, M, call.n, dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device, call.grid[0] * call.grid[1], "linear")
     else:
         part = counters = out  # unused
-    interpreter = interpreting()
-    _linear_mxfp4_kernel[grid](
+    _LAUNCH_ROWS(
+        call.grid,
         a,
         a_scales if a_scales is not None else w_scales,
         w_packed,
@@ -549,15 +548,70 @@ def linear_mxfp4(
         part,
         counters,
         M,
-        N,
+        call.n,
         K,
         a.stride(0),
         a_scales.stride(0) if a_scales is not None else 0,
         w_packed.stride(0),
         w_scales.stride(0),
         out.stride(0),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **call.constants,
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class _RowsCall:
+    """What :func:`linear_mxfp4` runs for one shape of call on rows-order weights (as :class:`_ChunkCall` for the chunk
+    orders): worked out, and the call checked, once per shape."""
+
+    config: LinearConfig | GemvConfig | DequantConfig
+    n: int  # output columns
+    grid: tuple[int, int, int]  # the tile's (a GEMV works out its own)
+    constants: dict  # the tile's constexpr arguments
+
+
+@functools.lru_cache(maxsize=4096)
+def _rows_call(
+    M: int,
+    K: int,
+    w_shape: tuple[int, int],
+    scales_shape: tuple[int, int],
+    mode: str,
+    config: LinearConfig | GemvConfig | DequantConfig | None,
+    fold_scale: bool,
+    out: tuple | None,
+    bias_shape: tuple | None,
+    device: torch.device,
+    interpreter: bool,
+) -> _RowsCall:
+    """The checks and the dispatch of :func:`linear_mxfp4` on rows-order weights for a call of this shape (arguments as
+    :func:`_chunk_call`'s). Raises as the call would."""
+    N = w_shape[0]
+    if w_shape != (N, K // 2) or scales_shape != (N, K // 32) or K % 32:
+        raise ValueError(
+            f"weights {w_shape}/{scales_shape} do not fit x {(M, K)}: "
+            f"expected [N, {K // 2}] packed and [N, {K // 32}] scales, K % 32 == 0"
+        )
+    _check_shapes(out or ((M, N), torch.bfloat16, (N, 1)), bias_shape, M, N, N)
+    sms = sm_count(device)
+    if isinstance(config, GemvConfig) or (config is None and mode == "w4a16" and use_gemv(M, N, sms)):
+        if mode != "w4a16":
+            raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
+        return _RowsCall(config or pick_gemv_config(N, sms, device.type == "cuda", M), N, (0, 0, 0), {})
+    if isinstance(config, DequantConfig) or (config is None and mode == "w4a16" and use_dequant_gemm(M, N, sms)):
+        if mode != "w4a16":
+            raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
+        return _RowsCall(config or DEQUANT, N, (0, 0, 0), {})
+    cfg = config or pick_config(M, N, K, sms, mode, fold_scale)
+    a_fmt = MODES[mode]
+    swap = cfg.swap_ab and a_fmt == "bf16"
+    ptx = not interpreter and device.type == "cuda"
+    constants = dict(
         A_FMT=a_fmt,
-        HAS_BIAS=bias is not None,
+        HAS_BIAS=bias_shape is not None,
         SPLIT_K=cfg.split_k,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
@@ -565,22 +619,16 @@ def linear_mxfp4(
         MANUAL_DEQUANT=cfg.manual_dequant and a_fmt == "bf16",
         INTERPRETER=interpreter,
         SWAP_AB=swap,
-        MATH="ops" if interpreter or x.device.type != "cuda" else (cfg.math if swap else "asm"),
-        WAIT_MMA=swap and not interpreter and mma_reads_registers_async(x.device),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        MATH=(cfg.math if swap else "asm") if ptx else "ops",
+        WAIT_MMA=swap and not interpreter and mma_reads_registers_async(device),
     )
-    return out
-
-
-def _check_out_and_bias(out: torch.Tensor, bias: torch.Tensor | None, M: int, N: int, max_n: int) -> None:
-    """``out`` a float ``[M, N]`` (the kernels store in its dtype) with unit column stride (they store rows at
-    ``out.stride(0)``) and N at most ``max_n`` (W's rows); ``bias`` None or ``[N]``: else one line."""
-    _check_shapes((out.shape, out.dtype, out.stride()), None if bias is None else bias.shape, M, N, max_n)
+    return _RowsCall(cfg, N, (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k), constants)
 
 
 def _check_shapes(out: tuple, bias_shape: tuple | None, M: int, N: int, max_n: int) -> None:
-    """:func:`_check_out_and_bias` on ``out``'s (shape, dtype, strides) and the bias's shape."""
+    """``out`` (its shape, dtype, strides) a float ``[M, N]`` (the kernels store in its dtype) with unit column stride
+    (they store rows at ``out.stride(0)``) and N at most ``max_n`` (W's rows); ``bias_shape`` None or ``[N]``: else
+    one line."""
     shape, dtype, strides = out
     floats = (torch.bfloat16, torch.float16, torch.float32)
     shape_ok = len(shape) == 2 and tuple(shape) == (M, N) and 0 < N <= max_n
