@@ -1640,6 +1640,25 @@ def test_decode_counters_reserved_for_every_gemv_call():
         assert arrival.arrival_counters(dev, most_chunks, "moe_combine") is buf
 
 
+def test_split_pairs_kernel_is_the_reshape():
+    """split_pairs' kernel against the reshape it replaced (stop 49): each 128-column tile's even columns then its odd
+    ones, zero-padded to the width; a K of no whole tile, a strided view, a wider width, no rows."""
+    from mxrepack.kernels.dequant_mxfp4 import split_pairs
+
+    def reference(x, width):
+        T, K = x.shape
+        x = torch.nn.functional.pad(x, (0, width - K))
+        return x.reshape(T, width // 128, 64, 2).transpose(2, 3).reshape(T, width)
+
+    torch.manual_seed(6)
+    x = torch.randn(5, 2 * 288).to(torch.bfloat16)
+    for view, width in ((x[:, :288], 384), (x[:, ::2], 384), (x[:3, :256], 256), (x[:3, :256], 512), (x[:0, :288], 384)):
+        got = split_pairs(view, width)
+        assert got.shape == (view.shape[0], width) and torch.equal(got, reference(view, width)), (view.stride(), width)
+    with pytest.raises(ValueError, match="multiple of 128 and at least 288"):
+        split_pairs(x[:, :288], 256)
+
+
 def test_launch_call_key():
     """A known build is reused only for a call Triton would give the same build (launch.call_key): a tensor's dtype
     and its address modulo 256 (16-byte divisibility is Triton's specialization), an integer's value, a bool apart

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from mxrepack.kernels import cdiv
+from mxrepack.kernels.launch import Launcher
 from mxrepack.layouts.strided import WORD_DECODED_BITS, WORD_ROTATIONS
 
 
@@ -942,12 +943,31 @@ def mma_v3_disabled() -> bool:
 
 def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:
     """Activations ``[T, K]`` -> ``[T, width]`` (zero-padded to ``width``, a multiple of 128) with each 128-column
-    K tile as its 64 even columns then its 64 odd ones: the order :func:`dot_w_mxfp4` reads."""
+    K tile as its 64 even columns then its 64 odd ones: the order :func:`dot_w_mxfp4` reads. One launch through a
+    :class:`~mxrepack.kernels.launch.Launcher`: lm_head's swapped tile runs outside vLLM's graphs, and torch's pad and
+    copy took two launches' host time a call (PERF_LOG stop 49)."""
     T, K = x.shape
     if width % 128 or width < K:
         raise ValueError(f"split width {width} must be a multiple of 128 and at least {K}")
-    x = torch.nn.functional.pad(x, (0, width - K)) if width != K else x
-    return x.reshape(T, width // 128, 64, 2).transpose(2, 3).reshape(T, width)
+    out = torch.empty(T, width, dtype=x.dtype, device=x.device)
+    if T:
+        _LAUNCH_SPLIT((T, width // 128), x, out, K, x.stride(0), x.stride(1), num_warps=1, num_stages=1)
+    return out
+
+
+@triton.jit
+def _split_pairs_kernel(x_ptr, out_ptr, K, stride_xm, stride_xk):
+    """One row's 128-column tile of :func:`split_pairs`: its even columns, then its odd ones, zero past K."""
+    row, k0 = tl.program_id(0), tl.program_id(1) * 128
+    i = tl.arange(0, 64)
+    src = x_ptr + row.to(tl.int64) * stride_xm
+    dst = out_ptr + row.to(tl.int64) * tl.num_programs(1) * 128 + k0
+    even, odd = k0 + 2 * i, k0 + 2 * i + 1
+    tl.store(dst + i, tl.load(src + even * stride_xk, mask=even < K, other=0.0))
+    tl.store(dst + 64 + i, tl.load(src + odd * stride_xk, mask=odd < K, other=0.0))
+
+
+_LAUNCH_SPLIT = Launcher(_split_pairs_kernel)
 
 
 @triton.jit
