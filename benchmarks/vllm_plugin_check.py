@@ -962,7 +962,8 @@ def main() -> None:
         "--pin-cpus",
         help="run every engine on these CPUs (a list such as 0-15, or 'gpu': the GPU's own NUMA node's, from "
         "sysfs), within those this process may use: unpinned, one case's engines decoded one sequence at 383-667 "
-        "tok/s (docs/SERVING.md, stop 48); not yet run pinned",
+        "tok/s (docs/SERVING.md, stop 48); on an H200 whose GPU's node held all its CPUs, 'gpu' changed nothing "
+        "(stop 49)",
     )
     ap.add_argument("--json")
     args = ap.parse_args()

@@ -1652,7 +1652,13 @@ def test_split_pairs_kernel_is_the_reshape():
 
     torch.manual_seed(6)
     x = torch.randn(5, 2 * 288).to(torch.bfloat16)
-    for view, width in ((x[:, :288], 384), (x[:, ::2], 384), (x[:3, :256], 256), (x[:3, :256], 512), (x[:0, :288], 384)):
+    for view, width in (
+        (x[:, :288], 384),
+        (x[:, ::2], 384),
+        (x[:3, :256], 256),
+        (x[:3, :256], 512),
+        (x[:0, :288], 384),
+    ):
         got = split_pairs(view, width)
         assert got.shape == (view.shape[0], width) and torch.equal(got, reference(view, width)), (view.stride(), width)
     with pytest.raises(ValueError, match="multiple of 128 and at least 288"):

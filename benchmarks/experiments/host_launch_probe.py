@@ -21,7 +21,7 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
   the inference-mode record ran 6eab5c3 plus the option committed in 2cfbcec);
   at 4a92125 ``plugin`` was ``apply`` through the op and ``plugin_direct`` the direct call.
 
-    python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS] [INFERENCE]  # Hopper (wgmma)
+    python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS] [INFERENCE] [ORDER]  # Hopper
     python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS]
     # with vLLM (the kit's fourth call): bash benchmarks/vllm_plugin_device.sh .kit3 >/dev/null 2>&1;
     #   source .kitx/device.sh .kitx; export PYTHONPATH=$PWD:$PYTHONPATH; python benchmarks/experiments/... time OUT
