@@ -6,8 +6,8 @@ vLLM runs lm_head outside its CUDA graphs, so each decode step pays the dense op
 a step under torch.profiler on the device, against 61-71 us for Marlin's). This separates the part that is ours (shape
 checks, the dispatch, the output and activation buffers) from Triton's launcher: the kernels, and the Launchers that
 launch them since stops 44 / 49, are replaced by objects whose launch does nothing, and the call is timed on CPU
-tensors. The CPU branch picks the portable GEMV configurations (the CUDA one also asks ``launches_dependents``); the
-work per call is otherwise the same.
+tensors. The CPU branch picks the portable GEMV configurations (the CUDA one also asks ``launches_dependents``, once
+per shape since stop 49); the work per call is otherwise the same.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 
 import torch
 
+import mxrepack.kernels.dequant_mxfp4 as dequant
 import mxrepack.kernels.gemv_mxfp4 as gemv
 import mxrepack.kernels.linear_mxfp4 as linear
 from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
@@ -33,9 +34,11 @@ def main() -> None:
     gemv._gemv_f16x2_kernel = gemv._prepare_x_kernel = gemv._gemv_mxfp4_kernel = _NoLaunch()
     linear._linear_chunks_kernel = linear._linear_mxfp4_kernel = _NoLaunch()  # the tiles (one launch a call)
     # Launchers (the chunk tile's since stop 44, the rows order's kernels since stop 49): their keys not timed here
-    for module, name in [(linear, "_LAUNCH_CHUNKS"), (linear, "_LAUNCH_ROWS")] + [
-        (gemv, n) for n in ("_LAUNCH_F16X2", "_LAUNCH_PREPARE", "_LAUNCH_GEMV")
-    ]:
+    for module, name in (
+        [(linear, "_LAUNCH_CHUNKS"), (linear, "_LAUNCH_ROWS")]
+        + [(gemv, n) for n in ("_LAUNCH_F16X2", "_LAUNCH_PREPARE", "_LAUNCH_GEMV")]
+        + [(dequant, "_LAUNCH_SPLIT")]
+    ):
         if hasattr(module, name):
             setattr(module, name, lambda grid, *args, **kwargs: None)
     shapes = {"lm_head": (201088, 2880), "qkv": (5120, 2880), "o": (2880, 4096)}

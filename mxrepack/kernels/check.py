@@ -455,9 +455,9 @@ def _chunk_gemv_sources(cfg: moe.ChunkGemvConfig, math: str) -> dict[str, ASTSou
 
 
 def _no_mma(kernel: str) -> bool:
-    """Kernels that run on CUDA cores by design: the decode GEMVs, the MoE schedule and combine, and the prefill's
-    dequantizers."""
-    return kernel.startswith(("gemv_", "moe_schedule", "dequant_"))
+    """Kernels that run on CUDA cores by design: the decode GEMVs, the MoE schedule and combine, the prefill's
+    dequantizers and the swapped tiles' activation reorder."""
+    return kernel.startswith(("gemv_", "moe_schedule", "dequant_", "split_pairs"))
 
 
 def _with_folded(configs: dict, bf16: bool) -> dict:
@@ -540,11 +540,13 @@ def shipped_kernels():
     prepare_built = set()  # the activation-preparing kernel differs by PDL only: built once per PDL
     for name, cfg in (("wide", gemv.WIDE), ("narrow", gemv.NARROW), *narrow_rows):
         for kernel, src in _gemv_sources(cfg).items():
-            if kernel == "gemv_prepare_x":
+            warps, stages = cfg.num_warps, cfg.num_stages
+            if kernel == "gemv_prepare_x":  # launched on its own warps and stages, not the GEMV's
                 if cfg.pdl in prepare_built:
                     continue
                 prepare_built.add(cfg.pdl)
-            yield kernel, f"{name}:{cfg.name()}", "w4a16", src, cfg.num_warps, cfg.num_stages
+                warps, stages = gemv.PREPARE_WARPS, gemv.PREPARE_STAGES
+            yield kernel, f"{name}:{cfg.name()}", "w4a16", src, warps, stages
     for kernel, src in _moe_gemv_sources(moe.MOE_GEMV).items():
         one = moe.MOE_GEMV.gate_up if "gate_up" in kernel else moe.MOE_GEMV.down
         yield kernel, f"decode:{one.name()}", "w4a16", src, one.num_warps, one.num_stages
@@ -556,6 +558,9 @@ def shipped_kernels():
                 warps = cfg.gate_up_warps if "gate_up" in kernel else cfg.down_warps
                 yield kernel, f"{cfg.order} decode:{cfg.name()} {math}", "w4a16", src, warps, 1
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
+    # the swapped tiles' activations in split order (dequant_mxfp4.split_pairs), launched as split_pairs launches it
+    split = {"x_ptr": "*bf16", "out_ptr": "*bf16", "K": "i32", "stride_xm": "i32", "stride_xk": "i32"}
+    yield "split_pairs", "swapped tiles' activations", "w4a16", ASTSource(dq._split_pairs_kernel, split, {}), 1, 1
     # CUDA cores, any activations: checked once, the placing kernel at each chunk count a call may take
     chunk_counts = [1 << i for i in range(1, moe.SCHEDULE_CHUNKS.bit_length())]
     for kernel, src in _moe_schedule_sources().items():

@@ -963,8 +963,9 @@ def _split_pairs_kernel(x_ptr, out_ptr, K, stride_xm, stride_xk):
     src = x_ptr + row.to(tl.int64) * stride_xm
     dst = out_ptr + row.to(tl.int64) * tl.num_programs(1) * 128 + k0
     even, odd = k0 + 2 * i, k0 + 2 * i + 1
-    tl.store(dst + i, tl.load(src + even * stride_xk, mask=even < K, other=0.0))
-    tl.store(dst + 64 + i, tl.load(src + odd * stride_xk, mask=odd < K, other=0.0))
+    cols = even.to(tl.int64) * stride_xk  # a column-strided view's offsets can pass 2^31
+    tl.store(dst + i, tl.load(src + cols, mask=even < K, other=0.0))
+    tl.store(dst + 64 + i, tl.load(src + cols + stride_xk, mask=odd < K, other=0.0))
 
 
 _LAUNCH_SPLIT = Launcher(_split_pairs_kernel)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -349,6 +350,7 @@ def _prepare_x_kernel(x_ptr, xp_ptr, xe_ptr, K, stride_xm, stride_pm, stride_em,
 
 
 PREPARE_GROUPS = 16  # groups of 32 activations per program of the preparing kernel
+PREPARE_WARPS, PREPARE_STAGES = 4, 3  # Triton's defaults, which it ran on before it had a Launcher (stop 49)
 
 
 def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,8 +370,8 @@ def prepare_x(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.T
         xe.stride(0),
         GB=PREPARE_GROUPS,
         PDL=int(pdl),
-        num_warps=4,
-        num_stages=3,  # Triton's defaults, which this kernel ran on before it had a Launcher
+        num_warps=PREPARE_WARPS,
+        num_stages=PREPARE_STAGES,
     )
     return xp, xe
 
@@ -956,7 +958,9 @@ def gemv_mxfp4(
         w_packed = w_packed.contiguous()
     if w_packed.data_ptr() % 16:
         w_packed = w_packed.clone()  # contiguous() keeps a misaligned storage offset; a copy does not
-    cfg = _launched(config, M, N, x.device)
+    # MXREPACK_PDL read only where a configuration asks for PDL: no picked dense GEMV does (WIDE, NARROW, NARROW_ROWS)
+    pdl_env = os.environ.get("MXREPACK_PDL") if config is not None and config.pdl else None
+    cfg = _launched(config, M, N, x.device, pdl_env)
     x = x.contiguous()
     grid = (cdiv(M, cfg.rows) if cfg.rows else M, cdiv(N, cfg.block_n))
     if cfg.prepared:
@@ -1014,10 +1018,11 @@ _LAUNCH_GEMV = Launcher(_gemv_mxfp4_kernel)
 
 
 @functools.lru_cache(maxsize=1024)  # asked per call; lm_head's runs outside vLLM's graphs, each step
-def _launched(config: GemvConfig | None, M: int, N: int, device: torch.device) -> GemvConfig:
+def _launched(config: GemvConfig | None, M: int, N: int, device: torch.device, pdl_env: str | None) -> GemvConfig:
     """The GEMV configuration that runs ``M`` rows of x on ``N`` weight rows on ``device``: ``config`` or the pick,
-    without programmatic dependent launch where the GPU has none (sm_8x: launched one after the other), its row block
-    as :meth:`GemvConfig.launched`."""
+    without programmatic dependent launch where the GPU has none (sm_8x: launched one after the other) or
+    ``MXREPACK_PDL=0`` turns it off (``pdl_env``, its value: part of the cache key), its row block as
+    :meth:`GemvConfig.launched`."""
     cfg = config or pick_gemv_config(N, sm_count(device), device.type == "cuda", M)
     if cfg.pdl and not launches_dependents(device):
         cfg = dataclasses.replace(cfg, pdl=0)

@@ -437,7 +437,7 @@ def _linear_chunks_kernel(
     _store_split(acc, part_ptr, counter, pid_k, b_ptr, y_ptr, rm, rn, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
 
-# each build checked before it is kept (a CUDA build: under the interpreter, Triton's launch every call)
+# the chunk tile's builds checked before they are kept (a CUDA build: under the interpreter, Triton's launch every call)
 _LAUNCH_CHUNKS = Launcher(_linear_chunks_kernel, check=check_chunk_build)
 _LAUNCH_ROWS = Launcher(_linear_mxfp4_kernel)
 
@@ -514,6 +514,7 @@ def linear_mxfp4(
         None if bias is None else bias.shape,
         x.device,
         interpreting(),
+        mma_v3_disabled(),
     )
     if out is None:
         out = torch.empty(M, call.n, dtype=torch.bfloat16, device=x.device)
@@ -586,9 +587,10 @@ def _rows_call(
     bias_shape: tuple | None,
     device: torch.device,
     interpreter: bool,
+    mma_v3_off: bool,
 ) -> _RowsCall:
     """The checks and the dispatch of :func:`linear_mxfp4` on rows-order weights for a call of this shape (arguments as
-    :func:`_chunk_call`'s). Raises as the call would."""
+    :func:`_chunk_call`'s; ``mma_v3_off`` sets the tile's WAIT_MMA). Raises as the call would."""
     N = w_shape[0]
     if w_shape != (N, K // 2) or scales_shape != (N, K // 32) or K % 32:
         raise ValueError(
