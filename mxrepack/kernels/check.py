@@ -559,8 +559,17 @@ def shipped_kernels():
                 yield kernel, f"{cfg.order} decode:{cfg.name()} {math}", "w4a16", src, warps, 1
     yield "dequant_mxfp4", f"prefill:{dq.DEQUANT.name()}", "w4a16", _dequant_source(dq.DEQUANT), dq.DEQUANT.num_warps, 1
     # the swapped tiles' activations in split order (dequant_mxfp4.split_pairs), launched as split_pairs launches it
-    split = {"x_ptr": "*bf16", "out_ptr": "*bf16", "K": "i32", "stride_xm": "i32", "stride_xk": "i32"}
-    yield "split_pairs", "swapped tiles' activations", "w4a16", ASTSource(dq._split_pairs_kernel, split, {}), 1, 1
+    split = {
+        "x_ptr": "*bf16",
+        "out_ptr": "*bf16",
+        "K": "i32",
+        "width": "i32",
+        "stride_xm": "i32",
+        "stride_xk": "i32",
+        "TILES": "constexpr",
+    }
+    src = ASTSource(dq._split_pairs_kernel, split, {"TILES": dq.SPLIT_TILES})
+    yield "split_pairs", f"swapped tiles' activations, {dq.SPLIT_TILES} tiles", "w4a16", src, 4, 1
     # CUDA cores, any activations: checked once, the placing kernel at each chunk count a call may take
     chunk_counts = [1 << i for i in range(1, moe.SCHEDULE_CHUNKS.bit_length())]
     for kernel, src in _moe_schedule_sources().items():

@@ -951,21 +951,27 @@ def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:
         raise ValueError(f"split width {width} must be a multiple of 128 and at least {K}")
     out = torch.empty(T, width, dtype=x.dtype, device=x.device)
     if T:
-        _LAUNCH_SPLIT((T, width // 128), x, out, K, x.stride(0), x.stride(1), num_warps=1, num_stages=1)
+        grid = (T, cdiv(width // 128, SPLIT_TILES))
+        _LAUNCH_SPLIT(grid, x, out, K, width, x.stride(0), x.stride(1), TILES=SPLIT_TILES, num_warps=4, num_stages=1)
     return out
 
 
+SPLIT_TILES = 8  # 128-column tiles of one row per program of split_pairs' kernel (gpt-oss's 2944: 3 programs a row)
+
+
 @triton.jit
-def _split_pairs_kernel(x_ptr, out_ptr, K, stride_xm, stride_xk):
-    """One row's 128-column tile of :func:`split_pairs`: its even columns, then its odd ones, zero past K."""
-    row, k0 = tl.program_id(0), tl.program_id(1) * 128
-    i = tl.arange(0, 64)
-    src = x_ptr + row.to(tl.int64) * stride_xm
-    dst = out_ptr + row.to(tl.int64) * tl.num_programs(1) * 128 + k0
-    even, odd = k0 + 2 * i, k0 + 2 * i + 1
-    cols = even.to(tl.int64) * stride_xk  # a column-strided view's offsets can pass 2^31
-    tl.store(dst + i, tl.load(src + cols, mask=even < K, other=0.0))
-    tl.store(dst + 64 + i, tl.load(src + cols + stride_xk, mask=odd < K, other=0.0))
+def _split_pairs_kernel(x_ptr, out_ptr, K, width, stride_xm, stride_xk, TILES: tl.constexpr):
+    """``TILES`` 128-column tiles of one row of :func:`split_pairs`: each tile's even columns, then its odd ones, zero
+    past K."""
+    row = tl.program_id(0)
+    j = tl.program_id(1) * TILES + tl.arange(0, TILES)[:, None]  # the tiles
+    i = tl.arange(0, 64)[None, :]  # the pairs of a tile
+    even = j * 128 + 2 * i
+    ok = even < width
+    src = x_ptr + row.to(tl.int64) * stride_xm + even.to(tl.int64) * stride_xk  # a strided view can pass 2^31
+    dst = out_ptr + row.to(tl.int64) * width + j * 128 + i
+    tl.store(dst, tl.load(src, mask=even < K, other=0.0), mask=ok)
+    tl.store(dst + 64, tl.load(src + stride_xk, mask=even + 1 < K, other=0.0), mask=ok)
 
 
 _LAUNCH_SPLIT = Launcher(_split_pairs_kernel)

@@ -502,20 +502,7 @@ def linear_mxfp4(
             check_order(order, MODES[mode], x.device)  # refuses it: the chunk orders are read with BF16 only
         return linear_chunks(x, w_packed, w_scales, order, bias, config, out, fold_scale)
     M, K = x.shape
-    call = _rows_call(
-        M,
-        K,
-        tuple(w_packed.shape),
-        tuple(w_scales.shape),
-        mode,
-        config,
-        fold_scale,
-        None if out is None else (out.shape, out.dtype, out.stride()),
-        None if bias is None else bias.shape,
-        x.device,
-        interpreting(),
-        mma_v3_disabled(),
-    )
+    call = _rows_call(M, K, w_packed.shape, w_scales.shape, mode, config, fold_scale, *_call_context(x, out, bias))
     if out is None:
         out = torch.empty(M, call.n, dtype=torch.bfloat16, device=x.device)
     cfg = call.config
@@ -563,14 +550,28 @@ def linear_mxfp4(
     return out
 
 
+def _call_context(x: torch.Tensor, out: torch.Tensor | None, bias: torch.Tensor | None) -> tuple:
+    """The rest of a call's shape for :func:`_rows_call` / :func:`_chunk_call`: ``out``'s (shape, dtype, strides) or
+    None, the bias's shape or None, the device, and the environment the dispatch reads (Triton's interpreter, and
+    ``DISABLE_MMA_V3``, which the tiles' WAIT_MMA reads), so that a change of it is a new shape."""
+    return (
+        None if out is None else (out.shape, out.dtype, out.stride()),
+        None if bias is None else bias.shape,
+        x.device,
+        interpreting(),
+        mma_v3_disabled(),
+    )
+
+
 @dataclass(frozen=True)
-class _RowsCall:
-    """What :func:`linear_mxfp4` runs for one shape of call on rows-order weights (as :class:`_ChunkCall` for the chunk
-    orders): worked out, and the call checked, once per shape."""
+class _Call:
+    """What :func:`linear_mxfp4` (rows order: :func:`_rows_call`) or :func:`linear_chunks` (:func:`_chunk_call`) runs
+    for one shape of call: worked out, and the call checked, once per shape, since vLLM runs lm_head outside its CUDA
+    graphs and each step pays the call's host time (PERF_LOG stops 44 and 49)."""
 
     config: LinearConfig | GemvConfig | DequantConfig
     n: int  # output columns
-    grid: tuple[int, int, int]  # the tile's (a GEMV works out its own)
+    grid: tuple[int, int, int]  # the tile's (a GEMV works out its own; none for dequantize + cuBLAS)
     constants: dict  # the tile's constexpr arguments
 
 
@@ -588,13 +589,13 @@ def _rows_call(
     device: torch.device,
     interpreter: bool,
     mma_v3_off: bool,
-) -> _RowsCall:
+) -> _Call:
     """The checks and the dispatch of :func:`linear_mxfp4` on rows-order weights for a call of this shape (arguments as
     :func:`_chunk_call`'s; ``mma_v3_off`` sets the tile's WAIT_MMA). Raises as the call would."""
     N = w_shape[0]
     if w_shape != (N, K // 2) or scales_shape != (N, K // 32) or K % 32:
         raise ValueError(
-            f"weights {w_shape}/{scales_shape} do not fit x {(M, K)}: "
+            f"weights {tuple(w_shape)}/{tuple(scales_shape)} do not fit x {(M, K)}: "
             f"expected [N, {K // 2}] packed and [N, {K // 32}] scales, K % 32 == 0"
         )
     _check_shapes(out or ((M, N), torch.bfloat16, (N, 1)), bias_shape, M, N, N)
@@ -602,11 +603,11 @@ def _rows_call(
     if isinstance(config, GemvConfig) or (config is None and mode == "w4a16" and use_gemv(M, N, sms)):
         if mode != "w4a16":
             raise ValueError(f"the GEMV runs W4A16 only, not {mode}")
-        return _RowsCall(config or pick_gemv_config(N, sms, device.type == "cuda", M), N, (0, 0, 0), {})
+        return _Call(config or pick_gemv_config(N, sms, device.type == "cuda", M), N, (0, 0, 0), {})
     if isinstance(config, DequantConfig) or (config is None and mode == "w4a16" and use_dequant_gemm(M, N, sms)):
         if mode != "w4a16":
             raise ValueError(f"the dequantize + cuBLAS path runs W4A16 only, not {mode}")
-        return _RowsCall(config or DEQUANT, N, (0, 0, 0), {})
+        return _Call(config or DEQUANT, N, (0, 0, 0), {})
     cfg = config or pick_config(M, N, K, sms, mode, fold_scale)
     a_fmt = MODES[mode]
     swap = cfg.swap_ab and a_fmt == "bf16"
@@ -624,7 +625,7 @@ def _rows_call(
         MATH=(cfg.math if swap else "asm") if ptx else "ops",
         WAIT_MMA=swap and not interpreter and mma_reads_registers_async(device),
     )
-    return _RowsCall(cfg, N, (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k), constants)
+    return _Call(cfg, N, (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k), constants)
 
 
 def _check_shapes(out: tuple, bias_shape: tuple | None, M: int, N: int, max_n: int) -> None:
@@ -659,20 +660,7 @@ def linear_chunks(
     :class:`DequantConfig` (dequantize + cuBLAS), or None: :func:`pick_chunk_config`. ``fold_scale`` as
     :func:`linear_mxfp4`'s. Refuses an order this GPU's MMA does not read (:func:`check_order`)."""
     M, K = x.shape
-    call = _chunk_call(
-        M,
-        K,
-        w.shape,
-        w_scales.shape,
-        order,
-        config,
-        fold_scale,
-        None if out is None else (out.shape, out.dtype, out.stride()),
-        None if bias is None else bias.shape,
-        x.device,
-        interpreting(),
-        mma_v3_disabled(),
-    )
+    call = _chunk_call(M, K, w.shape, w_scales.shape, order, config, fold_scale, *_call_context(x, out, bias))
     if out is None:
         out = torch.empty(M, call.n, dtype=torch.bfloat16, device=x.device)
     cfg = call.config
@@ -710,17 +698,6 @@ def linear_chunks(
     return out
 
 
-@dataclass(frozen=True)
-class _ChunkCall:
-    """What :func:`linear_chunks` runs for one shape of call: worked out, and the call checked, once per shape, since
-    vLLM runs lm_head outside its CUDA graphs and each step pays the call's host time (PERF_LOG stop 44)."""
-
-    config: LinearConfig | DequantConfig
-    n: int  # output columns
-    grid: tuple[int, int, int]
-    constants: dict  # the kernel's constexpr arguments
-
-
 @functools.lru_cache(maxsize=4096)
 def _chunk_call(
     M: int,
@@ -735,7 +712,7 @@ def _chunk_call(
     device: torch.device,
     interpreter: bool,
     mma_v3_off: bool,
-) -> _ChunkCall:
+) -> _Call:
     """The checks and the dispatch of :func:`linear_chunks` for a call of this shape: ``out`` its (shape, dtype,
     strides) or None; ``interpreter`` / ``mma_v3_off`` the environment they read, so that a change of it is a new
     shape. Raises as the call would."""
@@ -751,7 +728,7 @@ def _chunk_call(
     _check_shapes(out or ((M, N), torch.bfloat16, (N, 1)), bias_shape, M, N, Np)
     cfg = config or pick_chunk_config(M, N, K, sm_count(device), fold_scale, order=order)
     if cfg is None or isinstance(cfg, DequantConfig):
-        return _ChunkCall(cfg or DEQUANT, N, (0, 0, 0), {})
+        return _Call(cfg or DEQUANT, N, (0, 0, 0), {})
     if not cfg.swap_ab:
         raise ValueError(f"config {cfg.name()}: the chunk orders decode W as the MMA's first operand (swap_ab)")
     ptx = runs_ptx(device)
@@ -767,4 +744,4 @@ def _chunk_call(
         INTERPRETER=interpreter,
         WAIT_MMA=ptx and mma_reads_registers_async(device),
     )
-    return _ChunkCall(cfg, N, (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k), constants)
+    return _Call(cfg, N, (cdiv(M, cfg.block_m), cdiv(N, cfg.block_n), cfg.split_k), constants)
