@@ -569,7 +569,7 @@ def shipped_kernels():
         "TILES": "constexpr",
     }
     src = ASTSource(dq._split_pairs_kernel, split, {"TILES": dq.SPLIT_TILES})
-    yield "split_pairs", f"swapped tiles' activations, {dq.SPLIT_TILES} tiles", "w4a16", src, 4, 1
+    yield "split_pairs", f"swapped tiles' activations, {dq.SPLIT_TILES} tiles", "w4a16", src, dq.SPLIT_WARPS, 1
     # CUDA cores, any activations: checked once, the placing kernel at each chunk count a call may take
     chunk_counts = [1 << i for i in range(1, moe.SCHEDULE_CHUNKS.bit_length())]
     for kernel, src in _moe_schedule_sources().items():

@@ -952,11 +952,16 @@ def split_pairs(x: torch.Tensor, width: int) -> torch.Tensor:
     out = torch.empty(T, width, dtype=x.dtype, device=x.device)
     if T:
         grid = (T, cdiv(width // 128, SPLIT_TILES))
-        _LAUNCH_SPLIT(grid, x, out, K, width, x.stride(0), x.stride(1), TILES=SPLIT_TILES, num_warps=4, num_stages=1)
+        _LAUNCH_SPLIT(
+            grid, x, out, K, width, x.stride(0), x.stride(1), TILES=SPLIT_TILES, num_warps=SPLIT_WARPS, num_stages=1
+        )
     return out
 
 
-SPLIT_TILES = 8  # 128-column tiles of one row per program of split_pairs' kernel (gpt-oss's 2944: 3 programs a row)
+# 128-column tiles of one row per program of split_pairs' kernel, and its warps: 4 and 2 took 1.5 / 3.7 / 20.1 us at 16
+# / 512 / 4096 rows of gpt-oss's 2880 columns, 8 and 4 1.5 / 4.1 / 23.9, one tile on one warp 1.5 / 8.1 / 58.0, torch's
+# pad and copy 5.7 / 11.0 / 66.7 (H200, CUDA graphs, docs/bench/split_pairs_probe_h200_2026-11-29_bbef56d.json)
+SPLIT_TILES, SPLIT_WARPS = 4, 2
 
 
 @triton.jit
