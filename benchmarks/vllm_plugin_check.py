@@ -374,7 +374,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         for batch in batches:
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
-            runs, cpu, preempted = [], [], []
+            runs, cpu, preempted, cores = [], [], [], []
             for _ in range(1 + DECODE_RUNS):
                 torch.cuda.synchronize()
                 t, c, u = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
@@ -383,6 +383,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                 runs.append(64 * batch / (time.perf_counter() - t))
                 cpu.append((time.process_time() - c) / 64 * 1e3)
                 preempted.append((resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - u.ru_nivcsw) / 64)
+                cores.append(_main_thread_core())
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
             # where a slow engine's time goes on the host (docs/SERVING.md, stop 48): the process's CPU time a step
@@ -392,6 +393,9 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             record[f"decode_cpu_ms_per_step_batch{batch}"] = statistics.median(cpu[1:])
             record[f"decode_cpu_ms_per_step_batch{batch}_runs"] = cpu[1:]
             record[f"decode_preempted_per_step_batch{batch}_runs"] = preempted[1:]
+            # one engine's runs moved between two speeds (stop 49): the core the main thread ended each run on and
+            # that core's clock then, where the host shows it
+            record[f"decode_core_batch{batch}_runs"] = cores[1:]
         for batch in profile_batches:
             record[f"profile_batch{batch}"] = _profile_decode(llm, SamplingParams, batch=int(batch))
         record["ok"] = True
@@ -817,6 +821,23 @@ def pinned_cpus(wanted: set[int], allowed: set[int]) -> str:
     if not cpus:
         raise SystemExit(f"--pin-cpus: none of CPUs {cpu_text(wanted)} is allowed here ({cpu_text(allowed)})")
     return cpu_text(cpus)
+
+
+def _main_thread_core() -> dict:
+    """The CPU the calling thread last ran on (``/proc/thread-self/stat``'s field 39) and that CPU's clock in MHz
+    (cpufreq's ``scaling_cur_freq``, else ``/proc/cpuinfo``; None where the host shows neither, as some VMs do)."""
+    core = int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])
+    mhz = None
+    try:
+        mhz = int(Path(f"/sys/devices/system/cpu/cpu{core}/cpufreq/scaling_cur_freq").read_text()) / 1000
+    except (OSError, ValueError):
+        for block in Path("/proc/cpuinfo").read_text().split("\n\n"):
+            fields = {
+                k.strip(): v.strip() for k, v in (line.split(":", 1) for line in block.splitlines() if ":" in line)
+            }
+            if fields.get("processor") == str(core) and "cpu MHz" in fields:
+                mhz = float(fields["cpu MHz"])
+    return {"core": core, "mhz": mhz}
 
 
 def _host_state() -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,9 @@ def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
     assert check._CPUS_ENV not in check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False)
     host = check._host_state()
     assert host["cpus"] == len(check.cpu_list(host["affinity"])) >= 1 and len(host["loadavg"]) == 3
+    # each decode run's core and its clock (stop 49): a core this process may use; the clock where the host shows one
+    core = check._main_thread_core()
+    assert core["core"] in os.sched_getaffinity(0) and (core["mhz"] is None or core["mhz"] > 0)
 
 
 def test_a_hub_case_serves_the_folder_from_an_offline_cache(tmp_path):
