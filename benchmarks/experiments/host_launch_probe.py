@@ -22,7 +22,7 @@ profiler. This times, per call and on the host only (the GPU left to run behind)
   at 4a92125 ``plugin`` was ``apply`` through the op and ``plugin_direct`` the direct call.
 
     python benchmarks/experiments/host_launch_probe.py time [OUT.json] [SHAPES] [ROWS] [INFERENCE] [ORDER]  # Hopper
-    python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS]
+    python benchmarks/experiments/host_launch_probe.py profile [OUT.txt] [SHAPE] [ROWS] [CALLS] [ORDER]
     # with vLLM (the kit's fourth call): bash benchmarks/vllm_plugin_device.sh .kit3 >/dev/null 2>&1;
     #   source .kitx/device.sh .kitx; export PYTHONPATH=$PWD:$PYTHONPATH; python benchmarks/experiments/... time OUT
 """
@@ -170,14 +170,12 @@ def time(
 
 
 def _time(out, shapes, rows, inference, order) -> None:
-    from dense_chunk_probe import Layer, meta
+    from dense_chunk_probe import meta
 
     register_op()
     records = []
     for name in shapes.split(","):
-        layer = Layer.random(name, "mma2" if order == "mma2" else "wgmma")
-        if order == "rows":
-            layer = dataclasses.replace(layer, wq=layer.plain[0], sq=layer.plain[1])
+        layer = _layer(name, order)
         wbf = layer.next_bf16()
         for M in map(int, rows.split(",")):
             x = torch.randn(M, layer.K, device="cuda").to(torch.bfloat16)
@@ -232,16 +230,24 @@ def _time(out, shapes, rows, inference, order) -> None:
         Path(out).write_text(json.dumps(meta_rec | {"rows": records}, indent=1))
 
 
-def profile(out: str | None = None, shape: str = "qkv", rows: str = "1", calls: str = "3000") -> None:
-    """cProfile of ``calls`` ``full`` calls: where the host time of the call goes (the profiler's own cost included)."""
+def _layer(name: str, order: str):
+    """``dense_chunk_probe.Layer`` of ``name`` with its weights in ``order`` (a chunk order, or "rows": the plain
+    weights as ``wq`` / ``sq``)."""
+    from dense_chunk_probe import Layer
+
+    layer = Layer.random(name, "mma2" if order == "mma2" else "wgmma")
+    return dataclasses.replace(layer, wq=layer.plain[0], sq=layer.plain[1]) if order == "rows" else layer
+
+
+def profile(out: str | None = None, shape: str = "qkv", rows: str = "1", calls: str = "3000", order: str = "") -> None:
+    """cProfile of ``calls`` ``full`` calls: where the host time of the call goes (the profiler's own cost included).
+    ``order`` as :func:`time`'s."""
     import cProfile
     import io
     import pstats
 
-    from dense_chunk_probe import Layer
-
-    order = "mma2" if mma_v3_disabled() else "wgmma"
-    layer = Layer.random(shape, order)
+    order = order or ("mma2" if mma_v3_disabled() else "wgmma")
+    layer = _layer(shape, order)
     M = int(rows)
     x = torch.randn(M, layer.K, device="cuda").to(torch.bfloat16)
     y = torch.empty(M, layer.N, device="cuda", dtype=torch.bfloat16)
