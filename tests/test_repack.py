@@ -319,6 +319,20 @@ def test_make_fixture_overwrite_replaces_only_a_fixture(tmp_path):
     (fx / "notes").write_text("x")
     with pytest.raises(MxRepackError, match="holds 'notes'"):
         make_fixture(fx, "tiny", overwrite=True)
+    (fx / "notes").unlink()
+    # an edit of make-fixture's own files is the user's to keep: another size, or the same size written later
+    config = (fx / "config.json").read_text()
+    (fx / "config.json").write_text(config + " ")
+    with pytest.raises(MxRepackError, match="'config.json' was changed after make-fixture wrote it"):
+        make_fixture(fx, "tiny", overwrite=True)
+    (fx / "config.json").write_text(config)  # its size again, but newer than the mark
+    mark_time = (fx / "mxrepack-fixture.json").stat().st_mtime_ns
+    os.utime(fx / "config.json", ns=(mark_time + 10**9, mark_time + 10**9))
+    with pytest.raises(MxRepackError, match="'config.json' was changed"):
+        make_fixture(fx, "tiny", overwrite=True)
+    assert (fx / "config.json").read_text() == config  # nothing replaced
+    os.utime(fx / "config.json", ns=(mark_time, mark_time))  # as make-fixture left it: replaced
+    make_fixture(fx, "tiny", seed=3, overwrite=True)
 
 
 def test_user_recipe_file_and_recipe_errors(tiny, tmp_path):

@@ -157,16 +157,27 @@ FIXTURE_MARK = "mxrepack-fixture.json"  # what make-fixture wrote there: the onl
 
 
 def _not_a_fixture(out: Path) -> str | None:
-    """Why ``out`` is not a fixture folder that ``--overwrite`` may replace whole, or None."""
+    """Why ``out`` is not a fixture folder, as make-fixture left it, that ``--overwrite`` may replace whole, or None:
+    a file it did not write, or one of its files edited since (another size than the mark records, or newer than the
+    mark, which make-fixture writes last). An edit is the user's to keep; a copy that did not keep file times is
+    refused too (no hash is recorded to tell it from an edit), and its owner removes it."""
     if out.is_symlink() or not out.is_dir():
         return "this is not a folder"
     try:
-        listed = set(json.loads((out / FIXTURE_MARK).read_text())["files"]) | {FIXTURE_MARK}
-    except (OSError, ValueError, KeyError, TypeError):
+        mark = json.loads((out / FIXTURE_MARK).read_text())
+        listed = set(mark["files"]) | {FIXTURE_MARK}
+        sizes = mark.get("sizes") or {}  # fixtures written before mxrepack recorded sizes have none
+        written = (out / FIXTURE_MARK).stat().st_mtime_ns
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"it holds no readable {FIXTURE_MARK}"
     for entry in sorted(out.iterdir()):
         if entry.name not in listed:
             return f"it holds {entry.name!r}, which make-fixture did not write"
+        if entry.name == FIXTURE_MARK or not entry.is_file():
+            continue
+        st = entry.stat()
+        if sizes.get(entry.name) not in (None, st.st_size) or st.st_mtime_ns > written:
+            return f"{entry.name!r} was changed after make-fixture wrote it"
     return None
 
 
@@ -250,9 +261,9 @@ def make_fixture(
         )
         (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE)
         files = sorted(p.name for p in tmp.iterdir())
-        (tmp / FIXTURE_MARK).write_text(
-            json.dumps({"preset": preset, "layers": layers, "seed": seed, "layout": layout, "files": files}, indent=2)
-        )
+        sizes = {name: (tmp / name).stat().st_size for name in files}  # what --overwrite checks for edits
+        mark = {"preset": preset, "layers": layers, "seed": seed, "layout": layout, "files": files, "sizes": sizes}
+        (tmp / FIXTURE_MARK).write_text(json.dumps(mark, indent=2))
         if out.exists():  # a fixture, checked above: aside first, so the path always holds a whole one
             old = out.parent / f".{out.name}.fixture-old"
             shutil.rmtree(old, ignore_errors=True)
