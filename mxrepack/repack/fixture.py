@@ -20,6 +20,21 @@ from mxrepack import gptoss
 from mxrepack.errors import MxRepackError
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards
 
+_GPT_OSS_20B = dict(
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_hidden_layers=24,
+    num_local_experts=32,
+    num_experts_per_tok=4,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    vocab_size=201088,
+    sliding_window=128,
+    initial_context_length=4096,
+    max_position_embeddings=131072,
+)
+
 PRESETS: dict[str, dict] = {
     "tiny": dict(
         hidden_size=288,
@@ -35,34 +50,8 @@ PRESETS: dict[str, dict] = {
         initial_context_length=64,
         max_position_embeddings=2048,
     ),
-    "20b": dict(
-        hidden_size=2880,
-        intermediate_size=2880,
-        num_hidden_layers=24,
-        num_local_experts=32,
-        num_experts_per_tok=4,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=64,
-        vocab_size=201088,
-        sliding_window=128,
-        initial_context_length=4096,
-        max_position_embeddings=131072,
-    ),
-    "120b": dict(
-        hidden_size=2880,
-        intermediate_size=2880,
-        num_hidden_layers=36,
-        num_local_experts=128,
-        num_experts_per_tok=4,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=64,
-        vocab_size=201088,
-        sliding_window=128,
-        initial_context_length=4096,
-        max_position_embeddings=131072,
-    ),
+    "20b": _GPT_OSS_20B,
+    "120b": _GPT_OSS_20B | dict(num_hidden_layers=36, num_local_experts=128),  # the same shapes, deeper and wider
 }
 
 CHAT_TEMPLATE = (
