@@ -198,50 +198,40 @@ def build_plan(
         prefix = EXPERTS_PREFIX.format(layer=layer)
         parts = {p: ck.tensors[prefix + p] for p in EXPERT_PARTS}
         group = f"layers.{layer}.experts"
+
         if layout.per_expert:
             # One tensor per expert and part, each made whole from that expert's slice of the source.
             for e in range(ck.dims.experts):
                 for spec in specs:
                     inputs = {p: expert_slice(parts[p], e) for p in spec.inputs}
-                    items.append(
-                        PlanItem(
-                            prefix + spec.suffix.format(e=e),
-                            spec.dtype,
-                            spec.shape,
-                            inputs,
-                            spec.pack,
-                            layout.name,
-                            group,
-                            spec.logical_shape,
-                            spec.padding,
-                            spec.upstream,
-                            spec.work_factor,
-                            whole=True,
-                            part=spec.suffix,
-                            expert=e,
-                            finite=finite,
-                        )
-                    )
+                    name = prefix + spec.suffix.format(e=e)
+                    items.append(_expert_item(spec, name, inputs, layout.name, group, finite, whole=True, expert=e))
             continue
         for spec in specs:
-            items.append(
-                PlanItem(
-                    prefix + spec.suffix,
-                    spec.dtype,
-                    spec.shape,
-                    {p: parts[p] for p in spec.inputs},
-                    spec.pack,
-                    layout.name,
-                    group,
-                    spec.logical_shape,
-                    spec.padding,
-                    spec.upstream,
-                    spec.work_factor,
-                    part=spec.suffix,
-                    finite=finite,
-                )
-            )
+            inputs = {p: parts[p] for p in spec.inputs}
+            items.append(_expert_item(spec, prefix + spec.suffix, inputs, layout.name, group, finite))
     return items
+
+
+def _expert_item(spec, name: str, inputs: dict, layout: str, group: str, finite, **per_expert) -> PlanItem:
+    """The plan item of one expert output ``spec`` (an ``OutputSpec`` of the expert layout ``layout``): the layer's
+    stacked tensor, or with ``per_expert`` (``whole``, ``expert``) one expert's."""
+    return PlanItem(
+        name,
+        spec.dtype,
+        spec.shape,
+        inputs,
+        spec.pack,
+        layout,
+        group,
+        spec.logical_shape,
+        spec.padding,
+        spec.upstream,
+        spec.work_factor,
+        part=spec.suffix,
+        finite=finite,
+        **per_expert,
+    )
 
 
 def expert_slice(src: SourceTensor, e: int) -> SourceTensor:
