@@ -72,15 +72,7 @@ def tiny_config() -> dict:
         pad_token_id=256,
         rope_factor=16.0,
         torch_dtype="bfloat16",
-        quantization_config={
-            "quant_method": "mxfp4",
-            "modules_to_not_convert": [
-                "model.layers.*.self_attn",
-                "model.layers.*.mlp.router",
-                "model.embed_tokens",
-                "lm_head",
-            ],
-        },
+        quantization_config=dict(gptoss.NATIVE_QUANTIZATION_CONFIG),
     )
 
 
