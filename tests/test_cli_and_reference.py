@@ -9,6 +9,7 @@ import torch
 
 from mxrepack.cli import main
 from mxrepack.eval import tensor_error
+from mxrepack.gptoss import EXPERT_PARTS
 from mxrepack.kernels.reference import expert_mlp, mxfp4_linear
 from mxrepack.layouts import dense_weights
 from mxrepack.repack.source import open_checkpoint
@@ -180,17 +181,7 @@ def test_make_fixture_cli_and_real_presets(tmp_path):
 def test_reference_gemm_and_expert(tiny):
     ck = open_checkpoint(str(tiny))
     p = "model.layers.0.mlp.experts."
-    parts = {
-        k: ck.tensors[p + k].read()
-        for k in (
-            "gate_up_proj_blocks",
-            "gate_up_proj_scales",
-            "gate_up_proj_bias",
-            "down_proj_blocks",
-            "down_proj_scales",
-            "down_proj_bias",
-        )
-    }
+    parts = {k: ck.tensors[p + k].read() for k in EXPERT_PARTS}
     x = torch.randn(5, 288).to(torch.bfloat16)
     y = mxfp4_linear(x, parts["gate_up_proj_blocks"][1], parts["gate_up_proj_scales"][1], parts["gate_up_proj_bias"][1])
     w = dense_weights(parts)
