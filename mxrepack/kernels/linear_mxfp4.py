@@ -520,11 +520,7 @@ def linear_mxfp4(
         a, a_scales = x.contiguous(), None
     else:
         a, a_scales = quantize_activations(x, a_fmt)
-    if cfg.split_k > 1:
-        part = torch.empty(cfg.split_k, M, call.n, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, call.grid[0] * call.grid[1], "linear")
-    else:
-        part = counters = out  # unused
+    part, counters = _split_k_buffers(call, M, out)
     _LAUNCH_ROWS(
         call.grid,
         a,
@@ -561,6 +557,15 @@ def _call_context(x: torch.Tensor, out: torch.Tensor | None, bias: torch.Tensor 
         interpreting(),
         mma_v3_disabled(),
     )
+
+
+def _split_k_buffers(call: _Call, M: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split-K tile's fp32 partial sums and its tiles' arrival counters (:mod:`mxrepack.kernels.arrival`); ``out``
+    twice, unused, for an unsplit one."""
+    if call.config.split_k == 1:
+        return out, out
+    part = torch.empty(call.config.split_k, M, call.n, dtype=torch.float32, device=out.device)
+    return part, arrival_counters(out.device, call.grid[0] * call.grid[1], "linear")
 
 
 @dataclass(frozen=True)
@@ -669,11 +674,7 @@ def linear_chunks(
     if cfg.fold_scale and not fold_scale:  # a folded tile chosen by hand: its precondition checked here
         check_fold_scale(w_scales)
     x = x.contiguous()
-    if cfg.split_k > 1:
-        part = torch.empty(cfg.split_k, M, call.n, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, call.grid[0] * call.grid[1], "linear")
-    else:
-        part = counters = out  # unused
+    part, counters = _split_k_buffers(call, M, out)
     _LAUNCH_CHUNKS(
         call.grid,
         x,
