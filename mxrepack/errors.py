@@ -6,6 +6,8 @@ expected. The CLI prints it as ``error: <message>`` and exits non-zero; anything
 keeps its traceback.
 """
 
+from pathlib import Path
+
 
 class MxRepackError(Exception):
     """A user-facing error: one line, naming the file or tensor and what was expected."""
@@ -13,3 +15,10 @@ class MxRepackError(Exception):
     def __init__(self, message: str):
         # Collapse to one line: messages sometimes embed text from other libraries.
         super().__init__(" ".join(str(message).split()))
+
+
+def require_folder(path) -> None:
+    """Raise the one-line error for a ``path`` that should be a folder and is not: it does not exist, or it is a
+    file."""
+    if not Path(path).is_dir():
+        raise MxRepackError(f"{path}: {'not a folder' if Path(path).exists() else 'path does not exist'}")

@@ -11,7 +11,7 @@ import json
 import threading
 from pathlib import Path
 
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, require_folder
 from mxrepack.eval.model import GptOssRunner, load_runner
 
 
@@ -36,8 +36,7 @@ class LocalChatModel:
         from tokenizers import Tokenizer
 
         self.path = Path(path).absolute()  # recorded by `eval gpqa --local` (push --eval checks it)
-        if not self.path.is_dir():
-            raise MxRepackError(f"{self.path}: {'not a folder' if self.path.exists() else 'path does not exist'}")
+        require_folder(self.path)
         if not (self.path / "tokenizer.json").is_file():
             raise MxRepackError(f"{self.path}: no tokenizer.json; the local backend needs the model's tokenizer")
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mxrepack
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, require_folder
 
 if TYPE_CHECKING:
     from mxrepack.recipes import Recipe
@@ -178,8 +178,7 @@ def load_manifest(directory: str | Path) -> dict:
     manifest. Does not check its digest or the files it lists: :func:`check_manifest_digest` and
     ``verify.verify_dir`` do."""
     path = Path(directory) / MANIFEST
-    if not Path(directory).is_dir():
-        raise MxRepackError(f"{directory}: {'not a folder' if Path(directory).exists() else 'path does not exist'}")
+    require_folder(directory)
     if not path.is_file():
         raise MxRepackError(f"{path}: no manifest; not an mxrepack output (or not finished)")
     try:

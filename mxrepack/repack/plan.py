@@ -198,7 +198,6 @@ def build_plan(
         prefix = EXPERTS_PREFIX.format(layer=layer)
         parts = {p: ck.tensors[prefix + p] for p in EXPERT_PARTS}
         group = f"layers.{layer}.experts"
-
         if layout.per_expert:
             # One tensor per expert and part, each made whole from that expert's slice of the source.
             for e in range(ck.dims.experts):
