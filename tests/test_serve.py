@@ -539,6 +539,10 @@ ref = mxfp4_linear(x.reshape(6, 320), layer.weight_packed, layer.weight_scale, b
 assert y.shape == (2, 3, 96) and y.dtype == torch.bfloat16
 assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < 1e-2
 assert method.apply(layer, x[:0, :0].reshape(0, 320)).shape == (0, 96)
+# vLLM's calls (2-D BF16) skip the reshape and casts: the same bits; other activations are cast to BF16 and back
+assert torch.equal(method.apply(layer, x.reshape(6, 320), b), y.reshape(6, 96))
+y32 = method.apply(layer, x.float(), b)
+assert y32.dtype == torch.float32 and torch.equal(y32, y.float())
 try:
     torch.ops.mxrepack.linear_mxfp4(x[0].half(), layer.weight_packed, layer.weight_scale, None, False, "rows", 96)
     raise SystemExit("fp16 activations were taken")
@@ -550,7 +554,7 @@ direct = []
 op_function = L._linear_mxfp4_op
 L._linear_mxfp4_op = lambda *a: direct.append(len(a[0])) or op_function(*a)
 compiled = torch.compile(lambda t: method.apply(layer, t, b), backend="eager", fullgraph=True)
-assert torch.equal(compiled(x), y) and direct == []
+assert torch.equal(compiled(x), y) and torch.equal(compiled(x.reshape(6, 320)), y.reshape(6, 96)) and direct == []
 assert torch.equal(method.apply(layer, x, b), y) and direct == [6]
 L._linear_mxfp4_op = op_function
 # the split-K counters among the model's buffers (vLLM's sleep mode level 2 restores those alone), not its state dict

@@ -128,18 +128,10 @@ def vllm_methods(layer, order: str, x: torch.Tensor) -> dict:
     method.process_weights_after_loading(mx)
     marlin = marlin_linear(w, s)
 
-    def through_op():  # apply's body calling the registered op, as a compiled graph does (and eager before stop 45)
-        k = x.shape[-1]
-        y = torch.ops.mxrepack.linear_mxfp4(
-            x.reshape(-1, k).to(torch.bfloat16),
-            mx.weight_packed,
-            mx.weight_scale,
-            None,
-            mx.mxrepack_fold_scale,
-            order,
-            mx.output_size_per_partition,
-        )
-        return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+    def through_op():  # apply's body calling the registered op, as a compiled graph does (and eager before stop 45);
+        # since stop 50 a 2-D BF16 x goes to the op as it is
+        args = (mx.weight_packed, mx.weight_scale, None, mx.mxrepack_fold_scale, order, mx.output_size_per_partition)
+        return torch.ops.mxrepack.linear_mxfp4(x, *args)
 
     return {
         "plugin": lambda: method.apply(mx, x),

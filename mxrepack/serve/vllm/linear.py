@@ -193,19 +193,14 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         keep_with(layer, arrival_counters(device, 1, "linear"))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        lead, k = x.shape[:-1], x.shape[-1]
         # torch.compile traces the registered op (one opaque call). Run eagerly (lm_head always: vLLM computes the
         # logits outside its compiled graph, at every step), the op's function is called as it is: without the
         # dispatcher, apply took 0.79-0.85x of the host time (medians, inference mode, H200; 7-9 us less a call in 5 of
         # 6 cells; PERF.md "The plugin's dense call against Marlin's"), but is no longer named as an op in a profile
         call = torch.ops.mxrepack.linear_mxfp4 if torch.compiler.is_compiling() else _linear_mxfp4_op
-        y = call(
-            x.reshape(-1, k).to(torch.bfloat16),
-            layer.weight_packed,
-            layer.weight_scale,
-            bias,
-            layer.mxrepack_fold_scale,
-            self.order,
-            layer.output_size_per_partition,
-        )
+        args = (layer.weight_packed, layer.weight_scale, bias, layer.mxrepack_fold_scale, self.order)
+        if x.dim() == 2 and x.dtype == torch.bfloat16:  # vLLM's calls: no reshape or cast, each a Python-side op
+            return call(x, *args, layer.output_size_per_partition)
+        lead, k = x.shape[:-1], x.shape[-1]
+        y = call(x.reshape(-1, k).to(torch.bfloat16), *args, layer.output_size_per_partition)
         return y.view(*lead, y.shape[-1]).to(x.dtype)
