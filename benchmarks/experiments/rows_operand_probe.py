@@ -136,10 +136,15 @@ def dot_p(
     WAIT_MMA: tl.constexpr = False,
 ):
     """``dot_w_mxfp4``'s place: ``acc + W @ a.T`` for ``a`` ``[M, 128]`` in order P, one dot."""
-    wp = decode_p(w, ws, BLOCK_N, MATH)
+    return _one_dot(decode_p(w, ws, BLOCK_N, MATH), a, acc, INTERPRETER, WAIT_MMA)
+
+
+@triton.jit
+def _one_dot(wd, a, acc, INTERPRETER: tl.constexpr, WAIT_MMA: tl.constexpr):
+    """``acc + wd @ a.T``: a decoded K tile's one dot, waited for as ``dot_w_mxfp4``'s two are."""
     if INTERPRETER:
-        return tl.dot(wp.to(tl.float32), tl.trans(a).to(tl.float32), acc)
-    acc = tl.dot(wp, tl.trans(a), acc)
+        return tl.dot(wd.to(tl.float32), tl.trans(a).to(tl.float32), acc)
+    acc = tl.dot(wd, tl.trans(a), acc)
     if WAIT_MMA:
         acc = mma_done(acc)
     return acc
@@ -257,13 +262,7 @@ def dot_q(
     WAIT_MMA: tl.constexpr = False,
 ):
     """``acc + W @ a.T`` for words ``w`` and ``a`` ``[M, 128]`` in order Q, one dot."""
-    wq = decode_q(w, ws, BLOCK_N, MATH)
-    if INTERPRETER:
-        return tl.dot(wq.to(tl.float32), tl.trans(a).to(tl.float32), acc)
-    acc = tl.dot(wq, tl.trans(a), acc)
-    if WAIT_MMA:
-        acc = mma_done(acc)
-    return acc
+    return _one_dot(decode_q(w, ws, BLOCK_N, MATH), a, acc, INTERPRETER, WAIT_MMA)
 
 
 def install_words() -> None:
