@@ -14,7 +14,8 @@ docs/SERVING.md "Proof"). One run:
    by wrapping vLLM's loader), the GPU memory the load peaked at above what was allocated before it, greedy tokens and
    the top-5 logprobs of every prompt position and generated token, and the decode speed of 64 greedy tokens for 1 and
    for 4 sequences (``--batches``; at 2 layers the host's step dominates it: tens of sequences and ``--layers 12``
-   let the kernels set it); with ``--profile``
+   let the kernels set it), and for each decode run the process's CPU time a step, its preemptions, the core and
+   clock of its main thread and the GPU's clocks, power and clock-event reasons (``GpuSampler``); with ``--profile``
    also 16 decode steps under torch.profiler (host against GPU time, graph launches, the costliest ops) of one
    sequence, or of ``--profile-batch`` sequences;
 3. compares each case with its baseline (a case in ``CASES``: stock vLLM on the source, or another mxrepack case) and,
@@ -374,16 +375,19 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         for batch in batches:
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
-            runs, cpu, preempted, cores = [], [], [], []
-            for _ in range(1 + DECODE_RUNS):
-                torch.cuda.synchronize()
-                t, c, u = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
-                llm.generate(prompts, timed, use_tqdm=False)
-                torch.cuda.synchronize()
-                runs.append(64 * batch / (time.perf_counter() - t))
-                cpu.append((time.process_time() - c) / 64 * 1e3)
-                preempted.append((resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - u.ru_nivcsw) / 64)
-                cores.append(_main_thread_core())
+            runs, cpu, preempted, cores, spans = [], [], [], [], []
+            with GpuSampler() as gpu:
+                for _ in range(1 + DECODE_RUNS):
+                    torch.cuda.synchronize()
+                    t, c, u = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+                    wall = time.time()
+                    llm.generate(prompts, timed, use_tqdm=False)
+                    torch.cuda.synchronize()
+                    runs.append(64 * batch / (time.perf_counter() - t))
+                    cpu.append((time.process_time() - c) / 64 * 1e3)
+                    preempted.append((resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - u.ru_nivcsw) / 64)
+                    cores.append(_main_thread_core())
+                    spans.append((wall, time.time()))
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
             # where a slow engine's time goes on the host (docs/SERVING.md, stop 48): the process's CPU time a step
@@ -396,6 +400,9 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             # one engine's runs moved between two speeds (stop 49): the core the main thread ended each run on and
             # that core's clock then, where the host shows it
             record[f"decode_core_batch{batch}_runs"] = cores[1:]
+            # and the GPU's side of the same runs (stop 50: neither core nor clock told the two speeds apart): its SM
+            # clock, power and active clock-event reasons, as nvidia-smi sampled them during each run
+            record[f"decode_gpu_batch{batch}_runs"] = [gpu.during(*span) for span in spans[1:]]
         for batch in profile_batches:
             record[f"profile_batch{batch}"] = _profile_decode(llm, SamplingParams, batch=int(batch))
         record["ok"] = True
@@ -821,6 +828,74 @@ def pinned_cpus(wanted: set[int], allowed: set[int]) -> str:
     if not cpus:
         raise SystemExit(f"--pin-cpus: none of CPUs {cpu_text(wanted)} is allowed here ({cpu_text(allowed)})")
     return cpu_text(cpus)
+
+
+class GpuSampler:
+    """``nvidia-smi`` sampling the engines' GPU (the first visible one) every ``period_ms`` in its own process while
+    the decode runs go, so that the engine's Python (in this process) is not touched: each sample's time, SM and
+    memory clocks (MHz), power (W) and active clock-event reasons (a bitmask: 0x1 idle, 0x4 software power cap, 0x8
+    hardware slowdown, 0x20 / 0x40 thermal, ...). :meth:`during` gives one run's. Where nvidia-smi is missing or fails,
+    every run's is None."""
+
+    FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active"
+
+    def __init__(self, period_ms: int = 20, command: str = "nvidia-smi"):
+        self.period_ms, self.command = period_ms, command
+        self.samples: list[tuple[float, float, float, float, int]] = []
+
+    def __enter__(self) -> GpuSampler:
+        import tempfile
+
+        self._out = tempfile.TemporaryFile(mode="w+")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+        args = [self.command, f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", "-i", visible]
+        try:
+            self._proc = subprocess.Popen(
+                [*args, f"--loop-ms={self.period_ms}"], stdout=self._out, stderr=subprocess.DEVNULL, text=True
+            )
+        except OSError:
+            self._proc = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait()
+            self._out.seek(0)
+            self.samples = gpu_samples(self._out.read())
+        self._out.close()
+
+    def during(self, t0: float, t1: float) -> dict | None:
+        """The samples from ``t0`` to ``t1`` (``time.time()``): the SM clock's lowest / median / highest, the memory
+        clock's and power's medians, every reason bitmask seen (hex), and how many samples; None where there were none
+        (nvidia-smi missing, or a run shorter than its period)."""
+        inside = [x for x in self.samples if t0 <= x[0] <= t1]
+        if not inside:
+            return None
+        _, sm, mem, power, reasons = zip(*inside)
+        return {
+            "sm_mhz": [min(sm), statistics.median(sm), max(sm)],
+            "mem_mhz": statistics.median(mem),
+            "power_w": statistics.median(power),
+            "reasons": sorted({hex(r) for r in reasons}),
+            "samples": len(inside),
+        }
+
+
+def gpu_samples(text: str) -> list[tuple[float, float, float, float, int]]:
+    """``GpuSampler``'s nvidia-smi lines ("2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000000", local
+    time) -> (epoch seconds, SM MHz, memory MHz, W, reasons); lines that do not parse ("[N/A]", an error) dropped."""
+    from datetime import datetime
+
+    samples = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            when = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            samples.append((when, float(parts[1]), float(parts[2]), float(parts[3]), int(parts[4], 16)))
+        except (ValueError, IndexError):
+            continue
+    return samples
 
 
 def _main_thread_core() -> dict:

@@ -122,6 +122,46 @@ def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
     assert core["core"] in os.sched_getaffinity(0) and (core["mhz"] is None or core["mhz"] > 0)
 
 
+def test_decode_runs_get_the_gpu_samples_taken_during_them(tmp_path):
+    """``GpuSampler``: nvidia-smi's timestamped lines, each run given the samples inside it; none where the tool is
+    missing or prints what does not parse."""
+    import time
+
+    check = _check_module()
+    assert check.gpu_samples("2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000001\n[N/A], x\n") == [
+        (_local_epoch("2026/11/29 14:05:01.123"), 1980.0, 3201.0, 412.35, 1)
+    ]
+    # a stand-in for nvidia-smi: a sample every 20 ms with the local time, as --loop-ms prints them
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/usr/bin/env python3\nimport datetime, sys, time\n"
+        "assert any(a.startswith('--loop-ms=') for a in sys.argv)\n"
+        "while True:\n"
+        "    now = datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]\n"
+        "    print(f'{now}, 1755, 3201, 150.5, 0x0000000000000004', flush=True)\n"
+        "    time.sleep(0.02)\n"
+    )
+    fake.chmod(0o755)
+    with check.GpuSampler(command=str(fake)) as gpu:
+        time.sleep(0.3)
+        t0 = time.time()
+        time.sleep(0.2)
+        t1 = time.time()
+    run = gpu.during(t0, t1)
+    assert run["sm_mhz"] == [1755.0, 1755.0, 1755.0] and run["power_w"] == 150.5 and run["reasons"] == ["0x4"]
+    assert 3 <= run["samples"] <= 12
+    assert gpu.during(t1 + 10, t1 + 11) is None
+    with check.GpuSampler(command=str(tmp_path / "missing")) as gpu:
+        pass
+    assert gpu.during(0, time.time()) is None
+
+
+def _local_epoch(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+
+
 def test_a_hub_case_serves_the_folder_from_an_offline_cache(tmp_path):
     # what vLLM finds for a repo id there: the folder's files as the snapshot of refs/main, no network
     from huggingface_hub import try_to_load_from_cache
