@@ -556,6 +556,7 @@ L._linear_mxfp4_op = lambda *a: direct.append(len(a[0])) or op_function(*a)
 compiled = torch.compile(lambda t: method.apply(layer, t, b), backend="eager", fullgraph=True)
 assert torch.equal(compiled(x), y) and torch.equal(compiled(x.reshape(6, 320)), y.reshape(6, 96)) and direct == []
 assert torch.equal(method.apply(layer, x, b), y) and direct == [6]
+assert torch.equal(method.apply(layer, x.reshape(6, 320), b), y.reshape(6, 96)) and direct == [6, 6]  # the 2-D path
 L._linear_mxfp4_op = op_function
 # the split-K counters among the model's buffers (vLLM's sleep mode level 2 restores those alone), not its state dict
 from mxrepack.kernels.arrival import arrival_counters

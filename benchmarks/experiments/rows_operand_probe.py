@@ -1,6 +1,6 @@
 """Where the rows order's swapped MoE tiles (``moe_mxfp4._gate_up_kernel`` / ``_down_kernel``, SWAP_AB, ORDER "rows",
 ``dequant_mxfp4.dot_w_mxfp4``) move the weight bytes on their way to wgmma's register A operand, and decode variants
-that move them less. Offline (CPU, ``triton.compile`` for sm_90a only; no GPU ran any of it).
+that move them less. ``sass`` and ``check`` run offline (CPU, ``triton.compile`` for sm_90a); ``time`` on a GPU.
 
     python benchmarks/experiments/rows_operand_probe.py sass VARIANT [OUT.json]      # one variant a process
     TRITON_INTERPRET=1 python benchmarks/experiments/rows_operand_probe.py check      # the variants' sums, CPU
@@ -28,9 +28,9 @@ decoded a word at a time (:data:`WORD_ROWS_ASM_FOLDED`: the shipped pair decode 
 halves that Triton joins straight back into operand registers), codes in order Q (:func:`q_order`): no repacking.
 ``check`` runs the relabellings (portable decode: the asm is elementwise, the same values per byte) against torch and
 the shipped decode; the word asm itself is the shipped pair decode with prmt selectors 0x1404 / 0x3424 (bytes 0, 1 /
-2, 3 of the word), not run on a GPU.
+2, 3 of the word), which only ``time`` runs (on the GPU, below).
 
-K-loop SASS instructions (Triton 3.9; 3.6 within 1-3%), rows / kperm / kperm-words / wgmma order:
+K-loop SASS instructions (Triton 3.9; 3.6 within 5%), rows / kperm / kperm-words / wgmma order:
 gate_up 64 x 128 1045 / 1191 / 937 / 760 (LDS 66 / 10 / 10 / 12, PRMT 100 / 206 / 78 / 32, LDL 39 / 21 / 19 / 0);
 down 64 x 128 549 / 633 / 519 / 384; gate_up 16 x 64 544 / 615 / 491 / 360; down 16 x 64 309 / 349 / 288 / 218.
 
@@ -38,7 +38,7 @@ down 64 x 128 549 / 633 / 519 / 384; gate_up 16 x 64 544 / 615 / 491 / 360; down
 
 Timed (H200, Triton 3.6.0, 86bbbe0, one draw a T, the two runs back to back on one machine; records
 ``rows_operand_probe_time_{rows,kperm_words}_h200_2026-11-29_86bbbe0.json``), ms at T = 32 / 128 / 1024 / 4096:
-rows 0.512 / 0.802 / 1.285 / 3.488, kperm-words 0.553 / 0.789 / 1.329 / 3.668 (+8%, -2%, +3%, +5%; both within
+rows 0.512 / 0.802 / 1.285 / 3.489, kperm-words 0.553 / 0.789 / 1.329 / 3.668 (+8%, -2%, +3%, +5%; both within
 2.4e-3 of the fp32 reference, so the word asm decodes right on the GPU). The shorter loop did not make a faster
 kernel: not shipped. What it leaves against the wgmma order (the plain-byte decode's ~20 instructions per 8 codes
 against 13, the scales' synchronous byte loads and their convert through shared memory, gate_up's spills) is what
@@ -93,9 +93,9 @@ def p_column(n):
 
 
 @triton.jit
-def load_p(a_ptr, rows, row_ok, k0, stride_a, BLOCK_K: tl.constexpr):
-    """One K tile of activations stored in order P ``[rows, 128]``, twice (the kernels' second split half, unused,
-    is dead code)."""
+def load_tile(a_ptr, rows, row_ok, k0, stride_a, BLOCK_K: tl.constexpr):
+    """One K tile of activations stored in the variant's order (P or Q) ``[rows, 128]``, twice (the kernels' second
+    split half, unused, is dead code)."""
     a = tl.load(a_ptr + rows[:, None] * stride_a + k0 + tl.arange(0, BLOCK_K)[None, :], mask=row_ok[:, None], other=0.0)
     return a, a
 
@@ -152,7 +152,7 @@ def _one_dot(wd, a, acc, INTERPRETER: tl.constexpr, WAIT_MMA: tl.constexpr):
 
 def install_kperm() -> None:
     """Swap the kperm pieces into the module before anything compiles (the JIT reads them from its globals)."""
-    moe.load_split = load_p
+    moe.load_split = load_tile
     moe.dot_w_mxfp4 = dot_p
     moe.split_column = p_column
 
@@ -266,7 +266,7 @@ def dot_q(
 
 
 def install_words() -> None:
-    moe.load_split = load_p  # a contiguous [M, 128] tile, here in order Q
+    moe.load_split = load_tile  # a contiguous [M, 128] tile, here in order Q
     moe._load_w = load_w_words
     moe.dot_w_mxfp4 = dot_q
     moe.split_column = q_column
@@ -378,7 +378,6 @@ def loop_ops(ttgir: str) -> list[str]:
                                 lambda x: x.group(0) + (f"={defs[x.group(0)]}" if x.group(0) in defs else ""),
                                 m.group(2),
                             )
-                            sig = re.sub(r"<\{[^}]*\}>", lambda x: x.group(0), sig)
                             out.append(f"{m.group(1).split('.')[1]}: {sig}")
     return out
 
@@ -390,9 +389,10 @@ def sass_loop(cubin: bytes) -> dict:
 
     from sass_vs_triton_kernels import BIN, loop_counts
 
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
-    sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+        f.flush()
+        sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
     lc = loop_counts(cubin)
     ins = [(int(a, 16), b.strip()) for a, b in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     index = {a: i for i, (a, _) in enumerate(ins)}
@@ -438,7 +438,7 @@ def sass(variant: str, out: str | None = None) -> None:
     rows = {}
     for name, cfg in configs().items():
         if variant == "wgmma":
-            cfg = dataclasses.replace(cfg, order="wgmma", num_stages=cfg.num_stages)
+            cfg = dataclasses.replace(cfg, order="wgmma")
         for kernel, src in check._moe_sources("bf16", cfg).items():
             src = check.specialized(check.for_arch(src, 90))
             c = triton.compile(
@@ -503,8 +503,10 @@ def time(variant: str, out: str | None = None, ts: str = "32,64,128,512,1024,409
         ref = moe_reference(x, ids, wts, W)
         if order is not None:
             moe.split_pairs = split_in_order
-        y = moe.moe_mxfp4(x, ids, wts, W, config=cfg, fold_scale=fold)
-        moe.split_pairs = dq.split_pairs
+        try:
+            y = moe.moe_mxfp4(x, ids, wts, W, config=cfg, fold_scale=fold)
+        finally:
+            moe.split_pairs = dq.split_pairs
         err = float((y.float() - ref).norm() / ref.norm())
         o = torch.empty(T, 2880, device="cuda", dtype=torch.bfloat16)
         ms = interleaved_ms({variant: lambda: moe.moe_mxfp4(x, ids, wts, W, config=cfg, out=o, fold_scale=fold)}, 3)
