@@ -131,25 +131,27 @@ def test_decode_runs_get_the_gpu_samples_taken_during_them(tmp_path):
     assert check.gpu_samples("2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000001\n[N/A], x\n") == [
         (_local_epoch("2026/11/29 14:05:01.123"), 1980.0, 3201.0, 412.35, 1)
     ]
-    # a stand-in for nvidia-smi: a sample every 20 ms with the local time, as --loop-ms prints them
+    # a stand-in for nvidia-smi: five samples 20 ms apart with the local time, as --loop-ms prints them, then it exits
+    # (waited for below, so that no timing decides what the sampler saw)
     fake = tmp_path / "nvidia-smi"
     fake.write_text(
         "#!/usr/bin/env python3\nimport datetime, sys, time\n"
         "assert any(a.startswith('--loop-ms=') for a in sys.argv)\n"
-        "while True:\n"
+        "for _ in range(5):\n"
         "    now = datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]\n"
         "    print(f'{now}, 1755, 3201, 150.5, 0x0000000000000004', flush=True)\n"
         "    time.sleep(0.02)\n"
     )
     fake.chmod(0o755)
+    t0 = time.time() - 1  # the stand-in's timestamps are in ms
     with check.GpuSampler(command=str(fake)) as gpu:
-        time.sleep(0.3)
-        t0 = time.time()
-        time.sleep(0.2)
-        t1 = time.time()
+        gpu._proc.wait(timeout=120)
+    t1 = time.time() + 1
     run = gpu.during(t0, t1)
     assert run["sm_mhz"] == [1755.0, 1755.0, 1755.0] and run["power_w"] == 150.5 and run["reasons"] == ["0x4"]
-    assert 3 <= run["samples"] <= 12
+    assert run["samples"] == 5
+    mid = (gpu.samples[1][0] + gpu.samples[2][0]) / 2  # a run that ended between the second and third sample
+    assert gpu.during(t0, mid)["samples"] == 2 and gpu.during(mid, t1)["samples"] == 3
     assert gpu.during(t1 + 10, t1 + 11) is None
     with check.GpuSampler(command=str(tmp_path / "missing")) as gpu:
         pass
