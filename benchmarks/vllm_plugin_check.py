@@ -301,6 +301,8 @@ CASES = {
 
 def _engine(model: str, out: str, kwargs_json: str) -> None:
     """One case, in this process: start vLLM on ``model``, generate, write the record to ``out``."""
+    global _UNPINNED
+    _UNPINNED = os.sched_getaffinity(0)
     if os.environ.get(_CPUS_ENV):  # --pin-cpus: before torch sizes its thread pools and vLLM starts its threads
         os.sched_setaffinity(0, cpu_list(os.environ[_CPUS_ENV]))
     import torch
@@ -384,10 +386,10 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                     llm.generate(prompts, timed, use_tqdm=False)
                     torch.cuda.synchronize()
                     runs.append(64 * batch / (time.perf_counter() - t))
+                    spans.append((wall, time.time()))  # before the reads below: no idle GPU sample in the run
                     cpu.append((time.process_time() - c) / 64 * 1e3)
                     preempted.append((resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - u.ru_nivcsw) / 64)
                     cores.append(_main_thread_core())
-                    spans.append((wall, time.time()))
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
             # where a slow engine's time goes on the host (docs/SERVING.md, stop 48): the process's CPU time a step
@@ -403,6 +405,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             # and the GPU's side of the same runs (stop 50: neither core nor clock told the two speeds apart): its SM
             # clock, power and active clock-event reasons, as nvidia-smi sampled them during each run
             record[f"decode_gpu_batch{batch}_runs"] = [gpu.during(*span) for span in spans[1:]]
+            record[f"decode_gpu_sampler_batch{batch}"] = gpu.status
         for batch in profile_batches:
             record[f"profile_batch{batch}"] = _profile_decode(llm, SamplingParams, batch=int(batch))
         record["ok"] = True
@@ -831,71 +834,142 @@ def pinned_cpus(wanted: set[int], allowed: set[int]) -> str:
 
 
 class GpuSampler:
-    """``nvidia-smi`` sampling the engines' GPU (the first visible one) every ``period_ms`` in its own process while
-    the decode runs go, so that the engine's Python (in this process) is not touched: each sample's time, SM and
-    memory clocks (MHz), power (W) and active clock-event reasons (a bitmask: 0x1 idle, 0x4 software power cap, 0x8
-    hardware slowdown, 0x20 / 0x40 thermal, ...). :meth:`during` gives one run's. Where nvidia-smi is missing or fails,
-    every run's is None."""
+    """``nvidia-smi`` sampling the engines' GPU every ``period_ms`` while the decode runs go, in a process of its own
+    (so no Python thread in the engine's process; placed off the CPUs ``--pin-cpus`` gave the engine where the machine
+    has others, else sharing them): each sample's time, SM and memory clocks (MHz), power (W, the instantaneous
+    reading: ``power.draw`` is a trailing 1 s average on Ampere and later) and active clock-event reasons (a bitmask:
+    0x1 idle, 0x4 software power cap, 0x8 hardware slowdown, 0x20 / 0x40 thermal, ...; the field's older name, which
+    driver 580 still takes). :meth:`during` gives one run's; :attr:`status` says how the sampling went (exit status,
+    samples, the first line that did not parse, nvidia-smi's CPU time), so a run without samples says why.
 
-    FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active"
+    nvidia-smi prints local time: it runs under ``TZ=UTC`` and is read as UTC, so no zone or DST shift moves a sample
+    out of its run. It runs under coreutils' ``timeout``, so an engine killed inside the block (its case's time limit,
+    a crash) leaves no sampler behind for longer than ``limit_s``."""
 
-    def __init__(self, period_ms: int = 20, command: str = "nvidia-smi"):
-        self.period_ms, self.command = period_ms, command
-        self.samples: list[tuple[float, float, float, float, int]] = []
+    FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw.instant,clocks_throttle_reasons.active"
+
+    def __init__(self, period_ms: int = 20, command: str = "nvidia-smi", limit_s: int = 900):
+        self.period_ms, self.command, self.limit_s = period_ms, command, limit_s
+        self.samples: list[tuple] = []
+        self.status: dict = {"started": False, "samples": 0}
+        self._proc = None
 
     def __enter__(self) -> GpuSampler:
         import tempfile
 
         self._out = tempfile.TemporaryFile(mode="w+")
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
-        args = [self.command, f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", "-i", visible]
+        self._cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        args = [self.command, f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", "-i", _gpu_id()]
         try:
             self._proc = subprocess.Popen(
-                [*args, f"--loop-ms={self.period_ms}"], stdout=self._out, stderr=subprocess.DEVNULL, text=True
+                ["timeout", str(self.limit_s), *args, f"--loop-ms={self.period_ms}"],
+                stdout=self._out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "TZ": "UTC"},
             )
-        except OSError:
-            self._proc = None
+        except OSError as e:
+            self.status["error"] = f"{type(e).__name__}: {e}"
+            return self
+        self.status["started"] = True
+        others = (_UNPINNED or set()) - os.sched_getaffinity(0)
+        if others:  # the engine is pinned and the machine has other CPUs: the sampler takes those
+            try:
+                os.sched_setaffinity(self._proc.pid, others)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10  # its first sample before the first run (NVML's start takes a while)
+        while self._proc.poll() is None and os.fstat(self._out.fileno()).st_size == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            self._proc.wait()
-            self._out.seek(0)
-            self.samples = gpu_samples(self._out.read())
-        self._out.close()
+        try:
+            if self._proc is not None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait(timeout=10)
+                self._out.seek(0)
+                text = self._out.read()
+                self.samples = gpu_samples(text)
+                cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+                unparsed = [line for line in text.splitlines() if line.strip() and not gpu_samples(line)]
+                self.status |= {
+                    "returncode": self._proc.returncode,
+                    "samples": len(self.samples),
+                    "first_unparsed": unparsed[0][:200] if unparsed else None,
+                    "cpu_s": round(cpu.ru_utime + cpu.ru_stime - self._cpu0.ru_utime - self._cpu0.ru_stime, 3),
+                }
+        except Exception as e:  # noqa: BLE001 - a diagnostic: never the engine's record
+            self.status["error"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            self._out.close()
 
     def during(self, t0: float, t1: float) -> dict | None:
         """The samples from ``t0`` to ``t1`` (``time.time()``): the SM clock's lowest / median / highest, the memory
-        clock's and power's medians, every reason bitmask seen (hex), and how many samples; None where there were none
-        (nvidia-smi missing, or a run shorter than its period)."""
+        clock's and power's medians, every reason bitmask seen (hex), and how many samples; a field nvidia-smi could not
+        read ("[N/A]") is left out of its figure (None where no sample had it). None where no sample fell in the run
+        (:attr:`status` says why: no nvidia-smi, an error, or a run shorter than the period)."""
         inside = [x for x in self.samples if t0 <= x[0] <= t1]
         if not inside:
             return None
-        _, sm, mem, power, reasons = zip(*inside)
+
+        def values(i: int) -> list:
+            return [x[i] for x in inside if x[i] is not None]
+
+        sm, mem, power, reasons = values(1), values(2), values(3), values(4)
         return {
-            "sm_mhz": [min(sm), statistics.median(sm), max(sm)],
-            "mem_mhz": statistics.median(mem),
-            "power_w": statistics.median(power),
+            "sm_mhz": [min(sm), statistics.median(sm), max(sm)] if sm else None,
+            "mem_mhz": statistics.median(mem) if mem else None,
+            "power_w": statistics.median(power) if power else None,
             "reasons": sorted({hex(r) for r in reasons}),
             "samples": len(inside),
         }
 
 
-def gpu_samples(text: str) -> list[tuple[float, float, float, float, int]]:
-    """``GpuSampler``'s nvidia-smi lines ("2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000000", local
-    time) -> (epoch seconds, SM MHz, memory MHz, W, reasons); lines that do not parse ("[N/A]", an error) dropped."""
-    from datetime import datetime
+def gpu_samples(text: str) -> list[tuple]:
+    """``GpuSampler``'s nvidia-smi lines ("2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000000", UTC) ->
+    (epoch seconds, SM MHz, memory MHz, W, reasons); a field that does not parse ("[N/A]", "[Not Supported]") is None,
+    a line whose time does not parse (an error message) is dropped."""
+    from datetime import datetime, timezone
+
+    def number(text: str, parse) -> float | int | None:
+        try:
+            return parse(text)
+        except ValueError:
+            return None
 
     samples = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        try:
-            when = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            samples.append((when, float(parts[1]), float(parts[2]), float(parts[3]), int(parts[4], 16)))
-        except (ValueError, IndexError):
+        if len(parts) != 5:
             continue
+        try:
+            when = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            continue
+        clocks_power = [number(p, float) for p in parts[1:4]]
+        samples.append((when, *clocks_power, number(parts[4], lambda t: int(t, 16))))
     return samples
+
+
+def _gpu_id() -> str:
+    """What ``nvidia-smi -i`` takes for this process's first CUDA device: its UUID where torch gives one (CUDA's and
+    nvidia-smi's device orders can differ), else the first of ``CUDA_VISIBLE_DEVICES`` (an index or a UUID), else 0."""
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(0).uuid)
+        if uuid:
+            return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    except Exception:  # noqa: BLE001 - no torch, no CUDA: the environment's choice
+        pass
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+
+
+_UNPINNED: set[int] | None = None  # the engine process's CPUs before --pin-cpus narrowed them (GpuSampler's)
 
 
 def _main_thread_core() -> dict:

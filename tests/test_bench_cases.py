@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,45 +124,57 @@ def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
 
 
 def test_decode_runs_get_the_gpu_samples_taken_during_them(tmp_path):
-    """``GpuSampler``: nvidia-smi's timestamped lines, each run given the samples inside it; none where the tool is
-    missing or prints what does not parse."""
+    """``GpuSampler``: nvidia-smi's timestamped lines (UTC), each run given the samples inside it; a field it could not
+    read left out of its figure; none where the tool is missing, with the reason in ``status``."""
     import time
 
     check = _check_module()
-    assert check.gpu_samples("2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000001\n[N/A], x\n") == [
-        (_local_epoch("2026/11/29 14:05:01.123"), 1980.0, 3201.0, 412.35, 1)
+    lines = "2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000001\n[N/A], x\n"
+    lines += "2026/11/29 14:05:01.143, 1965, 3201, [N/A], [Not Supported]\nNo devices were found\n"
+    assert check.gpu_samples(lines) == [
+        (_utc_epoch("2026/11/29 14:05:01.123"), 1980.0, 3201.0, 412.35, 1),
+        (_utc_epoch("2026/11/29 14:05:01.143"), 1965.0, 3201.0, None, None),
     ]
-    # a stand-in for nvidia-smi: five samples 20 ms apart with the local time, as --loop-ms prints them, then it exits
-    # (waited for below, so that no timing decides what the sampler saw)
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(
-        "#!/usr/bin/env python3\nimport datetime, sys, time\n"
-        "assert any(a.startswith('--loop-ms=') for a in sys.argv)\n"
-        "for _ in range(5):\n"
-        "    now = datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]\n"
-        "    print(f'{now}, 1755, 3201, 150.5, 0x0000000000000004', flush=True)\n"
-        "    time.sleep(0.02)\n"
-    )
-    fake.chmod(0o755)
+
+    def stand_in(name: str, samples: int | None) -> Path:  # nvidia-smi's stand-in: the time as TZ=UTC makes it
+        fake = tmp_path / name
+        loop = f"for _ in range({samples})" if samples else "while True"
+        fake.write_text(
+            f"#!{sys.executable}\nimport datetime, sys, time\n"
+            "assert any(a.startswith('--loop-ms=') for a in sys.argv) and '-i' in sys.argv\n"
+            f"{loop}:\n"
+            "    now = datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]\n"
+            "    print(f'{now}, 1755, 3201, 150.5, 0x0000000000000004', flush=True)\n"
+            "    time.sleep(0.02)\n"
+        )
+        fake.chmod(0o755)
+        return fake
+
+    # five samples 20 ms apart, then it exits (waited for, so that no timing decides what the sampler saw)
     t0 = time.time() - 1  # the stand-in's timestamps are in ms
-    with check.GpuSampler(command=str(fake)) as gpu:
+    with check.GpuSampler(command=str(stand_in("five", 5))) as gpu:
+        assert gpu._proc is not None
         gpu._proc.wait(timeout=120)
     t1 = time.time() + 1
     run = gpu.during(t0, t1)
     assert run["sm_mhz"] == [1755.0, 1755.0, 1755.0] and run["power_w"] == 150.5 and run["reasons"] == ["0x4"]
-    assert run["samples"] == 5
+    assert run["samples"] == 5 and gpu.status["samples"] == 5 and gpu.status["returncode"] == 0
     mid = (gpu.samples[1][0] + gpu.samples[2][0]) / 2  # a run that ended between the second and third sample
     assert gpu.during(t0, mid)["samples"] == 2 and gpu.during(mid, t1)["samples"] == 3
     assert gpu.during(t1 + 10, t1 + 11) is None
+    # one that samples until the block ends: stopped and reaped, its samples kept (the block waits for its first)
+    with check.GpuSampler(command=str(stand_in("loop", None))) as gpu:
+        assert gpu.status["started"]
+    assert gpu._proc.returncode is not None and gpu.status["samples"] >= 1
     with check.GpuSampler(command=str(tmp_path / "missing")) as gpu:
         pass
-    assert gpu.during(0, time.time()) is None
+    assert gpu.during(0, time.time()) is None and gpu.status["samples"] == 0 and gpu.status["returncode"] != 0
 
 
-def _local_epoch(text: str) -> float:
-    from datetime import datetime
+def _utc_epoch(text: str) -> float:
+    from datetime import datetime, timezone
 
-    return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+    return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
 
 
 def test_a_hub_case_serves_the_folder_from_an_offline_cache(tmp_path):
