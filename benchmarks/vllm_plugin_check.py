@@ -402,8 +402,8 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             # one engine's runs moved between two speeds (stop 49): the core the main thread ended each run on and
             # that core's clock then, where the host shows it
             record[f"decode_core_batch{batch}_runs"] = cores[1:]
-            # and the GPU's side of the same runs (stop 50: neither core nor clock told the two speeds apart): its SM
-            # clock, power and active clock-event reasons, as nvidia-smi sampled them during each run
+            # and the GPU's side of the same runs (stop 50: neither the core each run ended on nor the CPU clock the
+            # VM reports told the two speeds apart): its SM clock, power and clock-event reasons, as nvidia-smi saw them
             record[f"decode_gpu_batch{batch}_runs"] = [gpu.during(*span) for span in spans[1:]]
             record[f"decode_gpu_sampler_batch{batch}"] = gpu.status
         for batch in profile_batches:

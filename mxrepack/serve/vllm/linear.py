@@ -199,9 +199,8 @@ class TritonMxfp4LinearMethod(_StoredMxfp4Linear):
         # 6 cells; PERF.md "The plugin's dense call against Marlin's"), but is no longer named as an op in a profile
         call = torch.ops.mxrepack.linear_mxfp4 if torch.compiler.is_compiling() else _linear_mxfp4_op
         args = (layer.weight_packed, layer.weight_scale, bias, layer.mxrepack_fold_scale, self.order)
-        if (
-            x.dim() == 2 and x.dtype == torch.bfloat16
-        ):  # vLLM's calls: no reshape or cast, each a torch call on the host
+        # vLLM's calls (2-D BF16) go as they are: a no-op reshape or cast is still a torch call on the host
+        if x.dim() == 2 and x.dtype == torch.bfloat16:
             return call(x, *args, layer.output_size_per_partition)
         lead, k = x.shape[:-1], x.shape[-1]
         y = call(x.reshape(-1, k).to(torch.bfloat16), *args, layer.output_size_per_partition)
