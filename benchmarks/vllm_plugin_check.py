@@ -892,10 +892,10 @@ class GpuSampler:
                     self._proc.kill()
                     self._proc.wait(timeout=10)
                 self._out.seek(0)
-                text = self._out.read()
-                self.samples = gpu_samples(text)
+                lines = [(line, _gpu_sample(line)) for line in self._out.read().splitlines()]
+                self.samples = [sample for _, sample in lines if sample is not None]
                 cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-                unparsed = [line for line in text.splitlines() if line.strip() and not gpu_samples(line)]
+                unparsed = [line for line, sample in lines if sample is None and line.strip()]
                 self.status |= {
                     "returncode": self._proc.returncode,
                     "samples": len(self.samples),
@@ -930,9 +930,14 @@ class GpuSampler:
 
 
 def gpu_samples(text: str) -> list[tuple]:
-    """``GpuSampler``'s nvidia-smi lines ("2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000000", UTC) ->
-    (epoch seconds, SM MHz, memory MHz, W, reasons); a field that does not parse ("[N/A]", "[Not Supported]") is None,
-    a line whose time does not parse (an error message) is dropped."""
+    """``GpuSampler``'s nvidia-smi lines -> their samples (:func:`_gpu_sample`), the lines that are none dropped."""
+    return [sample for line in text.splitlines() if (sample := _gpu_sample(line)) is not None]
+
+
+def _gpu_sample(line: str) -> tuple | None:
+    """One nvidia-smi line ("2026/11/29 14:05:01.123, 1980, 3201, 412.35, 0x0000000000000000", UTC) -> (epoch seconds,
+    SM MHz, memory MHz, W, reasons); a field that does not parse ("[N/A]", "[Not Supported]") is None; None for a line
+    whose time does not parse (an error message)."""
     from datetime import datetime, timezone
 
     def number(text: str, parse) -> float | int | None:
@@ -941,18 +946,14 @@ def gpu_samples(text: str) -> list[tuple]:
         except ValueError:
             return None
 
-    samples = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 5:
-            continue
-        try:
-            when = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
-        except ValueError:
-            continue
-        clocks_power = [number(p, float) for p in parts[1:4]]
-        samples.append((when, *clocks_power, number(parts[4], lambda t: int(t, 16))))
-    return samples
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 5:
+        return None
+    try:
+        when = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+    return (when, *(number(p, float) for p in parts[1:4]), number(parts[4], lambda t: int(t, 16)))
 
 
 def _gpu_id() -> str:
