@@ -346,7 +346,6 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
     W = moe_weights(E, H, I, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     orders = kind.startswith("wgmma") or kind in (
-        "tokens256",
         "remainder",
         "shipped",
         "overlap",
@@ -437,16 +436,6 @@ def moe_sweep(rows: list, Ts: tuple[int, ...], kind: str = "all") -> None:
                 for st, dn in itertools.product((3, 4), (128, 256)):
                     cfg = dataclasses.replace(shipped, num_warps=16, num_stages=st, down_block_n=dn)
                     cands[f"wgmma {cfg.name()}"] = cfg
-        if kind == "tokens256":  # the wgmma order's shipped tile beside 256-token tiles on 64-row operands: each
-            # warpgroup decodes 64 weight rows a K tile for two dots of 128 tokens (MoeConfig.token_dots), where the
-            # shipped 128-token tile decodes 128 for one: half the decode per token, the same wgmma work a K step
-            wide = MOE_TILES_BY_ORDER["wgmma"][-1][1]
-            for st, rem in itertools.product((2, 3), (wide.remainder, dataclasses.replace(wide, remainder=None))):
-                cfg = MoeConfig(
-                    256, 64, 128, 8, st, swap_ab=True, order="wgmma", down_block_n=128, wait_mma=False, remainder=rem
-                )
-                cfg = with_fold(cfg, True, fold)
-                cands[f"wgmma {cfg.name()}"] = cfg
         if kind == "wgmma-wide":  # the wgmma order on two warpgroups (8 warps), beside the shipped 4-warp tiles
             for bm, bn in itertools.product(sorted({16 if rows_per_expert <= 16 else 64, *ms_}), (64, 128)):
                 cfg = MoeConfig(bm, bn, 128, 8, 3, swap_ab=True, fold_scale=fold, order="wgmma")
@@ -769,7 +758,6 @@ def main() -> None:
             "stages",
             "mma2",
             "wgmma-gemv",
-            "tokens256",
         ),
         default="all",
         help="--sweep-moe/--sweep-dense: every variant, or only the swapped-operand tiles (swap, swap-deep) or the "
@@ -783,8 +771,7 @@ def main() -> None:
         "2 and 4 times as wide (down-wide, MoE only, Hopper), or on 2-4 pipeline stages (stages, MoE only, Hopper), "
         "or the mma2 order's tiles and decode GEMVs beside each order's shipped choice (mma2, MoE only; sm_8x, sm_12x, "
         "or a Hopper under DISABLE_MMA_V3), or the wgmma order's decode GEMV shapes beside each order's shipped choice "
-        "(wgmma-gemv, MoE only, Hopper), or the wgmma order's 256-token tiles beside its shipped choice "
-        "(tokens256, MoE only, Hopper)",
+        "(wgmma-gemv, MoE only, Hopper)",
     )
     ap.add_argument("--sweep-dense", help="comma-separated M: mxrepack's W4A16 dense paths only, no peers")
     ap.add_argument("--sweep-shapes", default="", help="--sweep-dense: comma-separated layers (qkv, o, lm_head)")
@@ -822,8 +809,7 @@ def main() -> None:
         ap.error("--sweep-kind rows is a dense sweep: use it with --sweep-dense")
     if (
         args.sweep_moe
-        and args.sweep_kind
-        in ("wgmma", "wgmma-wide", "warps16", "overlap", "down-wide", "stages", "wgmma-gemv", "tokens256")
+        and args.sweep_kind in ("wgmma", "wgmma-wide", "warps16", "overlap", "down-wide", "stages", "wgmma-gemv")
         and not wgmma_here()
     ):
         ap.error(f"--sweep-kind {args.sweep_kind} sweeps the wgmma order: a Hopper without DISABLE_MMA_V3")

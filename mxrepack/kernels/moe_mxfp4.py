@@ -198,8 +198,6 @@ class MoeConfig:
         """The dots a K tile's decoded W feeds: the mma2 order's tokens in parts of 16 (block_m up to 32) or 32, so
         that Triton's ``mma.sync`` warps split W's rows and not the tokens (warps along the tokens would each load
         and decode the same rows: ``benchmarks/experiments/mma2_order_probe.py``, its ``NSPLIT``); one otherwise."""
-        if self.order == "wgmma":
-            return max(1, self.block_m // 128)
         return self.block_m // (16 if self.block_m <= 32 else 32) if self.order == "mma2" else 1
 
 
