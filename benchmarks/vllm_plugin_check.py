@@ -377,19 +377,21 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         for batch in batches:
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
-            runs, cpu, preempted, cores, spans = [], [], [], [], []
+            runs, cpu, preempted, cores, spans, steal = [], [], [], [], [], []
             with GpuSampler() as gpu:
                 for _ in range(1 + DECODE_RUNS):
                     torch.cuda.synchronize()
                     t, c, u = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
-                    wall = time.time()
+                    wall, ticks = time.time(), _cpu_ticks()
                     llm.generate(prompts, timed, use_tqdm=False)
                     torch.cuda.synchronize()
                     runs.append(64 * batch / (time.perf_counter() - t))
                     spans.append((wall, time.time()))  # before the reads below: no idle GPU sample in the run
+                    ticks_after = _cpu_ticks()
                     cpu.append((time.process_time() - c) / 64 * 1e3)
                     preempted.append((resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - u.ru_nivcsw) / 64)
                     cores.append(_main_thread_core())
+                    steal.append(_steal(ticks, ticks_after, cores[-1]["core"]))
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
             record[f"decode_tok_s_batch{batch}_runs"] = runs[1:]
             # where a slow engine's time goes on the host (docs/SERVING.md, stop 48): the process's CPU time a step
@@ -406,6 +408,10 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             # VM reports told the two speeds apart): its SM clock, power and clock-event reasons, as nvidia-smi saw them
             record[f"decode_gpu_batch{batch}_runs"] = [gpu.during(*span) for span in spans[1:]]
             record[f"decode_gpu_sampler_batch{batch}"] = gpu.status
+            # stop 51: the GPU held 1980 MHz with no clock-event reason in every run, slow or fast, so what moves is
+            # the host: the share of the VM's CPU time the hypervisor took from it (steal) during each run, over all
+            # CPUs and on the main thread's core
+            record[f"decode_steal_batch{batch}_runs"] = steal[1:]
         for batch in profile_batches:
             record[f"profile_batch{batch}"] = _profile_decode(llm, SamplingParams, batch=int(batch))
         record["ok"] = True
@@ -973,6 +979,35 @@ def _gpu_id() -> str:
 _UNPINNED: set[int] | None = None  # the engine process's CPUs before --pin-cpus narrowed them (GpuSampler's)
 
 
+def _cpu_ticks() -> dict[str, tuple[int, int]]:
+    """Each ``cpu`` line of ``/proc/stat`` (the aggregate "cpu" and "cpu<N>"): its steal ticks (the time a hypervisor
+    ran something else while this VM's CPU was ready to run) and all its ticks; empty where the host shows none."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return {}
+    ticks = {}
+    for line in lines:
+        name, *values = line.split()
+        if name.startswith("cpu") and len(values) >= 8:
+            counts = [int(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal (guest: in user)
+            ticks[name] = (counts[7], sum(counts))
+    return ticks
+
+
+def _steal(before: dict, after: dict, core: int) -> dict:
+    """The share of CPU time stolen between two :func:`_cpu_ticks` reads, over all CPUs and on ``core``; None where
+    either read lacks the line or no tick passed."""
+
+    def share(name: str) -> float | None:
+        if name not in before or name not in after:
+            return None
+        total = after[name][1] - before[name][1]
+        return (after[name][0] - before[name][0]) / total if total > 0 else None
+
+    return {"all": share("cpu"), "core": share(f"cpu{core}")}
+
+
 def _main_thread_core() -> dict:
     """The CPU the calling thread last ran on (``/proc/thread-self/stat``'s field 39) and that CPU's clock in MHz
     (cpufreq's ``scaling_cur_freq``, else ``/proc/cpuinfo``; None where the host shows neither, as some VMs do)."""
@@ -1293,6 +1328,12 @@ def _times(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k in _TIMES or _is_decode_speed(k) or _is_decode_cpu(k)}
 
 
+def _round(rec: dict) -> dict:
+    """A round as ``rounds`` keeps it: its :func:`_times` and each decode run's figures (speed, CPU time, preemptions,
+    core, GPU clocks, steal) and the GPU sampler's status, so that a later round's slow runs read as the first's."""
+    return _times(rec) | {k: v for k, v in rec.items() if k.startswith("decode_") and k not in _times(rec)}
+
+
 def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -> None:
     """A later round of one case: the same engine run again (same checkpoint, kwargs), its times (load and decode
     speed) kept, and its logprobs compared with the first round's (a second start reuses vLLM's compile cache)."""
@@ -1304,16 +1345,23 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -
     log = work / f"case-{name}-again.log"
     _subprocess(["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1] | {_BATCHES: batches})], log, env)
     again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
-    runs = rec.setdefault("rounds", [_times(rec)])
+    runs = rec.setdefault("rounds", [_round(rec)])
     if again.get("ok"):  # and its outputs against the first round's: two starts of one engine, same checkpoint
-        runs.append(_times(again) | {"host": again.get("host"), "vs_first_round": compare(again, rec)})
+        runs.append(_round(again) | {"host": again.get("host"), "vs_first_round": compare(again, rec)})
     else:  # kept with its reason: the medians are of the rounds that ran
         runs.append({"error": again.get("error", "failed"), "log": str(log)})
     for k in _times(rec):
         vals = [r[k] for r in runs if k in r]
         if vals:
             rec[f"median_{k}"] = statistics.median(vals)
-    shown = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in runs]
+    shown = [  # each run's figures stay in the record
+        {
+            k: round(v, 3) if isinstance(v, float) else v
+            for k, v in r.items()
+            if not k.startswith("decode_") or k in _times(r)
+        }
+        for r in runs
+    ]
     print(f"== {name} (round {len(runs)}): {shown}", flush=True)
 
 

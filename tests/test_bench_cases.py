@@ -96,9 +96,20 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
     assert seen[0][check._BATCHES] == [1, 64]  # the later round's engine times the same batch sizes
     vs_first = first["rounds"][1].pop("vs_first_round")  # its outputs against the first round's: the same here
     assert vs_first["bit_identical"] and vs_first["logprobs_compared"] == 3
-    assert first["rounds"] == [
-        {"ready_s": 1.0, "decode_tok_s_batch64": 100.0, "decode_cpu_ms_per_step_batch64": 4.0},
-        {"ready_s": 3.0, "decode_tok_s_batch64": 300.0, "decode_cpu_ms_per_step_batch64": 2.0, "host": {"cpus": 8}},
+    assert first["rounds"] == [  # each round with its runs' figures (stop 51: a later round's were dropped)
+        {
+            "ready_s": 1.0,
+            "decode_tok_s_batch64": 100.0,
+            "decode_tok_s_batch64_runs": [1],
+            "decode_cpu_ms_per_step_batch64": 4.0,
+        },
+        {
+            "ready_s": 3.0,
+            "decode_tok_s_batch64": 300.0,
+            "decode_cpu_ms_per_step_batch64": 2.0,
+            "decode_cpu_ms_per_step_batch64_runs": [2.0],
+            "host": {"cpus": 8},
+        },
     ]
     assert first["median_ready_s"] == 2.0 and first["median_decode_tok_s_batch64"] == 200.0
     assert first["median_decode_cpu_ms_per_step_batch64"] == 3.0
@@ -121,6 +132,17 @@ def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
     # each decode run's core and its clock (stop 49): a core this process may use; the clock where the host shows one
     core = check._main_thread_core()
     assert core["core"] in os.sched_getaffinity(0) and (core["mhz"] is None or core["mhz"] > 0)
+    # and the share of CPU time the hypervisor took during a run (stop 51), over all CPUs and on that core
+    before = check._cpu_ticks()
+    sum(range(200000))
+    steal = check._steal(before, check._cpu_ticks(), core["core"])
+    assert set(steal) == {"all", "core"}
+    assert all(v is None or 0.0 <= v <= 1.0 for v in steal.values())
+    assert check._steal({"cpu": (5, 100), "cpu3": (1, 50)}, {"cpu": (15, 300), "cpu3": (1, 50)}, 3) == {
+        "all": 0.05,  # 10 of 200 ticks stolen
+        "core": None,  # no tick passed on cpu3
+    }
+    assert check._steal({}, {"cpu": (0, 10)}, 0) == {"all": None, "core": None}
 
 
 def test_decode_runs_get_the_gpu_samples_taken_during_them(tmp_path):
