@@ -1102,6 +1102,12 @@ def test_mma2_order_runs_where_triton_builds_mma_sync(monkeypatch, cap, disabled
     else:
         with pytest.raises(ValueError, match=r"wgmma order is Hopper's .*order rows \(or mma2"):
             moe.check_order("wgmma", "bf16", torch.device("cuda"))
+    # the GPU's own chunk order (what the plugin's advice names) is one check_order accepts: mma2 where it runs, wgmma
+    # on sm_90, rows on sm_100 and the CPU
+    native = dequant_mxfp4.native_order(torch.device("cuda"))
+    assert native == ("mma2" if runs else "wgmma" if cap[0] == 9 and not disabled else "rows")
+    moe.check_order(native, "bf16", torch.device("cuda"))
+    assert dequant_mxfp4.native_order(torch.device("cpu")) == "rows"
 
 
 @pytest.mark.skipif(

@@ -26,6 +26,7 @@ from mxrepack.serve.spec import (
     chosen_dense_kernel,
     dense_kernel,
     dense_serving,
+    order_advice,
     serve_hint,
     serve_refusal,
     serving,
@@ -408,6 +409,18 @@ def test_compressed_tensors_experts_reassemble_into_vllms_gpt_oss_mxfp4_paramete
             torch.zeros(3, 8, dtype=torch.uint8),
             "model.layers.0.mlp.experts.0.up_proj.weight_packed",
         )
+
+
+def test_rows_order_experts_on_a_gpu_with_its_own_order_get_one_line_naming_the_target():
+    """The plugin logs this once when it serves strided experts in the rows order on a GPU whose MMA operand is a chunk
+    order: that order's built-in target, and that the rows order still leads at a few tokens. Nothing where the
+    checkpoint is already in the GPU's order or where only the rows order runs."""
+    for native, target in (("wgmma", "sm90-strided"), ("mma2", "sm121-strided")):
+        line = order_advice("rows", native)
+        assert f"--target {target}" in line and f"reads the {native} order" in line and "\n" not in line
+        assert load_recipe(target).expert_options == {"order": native}
+        assert order_advice(native, native) is None
+    assert order_advice("rows", "rows") is None
 
 
 def test_strided_order_is_read_from_the_config(tiny, tmp_path):

@@ -1158,6 +1158,18 @@ def linear_dequant_gemm(
     return out
 
 
+def native_order(device: torch.device) -> str:
+    """The chunk order whose bytes are the MMA operand Triton builds on ``device``: "wgmma" on sm_90, "mma2" where it
+    builds ``mma.sync`` (sm_8x, sm_12x, and sm_90 under ``DISABLE_MMA_V3``); "rows" elsewhere (sm_100, the CPU), where
+    only the rows order runs (:func:`check_order`)."""
+    if device.type != "cuda":
+        return "rows"
+    major, _ = device_capability(device)
+    if builds_wgmma(major):
+        return "wgmma"
+    return "mma2" if major in (8, 9, 12) else "rows"
+
+
 def check_order(order: str, activations: str, device: torch.device) -> None:
     """Whether weights in byte ``order`` can run here: "rows" anywhere; the chunk orders with BF16 activations, on the
     GPUs whose MMA operand the order is, or off CUDA (the interpreter's portable decode): "wgmma" where Triton builds

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mxrepack.errors import MxRepackError
+from mxrepack.recipes import list_recipes
 
 QUANT_METHOD = "mxrepack"
 # the byte orders of the strided layout's option ``order`` (mxrepack.layouts.strided.ORDERS; repeated here, as reading
@@ -524,6 +525,33 @@ def serving(target_layout: str | None, quantization_config: str, expert_options:
     elif order == "mma2":
         kernel, gpus = f"{kernel}, mma2 order", "sm120/sm121 and sm80-sm89; not sm90/sm100"
     return 'vLLM with the mxrepack plugin: pip install "mxrepack[vllm]"', f"{kernel} [{gpus}]"
+
+
+# How a chunk order's MoE compares with the rows order's on the GPUs whose MMA operand it is: wgmma on an H200
+# (benchmarks/peers.py, 86bbbe0, docs/bench/peers_moe_h200_2026-11-29_86bbbe0.json: the rows order's time over the
+# wgmma order's at T = 1 / 32 / 64 / 128 / 1024 / 4096 0.66 / 1.37 / 1.34 / 1.32 / 1.37 / 1.65x); mma2 on sm_12x's code
+# path, an H100 under Triton's DISABLE_MMA_V3 (e7c9cdb, docs/bench/moe_sweep_mma2_mmav2_h100_2026-11-27_e7c9cdb.json:
+# T = 16 / 64 / 512 / 4096 1.01 / 1.39 / 1.43 / 1.88x).
+_CHUNK_ORDER_GAIN = {
+    "wgmma": "1.3-1.65x faster than the rows order from 32 tokens on an H200 (at one token the rows order is faster)",
+    "mma2": "1.4-1.9x faster than the rows order from 64 tokens, even at 16, on sm_12x's code path (timed on a Hopper, "
+    "not a GB10)",
+}
+
+
+def order_advice(order: str, native: str) -> str | None:
+    """The line the plugin logs when it serves strided experts in the rows order on a GPU whose MMA operand is a chunk
+    order (``native``: :func:`mxrepack.kernels.dequant_mxfp4.native_order`): that order, the built-in target that
+    writes it and what it gains; None where the checkpoint's order is already the GPU's or no chunk order runs."""
+    if order != "rows" or native not in _CHUNK_ORDER_GAIN:
+        return None
+    target = next(
+        r.name for r in list_recipes() if r.expert_layout == "strided" and r.expert_options.get("order") == native
+    )
+    return (
+        f"mxrepack: these strided experts are in the rows order; this GPU's MMA reads the {native} order, "
+        f"{_CHUNK_ORDER_GAIN[native]} (docs/PERF.md): for a server, repack with --target {target}"
+    )
 
 
 def _known_dense_kernel(value: str, named: str) -> str:

@@ -19,12 +19,23 @@ from contextlib import contextmanager
 
 import torch
 import vllm.model_executor.layers.quantization.mxfp4 as vllm_mxfp4
+from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 from vllm.model_executor.utils import set_weight_attrs
 
 from mxrepack.errors import MxRepackError
-from mxrepack.serve.spec import ServeSpec, check_kernel_device, check_moe_activation, check_moe_backend_request
+from mxrepack.serve.spec import (
+    ServeSpec,
+    check_kernel_device,
+    check_moe_activation,
+    check_moe_backend_request,
+    order_advice,
+)
+
+# under vLLM's configured "vllm" logger, whose handler and level every line of an engine goes through: a logger named
+# outside it loses INFO lines (only "vllm" has a handler: vllm/logger.py's DEFAULT_LOGGING_CONFIG)
+logger = init_logger("vllm.mxrepack")
 
 
 def make_moe_method(spec: ServeSpec, moe) -> FusedMoEMethodBase:
@@ -270,7 +281,7 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
 
     def process_weights_after_loading(self, layer) -> None:
         from mxrepack.kernels.arrival import keep_with
-        from mxrepack.kernels.dequant_mxfp4 import fold_shift
+        from mxrepack.kernels.dequant_mxfp4 import fold_shift, native_order
         from mxrepack.kernels.moe_mxfp4 import check_order, reserve_decode_counters
 
         self._check_loaded(layer)
@@ -280,6 +291,9 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
             check_order(order, "bf16", layer.w2_weight.device)
         except ValueError as e:
             raise MxRepackError(f"this checkpoint's experts are in the strided layout's {order} order: {e}") from None
+        advice = order_advice(order, native_order(layer.w2_weight.device))
+        if advice:  # the rows order where the GPU's own chunk order serves batches faster: once a process, not a layer
+            logger.info_once(advice)
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed. As much as
         # any call takes (the warm-up below included), kept among the layer's buffers for vLLM's sleep mode
         keep_with(layer, reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1]))
