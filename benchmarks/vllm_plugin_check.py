@@ -381,8 +381,9 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             with GpuSampler() as gpu:
                 for _ in range(1 + DECODE_RUNS):
                     torch.cuda.synchronize()
+                    ticks = _cpu_ticks()  # before the clocks: its read is not the run's
                     t, c, u = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
-                    wall, ticks = time.time(), _cpu_ticks()
+                    wall = time.time()
                     llm.generate(prompts, timed, use_tqdm=False)
                     torch.cuda.synchronize()
                     runs.append(64 * batch / (time.perf_counter() - t))
@@ -979,16 +980,18 @@ def _gpu_id() -> str:
 _UNPINNED: set[int] | None = None  # the engine process's CPUs before --pin-cpus narrowed them (GpuSampler's)
 
 
-def _cpu_ticks() -> dict[str, tuple[int, int]]:
-    """Each ``cpu`` line of ``/proc/stat`` (the aggregate "cpu" and "cpu<N>"): its steal ticks (the time a hypervisor
-    ran something else while this VM's CPU was ready to run) and all its ticks; empty where the host shows none."""
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
-        return {}
+def _cpu_ticks(stat: str | None = None) -> dict[str, tuple[int, int]]:
+    """Each ``cpu`` line of ``/proc/stat`` (or of ``stat``, its text): the aggregate "cpu" and "cpu<N>", their steal
+    ticks (the time a hypervisor ran something else while this VM's CPU was ready to run) and all their ticks; empty
+    where the host shows none. The share is read per run, in ticks of 10 ms, on the core the main thread ended on."""
+    if stat is None:
+        try:
+            stat = Path("/proc/stat").read_text()
+        except OSError:
+            return {}
     ticks = {}
-    for line in lines:
-        name, *values = line.split()
+    for line in stat.splitlines():
+        name, *values = line.split() or [""]
         if name.startswith("cpu") and len(values) >= 8:
             counts = [int(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal (guest: in user)
             ticks[name] = (counts[7], sum(counts))
@@ -1331,12 +1334,14 @@ def _times(rec: dict) -> dict:
 def _round(rec: dict) -> dict:
     """A round as ``rounds`` keeps it: its :func:`_times` and each decode run's figures (speed, CPU time, preemptions,
     core, GPU clocks, steal) and the GPU sampler's status, so that a later round's slow runs read as the first's."""
-    return _times(rec) | {k: v for k, v in rec.items() if k.startswith("decode_") and k not in _times(rec)}
+    times = _times(rec)
+    return times | {k: v for k, v in rec.items() if k.startswith("decode_") and k not in times}
 
 
 def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -> None:
     """A later round of one case: the same engine run again (same checkpoint, kwargs), its times (load and decode
-    speed) kept, and its logprobs compared with the first round's (a second start reuses vLLM's compile cache)."""
+    speed, the medians over rounds) and its runs' figures kept (:func:`_round`), and its logprobs compared with the
+    first round's (a second start reuses vLLM's compile cache)."""
     rec = cases.get(name)
     if not (rec and rec.get("ok")):
         return

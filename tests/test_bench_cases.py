@@ -111,6 +111,7 @@ def test_a_repeated_round_keeps_load_times_and_decode_speeds(tmp_path, monkeypat
             "host": {"cpus": 8},
         },
     ]
+    assert not [k for k in first if k.startswith("median_") and k.endswith("_runs")]  # medians of figures, not lists
     assert first["median_ready_s"] == 2.0 and first["median_decode_tok_s_batch64"] == 200.0
     assert first["median_decode_cpu_ms_per_step_batch64"] == 3.0
 
@@ -143,6 +144,10 @@ def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
         "core": None,  # no tick passed on cpu3
     }
     assert check._steal({}, {"cpu": (0, 10)}, 0) == {"all": None, "core": None}
+    # /proc/stat's fields: user nice system idle iowait irq softirq steal (guest and guest_nice, counted in user and
+    # nice, left out)
+    stat = "cpu  1 2 3 4 5 6 7 8 9 10\ncpu0 1 1 1 1 1 1 1 2 0 0\nintr 5 6\n\nctxt 7\n"
+    assert check._cpu_ticks(stat) == {"cpu": (8, 36), "cpu0": (2, 9)}
 
 
 def test_decode_runs_get_the_gpu_samples_taken_during_them(tmp_path):

@@ -413,14 +413,22 @@ def test_compressed_tensors_experts_reassemble_into_vllms_gpt_oss_mxfp4_paramete
 
 def test_rows_order_experts_on_a_gpu_with_its_own_order_get_one_line_naming_the_target():
     """The plugin logs this once when it serves strided experts in the rows order on a GPU whose MMA operand is a chunk
-    order: that order's built-in target, and that the rows order still leads at a few tokens. Nothing where the
-    checkpoint is already in the GPU's order or where only the rows order runs."""
-    for native, target in (("wgmma", "sm90-strided"), ("mma2", "sm121-strided")):
-        line = order_advice("rows", native)
+    order timed there: that order's built-in target and its measured gain (for wgmma, that the rows order leads at one
+    token). Nothing where the checkpoint is already in the GPU's order, only the rows order runs, or the order was not
+    timed on that GPU (sm_8x)."""
+    # (sm_90 with mma2 native: under DISABLE_MMA_V3, the stand-in the mma2 order was timed on)
+    for native, major, target in (
+        ("wgmma", 9, "sm90-strided"),
+        ("mma2", 12, "sm121-strided"),
+        ("mma2", 9, "sm121-strided"),
+    ):
+        line = order_advice("rows", native, major)
         assert f"--target {target}" in line and f"reads the {native} order" in line and "\n" not in line
         assert load_recipe(target).expert_options == {"order": native}
-        assert order_advice(native, native) is None
-    assert order_advice("rows", "rows") is None
+        assert order_advice(native, native, major) is None
+    assert "at one token the rows order is faster" in order_advice("rows", "wgmma", 9)
+    assert order_advice("rows", "mma2", 8) is None  # sm_8x builds the mma2 order too, but it was never timed there
+    assert order_advice("rows", "rows", 10) is None
 
 
 def test_strided_order_is_read_from_the_config(tiny, tmp_path):

@@ -1160,8 +1160,8 @@ def linear_dequant_gemm(
 
 def native_order(device: torch.device) -> str:
     """The chunk order whose bytes are the MMA operand Triton builds on ``device``: "wgmma" on sm_90, "mma2" where it
-    builds ``mma.sync`` (sm_8x, sm_12x, and sm_90 under ``DISABLE_MMA_V3``); "rows" elsewhere (sm_100, the CPU), where
-    only the rows order runs (:func:`check_order`)."""
+    builds ``mma.sync`` (sm_8x, sm_12x, and sm_90 under ``DISABLE_MMA_V3``); "rows" on sm_100, where only the rows
+    order runs (:func:`check_order`), and off CUDA, where every order runs on the portable decode and none is native."""
     if device.type != "cuda":
         return "rows"
     major, _ = device_capability(device)

@@ -531,19 +531,22 @@ def serving(target_layout: str | None, quantization_config: str, expert_options:
 # (benchmarks/peers.py, 86bbbe0, docs/bench/peers_moe_h200_2026-11-29_86bbbe0.json: the rows order's time over the
 # wgmma order's at T = 1 / 32 / 64 / 128 / 1024 / 4096 0.66 / 1.37 / 1.34 / 1.32 / 1.37 / 1.65x); mma2 on sm_12x's code
 # path, an H100 under Triton's DISABLE_MMA_V3 (e7c9cdb, docs/bench/moe_sweep_mma2_mmav2_h100_2026-11-27_e7c9cdb.json:
-# T = 16 / 64 / 512 / 4096 1.01 / 1.39 / 1.43 / 1.88x).
+# T = 16 / 64 / 512 / 4096 1.01 / 1.39 / 1.42 / 1.88x). Advised only on the GPUs those runs speak for (by compute
+# capability major: sm_90; sm_12x and its Hopper stand-in): the mma2 order also runs on sm_8x, untimed there.
+_CHUNK_ORDER_MAJORS = {"wgmma": (9,), "mma2": (9, 12)}
 _CHUNK_ORDER_GAIN = {
     "wgmma": "1.3-1.65x faster than the rows order from 32 tokens on an H200 (at one token the rows order is faster)",
-    "mma2": "1.4-1.9x faster than the rows order from 64 tokens, even at 16, on sm_12x's code path (timed on a Hopper, "
-    "not a GB10)",
+    "mma2": "1.4-1.9x faster than the rows order from 64 tokens (level at 16) on sm_12x's code path (timed on a "
+    "Hopper, not a GB10)",
 }
 
 
-def order_advice(order: str, native: str) -> str | None:
-    """The line the plugin logs when it serves strided experts in the rows order on a GPU whose MMA operand is a chunk
-    order (``native``: :func:`mxrepack.kernels.dequant_mxfp4.native_order`): that order, the built-in target that
-    writes it and what it gains; None where the checkpoint's order is already the GPU's or no chunk order runs."""
-    if order != "rows" or native not in _CHUNK_ORDER_GAIN:
+def order_advice(order: str, native: str, major: int) -> str | None:
+    """The line the plugin logs when it serves strided experts in the rows order on a GPU (compute capability
+    ``major``) whose MMA operand is a chunk order (``native``: :func:`mxrepack.kernels.dequant_mxfp4.native_order`):
+    that order, the built-in target that writes it and what it gained where it was timed; None where the checkpoint's
+    order is already the GPU's, no chunk order runs, or none was timed on this kind of GPU (sm_8x)."""
+    if order != "rows" or major not in _CHUNK_ORDER_MAJORS.get(native, ()):
         return None
     target = next(
         r.name for r in list_recipes() if r.expert_layout == "strided" and r.expert_options.get("order") == native

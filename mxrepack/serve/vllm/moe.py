@@ -281,7 +281,7 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
 
     def process_weights_after_loading(self, layer) -> None:
         from mxrepack.kernels.arrival import keep_with
-        from mxrepack.kernels.dequant_mxfp4 import fold_shift, native_order
+        from mxrepack.kernels.dequant_mxfp4 import device_capability, fold_shift, native_order
         from mxrepack.kernels.moe_mxfp4 import check_order, reserve_decode_counters
 
         self._check_loaded(layer)
@@ -291,9 +291,12 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
             check_order(order, "bf16", layer.w2_weight.device)
         except ValueError as e:
             raise MxRepackError(f"this checkpoint's experts are in the strided layout's {order} order: {e}") from None
-        advice = order_advice(order, native_order(layer.w2_weight.device))
-        if advice:  # the rows order where the GPU's own chunk order serves batches faster: once a process, not a layer
-            logger.info_once(advice)
+        device = layer.w2_weight.device
+        native = native_order(device)
+        if order == "rows" and native != "rows":  # the GPU's own chunk order served batches faster where it was timed
+            advice = order_advice(order, native, device_capability(device)[0])
+            if advice:
+                logger.info_once(advice)  # once, not a line per MoE layer (vLLM's info_once: local rank 0)
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed. As much as
         # any call takes (the warm-up below included), kept among the layer's buffers for vLLM's sleep mode
         keep_with(layer, reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1]))
