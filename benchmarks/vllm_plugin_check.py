@@ -305,10 +305,13 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     _UNPINNED = os.sched_getaffinity(0)
     if os.environ.get(_CPUS_ENV):  # --pin-cpus: before torch sizes its thread pools and vLLM starts its threads
         os.sched_setaffinity(0, cpu_list(os.environ[_CPUS_ENV]))
+    sync = _blocking_sync() if os.environ.get(_SYNC_ENV) == "blocking" else None  # before any CUDA context
     import torch
 
     kwargs = json.loads(kwargs_json)
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
+    if sync is not None:
+        record["cuda_sync"] = sync
     record["env"] = kwargs.pop(_ENV, {})
     profile_batches = kwargs.pop(_PROFILE, [])  # sequence counts of the profiled steps (none: no profile)
     batches = kwargs.pop(_BATCHES, [1, 4])
@@ -774,13 +777,16 @@ def _hub_cache(folder: Path, work: Path) -> dict:
     return {"repo": repo, "commit": commit, "folder_identity": identity}
 
 
-def _engine_env(name: str, work: Path, own_cache: bool, cpus: str | None = None) -> dict:
+def _engine_env(name: str, work: Path, own_cache: bool, cpus: str | None = None, blocking_sync: bool = False) -> dict:
     """The environment of case ``name``'s engine process: vLLM's engine in that process; for a Hub case the work
     folder's made-up Hugging Face cache, offline; with ``own_cache``, a vLLM compile cache of the case's own under the
-    work folder (what a second round of the case finds); with ``cpus`` (a CPU list), the CPUs it runs on."""
+    work folder (what a second round of the case finds); with ``cpus`` (a CPU list), the CPUs it runs on; with
+    ``blocking_sync``, CUDA's blocking synchronization (:func:`_blocking_sync`)."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if cpus:
         env[_CPUS_ENV] = cpus
+    if blocking_sync:
+        env[_SYNC_ENV] = "blocking"
     if CASES[name][1].get(_HUB):
         env |= {"HF_HUB_CACHE": str(work / "hf-hub"), "HF_HUB_OFFLINE": "1"}
     if own_cache:
@@ -789,6 +795,30 @@ def _engine_env(name: str, work: Path, own_cache: bool, cpus: str | None = None)
 
 
 _CPUS_ENV = "MXREPACK_CHECK_CPUS"  # the engine process's CPU list, from --pin-cpus
+_SYNC_ENV = "MXREPACK_CHECK_CUDA_SYNC"  # "blocking": the engine's CUDA context blocks in a sync, from --blocking-sync
+_CU_CTX_SCHED_BLOCKING_SYNC = 0x04  # cuda.h's CUctx_flags
+
+
+def _blocking_sync(libcuda: str = "libcuda.so.1") -> dict:
+    """Sets the primary CUDA context of device 0 (of those visible) to block the calling thread in a synchronization
+    instead of spinning (``cuDevicePrimaryCtxSetFlags``, the driver's: the runtime torch uses takes the primary
+    context as the driver left it), before this process creates it. With CUDA's default (spin, on a machine with more
+    CPUs than GPUs) a step's CPU time counts its waits for the GPU too: blocking, it counts the host's work only
+    (stops 49-51: which of the two the slow engines spend longer on). Returns what the driver said (``set``, 0 on
+    success) and the context's flags read back; ``error`` where there is no driver."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL(libcuda)
+    except OSError as e:
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0):
+        return {"error": "cuInit / cuDeviceGet failed"}
+    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    rc = set_flags(dev, ctypes.c_uint(_CU_CTX_SCHED_BLOCKING_SYNC))
+    cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
+    return {"set": int(rc), "flags": flags.value, "active_before": bool(active.value)}
 
 
 def cpu_list(text: str) -> set[int]:
@@ -1174,6 +1204,13 @@ def main() -> None:
         "tok/s (docs/SERVING.md, stop 48); on an H200 whose GPU's node held all its CPUs, 'gpu' changed nothing "
         "(stop 49)",
     )
+    ap.add_argument(
+        "--blocking-sync",
+        action="store_true",
+        help="every engine's CUDA context blocks in a synchronization instead of spinning, so that a decode step's "
+        "CPU time (decode_cpu_ms_per_step_batch<N>) counts the host's work only (with the default spin it also "
+        "counts the waits: stops 49-51)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     from mxrepack.repack.fixture import make_fixture
@@ -1201,6 +1238,7 @@ def main() -> None:
         "commit": args.commit,
         "layers": args.layers,
         "experts": args.experts,
+        "blocking_sync": args.blocking_sync,
         "cases": {},
         "comparisons": {},
     }
@@ -1221,7 +1259,13 @@ def main() -> None:
     for round_, name in [(r, n) for r in range(args.repeat) for n in names]:
         what, kwargs, baseline, expect = CASES[name]
         if round_:
-            _repeat(name, work, results["cases"], batches, _engine_env(name, work, args.own_compile_cache, cpus))
+            _repeat(
+                name,
+                work,
+                results["cases"],
+                batches,
+                _engine_env(name, work, args.own_compile_cache, cpus, args.blocking_sync),
+            )
             if args.json:
                 Path(args.json).write_text(json.dumps(_summary(results), indent=1))
             continue
@@ -1245,7 +1289,7 @@ def main() -> None:
                 json.dumps(kwargs | {_PROFILE: profile_batches, _BATCHES: batches}),
             ],
             work / f"case-{name}.log",
-            _engine_env(name, work, args.own_compile_cache, cpus),
+            _engine_env(name, work, args.own_compile_cache, cpus, args.blocking_sync),
         )
         rec = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
         if hub is not None:  # which identity the engine recorded: the folder's (offline, vLLM 0.26) or the commit's

@@ -128,6 +128,11 @@ def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
         check.pinned_cpus({0, 1, 2, 3}, {8, 9})
     assert check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False, cpus="0-3")[check._CPUS_ENV] == "0-3"
     assert check._CPUS_ENV not in check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False)
+    # --blocking-sync: the engine sets its CUDA context to block in a sync before creating it (stop 51's next test)
+    env = check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False, blocking_sync=True)
+    assert env[check._SYNC_ENV] == "blocking"
+    assert check._SYNC_ENV not in check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False)
+    assert "error" in check._blocking_sync("libcuda-not-here.so.1")  # no driver: said, not raised
     host = check._host_state()
     assert host["cpus"] == len(check.cpu_list(host["affinity"])) >= 1 and len(host["loadavg"]) == 3
     # each decode run's core and its clock (stop 49): a core this process may use; the clock where the host shows one
