@@ -312,6 +312,10 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
     record: dict = {"model": model, "kwargs": kwargs, "ok": False}
     if sync is not None:
         record["cuda_sync"] = sync
+        if not sync.get("blocking"):  # asked for and not set: a spinning engine's figures would pass for blocking ones
+            record["error"] = f"--blocking-sync: the CUDA context's flags were not set ({sync})"
+            Path(out).write_text(json.dumps(record))
+            return
     record["env"] = kwargs.pop(_ENV, {})
     profile_batches = kwargs.pop(_PROFILE, [])  # sequence counts of the profiled steps (none: no profile)
     batches = kwargs.pop(_BATCHES, [1, 4])
@@ -380,7 +384,7 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
         for batch in batches:
             timed = SamplingParams(temperature=0.0, max_tokens=64, detokenize=False, ignore_eos=True)
             prompts = [{"prompt_token_ids": _prompt(i)} for i in range(batch)]
-            runs, cpu, preempted, cores, spans, steal = [], [], [], [], [], []
+            runs, cpu, preempted, waits, cores, spans, steal = [], [], [], [], [], [], []
             with GpuSampler() as gpu:
                 for _ in range(1 + DECODE_RUNS):
                     torch.cuda.synchronize()
@@ -393,7 +397,9 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
                     spans.append((wall, time.time()))  # before the reads below: no idle GPU sample in the run
                     ticks_after = _cpu_ticks()
                     cpu.append((time.process_time() - c) / 64 * 1e3)
-                    preempted.append((resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - u.ru_nivcsw) / 64)
+                    after = resource.getrusage(resource.RUSAGE_SELF)
+                    preempted.append((after.ru_nivcsw - u.ru_nivcsw) / 64)
+                    waits.append((after.ru_nvcsw - u.ru_nvcsw) / 64)
                     cores.append(_main_thread_core())
                     steal.append(_steal(ticks, ticks_after, cores[-1]["core"]))
             record[f"decode_tok_s_batch{batch}"] = statistics.median(runs[1:])
@@ -405,6 +411,9 @@ def _engine(model: str, out: str, kwargs_json: str) -> None:
             record[f"decode_cpu_ms_per_step_batch{batch}"] = statistics.median(cpu[1:])
             record[f"decode_cpu_ms_per_step_batch{batch}_runs"] = cpu[1:]
             record[f"decode_preempted_per_step_batch{batch}_runs"] = preempted[1:]
+            # and how often a step its threads gave up their CPU (a blocking CUDA sync sleeps at least once a step:
+            # --blocking-sync took effect where this is one or more; a spinning one stays near the threads' own waits)
+            record[f"decode_voluntary_switches_per_step_batch{batch}_runs"] = waits[1:]
             # one engine's runs moved between two speeds (stop 49): the core the main thread ended each run on and
             # that core's clock then, where the host shows it
             record[f"decode_core_batch{batch}_runs"] = cores[1:]
@@ -796,7 +805,7 @@ def _engine_env(name: str, work: Path, own_cache: bool, cpus: str | None = None,
 
 _CPUS_ENV = "MXREPACK_CHECK_CPUS"  # the engine process's CPU list, from --pin-cpus
 _SYNC_ENV = "MXREPACK_CHECK_CUDA_SYNC"  # "blocking": the engine's CUDA context blocks in a sync, from --blocking-sync
-_CU_CTX_SCHED_BLOCKING_SYNC = 0x04  # cuda.h's CUctx_flags
+_CU_CTX_SCHED_BLOCKING_SYNC, _CU_CTX_SCHED_MASK = 0x04, 0x07  # cuda.h's CUctx_flags
 
 
 def _blocking_sync(libcuda: str = "libcuda.so.1") -> dict:
@@ -805,20 +814,28 @@ def _blocking_sync(libcuda: str = "libcuda.so.1") -> dict:
     context as the driver left it), before this process creates it. With CUDA's default (spin, on a machine with more
     CPUs than GPUs) a step's CPU time counts its waits for the GPU too: blocking, it counts the host's work only
     (stops 49-51: which of the two the slow engines spend longer on). Returns what the driver said (``set``, 0 on
-    success) and the context's flags read back; ``error`` where there is no driver."""
+    success), the context's flags read back, and ``blocking``: whether they now say so; ``error`` where there is no
+    driver or a call failed. Each run's voluntary context switches (``decode_voluntary_switches_per_step_batch<N>``)
+    show whether the engine's waits then blocked."""
     import ctypes
 
     try:
         cuda = ctypes.CDLL(libcuda)
-    except OSError as e:
-        return {"error": f"{type(e).__name__}: {e}"[:200]}
-    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0):
-        return {"error": "cuInit / cuDeviceGet failed"}
-    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
-    rc = set_flags(dev, ctypes.c_uint(_CU_CTX_SCHED_BLOCKING_SYNC))
-    cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
-    return {"set": int(rc), "flags": flags.value, "active_before": bool(active.value)}
+        dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        rc = {"init": cuda.cuInit(0)}
+        rc["device"] = rc["init"] or cuda.cuDeviceGet(ctypes.byref(dev), 0)
+        rc["get"] = rc["device"] or cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
+        if rc["get"]:
+            return {"error": f"the CUDA driver's calls returned {rc}", "blocking": False}
+        set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+        # the scheduling field replaced, the other flags kept (none by default)
+        wanted = (flags.value & ~_CU_CTX_SCHED_MASK) | _CU_CTX_SCHED_BLOCKING_SYNC
+        rc["set"] = set_flags(dev, ctypes.c_uint(wanted))
+        rc["get_after"] = cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active))
+    except (OSError, AttributeError) as e:  # no driver, or one without these calls
+        return {"error": f"{type(e).__name__}: {e}"[:200], "blocking": False}
+    blocking = not rc["set"] and not rc["get_after"] and flags.value & _CU_CTX_SCHED_MASK == _CU_CTX_SCHED_BLOCKING_SYNC
+    return {"set": int(rc["set"]), "flags": flags.value, "active": bool(active.value), "blocking": blocking}
 
 
 def cpu_list(text: str) -> set[int]:
@@ -1310,6 +1327,7 @@ def main() -> None:
                 "load_peak_gib",
                 "load_end_gib",
                 "error",
+                "cuda_sync",
                 "after_sleep_identical",
                 "counters_nonzero_after_wake",
                 "weights_identity",
@@ -1396,7 +1414,8 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -
     again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
     runs = rec.setdefault("rounds", [_round(rec)])
     if again.get("ok"):  # and its outputs against the first round's: two starts of one engine, same checkpoint
-        runs.append(_round(again) | {"host": again.get("host"), "vs_first_round": compare(again, rec)})
+        sync = {"cuda_sync": again["cuda_sync"]} if "cuda_sync" in again else {}  # --blocking-sync's, each round's
+        runs.append(_round(again) | sync | {"host": again.get("host"), "vs_first_round": compare(again, rec)})
     else:  # kept with its reason: the medians are of the rounds that ran
         runs.append({"error": again.get("error", "failed"), "log": str(log)})
     for k in _times(rec):

@@ -132,7 +132,61 @@ def test_engines_can_be_pinned_to_a_cpu_list(tmp_path):
     env = check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False, blocking_sync=True)
     assert env[check._SYNC_ENV] == "blocking"
     assert check._SYNC_ENV not in check._engine_env("marlin-dense-graphs", tmp_path, own_cache=False)
-    assert "error" in check._blocking_sync("libcuda-not-here.so.1")  # no driver: said, not raised
+    assert check._blocking_sync("libcuda-not-here.so.1")["blocking"] is False  # no driver: said, not raised
+
+
+class _FakeDriver:
+    """The four CUDA driver calls ``_blocking_sync`` makes, on a stored flags word (no GPU)."""
+
+    def __init__(self, flags=0, v2=True, fail_init=0):
+        self.flags, self.fail_init = flags, fail_init
+        if v2:
+            self.cuDevicePrimaryCtxSetFlags_v2 = self._set
+
+    def cuInit(self, _):
+        return self.fail_init
+
+    def cuDeviceGet(self, dev, ordinal):
+        dev._obj.value = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxGetState(self, dev, flags, active):
+        flags._obj.value, active._obj.value = self.flags, 0
+        return 0
+
+    def _set(self, dev, flags):
+        self.flags = flags.value
+        return 0
+
+    def cuDevicePrimaryCtxSetFlags(self, dev, flags):  # the unversioned name, where no _v2 is exported
+        return self._set(dev, flags)
+
+
+@pytest.mark.parametrize(
+    "driver,expect",
+    [
+        (_FakeDriver(), {"set": 0, "flags": 4, "active": False, "blocking": True}),
+        (_FakeDriver(flags=0x10 | 0x2), {"set": 0, "flags": 0x14, "active": False, "blocking": True}),  # keeps 0x10
+        (_FakeDriver(v2=False), {"set": 0, "flags": 4, "active": False, "blocking": True}),
+    ],
+)
+def test_blocking_sync_sets_the_primary_contexts_scheduling_flags(monkeypatch, driver, expect):
+    """--blocking-sync: the driver's primary-context flags get CU_CTX_SCHED_BLOCKING_SYNC in their scheduling field
+    (other flags kept), through cuDevicePrimaryCtxSetFlags_v2 or the unversioned call; a failing or incomplete driver
+    is said in the result (``blocking`` False: the engine then refuses to time), never raised."""
+    import ctypes
+
+    check = _check_module()
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: driver)
+    assert check._blocking_sync() == expect
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeDriver(fail_init=3))
+    assert check._blocking_sync() == {
+        "error": "the CUDA driver's calls returned {'init': 3, 'device': 3, 'get': 3}",
+        "blocking": False,
+    }
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())  # a library without the calls
+    result = check._blocking_sync()
+    assert result["blocking"] is False and "AttributeError" in result["error"]
     host = check._host_state()
     assert host["cpus"] == len(check.cpu_list(host["affinity"])) >= 1 and len(host["loadavg"]) == 3
     # each decode run's core and its clock (stop 49): a core this process may use; the clock where the host shows one
