@@ -1,0 +1,225 @@
+"""The chunk orders' weight reads from shared memory, and a stored byte order that makes them conflict-free.
+
+Every chunk-order tile (the strided layout's wgmma and mma2 orders, MoE and dense) copies each 16-row block's 1 KB
+weight chunk of a K tile into shared memory as one row (``dequant_mxfp4.chunk_tile``, since stop 37) and reads it back
+with lane l's 32 bytes at ``32 l .. 32 l + 31``: two ``LDS.128`` a lane, a warp's first touching 16 bytes of every 32
+across the whole chunk, so 8 shared-memory wavefronts where 4 would do. Under ncu (stop 37, the 20b's gate_up at
+T = 4096 on an H200) these reads were 8.8M of the 15.4M wavefronts over the ideal, the largest excess left.
+
+Stored as (half, lane, 16 bytes) instead -- lane l's bytes 0-15 at ``16 l``, bytes 16-31 at ``512 + 16 l`` -- each
+``LDS.128`` of a warp reads 512 contiguous bytes. ``chunk_tile``'s read becomes ``reshape [BLOCKS, 2, 32, 16]``,
+``permute (0, 2, 1, 3)``, ``reshape [BLOCKS, 32, 32]``; the global copies stay rows. Offline (stop 51, Triton 3.6,
+sm_90a and sm_121a, printed): every shipped MoE chunk tile's W read then has lane bases 16 .. 256 bytes and a register
+basis of 512 (shipped: lanes 32 .. 512), the same K loop otherwise (the 20b's prefill gate_up 531 -> 530
+instructions, down 515 -> 513; the same LDS, HGMMA, HMUL2 counts), no spill, no register hazard, words still packed.
+Not timed yet. Shipping it is a format change (the wgmma and mma2 orders' stored bytes, with their GEMVs' and the
+prefill dequantizer's word addressing): worth it only if ``time`` shows a gain.
+
+    python benchmarks/experiments/chunk_halves_probe.py tree DIR              # mxrepack with the halves read, in DIR
+    python benchmarks/experiments/chunk_halves_probe.py layouts [OUT.json]    # both reads, offline (CPU)
+    PYTHONPATH=DIR python benchmarks/experiments/chunk_halves_probe.py time OUT.json [T,T,...] [EXPERTS]   # GPU
+
+``time`` runs under whichever tree ``PYTHONPATH`` gives (the repository's, or ``tree``'s copy): the shipped MoE tile
+of the order this GPU runs (wgmma on Hopper; mma2 on sm_12x / sm_8x or a Hopper under ``DISABLE_MMA_V3``) at each T,
+on a random 120b-shaped layer (``EXPERTS`` 32: the 20b's expert count) whose stored chunks are put in the tree's read
+order, against the fp32 reference, and qkv / o through ``linear_mxfp4``'s chunk tiles at 16 and 64 rows. Run the two
+trees alternately in one device call for an A/B.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(1, str(ROOT / "benchmarks"))
+# the tree PYTHONPATH names (the repository's or ``tree``'s copy), imported before benchmarks/common.py puts the
+# repository first on the path
+import mxrepack  # noqa: E402, F401
+
+SHIPPED_READ = "    wb = tl.reshape(tl.load(w_ptr + w_off[:, None] + i), (BLOCKS, 32, 32))\n"
+HALVES_READ = (
+    "    # (half, lane, 16 bytes) per chunk: each LDS.128 of a warp reads 512 contiguous bytes (chunk_halves_probe)\n"
+    "    wb = tl.load(w_ptr + w_off[:, None] + i)\n"
+    "    wb = tl.reshape(tl.permute(tl.reshape(wb, (BLOCKS, 2, 32, 16)), (0, 2, 1, 3)), (BLOCKS, 32, 32))\n"
+)
+
+
+def tree(out: str) -> None:
+    """A copy of the repository's ``mxrepack`` in ``out`` with ``chunk_tile`` reading the halves order."""
+    dst = Path(out) / "mxrepack"
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(ROOT / "mxrepack", dst, ignore=shutil.ignore_patterns("__pycache__"))
+    path = dst / "kernels" / "dequant_mxfp4.py"
+    text = path.read_text()
+    if text.count(SHIPPED_READ) != 1:
+        raise SystemExit(f"{path}: chunk_tile's read is not the one this probe replaces")
+    path.write_text(text.replace(SHIPPED_READ, HALVES_READ))
+    print(dst)
+
+
+def halves_here() -> bool:
+    """Whether the imported mxrepack reads chunks in the halves order (``tree``'s copy)."""
+    from mxrepack.kernels import dequant_mxfp4
+
+    return "(BLOCKS, 2, 32, 16)" in inspect.getsource(dequant_mxfp4.chunk_tile.fn)
+
+
+def _layouts_here() -> list[dict]:
+    """Each shipped MoE chunk tile's gate_up and down, built offline where its order runs: the W read's layout
+    (``local_load`` of the [rows, 1024] i8 chunk buffer) and the K loop's instruction counts."""
+    import triton
+    from sass_vs_triton_kernels import loop_counts
+    from triton.backends.compiler import GPUTarget
+
+    from mxrepack.kernels import check
+    from mxrepack.kernels.moe_mxfp4 import MOE_TILES_BY_ORDER
+
+    rows = []
+    for order, cap in (("wgmma", 90), ("mma2", 121)):
+        for bound, cfg in MOE_TILES_BY_ORDER[order]:
+            for kernel, src in check._moe_sources("bf16", cfg).items():
+                built = triton.compile(
+                    check.specialized(check.for_arch(src, cap)),
+                    target=GPUTarget("cuda", cap, 32),
+                    options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                )
+                ttgir = built.asm["ttgir"]
+                layouts = {m.group(1): m.group(2) for m in re.finditer(r"^(#[\w.]+) = (.*)$", ttgir, re.M)}
+                reads = [
+                    layouts.get(m.group(1), m.group(1))
+                    for m in re.finditer(r"local_load.*-> tensor<\d+x1024xi8, (#[\w.]+)>", ttgir)
+                ]
+                rows.append(
+                    {
+                        "order": order,
+                        "arch": f"sm_{cap}a",
+                        "rows_bound": bound,
+                        "config": cfg.name(),
+                        "kernel": kernel,
+                        "w_read_layouts": sorted(set(reads)),
+                        "loop": loop_counts(built.asm["cubin"]),
+                    }
+                )
+    return rows
+
+
+def layouts(out: str | None = None) -> None:
+    """Both reads side by side, each tree built in a process of its own (Triton caches by source)."""
+    import tempfile
+
+    result = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tree(tmp)
+        for name, path in (("shipped", str(ROOT)), ("halves", tmp)):
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([path, os.environ.get("PYTHONPATH", "")]))
+            run = subprocess.run(
+                [sys.executable, __file__, "_layouts"], env=env, capture_output=True, text=True, check=True
+            )
+            result[name] = json.loads(run.stdout.splitlines()[-1])
+    for a, b in zip(result["shipped"], result["halves"]):
+        print(
+            f"{a['order']:5s} {a['arch']} {a['config']:60s} {a['kernel']:20s} loop {_loop(a)} -> {_loop(b)}, "
+            f"registers {a['loop']['registers']} -> {b['loop']['registers']}, stack {a['loop']['stack_bytes']} -> "
+            f"{b['loop']['stack_bytes']}; lanes {_lane_bases(a)} -> {_lane_bases(b)}"
+        )
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
+
+
+def _loop(row: dict) -> str:
+    """The K loop's instruction count, or "?" where this Triton's cuobjdump gave no SASS (sm_121a under 3.6)."""
+    return str(row["loop"]["loop"]) if row["loop"]["total"] else "?"
+
+
+def _lane_bases(row: dict) -> str:
+    found = re.search(r"lane = (\[\[.*?\]\])", " ".join(row["w_read_layouts"]))
+    return found.group(1) if found else "?"
+
+
+def _to_halves(stored):
+    """Stored chunk-order bytes (whole 1 KB chunks in memory order) with each chunk's lane-major 32-byte runs split
+    into (half, lane, 16 bytes)."""
+    flat = stored.contiguous().view(-1, 32, 2, 16)
+    return flat.transpose(1, 2).contiguous().view(stored.shape)
+
+
+def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> None:
+    import torch
+    from common import moe_decode_inputs, moe_reference, moe_weights
+    from peers import HP, IP, K_TOP, H, mma2_here, ordered_layer, rel_err, time_it, wgmma_here
+
+    from mxrepack.kernels.dequant_mxfp4 import fits_fold
+    from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe
+
+    halves = halves_here()
+    order = "wgmma" if wgmma_here() else "mma2" if mma2_here() else None
+    if order is None:
+        raise SystemExit("no chunk order runs on this GPU")
+    E = int(experts)
+    W = moe_weights(E, H, 2880, HP, IP)
+    fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
+    Wc = ordered_layer(W, order)
+    if halves:
+        Wc = dict(Wc, w13_weight=_to_halves(Wc["w13_weight"]), w2_weight=_to_halves(Wc["w2_weight"]))
+    meta = {
+        "tree": "halves" if halves else "shipped",
+        "mxrepack": mxrepack.__file__,
+        "order": order,
+        "experts": E,
+        "device": torch.cuda.get_device_name(),
+        "triton": __import__("triton").__version__,
+        "DISABLE_MMA_V3": os.environ.get("DISABLE_MMA_V3", ""),
+    }
+    rows = [meta]
+    for T in (int(t) for t in ts.split(",")):
+        torch.manual_seed(T)
+        x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
+        ref = moe_reference(x, ids, wts, W, H, HP, IP)
+        cfg = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order)
+        run = lambda: moe_mxfp4(x, ids, wts, Wc, fold_scale=fold, order=order)  # noqa: E731
+        ms, how = time_it(run, T)
+        rows.append({"T": T, "config": cfg.name(), "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
+        print(json.dumps(rows[-1]), flush=True)
+    rows += _dense(order, halves)
+    Path(out).write_text(json.dumps(rows, indent=1))
+
+
+def _dense(order: str, halves: bool) -> list[dict]:
+    """qkv and o through the dense chunk tiles at 16 and 64 rows, weights stored in the tree's read order."""
+    import torch
+    from common import DEV, rand_mx
+    from dense_chunk_probe import chunk_pack
+    from peers import rel_err, time_it
+
+    from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
+    from mxrepack.kernels.reference import mxfp4_linear
+
+    rows = []
+    for name, (N, K) in {"qkv": (5120, 2880), "o": (2880, 4096)}.items():
+        w, s = rand_mx(N, K)
+        wc, sc = (t.to(DEV) for t in chunk_pack(w.cpu(), s.cpu(), order))
+        if halves:
+            wc = _to_halves(wc)
+        for M in (16, 64):
+            x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+            ref = mxfp4_linear(x.float().cpu(), w.cpu(), s.cpu()).to(DEV)
+            run = lambda: linear_mxfp4(x, wc, sc, None, "w4a16", order=order)  # noqa: E731
+            ms, how = time_it(run, M)
+            rows.append({"layer": name, "M": M, "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "_layouts":
+        sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
+        print(json.dumps(_layouts_here()))
+    else:
+        {"tree": tree, "layouts": layouts, "time": time}[sys.argv[1]](*sys.argv[2:])
