@@ -9,15 +9,19 @@ T = 4096 on an H200) these reads were 8.8M of the 15.4M wavefronts over the idea
 Stored as (half, lane, 16 bytes) instead -- lane l's bytes 0-15 at ``16 l``, bytes 16-31 at ``512 + 16 l`` -- each
 ``LDS.128`` of a warp reads 512 contiguous bytes. ``chunk_tile``'s read becomes ``reshape [BLOCKS, 2, 32, 16]``,
 ``permute (0, 2, 1, 3)``, ``reshape [BLOCKS, 32, 32]``; the global copies stay rows. Offline (stop 51, Triton 3.6,
-sm_90a and sm_121a, printed): every shipped MoE chunk tile's W read then has lane bases 16 .. 256 bytes and a register
-basis of 512 (shipped: lanes 32 .. 512), the same K loop otherwise (the 20b's prefill gate_up 531 -> 530
-instructions, down 515 -> 513; the same LDS, HGMMA, HMUL2 counts), no spill, no register hazard, words still packed.
+sm_90a and sm_121a; ``layouts``' record ``chunk_halves_probe_layouts_triton36_cpu_2026-11-29_f4658d2.json``): every
+shipped MoE chunk tile's W read then has lane bases 16 .. 256 bytes and a register basis of 512 (shipped: lanes 32 ..
+512), the same K loops within 2 instructions on sm_90a (the 20b's prefill gate_up 528 -> 527, down 512 -> 510),
+registers equal or fewer but in one build (+1), no new stack; the prefill tile's words still packed and no register
+hazard (printed).
 Not timed yet. Shipping it is a format change (the wgmma and mma2 orders' stored bytes, with their GEMVs' and the
 prefill dequantizer's word addressing): worth it only if ``time`` shows a gain.
 
     python benchmarks/experiments/chunk_halves_probe.py tree DIR              # mxrepack with the halves read, in DIR
     python benchmarks/experiments/chunk_halves_probe.py layouts [OUT.json]    # both reads, offline (CPU)
     PYTHONPATH=DIR python benchmarks/experiments/chunk_halves_probe.py time OUT.json [T,T,...] [EXPERTS]   # GPU
+
+(``tree``'s folder lasts only as long as the lent machine: write it in the call that times.)
 
 ``time`` runs under whichever tree ``PYTHONPATH`` gives (the repository's, or ``tree``'s copy): the shipped MoE tile
 of the order this GPU runs (wgmma on Hopper; mma2 on sm_12x / sm_8x or a Hopper under ``DISABLE_MMA_V3``) at each T,
@@ -39,9 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(1, str(ROOT / "benchmarks"))
-# the tree PYTHONPATH names (the repository's or ``tree``'s copy), imported before benchmarks/common.py puts the
-# repository first on the path
-import mxrepack  # noqa: E402, F401
+BAD_ERR = 0.02  # a run's error past this: the bytes were not in the order its tree reads (about 1.3 then)
 
 SHIPPED_READ = "    wb = tl.reshape(tl.load(w_ptr + w_off[:, None] + i), (BLOCKS, 32, 32))\n"
 HALVES_READ = (
@@ -74,6 +76,9 @@ def halves_here() -> bool:
 def _layouts_here() -> list[dict]:
     """Each shipped MoE chunk tile's gate_up and down, built offline where its order runs: the W read's layout
     (``local_load`` of the [rows, 1024] i8 chunk buffer) and the K loop's instruction counts."""
+    import mxrepack  # first, as in time(): sass_vs_triton_kernels puts the repository first on the path
+
+    halves = halves_here()
     import triton
     from sass_vs_triton_kernels import loop_counts
     from triton.backends.compiler import GPUTarget
@@ -98,6 +103,8 @@ def _layouts_here() -> list[dict]:
                 ]
                 rows.append(
                     {
+                        "tree": "halves" if halves else "shipped",
+                        "mxrepack": mxrepack.__file__,
                         "order": order,
                         "arch": f"sm_{cap}a",
                         "rows_bound": bound,
@@ -123,6 +130,8 @@ def layouts(out: str | None = None) -> None:
                 [sys.executable, __file__, "_layouts"], env=env, capture_output=True, text=True, check=True
             )
             result[name] = json.loads(run.stdout.splitlines()[-1])
+            if {r["tree"] for r in result[name]} != {name}:
+                raise SystemExit(f"the {name} builds imported another tree's mxrepack: {result[name][0]['mxrepack']}")
     for a, b in zip(result["shipped"], result["halves"]):
         print(
             f"{a['order']:5s} {a['arch']} {a['config']:60s} {a['kernel']:20s} loop {_loop(a)} -> {_loop(b)}, "
@@ -151,6 +160,11 @@ def _to_halves(stored):
 
 
 def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> None:
+    # first: the tree PYTHONPATH names (the repository's or ``tree``'s copy), before benchmarks/common.py puts the
+    # repository first on the path (submodules then come from the package imported here)
+    import mxrepack
+
+    tree_file = mxrepack.__file__
     import torch
     from common import moe_decode_inputs, moe_reference, moe_weights
     from peers import HP, IP, K_TOP, H, mma2_here, ordered_layer, rel_err, time_it, wgmma_here
@@ -163,6 +177,7 @@ def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> N
     if order is None:
         raise SystemExit("no chunk order runs on this GPU")
     E = int(experts)
+    torch.manual_seed(0)  # both trees time the same bytes
     W = moe_weights(E, H, 2880, HP, IP)
     fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
     Wc = ordered_layer(W, order)
@@ -170,7 +185,7 @@ def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> N
         Wc = dict(Wc, w13_weight=_to_halves(Wc["w13_weight"]), w2_weight=_to_halves(Wc["w2_weight"]))
     meta = {
         "tree": "halves" if halves else "shipped",
-        "mxrepack": mxrepack.__file__,
+        "mxrepack": tree_file,
         "order": order,
         "experts": E,
         "device": torch.cuda.get_device_name(),
@@ -178,43 +193,57 @@ def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> N
         "DISABLE_MMA_V3": os.environ.get("DISABLE_MMA_V3", ""),
     }
     rows = [meta]
+
+    def keep(row: dict) -> None:  # each row written as it comes: a failure or the call's time limit loses none
+        if row.get("rel_err", 0.0) > BAD_ERR:
+            row["wrong_bytes"] = True
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        Path(out).write_text(json.dumps(rows, indent=1))
+
     for T in (int(t) for t in ts.split(",")):
-        torch.manual_seed(T)
-        x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
-        ref = moe_reference(x, ids, wts, W, H, HP, IP)
-        cfg = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order)
-        run = lambda: moe_mxfp4(x, ids, wts, Wc, fold_scale=fold, order=order)  # noqa: E731
-        ms, how = time_it(run, T)
-        rows.append({"T": T, "config": cfg.name(), "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
-        print(json.dumps(rows[-1]), flush=True)
-    rows += _dense(order, halves)
-    Path(out).write_text(json.dumps(rows, indent=1))
+        try:
+            torch.manual_seed(T)
+            x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
+            ref = moe_reference(x, ids, wts, W, H, HP, IP)
+            cfg = pick_moe(T, K_TOP, E, H, fold_scale=fold, order=order)  # the tiles from T = 3 (GEMVs below)
+            run = lambda: moe_mxfp4(x, ids, wts, Wc, fold_scale=fold, order=order)  # noqa: E731
+            ms, how = time_it(run, T)
+            keep({"T": T, "config": cfg.name(), "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
+        except Exception as e:  # noqa: BLE001 - recorded, the other sizes still run
+            keep({"T": T, "error": f"{type(e).__name__}: {e}"[:500]})
+    _dense(order, keep)
 
 
-def _dense(order: str, halves: bool) -> list[dict]:
-    """qkv and o through the dense chunk tiles at 16 and 64 rows, weights stored in the tree's read order."""
+def _dense(order: str, keep) -> None:
+    """qkv and o through the dense chunk tiles at 16 and 64 rows (no GEMV and no dequantize + cuBLAS at these rows:
+    every launch reads through ``chunk_tile``), folded as shipped, weights stored in the tree's read order. One weight
+    each, not rotated: it stays in L2, so these isolate the tile, and are not comparable with peers.py's figures."""
     import torch
     from common import DEV, rand_mx
     from dense_chunk_probe import chunk_pack
     from peers import rel_err, time_it
 
+    from mxrepack.kernels.dequant_mxfp4 import fits_fold
     from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
     from mxrepack.kernels.reference import mxfp4_linear
 
-    rows = []
     for name, (N, K) in {"qkv": (5120, 2880), "o": (2880, 4096)}.items():
+        torch.manual_seed(N)
         w, s = rand_mx(N, K)
-        wc, sc = (t.to(DEV) for t in chunk_pack(w.cpu(), s.cpu(), order))
-        if halves:
+        wc, sc = chunk_pack(w, s, order)
+        if halves_here():
             wc = _to_halves(wc)
+        fold = fits_fold(s)
         for M in (16, 64):
-            x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
-            ref = mxfp4_linear(x.float().cpu(), w.cpu(), s.cpu()).to(DEV)
-            run = lambda: linear_mxfp4(x, wc, sc, None, "w4a16", order=order)  # noqa: E731
-            ms, how = time_it(run, M)
-            rows.append({"layer": name, "M": M, "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
-            print(json.dumps(rows[-1]), flush=True)
-    return rows
+            try:
+                x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+                ref = mxfp4_linear(x, w, s)
+                run = lambda: linear_mxfp4(x, wc, sc, None, "w4a16", fold_scale=fold, order=order)  # noqa: E731
+                ms, how = time_it(run, M)
+                keep({"layer": name, "M": M, "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
+            except Exception as e:  # noqa: BLE001
+                keep({"layer": name, "M": M, "error": f"{type(e).__name__}: {e}"[:500]})
 
 
 if __name__ == "__main__":
