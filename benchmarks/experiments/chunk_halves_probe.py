@@ -15,10 +15,10 @@ shipped MoE chunk tile's W read then has lane bases 16 .. 256 bytes and a regist
 registers equal or fewer but in one build (+1), no new stack; the prefill tile's words still packed and no register
 hazard (printed).
 Not timed yet. Shipping it is a format change (the wgmma and mma2 orders' stored bytes, with their GEMVs' and the
-prefill dequantizer's word addressing): worth it only if ``time`` shows a gain. The GEMVs (T <= 2, and the dense
-layers' 1-row calls) load lane l's 8 words from global memory the same way, two 16-byte loads 32 bytes apart across
-the warp; in the halves order each would read 512 contiguous bytes. This tree does not change them (they read the
-shipped order), so ``time`` stays at T >= 3 and 16-64 rows, where only the tiles run.
+prefill dequantizer's word addressing): worth it only if ``time`` shows a gain. The MoE's decode GEMVs (T <= 2)
+and the prefill dequantizer (past 64 rows) load lane l's 8 words from global memory the same way, two 16-byte loads
+32 bytes apart across the warp; in the halves order each would read 512 contiguous bytes. This tree does not change
+them (they read the shipped order), so ``time`` stays at T >= 3 and 16-64 rows, where only the tiles run.
 
     python benchmarks/experiments/chunk_halves_probe.py tree DIR              # mxrepack with the halves read, in DIR
     python benchmarks/experiments/chunk_halves_probe.py layouts [OUT.json]    # both reads, offline (CPU)
