@@ -77,8 +77,9 @@ def halves_here() -> bool:
 
 
 def _layouts_here() -> list[dict]:
-    """Each shipped MoE chunk tile's gate_up and down, built offline where its order runs: the W read's layout
-    (``local_load`` of the [rows, 1024] i8 chunk buffer) and the K loop's instruction counts."""
+    """Each shipped chunk tile (the MoE's gate_up and down, and the dense tiles ``linear_chunks`` picks at gpt-oss's
+    widths), built offline where its order runs: the W read's layout (``local_load`` of the [rows, 1024] i8 chunk
+    buffer) and the K loop's instruction counts."""
     import mxrepack  # first, as in time(): sass_vs_triton_kernels puts the repository first on the path
 
     halves = halves_here()
@@ -91,32 +92,41 @@ def _layouts_here() -> list[dict]:
 
     rows = []
     for order, cap in (("wgmma", 90), ("mma2", 121)):
-        for bound, cfg in MOE_TILES_BY_ORDER[order]:
-            for kernel, src in check._moe_sources("bf16", cfg).items():
-                built = triton.compile(
-                    check.specialized(check.for_arch(src, cap)),
-                    target=GPUTarget("cuda", cap, 32),
-                    options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-                )
-                ttgir = built.asm["ttgir"]
-                layouts = {m.group(1): m.group(2) for m in re.finditer(r"^(#[\w.]+) = (.*)$", ttgir, re.M)}
-                reads = [
-                    layouts.get(m.group(1), m.group(1))
-                    for m in re.finditer(r"local_load.*-> tensor<\d+x1024xi8, (#[\w.]+)>", ttgir)
-                ]
-                rows.append(
-                    {
-                        "tree": "halves" if halves else "shipped",
-                        "mxrepack": mxrepack.__file__,
-                        "order": order,
-                        "arch": f"sm_{cap}a",
-                        "rows_bound": bound,
-                        "config": cfg.name(),
-                        "kernel": kernel,
-                        "w_read_layouts": sorted(set(reads)),
-                        "loop": loop_counts(built.asm["cubin"]),
-                    }
-                )
+        builds = [
+            (bound, cfg, kernel, src, cfg.num_warps, cfg.num_stages)
+            for bound, cfg in MOE_TILES_BY_ORDER[order]
+            for kernel, src in check._moe_sources("bf16", cfg).items()
+        ]
+        # and the dense tiles the dispatch picks at gpt-oss's widths (the same chunk_tile read)
+        builds += [
+            (name, tile, "linear_chunks", check._linear_chunks_source(tile, order), tile.num_warps, tile.num_stages)
+            for name, tile in check.chunk_tiles(order).items()
+        ]
+        for bound, cfg, kernel, src, warps, stages in builds:
+            built = triton.compile(
+                check.specialized(check.for_arch(src, cap)),
+                target=GPUTarget("cuda", cap, 32),
+                options={"num_warps": warps, "num_stages": stages},
+            )
+            ttgir = built.asm["ttgir"]
+            layouts = {m.group(1): m.group(2) for m in re.finditer(r"^(#[\w.]+) = (.*)$", ttgir, re.M)}
+            reads = [
+                layouts.get(m.group(1), m.group(1))
+                for m in re.finditer(r"local_load.*-> tensor<\d+x1024xi8, (#[\w.]+)>", ttgir)
+            ]
+            rows.append(
+                {
+                    "tree": "halves" if halves else "shipped",
+                    "mxrepack": mxrepack.__file__,
+                    "order": order,
+                    "arch": f"sm_{cap}a",
+                    "picked_as": bound,  # the MoE table's rows bound, or the dense tile's name in CHUNK_CONFIGS
+                    "config": cfg.name(),
+                    "kernel": kernel,
+                    "w_read_layouts": sorted(set(reads)),
+                    "loop": loop_counts(built.asm["cubin"]),
+                }
+            )
     return rows
 
 
