@@ -9,11 +9,13 @@ T = 4096 on an H200) these reads were 8.8M of the 15.4M wavefronts over the idea
 Stored as (half, lane, 16 bytes) instead -- lane l's bytes 0-15 at ``16 l``, bytes 16-31 at ``512 + 16 l`` -- each
 ``LDS.128`` of a warp reads 512 contiguous bytes. ``chunk_tile``'s read becomes ``reshape [BLOCKS, 2, 32, 16]``,
 ``permute (0, 2, 1, 3)``, ``reshape [BLOCKS, 32, 32]``; the global copies stay rows. Offline (stop 51, Triton 3.6,
-sm_90a and sm_121a; ``layouts``' record ``chunk_halves_probe_layouts_triton36_cpu_2026-11-29_f4658d2.json``): every
-shipped MoE chunk tile's W read then has lane bases 16 .. 256 bytes and a register basis of 512 (shipped: lanes 32 ..
-512), the same K loops within 2 instructions on sm_90a (the 20b's prefill gate_up 528 -> 527, down 512 -> 510),
-registers equal or fewer but in one build (+1), no new stack; the prefill tile's words still packed and no register
-hazard (printed).
+sm_90a and sm_121a; ``layouts``' record ``chunk_halves_probe_layouts_triton36_cpu_2026-11-29_d61129a.json``): every
+shipped chunk tile's W read (18 MoE builds, 44 dense) then has lane bases 16 .. 256 bytes and a register basis of 512
+(shipped: lanes 32 .. 512), the same K loops within 2 instructions on sm_90a (the 20b's prefill gate_up 528 -> 527,
+down 512 -> 510; sm_121a's SASS is not read by 3.6's cuobjdump), registers equal or fewer but in one build (+1). Stack
+on sm_121a: the mma2 MoE's 128-token gate_up 168 -> 160 bytes, but the mma2 order's 64-row dense lm_head tiles
+(``chunk_wide64``) 24 -> 56 and 40 -> 48 (folded). The prefill tile's words still packed and no register hazard
+(printed).
 Not timed yet. Shipping it is a format change (the wgmma and mma2 orders' stored bytes, with their GEMVs' and the
 prefill dequantizer's word addressing): worth it only if ``time`` shows a gain. The MoE's decode GEMVs (T <= 2)
 and the prefill dequantizer (past 64 rows) load lane l's 8 words from global memory the same way, two 16-byte loads
