@@ -47,7 +47,6 @@ the wgmma order's bytes remove.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import re
@@ -384,27 +383,12 @@ def loop_ops(ttgir: str) -> list[str]:
 
 def sass_loop(cubin: bytes) -> dict:
     """The K loop's SASS: opcodes with modifiers for memory and shuffle ops, base opcodes for the rest."""
-    import subprocess
-    import tempfile
+    from sass_vs_triton_kernels import loop_counts
 
-    from sass_vs_triton_kernels import BIN, loop_counts
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
-    lc = loop_counts(cubin)
-    ins = [(int(a, 16), b.strip()) for a, b in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    index = {a: i for i, (a, _) in enumerate(ins)}
-    best = (0, 0, -1)
-    for i, (a, b) in enumerate(ins):
-        t = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", b)
-        if t and int(t.group(1), 16) <= a and int(t.group(1), 16) in index:
-            s = index[int(t.group(1), 16)]
-            best = max(best, (i - s + 1, s, i))
-    body = [b for _, b in ins[best[1] : best[2] + 1] if not b.startswith("@!PT")]
-    full = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0] for b in body)
-    mem = {k: v for k, v in sorted(full.items()) if re.match(r"(LD|ST|SHFL|BAR|HGMMA|WARPGROUP)", k)}
+    lc = loop_counts(cubin, modifiers=True)
+    mem = {
+        k: v for k, v in sorted(lc["loop_ops_modifiers"].items()) if re.match(r"(LD|ST|SHFL|BAR|HGMMA|WARPGROUP)", k)
+    }
     return {
         "loop": lc["loop"],
         "registers": lc["registers"],

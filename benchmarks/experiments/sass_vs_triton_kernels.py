@@ -38,9 +38,10 @@ E, H, I, T, TOPK = 128, 2880, 2880, 4096, 4
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
 
 
-def loop_counts(cubin: bytes) -> dict:
+def loop_counts(cubin: bytes, modifiers: bool = False) -> dict:
     """Opcode counts of the main loop (placeholder ``@!PT`` instructions, which never run, counted apart), total
-    instructions, registers and stack."""
+    instructions, registers and stack; with ``modifiers``, also the loop's opcodes with their modifiers
+    (``loop_ops_modifiers``: ``LDS.U16`` and ``LDS.128`` apart)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
@@ -56,9 +57,10 @@ def loop_counts(cubin: bytes) -> dict:
     _, start, end = best
     loop = [body for _, body in ins[start : end + 1]]
     never = [b for b in loop if b.startswith("@!PT ")]
-    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in loop if b not in never)
+    opcodes = [re.sub(r"^@!?U?P\w+\s+", "", b).split()[0] for b in loop if b not in never]
+    ops = collections.Counter(op.split(".")[0] for op in opcodes)
     regs = re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S)
-    return {
+    counts = {
         "total": len(ins),
         "loop": len(loop) - len(never),
         "loop_placeholders": len(never),
@@ -66,6 +68,7 @@ def loop_counts(cubin: bytes) -> dict:
         "stack_bytes": int(regs.group(2)),
         "loop_ops": dict(ops.most_common()),
     }
+    return counts | ({"loop_ops_modifiers": dict(collections.Counter(opcodes))} if modifiers else {})
 
 
 def triton_kernels_gate_up(vllm_src: Path) -> dict:
