@@ -1422,14 +1422,16 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -
         vals = [r[k] for r in runs if k in r]
         if vals:
             rec[f"median_{k}"] = statistics.median(vals)
-    shown = [  # each run's figures stay in the record
-        {
-            k: round(v, 3) if isinstance(v, float) else v
-            for k, v in r.items()
-            if not k.startswith("decode_") or k in _times(r)
-        }
-        for r in runs
-    ]
+    shown = []  # each run's figures stay in the record; the line shows each round's times
+    for r in runs:
+        times = _times(r)
+        shown.append(
+            {
+                k: round(v, 3) if isinstance(v, float) else v
+                for k, v in r.items()
+                if k in times or not k.startswith("decode_")
+            }
+        )
     print(f"== {name} (round {len(runs)}): {shown}", flush=True)
 
 
