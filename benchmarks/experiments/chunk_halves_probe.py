@@ -50,16 +50,31 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(1, str(ROOT / "benchmarks"))
 BAD_ERR = 0.02  # a run's error past this: the bytes were not in the order its tree reads (about 1.3 then)
 
-SHIPPED_READ = "    wb = tl.reshape(tl.load(w_ptr + w_off[:, None] + i), (BLOCKS, 32, 32))\n"
+SHIPPED_READ = (
+    "    i = tl.arange(0, 1024)[None, :]\n    wb = tl.reshape(tl.load(w_ptr + w_off[:, None] + i), (BLOCKS, 32, 32))\n"
+)
 HALVES_READ = (
     "    # (half, lane, 16 bytes) per chunk: each LDS.128 of a warp reads 512 contiguous bytes (chunk_halves_probe)\n"
+    "    i = tl.arange(0, 1024)[None, :]\n"
     "    wb = tl.load(w_ptr + w_off[:, None] + i)\n"
     "    wb = tl.reshape(tl.permute(tl.reshape(wb, (BLOCKS, 2, 32, 16)), (0, 2, 1, 3)), (BLOCKS, 32, 32))\n"
 )
 
 
-def tree(out: str) -> None:
-    """A copy of the repository's ``mxrepack`` in ``out`` with ``chunk_tile`` reading the halves order."""
+GATHER_READ = (
+    "    # the stored chunk loaded as (half, lane, 16 bytes): the halves read, shipped bytes (chunk_halves_probe)\n"
+    "    i = tl.arange(0, 1024)\n"
+    "    i = (32 * ((i // 16) % 32) + 16 * (i // 512) + i % 16)[None, :]\n"
+    "    wb = tl.load(w_ptr + w_off[:, None] + i)\n"
+    "    wb = tl.reshape(tl.permute(tl.reshape(wb, (BLOCKS, 2, 32, 16)), (0, 2, 1, 3)), (BLOCKS, 32, 32))\n"
+)
+
+
+def tree(out: str, read: str = "halves") -> None:
+    """A copy of the repository's ``mxrepack`` in ``out`` with ``chunk_tile`` reading the halves order: from bytes
+    stored so (``read`` "halves"), or from the shipped bytes by loading each chunk's 16-byte pieces in that order
+    (``read`` "gather": the same shared-memory buffer and reads, no format change; the copies' global addresses
+    then step 32 bytes across a warp, each 32-byte sector requested twice)."""
     dst = Path(out) / "mxrepack"
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(ROOT / "mxrepack", dst, ignore=shutil.ignore_patterns("__pycache__"))
@@ -67,15 +82,21 @@ def tree(out: str) -> None:
     text = path.read_text()
     if text.count(SHIPPED_READ) != 1:
         raise SystemExit(f"{path}: chunk_tile's read is not the one this probe replaces")
-    path.write_text(text.replace(SHIPPED_READ, HALVES_READ))
+    path.write_text(text.replace(SHIPPED_READ, {"halves": HALVES_READ, "gather": GATHER_READ}[read]))
     print(dst)
 
 
-def halves_here() -> bool:
-    """Whether the imported mxrepack reads chunks in the halves order (``tree``'s copy)."""
+def read_here() -> str:
+    """How the imported mxrepack's ``chunk_tile`` reads a chunk: "shipped", "halves" or "gather" (``tree``'s)."""
     from mxrepack.kernels import dequant_mxfp4
 
-    return "(BLOCKS, 2, 32, 16)" in inspect.getsource(dequant_mxfp4.chunk_tile.fn)
+    src = inspect.getsource(dequant_mxfp4.chunk_tile.fn)
+    return "gather" if "(i // 512)" in src else "halves" if "(BLOCKS, 2, 32, 16)" in src else "shipped"
+
+
+def halves_here() -> bool:
+    """Whether the imported mxrepack reads chunks stored in the halves order (``tree``'s "halves" copy)."""
+    return read_here() == "halves"
 
 
 def _layouts_here() -> list[dict]:
@@ -84,7 +105,7 @@ def _layouts_here() -> list[dict]:
     buffer) and the K loop's instruction counts."""
     import mxrepack  # first, as in time(): sass_vs_triton_kernels puts the repository first on the path
 
-    halves = halves_here()
+    read = read_here()
     import triton
     from sass_vs_triton_kernels import loop_counts
     from triton.backends.compiler import GPUTarget
@@ -118,7 +139,7 @@ def _layouts_here() -> list[dict]:
             ]
             rows.append(
                 {
-                    "tree": "halves" if halves else "shipped",
+                    "tree": read,
                     "mxrepack": mxrepack.__file__,
                     "order": order,
                     "arch": f"sm_{cap}a",
@@ -132,14 +153,15 @@ def _layouts_here() -> list[dict]:
     return rows
 
 
-def layouts(out: str | None = None) -> None:
-    """Both reads side by side, each tree built in a process of its own (Triton caches by source)."""
+def layouts(out: str | None = None, read: str = "halves") -> None:
+    """The shipped read and ``read`` (``tree``'s) side by side, each tree built in a process of its own (Triton caches
+    by source)."""
     import tempfile
 
     result = {}
     with tempfile.TemporaryDirectory() as tmp:
-        tree(tmp)
-        for name, path in (("shipped", str(ROOT)), ("halves", tmp)):
+        tree(tmp, read)
+        for name, path in (("shipped", str(ROOT)), (read, tmp)):
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([path, os.environ.get("PYTHONPATH", "")]))
             run = subprocess.run(
                 [sys.executable, __file__, "_layouts"], env=env, capture_output=True, text=True, check=True
@@ -147,7 +169,7 @@ def layouts(out: str | None = None) -> None:
             result[name] = json.loads(run.stdout.splitlines()[-1])
             if {r["tree"] for r in result[name]} != {name}:
                 raise SystemExit(f"the {name} builds imported another tree's mxrepack: {result[name][0]['mxrepack']}")
-    for a, b in zip(result["shipped"], result["halves"]):
+    for a, b in zip(result["shipped"], result[read]):
         print(
             f"{a['order']:5s} {a['arch']} {a['config']:60s} {a['kernel']:20s} loop {_loop(a)} -> {_loop(b)}, "
             f"registers {a['loop']['registers']} -> {b['loop']['registers']}, stack {a['loop']['stack_bytes']} -> "
@@ -199,7 +221,7 @@ def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> N
     if halves:
         Wc = dict(Wc, w13_weight=_to_halves(Wc["w13_weight"]), w2_weight=_to_halves(Wc["w2_weight"]))
     meta = {
-        "tree": "halves" if halves else "shipped",
+        "tree": read_here(),
         "mxrepack": tree_file,
         "order": order,
         "experts": E,
@@ -216,7 +238,7 @@ def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> N
         print(json.dumps(row), flush=True)
         Path(out).write_text(json.dumps(rows, indent=1))
 
-    for T in (int(t) for t in ts.split(",")):
+    for T in (int(t) for t in ts.split(",") if t):  # none (""): the dense tiles only
         try:
             torch.manual_seed(T)
             x, ids, wts = moe_decode_inputs(T, E, K_TOP, H)
@@ -235,25 +257,25 @@ def _dense(order: str, keep) -> None:
     every launch reads through ``chunk_tile``), folded as shipped, weights stored in the tree's read order. One weight
     each, not rotated: it stays in L2, so these isolate the tile, and are not comparable with peers.py's figures."""
     import torch
-    from common import DEV, rand_mx
+    from common import DEV, deq, rand_mx
     from dense_chunk_probe import chunk_pack
     from peers import rel_err, time_it
 
     from mxrepack.kernels.dequant_mxfp4 import fits_fold
     from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
-    from mxrepack.kernels.reference import mxfp4_linear
 
     for name, (N, K) in {"qkv": (5120, 2880), "o": (2880, 4096)}.items():
         torch.manual_seed(N)
         w, s = rand_mx(N, K)
-        wc, sc = chunk_pack(w, s, order)
+        wf = deq(w, s)  # on the GPU, as peers.py's dense reference
+        wc, sc = (t.to(DEV) for t in chunk_pack(w.cpu(), s.cpu(), order))  # packed on the CPU, as the repacker
         if halves_here():
             wc = _to_halves(wc)
         fold = fits_fold(s)
         for M in (16, 64):
             try:
                 x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
-                ref = mxfp4_linear(x, w, s)
+                ref = x.float() @ wf.T
                 run = lambda: linear_mxfp4(x, wc, sc, None, "w4a16", fold_scale=fold, order=order)  # noqa: E731
                 ms, how = time_it(run, M)
                 keep({"layer": name, "M": M, "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
