@@ -16,23 +16,45 @@ down 512 -> 510; sm_121a's SASS is not read by 3.6's cuobjdump), registers equal
 on sm_121a: the mma2 MoE's 128-token gate_up 168 -> 160 bytes, but the mma2 order's 64-row dense lm_head tiles
 (``chunk_wide64``) 24 -> 56 and 40 -> 48 (folded). The prefill tile's words still packed and no register hazard
 (printed).
-Not timed yet. Shipping it is a format change (the wgmma and mma2 orders' stored bytes, with their GEMVs' and the
-prefill dequantizer's word addressing): worth it only if ``time`` shows a gain. The MoE's decode GEMVs (T <= 2)
-and the prefill dequantizer (past 64 rows) load lane l's 8 words from global memory the same way, two 16-byte loads
-32 bytes apart across the warp; in the halves order each would read 512 contiguous bytes. This tree does not change
-them (they read the shipped order), so ``time`` stays at T >= 3 and 16-64 rows, where only the tiles run.
+Timed (stop 52, three H200s, Triton 3.6, ``chunk_halves_ab.sh``: each tree in a process of its own, taken in turns,
+2-3 rounds; record ``chunk_halves_ab_h200_2026-11-29_9a3914c.json``), the halves read against the shipped one, medians:
+the MoE tiles 0.2-2.3% faster in both orders at every T timed (8-8192; 32 experts), e.g. the wgmma order at T = 4096
+-0.8 / -1.1% on two machines, at 8192 -0.9 / -0.9%. The dense tiles (one weight, L2-resident) moved both ways: o +0.3
+to -3.3%; qkv at 16 rows +1% (wgmma) and -2% (mma2), at 64 rows +1.3 / +2.2% (wgmma) and **+6.3 / +6.5%** (mma2). Not
+shipped: it is a format change of the chunk orders (their stored bytes, the GEMVs' and the prefill dequantizer's word
+addressing, a version the plugin checks) for about 1% of the MoE, and the dense qkv tiles at 64 rows lose with it;
+worth carrying with the next change of the chunk orders' bytes, after a look at those tiles.
 
-    python benchmarks/experiments/chunk_halves_probe.py tree DIR              # mxrepack with the halves read, in DIR
-    python benchmarks/experiments/chunk_halves_probe.py layouts [OUT.json]    # both reads, offline (CPU)
+The ``gather`` read (``tree DIR gather``) keeps the shipped bytes and loads each chunk's 16-byte pieces in the halves
+order, so shared memory holds, and the tiles read, what the halves tree's do, with no format change. It was 5-47%
+slower (the MoE +37-47% at T = 16-64, +5-18% from 512; the dense tiles +10-25%): its copies step 32 bytes across a
+warp, and ``cp.async.cg`` bypasses L1, so (the likely cause, not measured) each 32-byte sector is requested from L2
+twice.
+
+The decode GEMVs (T <= 2) and the prefill dequantizer load lane l's 8 words with two 16-byte loads 32 bytes apart
+across the warp (TTGIR: sizePerThread [1, 1, 8] on [blocks, 32, 8] int32). Those are plain loads, which may find the
+sector in L1 the second time. The halves and gather trees leave them unchanged (they read the shipped bytes), so their
+``time`` stays at T >= 3 and 16-64 rows, where only the tiles run.
+
+The ``words`` tree (``tree DIR words``) changes those loads instead: each lane's words loaded as (half, 4 words), so a
+warp's 16-byte loads read 512 contiguous bytes (the shipped bytes; the tiles as shipped). It gives the same bits
+(``prefill_probe.py check`` in that tree on an H200, both orders). Timed (stop 52; record
+``chunk_words_load_ab_h200_2026-11-29_9a3914c.json``), it lost: the MoE's decode GEMVs at T = 1 / 2 0.0702 / 0.0803 ms
+against 0.0464 / 0.0687 (+51% / +17%; the wgmma order, one run a tree); the prefill dequantizer alone level (-1.3 to
++0.2%, two runs a tree in turns, both orders); the wgmma order's dequantizer builds 408 instructions against 336 on
+sm_90a, with two more layout conversions.
+
+    python benchmarks/experiments/chunk_halves_probe.py tree DIR [halves|gather|words]   # mxrepack so changed, in DIR
+    python benchmarks/experiments/chunk_halves_probe.py layouts [OUT.json] [halves|gather]   # beside the shipped (CPU)
     PYTHONPATH=DIR python benchmarks/experiments/chunk_halves_probe.py time OUT.json [T,T,...] [EXPERTS]   # GPU
 
 (``tree``'s folder lasts only as long as the lent machine: write it in the call that times.)
 
 ``time`` runs under whichever tree ``PYTHONPATH`` gives (the repository's, or ``tree``'s copy): the shipped MoE tile
 of the order this GPU runs (wgmma on Hopper; mma2 on sm_12x / sm_8x or a Hopper under ``DISABLE_MMA_V3``) at each T,
-on a random 120b-shaped layer (``EXPERTS`` 32: the 20b's expert count) whose stored chunks are put in the tree's read
-order, against the fp32 reference, and qkv / o through ``linear_mxfp4``'s chunk tiles at 16 and 64 rows. Run the two
-trees alternately in one device call for an A/B.
+on a random 120b-shaped layer (``EXPERTS``, 128 unless given; stop 52 ran 32, the 20b's count) whose stored chunks
+are put in the tree's read order, against the fp32 reference, and qkv / o through ``linear_mxfp4``'s chunk tiles at 16
+and 64 rows (T ``""``: the dense tiles only). ``chunk_halves_ab.sh`` runs the trees alternately in one device call.
 """
 
 from __future__ import annotations
@@ -70,6 +92,18 @@ GATHER_READ = (
 )
 
 
+SHIPPED_WORDS = (
+    "    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + w_off // 4 + lane * 8"
+    " + tl.arange(0, 8)[None, None, :])\n"
+)
+WORDS_READ = (
+    "    # each lane's 8 words as (half, 4 words): a warp's 16-byte loads read 512 contiguous bytes (probe)\n"
+    "    base = w_ptr.to(tl.pointer_type(tl.int32)) + w_off[:, :, :, None] // 4 + lane[:, :, :, None] * 8\n"
+    "    half = 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]\n"
+    "    words = tl.reshape(tl.load(base + half), (w_off.shape[0], 32, 8))\n"
+)
+
+
 def tree(out: str, read: str = "halves") -> None:
     """A copy of the repository's ``mxrepack`` in ``out`` with ``chunk_tile`` reading the halves order: from bytes
     stored so (``read`` "halves"), or from the shipped bytes by loading each chunk's 16-byte pieces in that order
@@ -82,7 +116,14 @@ def tree(out: str, read: str = "halves") -> None:
     text = path.read_text()
     if text.count(SHIPPED_READ) != 1:
         raise SystemExit(f"{path}: chunk_tile's read is not the one this probe replaces")
-    path.write_text(text.replace(SHIPPED_READ, {"halves": HALVES_READ, "gather": GATHER_READ}[read]))
+    if (
+        read == "words"
+    ):  # the GEMVs' and the dequantizer's global loads instead (the shipped bytes, the tiles as shipped)
+        if text.count(SHIPPED_WORDS) != 1:
+            raise SystemExit(f"{path}: the chunk words' load is not the one this probe replaces")
+        path.write_text(text.replace(SHIPPED_WORDS, WORDS_READ))
+    else:
+        path.write_text(text.replace(SHIPPED_READ, {"halves": HALVES_READ, "gather": GATHER_READ}[read]))
     print(dst)
 
 
@@ -91,6 +132,8 @@ def read_here() -> str:
     from mxrepack.kernels import dequant_mxfp4
 
     src = inspect.getsource(dequant_mxfp4.chunk_tile.fn)
+    if "(half, 4 words)" in inspect.getsource(dequant_mxfp4._word_pairs_asm.fn):
+        return "words"
     return "gather" if "(i // 512)" in src else "halves" if "(BLOCKS, 2, 32, 16)" in src else "shipped"
 
 
