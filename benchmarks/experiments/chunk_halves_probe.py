@@ -50,8 +50,9 @@ sm_90a, with two more layout conversions.
 
 (``tree``'s folder lasts only as long as the lent machine: write it in the call that times.)
 
-``time`` runs under whichever tree ``PYTHONPATH`` gives (the repository's, or ``tree``'s copy): the shipped MoE tile
-of the order this GPU runs (wgmma on Hopper; mma2 on sm_12x / sm_8x or a Hopper under ``DISABLE_MMA_V3``) at each T,
+``time`` runs under whichever tree ``PYTHONPATH`` gives (the repository's, or ``tree``'s copy): the shipped MoE
+dispatch of the order this GPU runs (wgmma on Hopper; mma2 on sm_12x / sm_8x or a Hopper under ``DISABLE_MMA_V3``) at
+each T (the tiles from T = 3, the decode GEMVs below: the words tree's change runs only at T = 1, 2),
 on a random 120b-shaped layer (``EXPERTS``, 128 unless given; stop 52 ran 32, the 20b's count) whose stored chunks
 are put in the tree's read order, against the fp32 reference, and qkv / o through ``linear_mxfp4``'s chunk tiles at 16
 and 64 rows (T ``""``: the dense tiles only). ``chunk_halves_ab.sh`` runs the trees alternately in one device call.
@@ -105,35 +106,34 @@ WORDS_READ = (
 
 
 def tree(out: str, read: str = "halves") -> None:
-    """A copy of the repository's ``mxrepack`` in ``out`` with ``chunk_tile`` reading the halves order: from bytes
-    stored so (``read`` "halves"), or from the shipped bytes by loading each chunk's 16-byte pieces in that order
-    (``read`` "gather": the same shared-memory buffer and reads, no format change; the copies' global addresses
-    then step 32 bytes across a warp, each 32-byte sector requested twice)."""
+    """A copy of the repository's ``mxrepack`` in ``out`` with one read changed: ``chunk_tile`` reading the halves
+    order from bytes stored so (``read`` "halves"), or from the shipped bytes by loading each chunk's 16-byte pieces in
+    that order ("gather": the same shared-memory buffer and reads, no format change; the copies' global addresses then
+    step 32 bytes across a warp); or the chunk words' global loads (GEMVs, prefill dequantizer) as (half, 4 words)
+    ("words": the shipped bytes, the tiles as shipped)."""
+    old, new = {
+        "halves": (SHIPPED_READ, HALVES_READ),
+        "gather": (SHIPPED_READ, GATHER_READ),
+        "words": (SHIPPED_WORDS, WORDS_READ),
+    }[read]
     dst = Path(out) / "mxrepack"
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(ROOT / "mxrepack", dst, ignore=shutil.ignore_patterns("__pycache__"))
     path = dst / "kernels" / "dequant_mxfp4.py"
     text = path.read_text()
-    if text.count(SHIPPED_READ) != 1:
-        raise SystemExit(f"{path}: chunk_tile's read is not the one this probe replaces")
-    if (
-        read == "words"
-    ):  # the GEMVs' and the dequantizer's global loads instead (the shipped bytes, the tiles as shipped)
-        if text.count(SHIPPED_WORDS) != 1:
-            raise SystemExit(f"{path}: the chunk words' load is not the one this probe replaces")
-        path.write_text(text.replace(SHIPPED_WORDS, WORDS_READ))
-    else:
-        path.write_text(text.replace(SHIPPED_READ, {"halves": HALVES_READ, "gather": GATHER_READ}[read]))
+    if text.count(old) != 1:
+        raise SystemExit(f"{path}: the load this probe's {read} tree replaces is not there as written")
+    path.write_text(text.replace(old, new))
     print(dst)
 
 
 def read_here() -> str:
-    """How the imported mxrepack's ``chunk_tile`` reads a chunk: "shipped", "halves" or "gather" (``tree``'s)."""
+    """How the imported mxrepack reads a chunk: "shipped", "halves", "gather" or "words" (``tree``'s copies)."""
     from mxrepack.kernels import dequant_mxfp4
 
-    src = inspect.getsource(dequant_mxfp4.chunk_tile.fn)
-    if "(half, 4 words)" in inspect.getsource(dequant_mxfp4._word_pairs_asm.fn):
+    if "half = 4 * tl.arange(0, 2)" in inspect.getsource(dequant_mxfp4._word_pairs_asm.fn):
         return "words"
+    src = inspect.getsource(dequant_mxfp4.chunk_tile.fn)  # gather's read also holds the halves' reshape: first
     return "gather" if "(i // 512)" in src else "halves" if "(BLOCKS, 2, 32, 16)" in src else "shipped"
 
 
@@ -292,10 +292,10 @@ def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> N
             keep({"T": T, "config": cfg.name(), "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
         except Exception as e:  # noqa: BLE001 - recorded, the other sizes still run
             keep({"T": T, "error": f"{type(e).__name__}: {e}"[:500]})
-    _dense(order, keep)
+    _dense(order, halves, keep)
 
 
-def _dense(order: str, keep) -> None:
+def _dense(order: str, halves: bool, keep) -> None:
     """qkv and o through the dense chunk tiles at 16 and 64 rows (no GEMV and no dequantize + cuBLAS at these rows:
     every launch reads through ``chunk_tile``), folded as shipped, weights stored in the tree's read order. One weight
     each, not rotated: it stays in L2, so these isolate the tile, and are not comparable with peers.py's figures."""
@@ -312,7 +312,7 @@ def _dense(order: str, keep) -> None:
         w, s = rand_mx(N, K)
         wf = deq(w, s)  # on the GPU, as peers.py's dense reference
         wc, sc = (t.to(DEV) for t in chunk_pack(w.cpu(), s.cpu(), order))  # packed on the CPU, as the repacker
-        if halves_here():
+        if halves:
             wc = _to_halves(wc)
         fold = fits_fold(s)
         for M in (16, 64):
