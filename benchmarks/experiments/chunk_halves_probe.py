@@ -18,12 +18,12 @@ on sm_121a: the mma2 MoE's 128-token gate_up 168 -> 160 bytes, but the mma2 orde
 (printed).
 Timed (stop 52, three H200s, Triton 3.6, ``chunk_halves_ab.sh``: each tree in a process of its own, taken in turns,
 2-3 rounds; record ``chunk_halves_ab_h200_2026-11-29_9a3914c.json``), the halves read against the shipped one, medians:
-the MoE tiles 0.2-2.3% faster in both orders at every T timed (8-8192; 32 experts), e.g. the wgmma order at T = 4096
--0.8 / -1.1% on two machines, at 8192 -0.9 / -0.9%. The dense tiles (one weight, L2-resident) moved both ways: o +0.3
-to -3.3%; qkv at 16 rows +1% (wgmma) and -2% (mma2), at 64 rows +1.3 / +2.2% (wgmma) and **+6.3 / +6.5%** (mma2). Not
-shipped: it is a format change of the chunk orders (their stored bytes, the GEMVs' and the prefill dequantizer's word
-addressing, a version the plugin checks) for about 1% of the MoE, and the dense qkv tiles at 64 rows lose with it;
-worth carrying with the next change of the chunk orders' bytes, after a look at those tiles.
+the MoE tiles faster or level in both orders at every T timed (8-8192; 32 experts), by up to 2.3%, e.g. the wgmma
+order at T = 4096 -0.8 / -1.1% on two machines, at 8192 -0.9 / -0.9%. The dense tiles (one weight, L2-resident) moved
+both ways: o +0.3 to -3.3%; qkv at 16 rows +1% (wgmma) and -2% (mma2), at 64 rows +1.3 / +2.2% (wgmma) and
+**+6.3 / +6.5%** (mma2). Not shipped: it is a format change of the chunk orders (their stored bytes, the GEMVs' and the
+prefill dequantizer's word addressing, a version the plugin checks) for about 1% of the MoE, and the dense qkv tiles at
+64 rows lose with it; worth carrying with the next change of the chunk orders' bytes, after a look at those tiles.
 
 The ``gather`` read (``tree DIR gather``) keeps the shipped bytes and loads each chunk's 16-byte pieces in the halves
 order, so shared memory holds, and the tiles read, what the halves tree's do, with no format change. It was 5-47%
@@ -42,7 +42,7 @@ warp's 16-byte loads read 512 contiguous bytes (the shipped bytes; the tiles as 
 ``chunk_words_load_ab_h200_2026-11-29_9a3914c.json``), it lost: the MoE's decode GEMVs at T = 1 / 2 0.0702 / 0.0803 ms
 against 0.0464 / 0.0687 (+51% / +17%; the wgmma order, one run a tree); the prefill dequantizer alone level (-1.3 to
 +0.2%, two runs a tree in turns, both orders); the wgmma order's dequantizer builds 408 instructions against 336 on
-sm_90a, with two more layout conversions.
+sm_90a (Triton 3.9), with two more layout conversions.
 
     python benchmarks/experiments/chunk_halves_probe.py tree DIR [halves|gather|words]   # mxrepack so changed, in DIR
     python benchmarks/experiments/chunk_halves_probe.py layouts [OUT.json] [halves|gather]   # beside the shipped (CPU)
