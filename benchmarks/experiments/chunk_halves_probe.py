@@ -47,6 +47,8 @@ sm_90a (Triton 3.9), with two more layout conversions.
     python benchmarks/experiments/chunk_halves_probe.py tree DIR [halves|gather|words]   # mxrepack so changed, in DIR
     python benchmarks/experiments/chunk_halves_probe.py layouts [OUT.json] [halves|gather]   # beside the shipped (CPU)
     PYTHONPATH=DIR python benchmarks/experiments/chunk_halves_probe.py time OUT.json [T,T,...] [EXPERTS]   # GPU
+    PYTHONPATH=DIR ncu --profile-from-start off --set full -o OUT/TREE \
+        python benchmarks/experiments/chunk_halves_probe.py profile [T] [EXPERTS]      # GPU, under Nsight Compute
 
 (``tree``'s folder lasts only as long as the lent machine: write it in the call that times.)
 
@@ -296,13 +298,25 @@ def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> N
 
 
 def _dense(order: str, halves: bool, keep) -> None:
-    """qkv and o through the dense chunk tiles at 16 and 64 rows (no GEMV and no dequantize + cuBLAS at these rows:
-    every launch reads through ``chunk_tile``), folded as shipped, weights stored in the tree's read order. One weight
-    each, not rotated: it stays in L2, so these isolate the tile, and are not comparable with peers.py's figures."""
+    """qkv and o through the dense chunk tiles (:func:`_dense_cases`), timed."""
+    from peers import rel_err, time_it
+
+    for name, M, run, ref in _dense_cases(order, halves):
+        try:
+            ms, how = time_it(run, M)
+            keep({"layer": name, "M": M, "ms": ms, "timing": how, "rel_err": rel_err(run(), ref())})
+        except Exception as e:  # noqa: BLE001 - recorded, the other layers still run
+            keep({"layer": name, "M": M, "error": f"{type(e).__name__}: {e}"[:500]})
+
+
+def _dense_cases(order: str, halves: bool):
+    """(layer, rows, run, reference) for qkv and o at 16 and 64 rows through the dense chunk tiles (no GEMV and no
+    dequantize + cuBLAS at these rows: every launch reads through ``chunk_tile``), folded as shipped, weights stored in
+    the tree's read order. One weight each, not rotated: it stays in L2, so these isolate the tile, and are not
+    comparable with peers.py's figures."""
     import torch
     from common import DEV, deq, rand_mx
     from dense_chunk_probe import chunk_pack
-    from peers import rel_err, time_it
 
     from mxrepack.kernels.dequant_mxfp4 import fits_fold
     from mxrepack.kernels.linear_mxfp4 import linear_mxfp4
@@ -310,20 +324,53 @@ def _dense(order: str, halves: bool, keep) -> None:
     for name, (N, K) in {"qkv": (5120, 2880), "o": (2880, 4096)}.items():
         torch.manual_seed(N)
         w, s = rand_mx(N, K)
-        wf = deq(w, s)  # on the GPU, as peers.py's dense reference
         wc, sc = (t.to(DEV) for t in chunk_pack(w.cpu(), s.cpu(), order))  # packed on the CPU, as the repacker
         if halves:
             wc = _to_halves(wc)
         fold = fits_fold(s)
         for M in (16, 64):
-            try:
-                x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
-                ref = x.float() @ wf.T
-                run = lambda: linear_mxfp4(x, wc, sc, None, "w4a16", fold_scale=fold, order=order)  # noqa: E731
-                ms, how = time_it(run, M)
-                keep({"layer": name, "M": M, "ms": ms, "timing": how, "rel_err": rel_err(run(), ref)})
-            except Exception as e:  # noqa: BLE001
-                keep({"layer": name, "M": M, "error": f"{type(e).__name__}: {e}"[:500]})
+            x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+            run = lambda x=x, wc=wc, sc=sc, fold=fold: linear_mxfp4(  # noqa: E731
+                x, wc, sc, None, "w4a16", fold_scale=fold, order=order
+            )
+            ref = lambda x=x, w=w, s=s: x.float() @ deq(w, s).T  # noqa: E731 - on the GPU, as peers.py's reference
+            yield name, M, run, ref
+
+
+def profile(t: str = "4096", experts: str = "32") -> None:
+    """For ``ncu --profile-from-start off``, in each tree: one warm call each of the MoE at ``t`` tokens (``experts``;
+    "" for none) and of the dense tiles (:func:`_dense_cases`) inside ``cudaProfilerStart/Stop``, the weights in this
+    tree's read order (``ncu_moe_prefill.profile``). Stop 52's question: why qkv at 64 rows (the 64-row tile) loses
+    with the halves read while the MoE and o gain; the loops are the same length in both trees."""
+    import mxrepack  # first, as in time(): the tree PYTHONPATH names
+
+    tree_file = mxrepack.__file__
+    import torch
+    from common import moe_decode_inputs, moe_weights
+    from ncu_moe_prefill import profile as profiled
+    from peers import HP, IP, K_TOP, H, mma2_here, ordered_layer, wgmma_here
+
+    from mxrepack.kernels.dequant_mxfp4 import fits_fold
+    from mxrepack.kernels.moe_mxfp4 import moe_mxfp4
+
+    halves = halves_here()
+    order = "wgmma" if wgmma_here() else "mma2" if mma2_here() else None
+    if order is None:
+        raise SystemExit("no chunk order runs on this GPU")
+    print(f"tree {read_here()} ({tree_file}), order {order}", flush=True)
+    runs = {}
+    if t:
+        torch.manual_seed(0)
+        W = moe_weights(int(experts), H, 2880, HP, IP)
+        fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
+        Wc = ordered_layer(W, order)
+        if halves:
+            Wc = dict(Wc, w13_weight=_to_halves(Wc["w13_weight"]), w2_weight=_to_halves(Wc["w2_weight"]))
+        x, ids, wts = moe_decode_inputs(int(t), int(experts), K_TOP, H)
+        runs[f"moe T = {t}"] = lambda: moe_mxfp4(x, ids, wts, Wc, fold_scale=fold, order=order)
+    for name, M, run, _ in _dense_cases(order, halves):
+        runs[f"{name} M = {M}"] = run
+    profiled(runs)
 
 
 if __name__ == "__main__":
@@ -331,4 +378,4 @@ if __name__ == "__main__":
         sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
         print(json.dumps(_layouts_here()))
     else:
-        {"tree": tree, "layouts": layouts, "time": time}[sys.argv[1]](*sys.argv[2:])
+        {"tree": tree, "layouts": layouts, "time": time, "profile": profile}[sys.argv[1]](*sys.argv[2:])
