@@ -99,14 +99,14 @@ def convert(
         ..., help="Checkpoint: local directory, Hub repo id (openai/gpt-oss-120b), or HF cache"
     ),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target name (see `repack targets`)"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory [default: ./NAME-TARGET]"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: ./NAME-TARGET)"),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe YAML file instead of a built-in target"),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory"),
     shard_size: str = typer.Option("5GB", "--shard-size", help="Maximum bytes per output shard"),
     no_source_hash: bool = typer.Option(False, "--no-source-hash", help="Skip the sha256 of local source files"),
     dense: Optional[str] = typer.Option(
-        None, "--dense", help="Dense layers: mxfp4, mxfp8 or bf16 [default: the recipe's]"
+        None, "--dense", help="Dense layers: mxfp4, mxfp8 or bf16 (default: the recipe's)"
     ),
     dense_layers: Optional[str] = typer.Option(
         None,
@@ -382,7 +382,7 @@ def eval_logits_cmd(
     reference: Path = typer.Argument(..., help="Reference checkpoint (source or mxrepack output)"),
     candidate: Path = typer.Argument(..., help="Candidate checkpoint"),
     text: Optional[Path] = typer.Option(
-        None, "--text", help="Token set (text file) [default: REFERENCE/tasks/text.txt]"
+        None, "--text", help="Token set (text file) (default: REFERENCE/tasks/text.txt)"
     ),
     ctx: int = typer.Option(256, "--ctx", help="Tokens per window"),
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Tokens of the text to use"),
@@ -414,13 +414,13 @@ def eval_gpqa_cmd(
     model: Optional[str] = typer.Option(None, "--model", help="Model name on the server"),
     local: Optional[Path] = typer.Option(None, "--local", help="Run this checkpoint in process instead of a server"),
     data: Optional[Path] = typer.Option(
-        None, "--data", help="CSV in the gpqa_diamond.csv format [default: the bundled tiny task]"
+        None, "--data", help="CSV in the gpqa_diamond.csv format (default: the bundled tiny task, with a warning)"
     ),
     n_repeats: int = typer.Option(1, "--n-repeats", help="Repeat each question (gpt_oss.evals uses 8)"),
     num_examples: Optional[int] = typer.Option(None, "--num-examples", help="A random subset (needs --n-repeats 1)"),
     concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight"),
     temperature: Optional[float] = typer.Option(
-        None, "--temperature", help="[default: 1.0 for servers, 0 (greedy) local]"
+        None, "--temperature", help="Sampling temperature (default: 1.0 for servers, 0 (greedy) local)"
     ),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Completion token limit"),
     reasoning_effort: Optional[str] = typer.Option(None, "--reasoning-effort", help="low, medium or high (servers)"),
@@ -467,11 +467,15 @@ def eval_gpqa_cmd(
     if data is None:
         from mxrepack.eval.bundled import bundled_model
 
-        data = (
-            default_data
-            if default_data is not None and default_data.is_file()
-            else bundled_model() / "tasks" / "test.csv"
-        )
+        if default_data is not None and default_data.is_file():
+            data = default_data
+        else:  # a model other than one that ships its own tasks: scored on questions made for the tiny one
+            data = bundled_model() / "tasks" / "test.csv"
+            typer.echo(
+                f"warning: no --data: scoring the bundled tiny task ({data}), written for the bundled tiny model, "
+                "not GPQA; pass --data gpqa_diamond.csv to score GPQA",
+                err=True,
+            )
     with ProgressBar("eval gpqa: requests", enabled=not as_json, unit="count") as progress:
         r = run_gpqa(backend, data, n_repeats, num_examples, concurrency, progress, max_errors)
     _write_json_file(output, r)
@@ -581,17 +585,17 @@ def eval_serve_cmd(
 @eval_app.command("record-activations")
 def eval_record_cmd(
     path: Path = typer.Argument(..., help="Checkpoint (source) to run"),
-    out: Path = typer.Argument(..., help="safetensors file to write (weight name -> [tokens, K])"),
-    text: Optional[Path] = typer.Option(None, "--text", help="Text to run [default: PATH/tasks/text.txt]"),
+    out: Path = typer.Argument(..., help="safetensors file to write (weight name -> tokens x K)"),
+    text: Optional[Path] = typer.Option(None, "--text", help="Text to run (default: PATH/tasks/text.txt)"),
     max_tokens: int = typer.Option(512, "--max-tokens"),
 ) -> None:
     """Record every Linear's input on a text, for `repack ... --activations` error reports."""
     from mxrepack.eval.local import LocalChatModel
 
-    m = LocalChatModel(path)
     text = text or path / "tasks" / "text.txt"
-    if not text.is_file():
+    if not text.is_file():  # before the model loads
         raise MxRepackError(f"{text}: no such text file; pass --text FILE")
+    m = LocalChatModel(path)
     ids = m.tokenizer.encode(text.read_text(), add_special_tokens=False).ids[:max_tokens]
     import torch
     from safetensors.torch import save_file

@@ -301,6 +301,57 @@ def test_the_gate_refuses_a_negative_margin():
         compare(base, base | {"score": 0.9}, tolerance=-1)  # it would fail a candidate that scored higher
 
 
+def test_the_gate_compares_runs_over_the_same_questions(tmp_path, capsys):
+    """A baseline scored on GPQA and a candidate scored on another file (the bundled tiny task, which `eval gpqa`
+    falls back to without --data) made a gate verdict out of two different tests."""
+    from mxrepack.cli import main
+    from mxrepack.errors import MxRepackError
+    from mxrepack.eval.gpqa import compare
+
+    base = {"score": 0.70, "stderr": 0.02, "data": {"path": "gpqa_diamond.csv", "sha256": "a" * 64, "rows": 198}}
+    cand = base | {"score": 0.69, "data": {"path": "tiny/tasks/test.csv", "sha256": "b" * 64, "rows": 300}}
+    with pytest.raises(MxRepackError, match="a gate compares two runs over the same questions"):
+        compare(base, cand)
+    assert compare(base, base | {"score": 0.69})["passed"]
+    older = {"score": 0.69, "stderr": 0.02}  # written before results recorded their data: not checked
+    assert compare(base, older)["passed"]
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    (tmp_path / "c.json").write_text(json.dumps(cand))
+    assert main(["eval", "compare", str(tmp_path / "b.json"), str(tmp_path / "c.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "gpqa_diamond.csv" in err and "tiny/tasks/test.csv" in err
+
+
+def test_eval_gpqa_without_data_says_it_scores_the_tiny_task(served_tiny, tmp_path, capsys):
+    """Without --data a server's model was scored on the bundled tiny task, silently."""
+    from mxrepack.cli import main
+    from mxrepack.eval.bundled import bundled_model
+    from mxrepack.eval.server import ChatServer
+
+    out = tmp_path / "r.json"
+    with ChatServer(served_tiny, "tiny") as server:
+        args = ["eval", "gpqa", "--base-url", server.base_url, "--model", "tiny", "--num-examples", "2"]
+        assert main([*args, "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: no --data: scoring the bundled tiny task") and "--data gpqa_diamond.csv" in err
+    assert json.loads(out.read_text())["data"]["path"] == str(bundled_model() / "tasks" / "test.csv")
+    assert main(["eval", "gpqa", "--local", str(bundled_model()), "--num-examples", "2"]) == 0  # its own tasks
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_eval_text_is_checked_before_a_model_loads(tmp_path, capsys):
+    """`eval logits` / `record-activations` on a checkpoint without a text loaded the models first, then failed."""
+    from mxrepack.cli import main
+
+    not_a_model = tmp_path / "ckpt"
+    not_a_model.mkdir()
+    assert main(["eval", "logits", str(not_a_model), str(not_a_model)]) == 1
+    assert capsys.readouterr().err == f"error: {not_a_model / 'tasks' / 'text.txt'}: no token set; pass --text FILE\n"
+    assert main(["eval", "record-activations", str(not_a_model), str(tmp_path / "a.safetensors")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {not_a_model / 'tasks' / 'text.txt'}: no such text file; pass --text FILE\n"
+
+
 def test_logits_compare_report_and_cli(tmp_path):
     from mxrepack.cli import main
     from mxrepack.eval.bundled import bundled_model

@@ -283,6 +283,12 @@ def compare(base: dict, cand: dict, z: float = 1.96, tolerance: float = 0.0) -> 
         raise MxRepackError(f"--tolerance {tolerance} / z {z}: expected 0 or more")
     for name, r in (("baseline", base), ("candidate", cand)):
         require_score(r, f"{name} JSON")
+    data = [(r.get("data") or {}).get("sha256") for r in (base, cand)]
+    if None not in data and data[0] != data[1]:  # results written before the data was recorded are not checked
+        raise MxRepackError(
+            f"the baseline scored {base['data'].get('path')} and the candidate {cand['data'].get('path')} (sha256 "
+            f"{data[0][:12]} / {data[1][:12]}): a gate compares two runs over the same questions"
+        )
     se = math.sqrt(base["stderr"] ** 2 + cand["stderr"] ** 2)
     drop = base["score"] - cand["score"]
     allowed = tolerance + z * se

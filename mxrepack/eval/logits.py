@@ -50,13 +50,13 @@ def compare_logits(
     """``progress(done, total, phase)``: positions scored, then first-token prompts run."""
     if ctx < 1 or max_tokens < 2:
         raise MxRepackError(f"--ctx {ctx} / --max-tokens {max_tokens}: expected at least 1 and 2 tokens")
+    text_path = Path(text) if text else Path(ref) / "tasks" / "text.txt"
+    if not text_path.is_file():  # before two models load: only the bundled tiny model carries a text
+        raise MxRepackError(f"{text_path}: no token set; pass --text FILE")
     ref_model, cand_model = LocalChatModel(ref), LocalChatModel(cand)
     sizes = (ref_model.runner.d.vocab, cand_model.runner.d.vocab)
     if sizes[0] != sizes[1]:  # logits of two models' vocabularies do not compare
         raise MxRepackError(f"{cand}: vocabulary of {sizes[1]} tokens, where the reference {ref} has {sizes[0]}")
-    text_path = Path(text) if text else Path(ref) / "tasks" / "text.txt"
-    if not text_path.is_file():
-        raise MxRepackError(f"{text_path}: no token set; pass --text FILE")
     raw = text_path.read_text()
     ids = ref_model.tokenizer.encode(raw, add_special_tokens=False).ids[:max_tokens]
     if len(ids) < 2:
