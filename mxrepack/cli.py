@@ -20,7 +20,7 @@ from typing import Optional
 
 import typer
 
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, require_folder
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
@@ -519,7 +519,7 @@ def eval_compare_cmd(
     results = [load_json(path, "`repack eval gpqa` result") for path in (baseline, candidate)]
     for path, r in zip((baseline, candidate), results):
         require_score(r, str(path))  # named by file: a run with too many failed requests is no score to gate on
-    g = compare(*results, z, tolerance)
+    g = compare(*results, z, tolerance, names=(str(baseline), str(candidate)))
     _emit(
         g,
         as_json,
@@ -546,8 +546,10 @@ def eval_report_cmd(
         require_score(load_json(path, "`repack eval gpqa` result"), str(path))
     gate = None
     if gpqa and len(gpqa) >= 2:
-        gate = compare(
-            load_json(gpqa[0], "`repack eval gpqa` result"), load_json(gpqa[-1], "`repack eval gpqa` result")
+        gate = compare(  # first against last, refused as `eval compare` refuses them when their questions differ
+            load_json(gpqa[0], "`repack eval gpqa` result"),
+            load_json(gpqa[-1], "`repack eval gpqa` result"),
+            names=(str(gpqa[0]), str(gpqa[-1])),
         )
     paths = write_report(build_report(model_dir, gpqa or [], logits, gate), out)
     typer.echo(f"wrote {paths['markdown']} and {paths['html']}")
@@ -592,6 +594,7 @@ def eval_record_cmd(
     """Record every Linear's input on a text, for `repack ... --activations` error reports."""
     from mxrepack.eval.local import LocalChatModel
 
+    require_folder(path)  # named as the checkpoint it is, not as a missing text in it
     text = text or path / "tasks" / "text.txt"
     if not text.is_file():  # before the model loads
         raise MxRepackError(f"{text}: no such text file; pass --text FILE")

@@ -2,6 +2,7 @@
 
 import json
 import random
+import shutil
 import socket
 
 import pytest
@@ -308,18 +309,26 @@ def test_the_gate_compares_runs_over_the_same_questions(tmp_path, capsys):
     from mxrepack.errors import MxRepackError
     from mxrepack.eval.gpqa import compare
 
-    base = {"score": 0.70, "stderr": 0.02, "data": {"path": "gpqa_diamond.csv", "sha256": "a" * 64, "rows": 198}}
-    cand = base | {"score": 0.69, "data": {"path": "tiny/tasks/test.csv", "sha256": "b" * 64, "rows": 300}}
-    with pytest.raises(MxRepackError, match="a gate compares two runs over the same questions"):
+    data = {"path": "gpqa_diamond.csv", "sha256": "a" * 64, "rows": 198, "num_examples": None}
+    base = {"score": 0.70, "stderr": 0.02, "data": data}
+    cand = base | {"score": 0.69, "data": data | {"path": "tiny/tasks/test.csv", "sha256": "b" * 64}}
+    with pytest.raises(MxRepackError, match="candidate JSON: scored tiny/tasks/test.csv .*expected the same question"):
         compare(base, cand)
+    with pytest.raises(MxRepackError, match="expected the same --num-examples subset"):
+        compare(base, base | {"data": data | {"num_examples": 50}})
     assert compare(base, base | {"score": 0.69})["passed"]
     older = {"score": 0.69, "stderr": 0.02}  # written before results recorded their data: not checked
-    assert compare(base, older)["passed"]
+    assert compare(base, older)["passed"] and compare(older, base)["passed"]
+    assert compare(base, older | {"data": {"sha256": "a" * 64}})["passed"]  # no num_examples recorded there
     (tmp_path / "b.json").write_text(json.dumps(base))
     (tmp_path / "c.json").write_text(json.dumps(cand))
     assert main(["eval", "compare", str(tmp_path / "b.json"), str(tmp_path / "c.json")]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "gpqa_diamond.csv" in err and "tiny/tasks/test.csv" in err
+    assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path / 'c.json'}: scored tiny/tasks/test.csv")
+    assert f"where {tmp_path / 'b.json'} scored gpqa_diamond.csv" in err
+    report = ["eval", "report", "--out", str(tmp_path / "rep"), "--gpqa", str(tmp_path / "b.json")]
+    assert main([*report, "--gpqa", str(tmp_path / "c.json")]) == 1  # the report's gate refuses them alike
+    assert capsys.readouterr().err == err and not (tmp_path / "rep").exists()
 
 
 def test_eval_gpqa_without_data_says_it_scores_the_tiny_task(served_tiny, tmp_path, capsys):
@@ -337,12 +346,18 @@ def test_eval_gpqa_without_data_says_it_scores_the_tiny_task(served_tiny, tmp_pa
     assert json.loads(out.read_text())["data"]["path"] == str(bundled_model() / "tasks" / "test.csv")
     assert main(["eval", "gpqa", "--local", str(bundled_model()), "--num-examples", "2"]) == 0  # its own tasks
     assert "warning" not in capsys.readouterr().err
+    no_tasks = tmp_path / "no-tasks"  # a checkpoint without tasks/test.csv: the tiny task, said so
+    shutil.copytree(bundled_model(), no_tasks, ignore=shutil.ignore_patterns("tasks"))
+    assert main(["eval", "gpqa", "--local", str(no_tasks), "--num-examples", "2"]) == 0
+    assert capsys.readouterr().err.startswith("warning: no --data: scoring the bundled tiny task")
 
 
 def test_eval_text_is_checked_before_a_model_loads(tmp_path, capsys):
     """`eval logits` / `record-activations` on a checkpoint without a text loaded the models first, then failed."""
     from mxrepack.cli import main
 
+    assert main(["eval", "logits", str(tmp_path / "nowhere"), str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'nowhere'}: path does not exist\n"
     not_a_model = tmp_path / "ckpt"
     not_a_model.mkdir()
     assert main(["eval", "logits", str(not_a_model), str(not_a_model)]) == 1

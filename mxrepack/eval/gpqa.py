@@ -251,7 +251,12 @@ def run_gpqa(
         "too_many_errors": len(failed) > allowed or n == 0,
         "first_error": failed[0]["error"] if failed else None,
         "n_repeats": n_repeats,
-        "data": {"path": str(data), "sha256": _sha256(data), "rows": len(read_rows(data))},
+        "data": {
+            "path": str(data),
+            "sha256": _sha256(data),
+            "rows": len(read_rows(data)),
+            "num_examples": num_examples,
+        },
         "backend": backend.name,
         # the weights a local run read (the manifest's digest): `repack push --eval` checks it is the output's
         "weights": getattr(backend, "weights", None),
@@ -274,21 +279,39 @@ def require_score(r: dict, name: str) -> None:
         )
 
 
-def compare(base: dict, cand: dict, z: float = 1.96, tolerance: float = 0.0) -> dict:
+def same_questions(base: dict, cand: dict, names: tuple[str, str] = ("baseline JSON", "candidate JSON")) -> None:
+    """Refuse two results scored on different questions: another question file (its sha256), or another
+    ``--num-examples`` subset of it. What a result does not record (written before it did) is not checked."""
+    b, c = base.get("data") or {}, cand.get("data") or {}
+
+    def scored(d: dict) -> str:
+        subset = f", --num-examples {d['num_examples']}" if d.get("num_examples") else ""
+        return f"{d.get('path')} (sha256 {str(d.get('sha256'))[:12]}{subset})"
+
+    for key, what in (("sha256", "question file"), ("num_examples", "--num-examples subset")):
+        if key in b and key in c and b[key] != c[key]:
+            raise MxRepackError(
+                f"{names[1]}: scored {scored(c)}, where {names[0]} scored {scored(b)}; expected the same {what}"
+            )
+
+
+def compare(
+    base: dict,
+    cand: dict,
+    z: float = 1.96,
+    tolerance: float = 0.0,
+    names: tuple[str, str] = ("baseline JSON", "candidate JSON"),
+) -> dict:
     """The regression gate: the candidate fails when its score is below the baseline's by more than
     ``tolerance + z * sqrt(stderr_base**2 + stderr_cand**2)``, i.e. by more than chance explains (a
     one-sided test at ~97.5% with z = 1.96) plus an optional absolute tolerance (vLLM CI uses 0.05
-    alone). A better candidate always passes."""
+    alone). A better candidate always passes. Two runs over different questions are refused (:func:`same_questions`;
+    ``names``: how the message calls the two results, their files where the CLI has them)."""
     if tolerance < 0 or z < 0:  # a negative margin would fail a candidate that scored higher
         raise MxRepackError(f"--tolerance {tolerance} / z {z}: expected 0 or more")
-    for name, r in (("baseline", base), ("candidate", cand)):
-        require_score(r, f"{name} JSON")
-    data = [(r.get("data") or {}).get("sha256") for r in (base, cand)]
-    if None not in data and data[0] != data[1]:  # results written before the data was recorded are not checked
-        raise MxRepackError(
-            f"the baseline scored {base['data'].get('path')} and the candidate {cand['data'].get('path')} (sha256 "
-            f"{data[0][:12]} / {data[1][:12]}): a gate compares two runs over the same questions"
-        )
+    for name, r in zip(names, (base, cand)):
+        require_score(r, name)
+    same_questions(base, cand, names)
     se = math.sqrt(base["stderr"] ** 2 + cand["stderr"] ** 2)
     drop = base["score"] - cand["score"]
     allowed = tolerance + z * se

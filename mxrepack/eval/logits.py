@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, require_folder
 from mxrepack.eval.local import LocalChatModel
 from mxrepack.progress import Progress
 from mxrepack.serve.spec import weights_identity
@@ -50,6 +50,7 @@ def compare_logits(
     """``progress(done, total, phase)``: positions scored, then first-token prompts run."""
     if ctx < 1 or max_tokens < 2:
         raise MxRepackError(f"--ctx {ctx} / --max-tokens {max_tokens}: expected at least 1 and 2 tokens")
+    require_folder(ref)  # named as the checkpoint it is, not as a missing text in it
     text_path = Path(text) if text else Path(ref) / "tasks" / "text.txt"
     if not text_path.is_file():  # before two models load: only the bundled tiny model carries a text
         raise MxRepackError(f"{text_path}: no token set; pass --text FILE")
