@@ -301,8 +301,8 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = (), refus
         load = f"No serving engine loads this checkpoint: {refusal}. Instead, {UNSERVED_HOW}."
     elif mode == "mxrepack":
         load = (
-            "Serve it with vLLM and mxrepack's vLLM plugin, which loads the stored bytes straight into the kernel's "
-            'parameters (no repack at start-up):\n\n```\npip install "mxrepack[vllm]"\nvllm serve '
+            "Serve it with vLLM and mxrepack's vLLM plugin, which loads the stored experts straight into the MoE "
+            'kernel\'s parameters (no repack of them at start-up):\n\n```\npip install "mxrepack[vllm]"\nvllm serve '
             + repo_id
             + "\n```\n\nNo `--quantization` flag: `config.json` declares `quant_method: mxrepack`, which a stock "
             f"vLLM refuses instead of misreading. MoE kernel: {kernel}. One GPU (tensor parallelism 1). The plugin "

@@ -1189,10 +1189,11 @@ def check_order(order: str, activations: str, device: torch.device) -> None:
         raise ValueError(
             f"the wgmma order is Hopper's (sm_90) wgmma fragment; this GPU builds mma.sync (sm_{major}{minor}"
             f"{', DISABLE_MMA_V3' if major == 9 else ''}), where it would decode the wrong bytes: repack with "
-            "order rows (or mma2 for sm_12x / sm_8x)"
+            "target sm121-strided (the mma2 order, sm_12x / sm_8x) or a recipe with the strided order rows"
         )
     if order == "mma2" and not (major in (8, 12) or (major == 9 and not wgmma)):
         raise ValueError(
             f"the mma2 order is mma.sync's operand (sm_8x, sm_12x); this GPU is sm_{major}{minor}, where Triton "
-            "builds another MMA: repack with order rows (or wgmma on sm_90)"
+            "builds another MMA: repack with target sm90-strided (the wgmma order) on sm_90, or a recipe with the "
+            "strided order rows"
         )

@@ -38,8 +38,8 @@ class ExpertBackend:
     layout: str
     vllm_backend: str  # vLLM's Mxfp4MoeBackend member, or "mxrepack" for mxrepack's own Triton kernels
     kernel: str
-    gpus: str
-    min_capability: int  # compute capability x 10
+    gpus: str  # where it runs (each layout's GPU check is vLLM's `is_supported_config`, or the order's check)
+    ran_here: bool  # whether this MoE kernel has run on a GPU in mxrepack's checks (RUN_HERE: where, and how)
     # layout options whose value the plugin assumes when it serves these bytes (others lay out bytes it would misread)
     served_options: tuple[tuple[str, object], ...] = ()
 
@@ -47,32 +47,32 @@ class ExpertBackend:
 EXPERT_BACKENDS: dict[str, ExpertBackend] = {
     b.layout: b
     for b in (
-        ExpertBackend("marlin", "MARLIN", "vLLM Marlin MXFP4 MoE (fused_marlin_moe, W4A16)", "sm80 and newer", 80),
+        ExpertBackend("marlin", "MARLIN", "vLLM Marlin MXFP4 MoE (fused_marlin_moe, W4A16)", "sm80 and newer", True),
         ExpertBackend(
             "triton-hopper",
             "TRITON",
             "OpenAI triton_kernels matmul_ogs as vendored in vLLM",
             "sm90 (H100/H200)",
-            90,
+            True,
             # what vLLM's sm90 path swizzles with: the plugin wraps the stored bytes in these layouts
             (("value", "hopper"), ("scale", "hopper"), ("num_warps", 8)),
         ),
         ExpertBackend(
-            "trtllm", "FLASHINFER_TRTLLM_MXFP4_BF16", "FlashInfer TRT-LLM-gen MXFP4 MoE", "sm100 (B200/GB200)", 100
+            "trtllm", "FLASHINFER_TRTLLM_MXFP4_BF16", "FlashInfer TRT-LLM-gen MXFP4 MoE", "sm100 (B200/GB200)", False
         ),
         ExpertBackend(
             "flashinfer-cutlass",
             "FLASHINFER_CUTLASS_MXFP4_MXFP8",
             "FlashInfer CUTLASS fused MoE, MXFP4 weights x MXFP8 activations",
             "sm100, sm120, sm121",
-            100,
+            False,
         ),
         ExpertBackend(
             "strided",
             "mxrepack",
             "mxrepack's Triton MoE kernels (mxrepack.kernels.moe_mxfp4)",
             "sm80 and newer, sm120/sm121 included",
-            80,
+            True,
         ),
     )
 }
@@ -664,11 +664,19 @@ def serve_hint(
         + ("   (no --quantization needed: config.json names the method)" if quantization_config == "mxrepack" else "")
     )
     lines.append(f"       MoE kernel: {kernel}; one GPU (tensor parallelism 1)")
+    backend = EXPERT_BACKENDS.get(target_layout or "")
+    if quantization_config == "mxrepack" and backend is not None and not backend.ran_here:
+        lines.append(
+            "       that MoE kernel has not run on a GPU in mxrepack's checks (no such GPU lent): the stored experts "
+            "equal vLLM's own conversion for it, byte for byte"
+        )
     dense = dense_serving(dense_format, quantization_config, dense_order)
     if dense:
         lines.append(f"       {dense}")
     if quantization_config in ("mxrepack", "compressed-tensors"):
         lines.append(f"       {FAST_LOAD_FLAG}: {FAST_LOAD_WHY}")
+    if not lines[0].startswith("serve:"):  # stock vLLM's outputs need no plugin line: their first is labelled
+        lines[0] = "serve: " + lines[0].lstrip()
     return lines
 
 
