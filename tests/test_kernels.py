@@ -1093,14 +1093,14 @@ def test_mma2_order_runs_where_triton_builds_mma_sync(monkeypatch, cap, disabled
     if runs:
         moe.check_order("mma2", "bf16", torch.device("cuda"))
     else:
-        with pytest.raises(ValueError, match=r"mma2 order is mma\.sync's operand .*order rows") as e:
+        with pytest.raises(ValueError, match=r"mma2 order is mma\.sync's operand .*sm90-strided .*order rows") as e:
             moe.check_order("mma2", "bf16", torch.device("cuda"))
         assert "\n" not in str(e.value)
     # the wgmma order is the other way round: where Triton builds wgmma only
     if cap[0] == 9 and not disabled:
         moe.check_order("wgmma", "bf16", torch.device("cuda"))
     else:
-        with pytest.raises(ValueError, match=r"wgmma order is Hopper's .*order rows \(or mma2"):
+        with pytest.raises(ValueError, match=r"wgmma order is Hopper's .*sm121-strided \(the mma2 order.*order rows"):
             moe.check_order("wgmma", "bf16", torch.device("cuda"))
     # the GPU's own chunk order (what the plugin's advice names) is one check_order accepts: mma2 where it runs, wgmma
     # on sm_90, rows on sm_100 and the CPU
