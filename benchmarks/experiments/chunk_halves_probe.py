@@ -241,6 +241,33 @@ def _to_halves(stored):
     return flat.transpose(1, 2).contiguous().view(stored.shape)
 
 
+def _order_here() -> str:
+    """The chunk order this GPU's tiles run (wgmma on Hopper; mma2 where Triton builds mma.sync)."""
+    from peers import mma2_here, wgmma_here
+
+    order = "wgmma" if wgmma_here() else "mma2" if mma2_here() else None
+    if order is None:
+        raise SystemExit("no chunk order runs on this GPU")
+    return order
+
+
+def _moe_layer(experts: int, order: str, halves: bool):
+    """(the layer row-major, the same bytes in ``order`` -- split into halves for the halves tree --, fold): a random
+    120b-shaped layer of ``experts``, seeded, so that every tree gets the same weights."""
+    import torch
+    from common import moe_weights
+    from peers import HP, IP, H, ordered_layer
+
+    from mxrepack.kernels.dequant_mxfp4 import fits_fold
+
+    torch.manual_seed(0)
+    W = moe_weights(experts, H, 2880, HP, IP)
+    Wc = ordered_layer(W, order)
+    if halves:
+        Wc = dict(Wc, w13_weight=_to_halves(Wc["w13_weight"]), w2_weight=_to_halves(Wc["w2_weight"]))
+    return W, Wc, fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
+
+
 def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> None:
     # first: the tree PYTHONPATH names (the repository's or ``tree``'s copy), before benchmarks/common.py puts the
     # repository first on the path (submodules then come from the package imported here)
@@ -248,23 +275,15 @@ def time(out: str, ts: str = "64,512,2048,4096,8192", experts: str = "128") -> N
 
     tree_file = mxrepack.__file__
     import torch
-    from common import moe_decode_inputs, moe_reference, moe_weights
-    from peers import HP, IP, K_TOP, H, mma2_here, ordered_layer, rel_err, time_it, wgmma_here
+    from common import moe_decode_inputs, moe_reference
+    from peers import HP, IP, K_TOP, H, rel_err, time_it
 
-    from mxrepack.kernels.dequant_mxfp4 import fits_fold
     from mxrepack.kernels.moe_mxfp4 import moe_mxfp4, pick_moe
 
     halves = halves_here()
-    order = "wgmma" if wgmma_here() else "mma2" if mma2_here() else None
-    if order is None:
-        raise SystemExit("no chunk order runs on this GPU")
+    order = _order_here()
     E = int(experts)
-    torch.manual_seed(0)  # both trees time the same bytes
-    W = moe_weights(E, H, 2880, HP, IP)
-    fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
-    Wc = ordered_layer(W, order)
-    if halves:
-        Wc = dict(Wc, w13_weight=_to_halves(Wc["w13_weight"]), w2_weight=_to_halves(Wc["w2_weight"]))
+    W, Wc, fold = _moe_layer(E, order, halves)  # both trees time the same bytes
     meta = {
         "tree": read_here(),
         "mxrepack": tree_file,
@@ -345,27 +364,18 @@ def profile(t: str = "4096", experts: str = "32") -> None:
     import mxrepack  # first, as in time(): the tree PYTHONPATH names
 
     tree_file = mxrepack.__file__
-    import torch
-    from common import moe_decode_inputs, moe_weights
+    from common import moe_decode_inputs
     from ncu_moe_prefill import profile as profiled
-    from peers import HP, IP, K_TOP, H, mma2_here, ordered_layer, wgmma_here
+    from peers import K_TOP, H
 
-    from mxrepack.kernels.dequant_mxfp4 import fits_fold
     from mxrepack.kernels.moe_mxfp4 import moe_mxfp4
 
     halves = halves_here()
-    order = "wgmma" if wgmma_here() else "mma2" if mma2_here() else None
-    if order is None:
-        raise SystemExit("no chunk order runs on this GPU")
+    order = _order_here()
     print(f"tree {read_here()} ({tree_file}), order {order}", flush=True)
     runs = {}
     if t:
-        torch.manual_seed(0)
-        W = moe_weights(int(experts), H, 2880, HP, IP)
-        fold = fits_fold(W["w13_weight_scale"], W["w2_weight_scale"])
-        Wc = ordered_layer(W, order)
-        if halves:
-            Wc = dict(Wc, w13_weight=_to_halves(Wc["w13_weight"]), w2_weight=_to_halves(Wc["w2_weight"]))
+        _, Wc, fold = _moe_layer(int(experts), order, halves)
         x, ids, wts = moe_decode_inputs(int(t), int(experts), K_TOP, H)
         runs[f"moe T = {t}"] = lambda: moe_mxfp4(x, ids, wts, Wc, fold_scale=fold, order=order)
     for name, M, run, _ in _dense_cases(order, halves):
