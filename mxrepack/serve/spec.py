@@ -656,28 +656,25 @@ def serve_hint(
     if refusal:
         return [f"serve: no engine serves this output: {refusal}", f"       {UNSERVED_HOW}"]
     how, kernel = serving(target_layout, quantization_config, expert_options)
-    lines = []
-    if quantization_config in ("mxrepack", "compressed-tensors"):
-        lines.append('serve: pip install "mxrepack[vllm]"   (the vLLM plugin; vLLM ' + VLLM_SUPPORTED_TEXT + ")")
+    plugin = quantization_config in ("mxrepack", "compressed-tensors")  # stock vLLM serves the others
+    lines = ['pip install "mxrepack[vllm]"   (the vLLM plugin; vLLM ' + VLLM_SUPPORTED_TEXT + ")"] if plugin else []
     lines.append(
-        f"       vllm serve {out}"
+        f"vllm serve {out}"
         + ("   (no --quantization needed: config.json names the method)" if quantization_config == "mxrepack" else "")
     )
-    lines.append(f"       MoE kernel: {kernel}; one GPU (tensor parallelism 1)")
+    lines.append(f"MoE kernel: {kernel}; one GPU (tensor parallelism 1)")
     backend = EXPERT_BACKENDS.get(target_layout or "")
     if quantization_config == "mxrepack" and backend is not None and not backend.ran_here:
         lines.append(
-            "       that MoE kernel has not run on a GPU in mxrepack's checks (no such GPU lent): the stored experts "
-            "equal vLLM's own conversion for it, byte for byte"
+            "that MoE kernel has not run on a GPU in mxrepack's checks (no such GPU lent): the stored experts equal "
+            "vLLM's own conversion for it, byte for byte"
         )
     dense = dense_serving(dense_format, quantization_config, dense_order)
     if dense:
-        lines.append(f"       {dense}")
-    if quantization_config in ("mxrepack", "compressed-tensors"):
-        lines.append(f"       {FAST_LOAD_FLAG}: {FAST_LOAD_WHY}")
-    if not lines[0].startswith("serve:"):  # stock vLLM's outputs need no plugin line: their first is labelled
-        lines[0] = "serve: " + lines[0].lstrip()
-    return lines
+        lines.append(dense)
+    if plugin:
+        lines.append(f"{FAST_LOAD_FLAG}: {FAST_LOAD_WHY}")
+    return ["serve: " + lines[0], *("       " + line for line in lines[1:])]
 
 
 def hub_snapshot_identity(

@@ -285,13 +285,12 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
         from mxrepack.kernels.moe_mxfp4 import check_order, reserve_decode_counters
 
         self._check_loaded(layer)
-        order = self.spec.strided_order
-        check_kernel_device(layer.w2_weight.device, "this checkpoint's strided experts")
+        order, device = self.spec.strided_order, layer.w2_weight.device
+        check_kernel_device(device, "this checkpoint's strided experts")
         try:  # the chunk orders are one GPU family's MMA operand: refused at load elsewhere, not at the first step
-            check_order(order, "bf16", layer.w2_weight.device)
+            check_order(order, "bf16", device)
         except ValueError as e:
             raise MxRepackError(f"this checkpoint's experts are in the strided layout's {order} order: {e}") from None
-        device = layer.w2_weight.device
         native = native_order(device)
         if order == "rows" and native != "rows":  # the GPU's own chunk order served batches faster where it was timed
             advice = order_advice(order, native, device_capability(device)[0])
@@ -299,7 +298,7 @@ class StridedMoEMethod(_StoredExperts, FusedMoEMethodBase):
                 logger.info_once(advice)  # once, not a line per MoE layer (vLLM's info_once: local rank 0)
         # before vLLM captures its CUDA graphs: counters first allocated in a capture would never be zeroed. As much as
         # any call takes (the warm-up below included), kept among the layer's buffers for vLLM's sleep mode
-        keep_with(layer, reserve_decode_counters(layer.w2_weight.device, self.spec.hidden[1]))
+        keep_with(layer, reserve_decode_counters(device, self.spec.hidden[1]))
         # whether these experts take the folded decode, and with which shift (scales above 128): asked once here (a
         # synchronization), not per call. Scales written into the parameters after this (not through vLLM's
         # loading, which ends here again) go unchecked
