@@ -20,7 +20,7 @@ from typing import Optional
 
 import typer
 
-from mxrepack.errors import MxRepackError, require_folder
+from mxrepack.errors import MxRepackError, read_text, require_folder
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
@@ -363,13 +363,23 @@ def _write_atomic(path: Path, write) -> None:
     """``write(tmp)`` to a hidden sibling, then rename over ``path``: never a half-written result file."""
     import os
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _check_result_path(path)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        raise MxRepackError(f"{e.filename or path}: cannot write the result ({e.strerror or e})") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _check_result_path(path: Optional[Path]) -> None:
+    """Refuse, before the work, a result file path that names a folder: the result was computed (minutes for an
+    eval) and then lost with a traceback at the rename."""
+    if path is not None and path.is_dir():
+        raise MxRepackError(f"{path}: is a folder; expected a file path for the result (e.g. {path / 'result.json'})")
 
 
 def _write_json_file(path: Optional[Path], data: dict) -> None:
@@ -393,6 +403,7 @@ def eval_logits_cmd(
     from mxrepack.eval.logits import compare_logits
     from mxrepack.progress import ProgressBar
 
+    _check_result_path(output)
     with ProgressBar("eval logits", enabled=not as_json, unit="count") as progress:
         r = compare_logits(reference, candidate, text, ctx, max_tokens, progress=progress)
     _write_json_file(output, r)
@@ -444,6 +455,7 @@ def eval_gpqa_cmd(
     from mxrepack.progress import ProgressBar
 
     allowed_errors(max_errors, 1)  # a malformed value fails before a model is loaded
+    _check_result_path(output)
 
     if (local is None) == (base_url is None):
         raise MxRepackError("pass exactly one of --base-url URL (with --model) or --local PATH")
@@ -595,11 +607,12 @@ def eval_record_cmd(
     from mxrepack.eval.local import LocalChatModel
 
     require_folder(path)  # named as the checkpoint it is, not as a missing text in it
+    _check_result_path(out)
     text = text or path / "tasks" / "text.txt"
     if not text.is_file():  # before the model loads
         raise MxRepackError(f"{text}: no such text file; pass --text FILE")
     m = LocalChatModel(path)
-    ids = m.tokenizer.encode(text.read_text(), add_special_tokens=False).ids[:max_tokens]
+    ids = m.tokenizer.encode(read_text(text, "a text to run (--text)"), add_special_tokens=False).ids[:max_tokens]
     import torch
     from safetensors.torch import save_file
 
@@ -611,6 +624,7 @@ def eval_record_cmd(
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None  # the `repack` command itself, not a caller in this process (tests)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
         typo = _misspelled_subcommand(argv[0])
@@ -629,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = app(args=argv, prog_name="repack", standalone_mode=False)
         if rc == 130:  # typer turns KeyboardInterrupt (Ctrl-C, or SIGTERM / SIGHUP during a conversion) into 130
             typer.echo(INTERRUPTED, err=True)
+            _exit_on_next_interrupt(as_program)
         if isinstance(rc, int):
             return rc
     except MxRepackError as e:
@@ -636,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         typer.echo(INTERRUPTED, err=True)
+        _exit_on_next_interrupt(as_program)
         return 130
     except Exception as e:  # usage errors
         usage, leave, abort = _click_exceptions()
@@ -649,6 +665,14 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         raise
     return 0
+
+
+def _exit_on_next_interrupt(as_program: bool) -> None:
+    """After an interrupt has been reported (and the conversion undone), another Ctrl-C exits at once with 130:
+    pressed again while the interpreter shuts down (torch's finalizers), it printed a KeyboardInterrupt traceback
+    under the one-line error."""
+    if as_program:
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
 def _misspelled_subcommand(word: str) -> str | None:

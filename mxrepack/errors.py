@@ -22,3 +22,15 @@ def require_folder(path) -> None:
     file."""
     if not Path(path).is_dir():
         raise MxRepackError(f"{path}: {'not a folder' if Path(path).exists() else 'path does not exist'}")
+
+
+def read_text(path, what: str) -> str:
+    """The UTF-8 text of ``path``; one line naming it when it is missing, a folder, unreadable or not text."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MxRepackError(f"{path}: file does not exist; expected {what}") from None
+    except OSError as e:
+        raise MxRepackError(f"{path}: cannot read it ({e.strerror or e}); expected {what}") from None
+    except UnicodeDecodeError as e:
+        raise MxRepackError(f"{path}: not UTF-8 text (byte {e.start}); expected {what}") from None

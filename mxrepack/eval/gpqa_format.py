@@ -55,6 +55,16 @@ def read_rows(path: str | Path) -> list[dict]:
             rows = [dict(r) for r in reader]
     except FileNotFoundError:
         raise MxRepackError(f"{path}: file does not exist; expected a CSV in the gpqa_diamond.csv format") from None
+    except OSError as e:  # a folder, no permission
+        raise MxRepackError(
+            f"{path}: cannot read it ({e.strerror or e}); expected a CSV in the gpqa_diamond.csv format"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise MxRepackError(
+            f"{path}: not UTF-8 text (byte {e.start}); expected a CSV in the gpqa_diamond.csv format"
+        ) from None
+    except csv.Error as e:
+        raise MxRepackError(f"{path}: not a readable CSV ({e}); expected the gpqa_diamond.csv format") from None
     if not rows:
         raise MxRepackError(f"{path}: no rows")
     return rows

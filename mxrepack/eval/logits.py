@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mxrepack.errors import MxRepackError, require_folder
+from mxrepack.errors import MxRepackError, read_text, require_folder
 from mxrepack.eval.local import LocalChatModel
 from mxrepack.progress import Progress
 from mxrepack.serve.spec import weights_identity
@@ -58,7 +58,7 @@ def compare_logits(
     sizes = (ref_model.runner.d.vocab, cand_model.runner.d.vocab)
     if sizes[0] != sizes[1]:  # logits of two models' vocabularies do not compare
         raise MxRepackError(f"{cand}: vocabulary of {sizes[1]} tokens, where the reference {ref} has {sizes[0]}")
-    raw = text_path.read_text()
+    raw = read_text(text_path, "a text to score (--text)")
     ids = ref_model.tokenizer.encode(raw, add_special_tokens=False).ids[:max_tokens]
     if len(ids) < 2:
         raise MxRepackError(f"{text_path}: fewer than 2 tokens")

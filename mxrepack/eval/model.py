@@ -78,13 +78,20 @@ def _load_output(path: Path) -> GptOssWeights:
     dims = manifest.source_dims
     if dims:  # the logical sizes (a target may pad intermediate_size in its config)
         config["intermediate_size"] = dims["intermediate"]
-    d = Dims.from_config(config)
+    from mxrepack.repack.source import config_dims
+
+    d = config_dims(config, path / "config.json")  # a size missing or not a number: one line naming the file
     check_experts_written_by(recipe.expert_layout, recipe.expert_options, manifest.written_by)  # before any read
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
     stored = read_directory(path)
     dense_layout = recipe.dense_layout
     dense, experts, mx = {}, {}, {}
     per_layer: dict[int, dict[str, list]] = {}
+    absent = next((name for name in manifest.tensors if name not in stored), None)
+    if absent is not None:
+        raise MxRepackError(
+            f"{path}: tensor '{absent}' of the manifest is in none of its shards; `repack verify {path}` says more"
+        )
     for name, entry in manifest.tensors.items():
         t = stored[name]
         if ".mlp.experts." in name:

@@ -163,20 +163,21 @@ def build_report(
     gate: dict | None = None,
 ) -> dict:
     from mxrepack.errors import MxRepackError
-    from mxrepack.repack.output import check_manifest_digest, load_manifest
+    from mxrepack.repack.output import check_manifest_digest, load_manifest, manifest_fields_problem
     from mxrepack.repack.source import load_json
 
     report: dict = {"model": None, "quantization_error": {}, "gpqa": [], "logits": None, "gate": gate}
     if model_dir:
         manifest = load_manifest(Path(model_dir))
         problem, _ = check_manifest_digest(Path(model_dir), manifest)  # its error figures go into the report
+        problem = problem or manifest_fields_problem(Path(model_dir), manifest)
         if problem:
             raise MxRepackError(problem)
         report["model"] = {
             "path": str(model_dir),
             "target": manifest["target"]["name"],
             "source": manifest["source"].get("repo_id") or manifest["source"].get("path"),
-            "tool": manifest["tool"],
+            "tool": manifest.get("tool") or {},
         }
         report["quantization_error"] = manifest.get("quantization_error", {})
     for path in gpqa:

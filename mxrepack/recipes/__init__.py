@@ -243,6 +243,10 @@ def load_recipe(target: str | None = None, path: str | Path | None = None) -> Re
             data = yaml.safe_load(p.read_text())
         except FileNotFoundError:
             raise MxRepackError(f"recipe {p}: file does not exist") from None
+        except OSError as e:  # a folder, no permission
+            raise MxRepackError(f"recipe {p}: cannot read it ({e.strerror or e}); expected a YAML file") from None
+        except UnicodeDecodeError as e:
+            raise MxRepackError(f"recipe {p}: not UTF-8 text (byte {e.start}); expected a YAML file") from None
         except yaml.YAMLError as e:
             raise MxRepackError(f"recipe {p}: not valid YAML ({str(e).splitlines()[0]})") from None
         data = _check(data, str(p))

@@ -185,6 +185,31 @@ def make_fixture(
     if layout not in ("hf", "original"):
         raise MxRepackError(f"unknown fixture layout {layout!r}; valid: hf, original")
     out = Path(out)
+    config = fixture_config(preset, layers, **overrides)
+    if not (out.exists() or out.is_symlink()):
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MxRepackError(f"{out.parent}: cannot create the folder ({e.strerror or e})") from None
+    # One writer per path, as for a conversion (the same lock file): a second make-fixture would remove the first's
+    # temporary folder under it and write its files into the other's.
+    from mxrepack.repack.destination import OutputLock
+
+    with OutputLock(out.absolute()):
+        return _make_fixture_locked(out, config, preset, layers, seed, layout, shard_bytes, overwrite, chunk_bytes)
+
+
+def _make_fixture_locked(
+    out: Path,
+    config: dict,
+    preset: str,
+    layers: int | None,
+    seed: int,
+    layout: str,
+    shard_bytes: int,
+    overwrite: bool,
+    chunk_bytes: int,
+) -> Path:
     if out.exists() or out.is_symlink():
         if not overwrite:
             raise MxRepackError(f"{out}: already exists; pass --overwrite to replace it")
@@ -194,7 +219,6 @@ def make_fixture(
                 f"{out}: --overwrite only replaces a fixture made by `repack make-fixture`, and "
                 f"{problem}; remove it yourself or choose another path"
             )
-    config = fixture_config(preset, layers, **overrides)
     d = gptoss.Dims.from_config(config)
     expected = gptoss.expected_tensors(d)
     if layout == "hf":

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from mxrepack import gptoss
 from mxrepack.errors import MxRepackError
-from mxrepack.repack.output import MANIFEST
+from mxrepack.repack.output import MANIFEST, MANIFEST_KIND
 from mxrepack.repack.safetensors_io import dtype_name, read_header
-from mxrepack.repack.source import config_dims, resolve
+from mxrepack.repack.source import config_dims, load_json, resolve
 
 CONFIG_KEYS = (
     "num_hidden_layers",
@@ -32,13 +32,22 @@ def inspect_checkpoint(source: str) -> dict:
     if not files:
         raise MxRepackError(f"{root}: no *.safetensors files")
     config_path = root / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    # a folder without a config is described all the same; a config or manifest that is there but unreadable is
+    # one line naming it (load_json)
+    config = load_json(config_path, "model config (config.json)") if config_path.exists() else {}
     original = "model_type" not in config and "num_experts" in config
     if original:
         config = gptoss.hf_config_from_original(config)
     d = config_dims(config, config_path) if "num_local_experts" in config else None
     manifest_path = root / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    manifest = load_json(manifest_path, "mxrepack manifest") if manifest_path.exists() else None
+    if manifest is not None and manifest.get("format") != MANIFEST_KIND:
+        raise MxRepackError(f"{manifest_path}: not an mxrepack manifest (format={manifest.get('format')!r})")
+    target = manifest.get("target") if manifest else None
+    if manifest is not None and not (isinstance(target, dict) and isinstance(target.get("recipe"), dict)):
+        raise MxRepackError(f"{manifest_path}: incomplete manifest: no target and recipe; re-run repack")
+    qc = config.get("quantization_config")
+    qc = qc if isinstance(qc, dict) else {}
 
     components: dict[str, dict] = defaultdict(lambda: {"tensors": 0, "bytes": 0, "dtypes": set()})
     total = 0
@@ -54,14 +63,12 @@ def inspect_checkpoint(source: str) -> dict:
             c["dtypes"].add(dtype_name(info.dtype))
             total += info.nbytes
     if manifest:
-        fmt = (
-            f"mxrepack target '{manifest['target']['name']}' "
-            f"(experts: {manifest['target']['recipe']['experts']['layout']})"
-        )
-    elif config.get("quantization_config", {}).get("quant_method") == "mxfp4":
+        experts = (target["recipe"].get("experts") or {}).get("layout", "?")
+        fmt = f"mxrepack target '{target.get('name', '?')}' (experts: {experts})"
+    elif qc.get("quant_method") == "mxfp4":
         fmt = "native gpt-oss MXFP4 (" + ("original/ layout" if original else "Hugging Face layout") + ")"
     elif config.get("quantization_config"):
-        fmt = f"quantized ({config['quantization_config'].get('quant_method', 'unknown')})"
+        fmt = f"quantized ({qc.get('quant_method', 'unknown')})"
     else:
         fmt = "unquantized (no quantization_config)"
     return {
@@ -72,7 +79,11 @@ def inspect_checkpoint(source: str) -> dict:
         "files": len(files),
         "total_bytes": total,
         "components": {k: {**v, "dtypes": sorted(v["dtypes"])} for k, v in sorted(components.items())},
-        "manifest": {"target": manifest["target"]["name"], "tool": manifest["tool"], "created": manifest["created"]}
+        "manifest": {
+            "target": target.get("name"),
+            "tool": manifest["tool"] if isinstance(manifest.get("tool"), dict) else {},
+            "created": manifest.get("created"),
+        }
         if manifest
         else None,
         "missing_shards": _missing_shards(root),
@@ -85,9 +96,9 @@ def _missing_shards(root: Path) -> list[str]:
     index = root / "model.safetensors.index.json"
     try:
         listed = set(json.loads(index.read_text()).get("weight_map", {}).values())
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         return []
-    return sorted(name for name in listed if not (root / name).is_file())
+    return sorted(name for name in listed if isinstance(name, str) and not (root / name).is_file())
 
 
 def format_report(r: dict) -> str:
@@ -102,7 +113,7 @@ def format_report(r: dict) -> str:
     for name, c in r["components"].items():
         lines.append(f"    {name:<11} {c['tensors']:>5} tensors {c['bytes'] / 1e6:>12.2f} MB  {'/'.join(c['dtypes'])}")
     if r["manifest"]:
-        lines.append(f"  made by mxrepack {r['manifest']['tool']['mxrepack']} on {r['manifest']['created']}")
+        lines.append(f"  made by mxrepack {r['manifest']['tool'].get('mxrepack', '?')} on {r['manifest']['created']}")
     if r["missing_shards"]:
         missing = r["missing_shards"]
         lines.append(

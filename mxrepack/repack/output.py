@@ -193,22 +193,64 @@ def load_manifest(directory: str | Path) -> dict:
 
 
 def read_manifest(directory: str | Path) -> Manifest:
-    """:func:`load_manifest` as a :class:`Manifest`."""
-    return Manifest(load_manifest(directory))
+    """:func:`load_manifest` as a :class:`Manifest`, its fields checked (:func:`manifest_fields_problem`)."""
+    manifest = load_manifest(directory)
+    problem = manifest_fields_problem(directory, manifest)
+    if problem:
+        raise MxRepackError(problem)
+    return Manifest(manifest)
+
+
+def manifest_fields_problem(directory: str | Path, manifest: dict) -> str | None:
+    """Why ``manifest`` lacks what reading the output needs (target and recipe, source, tensors, files), or None.
+    A sealed manifest that passes :func:`check_manifest_digest` has them all; one without a digest (format 1) or
+    one a user cut may not, and would otherwise fail on the first missing key."""
+    path = Path(directory) / MANIFEST
+    target, source = manifest.get("target"), manifest.get("source")
+    if not isinstance(target, dict) or not all(k in target for k in ("name", "recipe", "recipe_source")):
+        return f"{path}: incomplete manifest: no target name, recipe and recipe_source; re-run repack"
+    if not isinstance(source, dict):
+        return f"{path}: incomplete manifest: no source; re-run repack"
+    for key, fields in (("tensors", ("file", "stored_shape", "layout")), ("files", ("sha256", "size"))):
+        entries = manifest.get(key)
+        if not isinstance(entries, dict):
+            return f"{path}: incomplete manifest: no {key}; re-run repack"
+        bad = next((n for n, e in entries.items() if not isinstance(e, dict) or any(f not in e for f in fields)), None)
+        if bad is not None:
+            return f"{path}: incomplete manifest: {key} entry {bad!r} lacks {' or '.join(fields)}; re-run repack"
+    return None
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MxRepackError(f"{path}: missing; expected the {what}") from None
+    except OSError as e:
+        raise MxRepackError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MxRepackError(f"{path}: the {what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise MxRepackError(f"{path}: expected a JSON object for the {what}")
+    return data
 
 
 def read_weight_map(directory: str | Path, missing_ok: bool = False) -> dict[str, str]:
-    """The index's tensor -> shard map (``{}`` for a missing index where ``missing_ok``)."""
+    """The index's tensor -> shard map (``{}`` for a missing index where ``missing_ok``); one line for an index that
+    is not JSON or has no ``weight_map`` of file names."""
     path = Path(directory) / INDEX
     if missing_ok and not path.is_file():
         return {}
-    return json.loads(path.read_text())["weight_map"]
+    weight_map = _read_json(path, "shard index").get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise MxRepackError(f"{path}: no weight_map of tensor -> file name")
+    return weight_map
 
 
 def read_config(directory: str | Path) -> dict:
     """The output's ``config.json`` as written (with a padded ``intermediate_size`` where a layout pads it; the
     logical sizes are :attr:`Manifest.source_dims`)."""
-    return json.loads((Path(directory) / CONFIG).read_text())
+    return _read_json(Path(directory) / CONFIG, "model config")
 
 
 @dataclass(frozen=True)

@@ -325,11 +325,6 @@ def _convert(
     hash_futures = ck.hash_files_async() if hash_source else {}
     _stale_temp_dirs(out)
     tmp = out.parent / f".{out.name}.mxrepack-tmp-{os.getpid()}"
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise MxRepackError(f"{out.parent}: cannot write the output here ({e.strerror or e})") from None
     # SIGTERM and SIGHUP (a closed terminal) unwind like Ctrl-C so the finally below removes the temporary directory;
     # one the user set to be ignored stays so (`nohup repack ...` is how a long conversion outlives its terminal)
     previous = {
@@ -342,7 +337,12 @@ def _convert(
             signal.signal(sig, signal.default_int_handler)
     except ValueError:  # not in the main thread
         previous = {}
-    try:
+    try:  # the folder is made inside: an interrupt right after it is made still removes it
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as e:
+            raise MxRepackError(f"{out.parent}: cannot write the output here ({e.strerror or e})") from None
         weight_map, files = _write_weights(tmp, plan, shard_bytes, chunk_bytes, progress)
         total_size = sum(i.nbytes for i in plan)
         write_index(tmp, weight_map, total_size)
@@ -366,10 +366,37 @@ def _convert(
         where = e.filename or tmp
         raise MxRepackError(f"{where}: write failed ({e.strerror or e}); is the disk full?") from None
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_held_off(tmp, previous)
     return manifest, files, report
+
+
+def _remove_held_off(tmp: Path, previous: dict) -> None:
+    """Remove the temporary directory with Ctrl-C, SIGTERM and SIGHUP held off, then put back the handlers the
+    conversion replaced (``previous``). A second Ctrl-C (pressed again because the first seemed slow) used to
+    interrupt the removal itself and leave gigabytes of a half-written output beside the path until the next run;
+    a signal that comes meanwhile is dropped: the conversion is already being undone (or has finished)."""
+    held: dict = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            handler = signal.getsignal(sig)
+            if handler is None or handler is signal.SIG_IGN:  # set outside Python, or ignored: left alone
+                continue
+            held[sig] = previous.get(sig, handler)
+            signal.signal(sig, _drop_signal)
+    except ValueError:  # not in the main thread: signals go to the main thread's handlers
+        pass
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for sig, handler in previous.items():  # ones skipped above
+            if sig not in held:
+                signal.signal(sig, handler)
+
+
+def _drop_signal(signum, frame) -> None:
+    pass
 
 
 def repack(

@@ -80,18 +80,20 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     base, header, size = raw_header(path)
     metadata = header.pop("__metadata__", None) or {}
     infos: dict[str, TensorInfo] = {}
-    end_max = 0
     for name, entry in header.items():
         try:
             dtype = DTYPES[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
+            shape = tuple(entry["shape"])
+            begin, end = entry["data_offsets"]
+            if not all(_is_count(x) for x in (*shape, begin, end)):  # 2.5 or -4 is no size or offset
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise MxRepackError(
-                f"{path}: tensor '{name}' has a malformed or unsupported header entry {entry!r}"
+                f"{path}: tensor '{name}' has a malformed or unsupported header entry {entry!r} (expected a "
+                "known dtype, a shape of non-negative integers and two non-negative data_offsets)"
             ) from None
         expected = math.prod(shape) * dtype_size(dtype)
-        if end - begin != expected or begin < 0:
+        if end - begin != expected:
             raise MxRepackError(
                 f"{path}: tensor '{name}' spans {end - begin} bytes, "
                 f"expected {expected} for {entry['dtype']} {list(shape)}"
@@ -99,8 +101,20 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         if base + end > size:
             raise MxRepackError(f"{path}: truncated: tensor '{name}' ends at byte {base + end}, file has {size}")
         infos[name] = TensorInfo(path, name, dtype, shape, base + begin, expected)
-        end_max = max(end_max, end)
+    # Two tensors sharing bytes is a corrupted header (the official parser refuses it too): each would read the
+    # other's data without a word.
+    spans = sorted((i.start, i.start + i.nbytes, n) for n, i in infos.items() if i.nbytes)
+    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise MxRepackError(
+                f"{path}: corrupted safetensors header: tensors '{a}' and '{b}' overlap (bytes {begin_b - base}.."
+                f"{end_a - base} of the data belong to both)"
+            )
     return infos, metadata
+
+
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python names it from 3.13
@@ -410,16 +424,22 @@ def read_directory(directory: Path) -> dict[str, torch.Tensor]:
     ``*.safetensors`` files when it has none. For tests and the tiny-model runner, not for streaming."""
     from safetensors.torch import load_file
 
+    from mxrepack.repack.output import read_weight_map
+
     directory = Path(directory)
     index = directory / "model.safetensors.index.json"
     files = (
-        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        sorted(set(read_weight_map(directory).values()))
         if index.is_file()
         else sorted(p.name for p in directory.glob("*.safetensors"))
     )
     out: dict[str, torch.Tensor] = {}
     for fname in files:
-        out.update(load_file(str(directory / fname)))
+        try:
+            out.update(load_file(str(directory / fname)))
+        except Exception as e:  # missing, a folder, truncated, a corrupted header: safetensors' own words
+            reason = str(e) or type(e).__name__
+            raise MxRepackError(f"{directory / fname}: cannot read it as safetensors ({reason})") from None
     return out
 
 

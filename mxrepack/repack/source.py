@@ -39,11 +39,15 @@ class SourceTensor:
 
     @property
     def rows(self) -> int:
+        if not self.info.shape:  # a scalar: one "row" of its bytes; validate refuses it where a vector belongs
+            return 1
         stop = self.info.shape[0] if self.row_stop is None else self.row_stop
         return stop - self.row_start
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if not self.info.shape:
+            return ()
         return (self.rows, *self.info.shape[1:])
 
     @property
@@ -167,6 +171,8 @@ def load_json(path: Path, what: str) -> dict:
             data = json.load(f)
     except FileNotFoundError:
         raise MxRepackError(f"{path}: missing; expected the {what}") from None
+    except OSError as e:  # a folder of that name, no permission
+        raise MxRepackError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MxRepackError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
@@ -254,9 +260,12 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
     headers = {f: read_header(f)[0] for f in files}
     tensors: dict[str, SourceTensor] = {}
     found_in: dict[str, Path] = {}
+    unindexed: dict[str, Path] = {}  # in a shard, but the index does not list it at all
     for f in files:
         for name, info in headers[f].items():
-            if where is not None and where.get(name) != f.name:
+            if where is not None and where.get(name) != f.relative_to(root).as_posix():
+                if name not in where:
+                    unindexed.setdefault(name, f)
                 continue  # the index assigns this name elsewhere
             if name in found_in:  # no index: a stale or stray file (a partial download, recorded activations)
                 raise MxRepackError(
@@ -267,14 +276,22 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
             if layout == "hf":
                 tensors[name] = SourceTensor(name, info)
             else:
-                for canonical, start, stop in gptoss.original_to_canonical(name, dims):
+                parts = gptoss.original_to_canonical(name, dims)
+                fused = max((stop for _, _, stop in parts if stop is not None), default=None)
+                if fused is not None and (not info.shape or info.shape[0] != fused):
+                    # q, k and v are row ranges of it: other rows would be read past or silently left out
+                    raise MxRepackError(
+                        f"{f}: tensor '{name}' has shape {list(info.shape)}, expected {fused} rows (q, k and v "
+                        f"fused: {dims.heads * dims.head_dim} + 2 x {dims.kv_heads * dims.head_dim} from config.json)"
+                    )
+                for canonical, start, stop in parts:
                     tensors[canonical] = SourceTensor(canonical, info, start, stop)
     if where is not None:
         for name, shard in where.items():
             if name not in headers[root / shard]:
                 raise MxRepackError(f"{root / shard}: index lists tensor '{name}' but the file does not contain it")
     ck = Checkpoint(root, layout, config, tensors, files, origin)
-    validate(ck)
+    validate(ck, unindexed)
     return ck
 
 
@@ -328,10 +345,19 @@ def _shard_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
         weight_map = load_json(index, "safetensors index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise MxRepackError(f"{index}: no weight_map")
+        for name, shard in weight_map.items():
+            # a file name inside the folder: a number or null is no file, and ../x would read (and count as the
+            # source) a file of another folder
+            if not isinstance(shard, str) or not shard or Path(shard).is_absolute() or ".." in Path(shard).parts:
+                raise MxRepackError(
+                    f"{index}: tensor '{name}' maps to {shard!r}; expected the name of a .safetensors file in {root}"
+                )
+        weight_map = {name: Path(shard).as_posix() for name, shard in weight_map.items()}  # ./a -> a
         shards = sorted(set(weight_map.values()))
         for s in shards:
             if not (root / s).is_file():
-                raise MxRepackError(f"{root / s}: shard listed in {index.name} is missing")
+                what = "is not a file" if (root / s).exists() else "is missing"
+                raise MxRepackError(f"{root / s}: shard listed in {index.name} {what}")
         return [root / s for s in shards], weight_map
     files = sorted(root.glob("*.safetensors"))
     if not files:
@@ -339,11 +365,17 @@ def _shard_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     return files, None
 
 
-def validate(ck: Checkpoint) -> None:
-    """Every expected tensor present with the right shape and dtype; MX scales match their blocks."""
+def validate(ck: Checkpoint, unindexed: dict[str, Path] | None = None) -> None:
+    """Every expected tensor present with the right shape and dtype; MX scales match their blocks. ``unindexed``:
+    tensors found in a shard that the folder's index does not list (named as such when one is missing)."""
     expected = gptoss.expected_tensors(ck.dims)
     for name, (shape, kind) in expected.items():
         t = ck.tensors.get(name)
+        if t is None and unindexed and name in unindexed:
+            raise MxRepackError(
+                f"{ck.root / 'model.safetensors.index.json'}: does not list tensor '{name}', which is in "
+                f"{unindexed[name].name}; the index is incomplete"
+            )
         if t is None:
             raise MxRepackError(f"{ck.root}: tensor '{name}' is missing (expected {kind} of shape {list(shape)})")
         where = f"{t.info.file}: tensor '{name}'"
@@ -356,6 +388,9 @@ def validate(ck: Checkpoint) -> None:
         if tuple(t.shape) != tuple(shape):
             raise MxRepackError(f"{where}: shape {list(t.shape)}, expected {list(shape)} from config.json")
         allowed = gptoss.KIND_DTYPES[kind]
+        if ".mlp.experts." in name and kind == "vector":
+            # the expert layouts store BF16 (or FP32 widened from it) biases: an F32 source one would be rounded
+            allowed = (torch.bfloat16,)
         if t.dtype not in allowed:
             raise MxRepackError(
                 f"{where}: dtype {dtype_name(t.dtype)}, expected {' or '.join(dtype_name(a) for a in allowed)}"

@@ -26,6 +26,7 @@ from mxrepack.repack.output import (  # noqa: F401 (re-exported, below)
     check_manifest_digest,
     load_manifest,
     manifest_digest,
+    manifest_fields_problem,
     read_weight_map,
     seal_manifest,
     unlisted_files,
@@ -202,14 +203,16 @@ def verify_dir(
     manifest = load_manifest(directory)
     problem, warning = check_manifest_digest(directory, manifest)
     warnings = [warning] if warning else []
+    if not problem:  # an unsealed (format 1) manifest cut short: one line, not the first missing key's traceback
+        problem = manifest_fields_problem(directory, manifest)
     if not problem:  # strided bytes this mxrepack reads otherwise: one line, not a source mismatch per tensor
         problem = _unreadable_layout(directory, Manifest(manifest))
     if problem:  # nothing else it says can be trusted
         return {
             "ok": False,
             "directory": str(directory),
-            "files": len(manifest.get("files") or {}),
-            "tensors": len(manifest.get("tensors") or {}),
+            "files": len(manifest.get("files") or {}) if isinstance(manifest.get("files"), dict) else 0,
+            "tensors": len(manifest.get("tensors") or {}) if isinstance(manifest.get("tensors"), dict) else 0,
             "checksums": checksums,
             "source_checked": False,
             "groups_compared": 0,
@@ -234,9 +237,13 @@ def verify_dir(
     for path in unlisted_files(directory, manifest):
         problems.append(f"{path}: not listed in the manifest (mxrepack did not write it); move it out of the output")
     index_path = directory / INDEX
-    weight_map = read_weight_map(directory, missing_ok=True)
-    if not weight_map:
-        problems.append(f"{index_path}: missing or empty")
+    try:
+        weight_map = read_weight_map(directory, missing_ok=True)
+        if not weight_map:
+            problems.append(f"{index_path}: missing or empty")
+    except MxRepackError as e:  # not JSON, no weight_map (its size or sha256 differs too, said above)
+        weight_map = {}
+        problems.append(str(e))
     for name, entry in manifest["tensors"].items():
         if weight_map.get(name) != entry["file"]:
             problems.append(f"{index_path}: tensor '{name}' should map to {entry['file']}")

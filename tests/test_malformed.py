@@ -1,0 +1,347 @@
+"""Malformed inputs and interrupted runs (an audit's findings): each is one line naming the file or tensor, never a
+traceback; nothing half-written is left beside the output; one writer per path."""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mxrepack.errors import MxRepackError
+from mxrepack.repack.pipeline import repack
+
+
+def _shard(d: Path) -> Path:
+    return d / "model-00000-of-00000.safetensors"
+
+
+def _rewrite_header(path: Path, change) -> None:
+    """``change(header)`` on a safetensors file's header, the data kept where it is (offsets are relative to it)."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    change(header)
+    new = json.dumps(header).encode()
+    new += b" " * (-(len(new) + 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
+
+
+def _index(d: Path, change) -> None:
+    path = d / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    change(index["weight_map"])
+    path.write_text(json.dumps(index))
+
+
+def _bad_overlap(d):
+    def change(h):  # lm_head reads the embeddings' bytes: the same shape and dtype, so sizes agree
+        h["lm_head.weight"]["data_offsets"] = h["model.embed_tokens.weight"]["data_offsets"]
+
+    _rewrite_header(_shard(d), change)
+    return "corrupted safetensors header: tensors 'lm_head.weight' and 'model.embed_tokens.weight' overlap"
+
+
+def _bad_negative_offset(d):
+    def change(h):
+        begin, end = h["model.norm.weight"]["data_offsets"]
+        h["model.norm.weight"]["data_offsets"] = [-2, end - begin - 2]
+
+    _rewrite_header(_shard(d), change)
+    return "tensor 'model.norm.weight' has a malformed or unsupported header entry"  # was "spans 576, expected 576"
+
+
+def _bad_fractional_shape(d):
+    _rewrite_header(_shard(d), lambda h: h["model.norm.weight"].update(shape=[288.5]))  # was read as 288
+    return "tensor 'model.norm.weight' has a malformed or unsupported header entry"
+
+
+def _bad_scalar_vector(d):
+    def change(h):
+        begin, _ = h["model.layers.0.self_attn.sinks"]["data_offsets"]
+        h["model.layers.0.self_attn.sinks"].update(shape=[], data_offsets=[begin, begin + 2])
+
+    _rewrite_header(_shard(d), change)  # was an IndexError traceback
+    return "tensor 'model.layers.0.self_attn.sinks': shape [], expected [4] from config.json"
+
+
+def _bad_index_value(d):
+    _index(d, lambda wm: wm.update({"lm_head.weight": 5}))  # was a TypeError traceback (sorting int and str)
+    return "model.safetensors.index.json: tensor 'lm_head.weight' maps to 5; expected the name of a .safetensors file"
+
+
+def _bad_index_outside(d):
+    _index(d, lambda wm: wm.update({"lm_head.weight": "../elsewhere.safetensors"}))
+    return "tensor 'lm_head.weight' maps to '../elsewhere.safetensors'; expected the name of a .safetensors file in"
+
+
+def _bad_index_incomplete(d):
+    _index(d, lambda wm: wm.pop("model.norm.weight"))  # was "tensor 'model.norm.weight' is missing"
+    return (
+        "model.safetensors.index.json: does not list tensor 'model.norm.weight', which is in "
+        "model-00000-of-00000.safetensors; the index is incomplete"
+    )
+
+
+def _bad_shard_is_a_folder(d):
+    _shard(d).unlink()
+    _shard(d).mkdir()
+    return "model-00000-of-00000.safetensors: shard listed in model.safetensors.index.json is not a file"
+
+
+def _bad_config_is_a_folder(d):
+    (d / "config.json").unlink()
+    (d / "config.json").mkdir()  # was an IsADirectoryError traceback
+    return "config.json: cannot read the model config (config.json) (Is a directory)"
+
+
+def _bad_f32_expert_bias(d):
+    # an F32 expert bias was accepted, then a RuntimeError traceback (mxfp4, sm120/sm121) or a failed verify
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(_shard(d))
+    name = "model.layers.1.mlp.experts.down_proj_bias"
+    tensors[name] = tensors[name].float()
+    save_file(tensors, _shard(d), metadata={"format": "pt"})
+    return f"tensor '{name}': dtype F32, expected BF16"
+
+
+BAD = [
+    _bad_overlap,
+    _bad_negative_offset,
+    _bad_fractional_shape,
+    _bad_scalar_vector,
+    _bad_index_value,
+    _bad_index_outside,
+    _bad_index_incomplete,
+    _bad_shard_is_a_folder,
+    _bad_config_is_a_folder,
+    _bad_f32_expert_bias,
+]
+
+
+@pytest.mark.parametrize("damage", BAD, ids=lambda f: f.__name__[5:])
+def test_malformed_source_is_one_line_and_leaves_nothing(tiny, copy_of, tmp_path, damage):
+    src = copy_of(tiny)
+    message = damage(src)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mxrepack.cli", str(src), "--target", "mxfp4", "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert message in lines[0], lines[0]
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+@pytest.mark.parametrize("rows", [-8, 8], ids=["too few", "too many"])
+def test_original_fused_qkv_rows_must_match_the_config(tiny_original, copy_of, rows):
+    """q, k and v are row ranges of the fused tensor: too few rows was a ValueError traceback at the read, too many
+    were dropped without a word (and a 0-dim qkv bias read bytes of the tensors after it)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from mxrepack.repack.source import open_checkpoint
+
+    src = copy_of(tiny_original)
+    name = "block.0.attn.qkv.weight"
+    tensors = load_file(_shard(src))
+    qkv = tensors[name]
+    tensors[name] = qkv[:rows].contiguous() if rows < 0 else torch.cat([qkv, qkv[:rows]])
+    save_file(tensors, _shard(src), metadata={"format": "pt"})
+    with pytest.raises(MxRepackError, match=rf"tensor '{name}' has shape \[\d+, 288\], expected 256 rows \(q, k and v"):
+        open_checkpoint(str(src))
+
+
+def _output(tiny, tmp_path) -> Path:
+    return repack(str(tiny), "mxfp4", tmp_path / "out").out
+
+
+def test_damaged_output_index_is_one_line_for_verify_push_and_eval(tiny, tmp_path):
+    from mxrepack.eval.model import load_weights
+    from mxrepack.repack.verify import verify_dir
+
+    out = _output(tiny, tmp_path)
+    (out / "model.safetensors.index.json").write_text("{")  # was a JSONDecodeError traceback in all three
+    report = verify_dir(out, checksums=True, source=False)
+    assert not report["ok"] and any("index.json: the shard index is not valid JSON" in p for p in report["problems"])
+    for args in (["verify", str(out)], ["push", str(out), "--repo-id", "me/x", "--dry-run"]):
+        proc = subprocess.run([sys.executable, "-m", "mxrepack.cli", *args], capture_output=True, text=True)
+        assert proc.returncode == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    with pytest.raises(MxRepackError, match="index.json: the shard index is not valid JSON"):
+        load_weights(out)
+    (out / "model.safetensors.index.json").write_text("{}")  # was a KeyError
+    with pytest.raises(MxRepackError, match="index.json: no weight_map of tensor -> file name"):
+        load_weights(out)
+
+
+@pytest.mark.parametrize("damage", ["truncated shard", "missing shard", "config not JSON"])
+def test_eval_reading_a_damaged_output_is_one_line(tiny, tmp_path, damage):
+    """`eval logits/gpqa --local/serve` read an output without verifying it: a damaged one was a safetensors or JSON
+    traceback."""
+    from mxrepack.eval.model import load_weights
+
+    out = _output(tiny, tmp_path)
+    shard = next(out.glob("model-*.safetensors"))
+    if damage == "truncated shard":
+        shard.write_bytes(shard.read_bytes()[:1000])
+        match = f"{shard.name}: cannot read it as safetensors"
+    elif damage == "missing shard":
+        shard.unlink()
+        match = f"{shard.name}: cannot read it as safetensors"
+    else:
+        (out / "config.json").write_text("{")
+        match = "config.json: the model config is not valid JSON"
+    with pytest.raises(MxRepackError, match=match):
+        load_weights(out)
+
+
+def _unsealed(out: Path, keep: set[str]) -> None:
+    """Cut the manifest to ``keep`` as a format 1 one (no digest: what verify accepts with a warning)."""
+    m = json.loads((out / "mxrepack.json").read_text())
+    cut = {k: v for k, v in m.items() if k in keep} | {"format": "mxrepack-manifest", "format_version": 1}
+    (out / "mxrepack.json").write_text(json.dumps(cut))
+
+
+def test_incomplete_unsealed_manifest_is_one_line(tiny, tmp_path):
+    from mxrepack.eval.model import load_weights
+    from mxrepack.repack.inspect import inspect_checkpoint
+    from mxrepack.repack.verify import verify_dir
+
+    out = _output(tiny, tmp_path)
+    _unsealed(out, {"target", "source", "tensors", "tool", "created"})  # no files: verify's KeyError
+    report = verify_dir(out, checksums=True, source=False)
+    assert not report["ok"] and report["problems"] == [
+        f"{out / 'mxrepack.json'}: incomplete manifest: no files; re-run repack"
+    ]
+    with pytest.raises(MxRepackError, match="incomplete manifest: no files"):
+        load_weights(out)
+    _unsealed(out, set())  # no target: KeyErrors in verify, eval, inspect and the report
+    assert "no target name, recipe and recipe_source" in verify_dir(out, source=False)["problems"][0]
+    with pytest.raises(MxRepackError, match="incomplete manifest: no target"):
+        inspect_checkpoint(str(out))
+    proc = subprocess.run(
+        [sys.executable, "-m", "mxrepack.cli", "eval", "report", "--out", str(tmp_path / "rep"), "--model", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and "incomplete manifest: no target" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (b"{", "config.json: not valid JSON"),
+        (b"\xff\xfe", "config.json: not valid JSON"),
+        (b"[1]", "config.json: expected a JSON object"),
+    ],
+)
+def test_inspect_with_an_unreadable_config_is_one_line(tiny, copy_of, config, message):
+    from mxrepack.repack.inspect import inspect_checkpoint
+
+    src = copy_of(tiny)
+    (src / "config.json").write_bytes(config)
+    with pytest.raises(MxRepackError, match=message):
+        inspect_checkpoint(str(src))
+
+
+def test_inspect_with_a_quantization_config_that_is_no_object(tiny, copy_of):
+    from mxrepack.repack.inspect import inspect_checkpoint
+
+    src = copy_of(tiny)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "quantization_config": "mxfp4"}))  # was AttributeError
+    assert inspect_checkpoint(str(src))["format"] == "quantized (unknown)"
+
+
+def test_result_path_that_is_a_folder_is_refused_before_the_work(tiny, tmp_path, capsys):
+    """`eval logits -o DIR` computed the result, then lost it with an IsADirectoryError traceback at the rename."""
+    from mxrepack.cli import main
+
+    folder = tmp_path / "results"
+    folder.mkdir()
+    assert main(["eval", "logits", str(tiny), str(tiny), "-o", str(folder)]) == 1
+    assert main(["eval", "record-activations", str(tiny), str(folder)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err
+        == [f"error: {folder}: is a folder; expected a file path for the result (e.g. {folder / 'result.json'})"] * 2
+    )
+
+
+def test_text_data_and_recipe_that_cannot_be_read(tmp_path):
+    from mxrepack.errors import read_text
+    from mxrepack.eval.gpqa_format import read_rows
+    from mxrepack.recipes import load_recipe
+
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xd5\xff\x00 not text")
+    with pytest.raises(MxRepackError, match=r"binary.txt: not UTF-8 text \(byte 0\); expected a text"):
+        read_text(binary, "a text")
+    with pytest.raises(MxRepackError, match="binary.txt: not UTF-8 text .* gpqa_diamond.csv"):
+        read_rows(binary)  # `eval gpqa --data`: was a UnicodeDecodeError traceback
+    with pytest.raises(MxRepackError, match=r"recipe .*: cannot read it \(Is a directory\); expected a YAML file"):
+        load_recipe(path=tmp_path)
+
+
+def test_make_fixture_takes_the_output_lock(tmp_path):
+    """A second make-fixture to one path removed the first's temporary folder under it and wrote into it (a
+    traceback, and a fixture of mixed files); now it is refused as a second conversion is."""
+    from mxrepack.repack.destination import OutputLock
+    from mxrepack.repack.fixture import make_fixture
+
+    out = tmp_path / "fx"
+    with OutputLock(out.absolute()):
+        with pytest.raises(MxRepackError, match="another repack is writing this output"):
+            make_fixture(out, "tiny")
+    assert not out.exists() and not list(tmp_path.glob(".fx.fixture-tmp*"))
+    assert make_fixture(out, "tiny") == out and not list(tmp_path.glob(".fx.*"))
+
+
+def test_second_interrupt_during_cleanup_still_removes_the_temporary_folder(tiny, tmp_path, monkeypatch):
+    """Ctrl-C pressed again while an interrupted conversion removed its temporary folder stopped the removal
+    (gigabytes left beside the output until the next run)."""
+    import shutil
+
+    from mxrepack.repack import pipeline
+
+    real_rmtree = shutil.rmtree
+    signalled = []
+
+    def interrupted_write(tmp, *args, **kwargs):
+        (tmp / "model-00001-of-00002.safetensors").write_bytes(b"x" * 1000)
+        raise KeyboardInterrupt  # the first Ctrl-C
+
+    def rmtree_with_a_second_ctrl_c(path, *args, **kwargs):
+        if Path(path).is_dir() and not signalled:
+            signalled.append(path)
+            os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: inside the removal
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_write_weights", interrupted_write)
+    monkeypatch.setattr(pipeline.shutil, "rmtree", rmtree_with_a_second_ctrl_c)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with pytest.raises(KeyboardInterrupt):
+        repack(str(tiny), "mxfp4", tmp_path / "out")
+    assert signalled and not list(tmp_path.glob(".out.*")) and not (tmp_path / "out").exists()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_ctrl_c_after_the_interrupt_was_reported_exits_quietly():
+    """Pressed once more while the interpreter shut down (torch's finalizers), Ctrl-C printed a traceback under the
+    one-line error."""
+    code = (
+        "import os, signal, time\n"
+        "from mxrepack.cli import _exit_on_next_interrupt\n"
+        "_exit_on_next_interrupt(True)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(5)\n"
+        "print('not reached')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130 and proc.stdout == "" and proc.stderr == ""
