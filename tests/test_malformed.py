@@ -3,6 +3,7 @@ traceback; nothing half-written is left beside the output; one writer per path."
 
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -345,3 +346,46 @@ def test_ctrl_c_after_the_interrupt_was_reported_exits_quietly():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130 and proc.stdout == "" and proc.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_experts_per_tok": 5}, "num_experts_per_tok is 5, expected an integer from 1 to num_local_experts (4)"),
+        ({"num_experts_per_tok": "4"}, "num_experts_per_tok is '4', expected an integer"),
+        ({"experts_per_token": 0}, "experts_per_token is 0, expected an integer from 1"),
+        ({"layer_types": ["full_attention"]}, "layer_types is a list of 1, expected a list of num_hidden_layers (2)"),
+        ({"layer_types": ["sliding_attention", "global"]}, "layer_types is a list of 2, expected a list of"),
+        ({"layer_types": "alternating"}, "layer_types is 'alternating', expected a list"),
+        ({"sliding_window": "128"}, "sliding_window is '128', expected a positive integer"),
+        ({"sliding_window": None}, "sliding_window is None, expected a positive integer"),
+    ],
+    ids=[
+        "topk-above-experts",
+        "topk-string",
+        "original-topk-zero",
+        "short-layer-types",
+        "unknown-layer-type",
+        "layer-types-string",
+        "window-string",
+        "window-null",
+    ],
+)
+def test_config_fields_an_engine_reads_are_checked_before_the_conversion(tiny, copy_of, tmp_path, change, message):
+    """A top-k above the experts, a short layer_types or a string sliding_window converted and were copied into the
+    output, where the serving engine refused them only at load."""
+    src = copy_of(tiny)
+    config = json.loads((src / "config.json").read_text())
+    config.update(change)
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(MxRepackError, match=re.escape(message)):
+        repack(str(src), "mxfp4", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_all_full_attention_layers_need_no_window(tiny, copy_of, tmp_path):
+    src = copy_of(tiny)
+    config = json.loads((src / "config.json").read_text())
+    config.update(layer_types=["full_attention"] * config["num_hidden_layers"], sliding_window=None)
+    (src / "config.json").write_text(json.dumps(config))
+    assert repack(str(src), "mxfp4", tmp_path / "out")

@@ -616,7 +616,9 @@ def test_an_mxrepack_output_as_source_says_so(tiny, tmp_path):
     assert str(e.value) == f"{out} is an mxrepack output (target sm121); repack from the original checkpoint ({tiny})"
     (out / "mxrepack.json").unlink()  # config.json's quant_method says it too
     with pytest.raises(
-        MxRepackError, match=r"is an mxrepack output \(target sm121\); repack from the original checkpoint$"
+        MxRepackError,
+        match=r"is an mxrepack output \(target sm121\) whose mxrepack.json is missing; repack from the original "
+        r"checkpoint$",
     ):
         open_checkpoint(str(out))
     # the mxfp4 target keeps the native format: its output is a gpt-oss checkpoint like any other

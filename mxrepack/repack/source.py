@@ -292,6 +292,7 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
                 raise MxRepackError(f"{root / shard}: index lists tensor '{name}' but the file does not contain it")
     ck = Checkpoint(root, layout, config, tensors, files, origin)
     validate(ck, unindexed)
+    check_engine_fields(config, dims, root / "config.json")  # after the tensors: a wrong layer count is named there
     return ck
 
 
@@ -304,6 +305,41 @@ def config_dims(config: dict, path: Path) -> gptoss.Dims:
         raise MxRepackError(f"{path}: missing key {e.args[0]!r}") from None
     except ValueError as e:
         raise MxRepackError(f"{path}: {e}") from None
+
+
+ATTENTION_TYPES = ("sliding_attention", "full_attention")
+
+
+def check_engine_fields(config: dict, dims: gptoss.Dims, path: Path) -> None:
+    """The config fields an engine reads beside the tensor sizes: the experts a token takes, the layers' attention
+    types and the sliding window. Checked here because a conversion copies them into its output, where vLLM or
+    transformers would refuse them only at load, after the conversion's minutes to hours. Absent fields are left to
+    the engine's gpt-oss defaults (top-4; sliding and full layers alternating; a window of 128)."""
+    for key in ("num_experts_per_tok", "experts_per_token"):  # HF's name, and the original/ config's
+        k = config.get(key)
+        if key in config and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= dims.experts):
+            raise MxRepackError(
+                f"{path}: {key} is {k!r}, expected an integer from 1 to num_local_experts ({dims.experts})"
+            )
+    types = config.get("layer_types")
+    if "layer_types" in config and (
+        not isinstance(types, list) or len(types) != dims.layers or any(t not in ATTENTION_TYPES for t in types)
+    ):
+        shown = f"a list of {len(types)}" if isinstance(types, list) else repr(types)
+        raise MxRepackError(
+            f"{path}: layer_types is {shown}, expected a list of num_hidden_layers ({dims.layers}) entries, each "
+            f"{' or '.join(map(repr, ATTENTION_TYPES))}"
+        )
+    sliding = types is None or "sliding_attention" in types
+    window = config.get("sliding_window")
+    if (
+        sliding
+        and "sliding_window" in config
+        and (isinstance(window, bool) or not isinstance(window, int) or window <= 0)
+    ):
+        raise MxRepackError(
+            f"{path}: sliding_window is {window!r}, expected a positive integer (sliding layers use it)"
+        )
 
 
 def _refuse_mxrepack_output(source: str, root: Path) -> None:
@@ -333,8 +369,10 @@ def _refuse_mxrepack_output(source: str, root: Path) -> None:
         except (OSError, ValueError, AttributeError):
             pass
     if target is not None and not native:
+        # its config says mxrepack but the manifest is gone: a damaged output (eval and serving read it by it)
+        damaged = "" if (root / output.MANIFEST).is_file() else f" whose {output.MANIFEST} is missing"
         raise MxRepackError(
-            f"{source} is an mxrepack output (target {target}); repack from the original checkpoint"
+            f"{source} is an mxrepack output (target {target}){damaged}; repack from the original checkpoint"
             + (f" ({original})" if original else "")
         )
 
