@@ -369,17 +369,25 @@ def _write_atomic(path: Path, write) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         os.replace(tmp, path)
-    except OSError as e:
-        raise MxRepackError(f"{e.filename or path}: cannot write the result ({e.strerror or e})") from None
+    except OSError as e:  # named as the path the user gave, not the hidden file beside it
+        raise MxRepackError(f"{path}: cannot write the result ({e.strerror or e})") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # its folder could not be made: there is nothing to remove
+            pass
 
 
 def _check_result_path(path: Optional[Path]) -> None:
     """Refuse, before the work, a result file path that names a folder: the result was computed (minutes for an
     eval) and then lost with a traceback at the rename."""
-    if path is not None and path.is_dir():
+    if path is None:
+        return
+    if path.is_dir():
         raise MxRepackError(f"{path}: is a folder; expected a file path for the result (e.g. {path / 'result.json'})")
+    parent = next((p for p in path.parents if p.exists()), None)  # the nearest part of it that exists
+    if parent is not None and not parent.is_dir():
+        raise MxRepackError(f"{path}: {parent} is a file, not a folder; expected a file path for the result")
 
 
 def _write_json_file(path: Optional[Path], data: dict) -> None:
@@ -671,7 +679,7 @@ def _exit_on_next_interrupt(as_program: bool) -> None:
     """After an interrupt has been reported (and the conversion undone), another Ctrl-C exits at once with 130:
     pressed again while the interpreter shuts down (torch's finalizers), it printed a KeyboardInterrupt traceback
     under the one-line error."""
-    if as_program:
+    if as_program and signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not one ignored (a `&` job)
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 

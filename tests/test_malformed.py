@@ -389,3 +389,43 @@ def test_all_full_attention_layers_need_no_window(tiny, copy_of, tmp_path):
     config.update(layer_types=["full_attention"] * config["num_hidden_layers"], sliding_window=None)
     (src / "config.json").write_text(json.dumps(config))
     assert repack(str(src), "mxfp4", tmp_path / "out")
+
+
+def test_f32_expert_biases_convert_to_bf16_target_and_are_refused_by_the_others(tiny, copy_of, tmp_path):
+    """Only the bf16 layout keeps an F32 expert bias as it is (it converted and verified before the BF16 rule): the
+    rule belongs to the layouts that store BF16 biases, and `verify` of such a bf16 output still re-reads the source."""
+    from safetensors.torch import load_file, save_file
+
+    from mxrepack.repack.verify import verify_dir
+
+    src = copy_of(tiny)
+    tensors = load_file(_shard(src))
+    for name in [n for n in tensors if ".mlp.experts." in n and n.endswith("_bias")]:
+        tensors[name] = tensors[name].float()
+    save_file(tensors, _shard(src), metadata={"format": "pt"})
+    out = repack(str(src), "bf16", tmp_path / "bf16").out
+    assert verify_dir(out, source=str(src))["ok"]
+    with pytest.raises(MxRepackError, match="dtype F32, expected BF16 for target 'sm90' "):
+        repack(str(src), "sm90", tmp_path / "sm90")
+
+
+def test_a_conversion_off_the_main_thread_returns(tiny, tmp_path):
+    """Signals can be set only from the main thread: the removal of the temporary folder skipped them, then set them
+    back all the same, and a finished conversion raised ValueError."""
+    import threading
+
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(r=repack(str(tiny), "mxfp4", tmp_path / "out")))
+    thread.start()
+    thread.join()
+    assert result["r"].verify["ok"] and not list(tmp_path.glob(".out.*"))
+
+
+def test_result_path_under_a_file_is_refused_before_the_work(tmp_path):
+    from mxrepack.cli import _check_result_path, _write_json_file
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(MxRepackError, match="afile is a file, not a folder; expected a file path for the result"):
+        _check_result_path(tmp_path / "afile" / "sub" / "r.json")
+    with pytest.raises(MxRepackError, match="is a file, not a folder"):
+        _write_json_file(tmp_path / "afile" / "r.json", {})

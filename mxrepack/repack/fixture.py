@@ -187,6 +187,9 @@ def make_fixture(
     out = Path(out)
     config = fixture_config(preset, layers, **overrides)
     if not (out.exists() or out.is_symlink()):
+        blocking = next((p for p in out.parents if p.exists()), None)  # the nearest part of the path that exists
+        if blocking is not None and not blocking.is_dir():
+            raise MxRepackError(f"{blocking}: is a file; expected a folder to hold the fixture {out.name}")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:

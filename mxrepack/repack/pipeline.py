@@ -12,6 +12,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -330,7 +331,8 @@ def _convert(
     previous = {
         sig: handler
         for sig in (signal.SIGTERM, signal.SIGHUP)
-        if (handler := signal.getsignal(sig)) is not signal.SIG_IGN
+        # ignored (nohup), or set outside Python (None: it could not be put back): left as it is
+        if (handler := signal.getsignal(sig)) is not signal.SIG_IGN and handler is not None
     }
     try:
         for sig in previous:
@@ -375,17 +377,17 @@ def _remove_held_off(tmp: Path, previous: dict) -> None:
     conversion replaced (``previous``). A second Ctrl-C (pressed again because the first seemed slow) used to
     interrupt the removal itself and leave gigabytes of a half-written output beside the path until the next run;
     a signal that comes meanwhile is dropped: the conversion is already being undone (or has finished)."""
+    if threading.current_thread() is not threading.main_thread():  # signals go to the main thread's handlers
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     held: dict = {}
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             handler = signal.getsignal(sig)
             if handler is None or handler is signal.SIG_IGN:  # set outside Python, or ignored: left alone
                 continue
-            held[sig] = previous.get(sig, handler)
             signal.signal(sig, _drop_signal)
-    except ValueError:  # not in the main thread: signals go to the main thread's handlers
-        pass
-    try:
+            held[sig] = previous.get(sig, handler)
         shutil.rmtree(tmp, ignore_errors=True)
     finally:
         for sig, handler in held.items():

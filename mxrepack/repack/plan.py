@@ -22,7 +22,7 @@ from mxrepack.layouts.dense import DenseMxLayout
 from mxrepack.quant.dense import ErrorStats, select_dense
 from mxrepack.quant.mx import NonFiniteError
 from mxrepack.recipes import Recipe
-from mxrepack.repack.safetensors_io import dtype_size
+from mxrepack.repack.safetensors_io import dtype_name, dtype_size
 from mxrepack.repack.source import Checkpoint, SourceTensor, ZeroPaddedRows
 
 
@@ -155,6 +155,19 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
     ]
 
 
+def _check_expert_bias_dtypes(ck: Checkpoint, target: str, layout: str) -> None:
+    """Every expert layout but ``bf16`` stores the BF16 expert biases gpt-oss ships (or FP32 widened from them): an F32
+    source bias would be rounded, or fail deep in a layout's packing. ``bf16`` keeps a bias's dtype as it is."""
+    if layout == "bf16":
+        return
+    for name, t in ck.tensors.items():
+        if ".mlp.experts." in name and name.endswith("_bias") and t.dtype != torch.bfloat16:
+            raise MxRepackError(
+                f"{t.info.file}: tensor '{name}': dtype {dtype_name(t.dtype)}, expected BF16 for target '{target}' "
+                f"(its {layout} experts store them so, as gpt-oss ships them; only the bf16 target keeps another dtype)"
+            )
+
+
 def build_plan(
     ck: Checkpoint, recipe: Recipe, activations: dict[str, torch.Tensor] | None = None, finite: object | None = None
 ) -> list[PlanItem]:
@@ -169,6 +182,7 @@ def build_plan(
     layers refuse NaN/Inf themselves). Verify calls this too, with the recipe the manifest recorded, to re-derive
     a sample of the stored tensors."""
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
+    _check_expert_bias_dtypes(ck, recipe.name, layout.name)
     specs = layout.outputs(expert_dims(ck))
     dense_layout = recipe.dense_layout
     names = list(expected_tensors(ck.dims))

@@ -104,11 +104,11 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     # Two tensors sharing bytes is a corrupted header (the official parser refuses it too): each would read the
     # other's data without a word.
     spans = sorted((i.start, i.start + i.nbytes, n) for n, i in infos.items() if i.nbytes)
-    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+    for (_, end_a, a), (begin_b, end_b, b) in zip(spans, spans[1:]):
         if begin_b < end_a:
             raise MxRepackError(
                 f"{path}: corrupted safetensors header: tensors '{a}' and '{b}' overlap (bytes {begin_b - base}.."
-                f"{end_a - base} of the data belong to both)"
+                f"{min(end_a, end_b) - base} of the data belong to both)"
             )
     return infos, metadata
 

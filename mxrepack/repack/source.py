@@ -426,9 +426,6 @@ def validate(ck: Checkpoint, unindexed: dict[str, Path] | None = None) -> None:
         if tuple(t.shape) != tuple(shape):
             raise MxRepackError(f"{where}: shape {list(t.shape)}, expected {list(shape)} from config.json")
         allowed = gptoss.KIND_DTYPES[kind]
-        if ".mlp.experts." in name and kind == "vector":
-            # the expert layouts store BF16 (or FP32 widened from it) biases: an F32 source one would be rounded
-            allowed = (torch.bfloat16,)
         if t.dtype not in allowed:
             raise MxRepackError(
                 f"{where}: dtype {dtype_name(t.dtype)}, expected {' or '.join(dtype_name(a) for a in allowed)}"
