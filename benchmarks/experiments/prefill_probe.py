@@ -159,6 +159,8 @@ def time(
                         fns[f"{o}_pipe{mb}{tag}"] = lambda o=o, r=slab_rows, b=bufs, st=st: pipelined(
                             x, *nxt[o](), y, o, r, b, st
                         )
+            if not only or any("lt" in k for k in only.split(",")):
+                fns |= _lt_variants(x, y, wf.to(torch.bfloat16), nxt, nxt_b, order, K, N, whole)
             if only:
                 fns = {k: f for k, f in fns.items() if k in only.split(",")}
             rec = {"shape": name, "N": N, "K": K, "M": M, "order": order, "err": {}, "ms": {}}
@@ -187,6 +189,36 @@ def time(
             print(f"  best: {', '.join(f'{k} {base / t:.3f}' for t, k in best[:4])}", flush=True)
             if out:
                 Path(out).write_text(json.dumps(meta() | {"rows": rows}, indent=1))
+
+
+def _lt_variants(x, y, w_bf16, nxt, nxt_b, order: str, K: int, N: int, whole) -> dict:
+    """Stop 53's lever, timed in this probe's frame: the GEMM on cuBLASLt's fastest heuristic candidate for this shape
+    (``cublaslt_algos_probe``: picked here by a short timing on one weight) in place of torch's default call.
+    ``cublas_ltbest``: the BF16 peer with it (what a BF16 model could get too); ``{order}_whole_torch`` /
+    ``{order}_whole_lt``: the whole weight dequantized, then torch's call or the picked algorithm. Written at stop 53
+    after the device time was spent: not yet run (next: ``time OUT qkv,o,lm_head 2048,8192 3
+    cublas,cublas_ltbest,wgmma_shipped,wgmma_whole_torch,wgmma_whole_lt``)."""
+    from cublaslt_algos_probe import Gemm, _loaded_cublaslt
+
+    M = x.shape[0]
+    gemm = Gemm(_loaded_cublaslt(), M, N, K)
+
+    def ms(fn, reps=10):
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / reps
+
+    best = min(gemm.candidates(16), key=lambda h: ms(lambda: gemm.run(h, x, w_bf16, y)))
+    return {
+        "cublas_ltbest": lambda: gemm.run(best, x, nxt_b(), y),
+        f"{order}_whole_torch": lambda: torch.mm(x, dequant_slab(*nxt[order](), K, order, 0, N, whole).T, out=y),
+        f"{order}_whole_lt": lambda: gemm.run(best, x, dequant_slab(*nxt[order](), K, order, 0, N, whole), y),
+    }
 
 
 def meta() -> dict:
