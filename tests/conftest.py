@@ -101,3 +101,24 @@ def bars(monkeypatch):
 
     monkeypatch.setattr(mxrepack.progress, "ProgressBar", RecordingBar)
     return made
+
+
+@pytest.fixture
+def refused_in_one_line():
+    """``check(source, out, target)``: the CLI converting ``source`` exits 1 with one ``error:`` line on stderr and
+    leaves nothing at ``out`` nor a hidden folder beside it; returns that line."""
+    import subprocess
+    import sys
+
+    def check(source, out: Path, target: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mxrepack.cli", str(source), "--target", target, "--out", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+        assert not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
+        return lines[0]
+
+    return check

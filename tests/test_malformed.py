@@ -125,19 +125,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("damage", BAD, ids=lambda f: f.__name__[5:])
-def test_malformed_source_is_one_line_and_leaves_nothing(tiny, copy_of, tmp_path, damage):
+def test_malformed_source_is_one_line_and_leaves_nothing(tiny, copy_of, tmp_path, damage, refused_in_one_line):
     src = copy_of(tiny)
     message = damage(src)
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "mxrepack.cli", str(src), "--target", "mxfp4", "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert message in lines[0], lines[0]
-    assert not out.exists() and not list(tmp_path.glob(".out.*"))
+    assert message in refused_in_one_line(src, tmp_path / "out", "mxfp4")
 
 
 @pytest.mark.parametrize("rows", [-8, 8], ids=["too few", "too many"])

@@ -199,21 +199,11 @@ def _lt_variants(x, y, w_bf16, nxt, nxt_b, order: str, K: int, N: int, whole) ->
     after the device time was spent: not yet run (next: ``time OUT qkv,o,lm_head 2048,8192 3
     cublas,cublas_ltbest,wgmma_shipped,wgmma_whole_torch,wgmma_whole_lt``)."""
     from cublaslt_algos_probe import Gemm, _loaded_cublaslt
+    from cublaslt_algos_probe import _time as event_ms
 
     M = x.shape[0]
     gemm = Gemm(_loaded_cublaslt(), M, N, K)
-
-    def ms(fn, reps=10):
-        fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / reps
-
-    best = min(gemm.candidates(16), key=lambda h: ms(lambda: gemm.run(h, x, w_bf16, y)))
+    best = min(gemm.candidates(16), key=lambda h: event_ms(lambda: gemm.run(h, x, w_bf16, y), reps=10, rounds=1))
     return {
         "cublas_ltbest": lambda: gemm.run(best, x, nxt_b(), y),
         f"{order}_whole_torch": lambda: torch.mm(x, dequant_slab(*nxt[order](), K, order, 0, N, whole).T, out=y),
