@@ -369,7 +369,7 @@ def _refuse_mxrepack_output(source: str, root: Path) -> None:
         except (OSError, ValueError, AttributeError):
             pass
     if target is not None and not native:
-        # its config says mxrepack but the manifest is gone: a damaged output (eval and serving read it by it)
+        # its config says mxrepack but the manifest is gone: a damaged output (eval and verify know an output by it)
         damaged = "" if (root / output.MANIFEST).is_file() else f" whose {output.MANIFEST} is missing"
         raise MxRepackError(
             f"{source} is an mxrepack output (target {target}){damaged}; repack from the original checkpoint"
