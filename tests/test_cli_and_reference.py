@@ -40,7 +40,11 @@ def test_targets_inspect_and_verify(tiny, tmp_path, capsys):
     shard.rename(tmp_path / shard.name)
     (out / "model-extra.safetensors").write_bytes((tmp_path / shard.name).read_bytes())  # so that some file is left
     assert main(["inspect", str(out)]) == 0
-    assert f"incomplete: the index lists 1 file(s) not here ({shard.name})" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"incomplete: the index lists 1 file(s) not here ({shard.name})" in text
+    # a file the index does not list is named apart, not counted as part of the model
+    assert "not in the index: 1 file(s) (model-extra.safetensors); a loader does not read them" in text
+    assert "files: 0 safetensors" in text
 
 
 @pytest.mark.parametrize(

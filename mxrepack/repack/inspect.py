@@ -28,8 +28,12 @@ CONFIG_KEYS = (
 
 def inspect_checkpoint(source: str) -> dict:
     root, origin = resolve(source)
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
+    present = sorted(root.glob("*.safetensors"))
+    listed = _listed_shards(root)
+    # with an index, the files it lists are the model (what a loader reads); others beside them are named apart
+    files = present if listed is None else sorted(root / n for n in listed if (root / n).is_file())
+    unlisted = [] if listed is None else sorted(f.name for f in present if f.name not in listed)
+    if not files and not unlisted:
         raise MxRepackError(f"{root}: no *.safetensors files")
     config_path = root / "config.json"
     # a folder without a config is described all the same; a config or manifest that is there but unreadable is
@@ -86,19 +90,23 @@ def inspect_checkpoint(source: str) -> dict:
         }
         if manifest
         else None,
-        "missing_shards": _missing_shards(root),
+        # the files the index lists that are not there: what inspect describes is then part of the model (an
+        # unfinished download), which `repack` itself refuses
+        "missing_shards": sorted(n for n in listed or () if not (root / n).is_file()),
+        # files beside the model that its index does not list (a stale shard, recorded activations): not counted
+        "unlisted_shards": unlisted,
     }
 
 
-def _missing_shards(root: Path) -> list[str]:
-    """The files the folder's index lists that are not there: what inspect describes is then part of the model (an
-    unfinished download), which `repack` itself refuses."""
+def _listed_shards(root: Path) -> set[str] | None:
+    """The file names the folder's index maps tensors to; None without an index, or with one that cannot be read
+    (inspect describes the files then, and `repack` names the index's fault)."""
     index = root / "model.safetensors.index.json"
     try:
-        listed = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return {name for name in weight_map.values() if isinstance(name, str)}
     except (OSError, ValueError, AttributeError, TypeError):
-        return []
-    return sorted(name for name in listed if isinstance(name, str) and not (root / name).is_file())
+        return None
 
 
 def format_report(r: dict) -> str:
@@ -120,5 +128,12 @@ def format_report(r: dict) -> str:
             f"  incomplete: the index lists {len(missing)} file(s) not here ({missing[0]}"
             + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
             + "); the figures above are of the files present"
+        )
+    if r["unlisted_shards"]:
+        unlisted = r["unlisted_shards"]
+        lines.append(
+            f"  not in the index: {len(unlisted)} file(s) ({unlisted[0]}"
+            + (f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else "")
+            + "); a loader does not read them, and the figures above leave them out"
         )
     return "\n".join(lines)
