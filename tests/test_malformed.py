@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mxrepack.errors import MxRepackError
 from mxrepack.repack.pipeline import repack
@@ -346,7 +347,10 @@ def test_ctrl_c_after_the_interrupt_was_reported_exits_quietly():
         ({"num_experts_per_tok": "4"}, "num_experts_per_tok is '4', expected an integer"),
         ({"experts_per_token": 0}, "experts_per_token is 0, expected an integer from 1"),
         ({"layer_types": ["full_attention"]}, "layer_types is a list of 1, expected a list of num_hidden_layers (2)"),
-        ({"layer_types": ["sliding_attention", "global"]}, "layer_types is a list of 2, expected a list of"),
+        (
+            {"layer_types": ["sliding_attention", "global"]},
+            "layer_types[1] is 'global', expected a list of num_hidden_layers (2) entries",
+        ),
         ({"layer_types": "alternating"}, "layer_types is 'alternating', expected a list"),
         ({"sliding_window": "128"}, "sliding_window is '128', expected a positive integer"),
         ({"sliding_window": None}, "sliding_window is None, expected a positive integer"),
@@ -382,22 +386,23 @@ def test_all_full_attention_layers_need_no_window(tiny, copy_of, tmp_path):
     assert repack(str(src), "mxfp4", tmp_path / "out")
 
 
-def test_f32_expert_biases_convert_to_bf16_target_and_are_refused_by_the_others(tiny, copy_of, tmp_path):
-    """Only the bf16 layout keeps an F32 expert bias as it is (it converted and verified before the BF16 rule): the
-    rule belongs to the layouts that store BF16 biases, and `verify` of such a bf16 output still re-reads the source."""
+def test_f32_expert_biases_are_refused_by_every_target_but_read_as_a_source(tiny, copy_of, tmp_path):
+    """F32 expert biases BF16 cannot hold: every expert layout stores BF16 biases (bf16's too: it wrote the whole
+    output and then failed verification), so the conversion refuses them up front; reading the checkpoint is fine."""
     from safetensors.torch import load_file, save_file
 
-    from mxrepack.repack.verify import verify_dir
+    from mxrepack.repack.source import open_checkpoint
 
     src = copy_of(tiny)
     tensors = load_file(_shard(src))
     for name in [n for n in tensors if ".mlp.experts." in n and n.endswith("_bias")]:
-        tensors[name] = tensors[name].float()
+        tensors[name] = tensors[name].float() + 1e-4  # not a BF16 value
     save_file(tensors, _shard(src), metadata={"format": "pt"})
-    out = repack(str(src), "bf16", tmp_path / "bf16").out
-    assert verify_dir(out, source=str(src))["ok"]
-    with pytest.raises(MxRepackError, match="dtype F32, expected BF16 for target 'sm90' "):
-        repack(str(src), "sm90", tmp_path / "sm90")
+    assert open_checkpoint(str(src)).tensors["model.layers.0.mlp.experts.down_proj_bias"].dtype == torch.float32
+    for target in ("bf16", "sm90"):
+        with pytest.raises(MxRepackError, match=f"dtype F32, expected BF16 for target '{target}'"):
+            repack(str(src), target, tmp_path / target)
+        assert not (tmp_path / target).exists()
 
 
 def test_a_conversion_off_the_main_thread_returns(tiny, tmp_path):
@@ -420,3 +425,34 @@ def test_result_path_under_a_file_is_refused_before_the_work(tmp_path):
         _check_result_path(tmp_path / "afile" / "sub" / "r.json")
     with pytest.raises(MxRepackError, match="is a file, not a folder"):
         _write_json_file(tmp_path / "afile" / "r.json", {})
+
+
+def test_original_config_fields_are_named_as_that_file_names_them(tiny_original, copy_of, tmp_path):
+    src = copy_of(tiny_original)
+    path = src / "original" / "config.json" if (src / "original").is_dir() else src / "config.json"
+    config = json.loads(path.read_text())
+    config["experts_per_token"] = 0
+    path.write_text(json.dumps(config))
+    with pytest.raises(
+        MxRepackError, match=re.escape("experts_per_token is 0, expected an integer from 1 to num_experts (4)")
+    ):
+        repack(str(src), "mxfp4", tmp_path / "out")
+
+
+def test_null_layer_types_is_the_default(tiny, copy_of, tmp_path):
+    src = copy_of(tiny)
+    config = json.loads((src / "config.json").read_text())
+    config["layer_types"] = None  # transformers' default: sliding and full layers alternating
+    (src / "config.json").write_text(json.dumps(config))
+    assert repack(str(src), "mxfp4", tmp_path / "out")
+
+
+def test_a_failed_result_write_names_the_path_given(tmp_path):
+    from mxrepack.cli import _write_atomic
+
+    def no_space(tmp):
+        raise OSError(28, "No space left on device", str(tmp))
+
+    with pytest.raises(MxRepackError, match=re.escape(f"{tmp_path / 'r.json'}: cannot write the result (No space")):
+        _write_atomic(tmp_path / "r.json", no_space)
+    assert list(tmp_path.iterdir()) == []

@@ -103,10 +103,12 @@ def _listed_shards(root: Path) -> set[str] | None:
     (inspect describes the files then, and `repack` names the index's fault)."""
     index = root / "model.safetensors.index.json"
     try:
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        return {name for name in weight_map.values() if isinstance(name, str)}
-    except (OSError, ValueError, AttributeError, TypeError):
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (OSError, ValueError, AttributeError):
         return None
+    if not isinstance(weight_map, dict) or not weight_map:
+        return None
+    return {Path(name).as_posix() for name in weight_map.values() if isinstance(name, str) and name}  # ./a -> a
 
 
 def format_report(r: dict) -> str:

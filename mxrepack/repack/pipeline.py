@@ -386,15 +386,17 @@ def _remove_held_off(tmp: Path, previous: dict) -> None:
             handler = signal.getsignal(sig)
             if handler is None or handler is signal.SIG_IGN:  # set outside Python, or ignored: left alone
                 continue
-            signal.signal(sig, _drop_signal)
+            signal.signal(sig, _drop_signal)  # a Ctrl-C pending from before may be raised here: still removed below
             held[sig] = previous.get(sig, handler)
-        shutil.rmtree(tmp, ignore_errors=True)
     finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-        for sig, handler in previous.items():  # ones skipped above
-            if sig not in held:
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            for sig, handler in held.items():
                 signal.signal(sig, handler)
+            for sig, handler in previous.items():  # ones skipped above
+                if sig not in held:
+                    signal.signal(sig, handler)
 
 
 def _drop_signal(signum, frame) -> None:

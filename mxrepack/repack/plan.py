@@ -155,16 +155,15 @@ def _dense_items(src: SourceTensor, layout: DenseMxLayout, recorded: torch.Tenso
     ]
 
 
-def _check_expert_bias_dtypes(ck: Checkpoint, target: str, layout: str) -> None:
-    """Every expert layout but ``bf16`` stores the BF16 expert biases gpt-oss ships (or FP32 widened from them): an F32
-    source bias would be rounded, or fail deep in a layout's packing. ``bf16`` keeps a bias's dtype as it is."""
-    if layout == "bf16":
-        return
+def _check_expert_bias_dtypes(ck: Checkpoint, target: str) -> None:
+    """Every expert layout stores the BF16 expert biases gpt-oss ships (or FP32 widened from them): an F32 source bias
+    would be rounded (and then fail verification, after the whole conversion) or fail deep in a layout's packing.
+    Checked here, not in the source's validation: reading such a checkpoint (eval, inspect) is fine."""
     for name, t in ck.tensors.items():
         if ".mlp.experts." in name and name.endswith("_bias") and t.dtype != torch.bfloat16:
             raise MxRepackError(
                 f"{t.info.file}: tensor '{name}': dtype {dtype_name(t.dtype)}, expected BF16 for target '{target}' "
-                f"(its {layout} experts store them so, as gpt-oss ships them; only the bf16 target keeps another dtype)"
+                "(its expert layout stores BF16 biases, as gpt-oss ships them)"
             )
 
 
@@ -182,7 +181,7 @@ def build_plan(
     layers refuse NaN/Inf themselves). Verify calls this too, with the recipe the manifest recorded, to re-derive
     a sample of the stored tensors."""
     layout = make_layout(recipe.expert_layout, recipe.expert_options)
-    _check_expert_bias_dtypes(ck, recipe.name, layout.name)
+    _check_expert_bias_dtypes(ck, recipe.name)
     specs = layout.outputs(expert_dims(ck))
     dense_layout = recipe.dense_layout
     names = list(expected_tensors(ck.dims))

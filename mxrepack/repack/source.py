@@ -292,7 +292,10 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
                 raise MxRepackError(f"{root / shard}: index lists tensor '{name}' but the file does not contain it")
     ck = Checkpoint(root, layout, config, tensors, files, origin)
     validate(ck, unindexed)
-    check_engine_fields(config, dims, root / "config.json")  # after the tensors: a wrong layer count is named there
+    # after the tensors (a wrong layer count is named there), on the file as written (its own key names)
+    check_engine_fields(
+        raw_config, dims, root / "config.json", "num_local_experts" if layout == "hf" else "num_experts"
+    )
     return ck
 
 
@@ -310,26 +313,26 @@ def config_dims(config: dict, path: Path) -> gptoss.Dims:
 ATTENTION_TYPES = ("sliding_attention", "full_attention")
 
 
-def check_engine_fields(config: dict, dims: gptoss.Dims, path: Path) -> None:
+def check_engine_fields(config: dict, dims: gptoss.Dims, path: Path, experts_key: str = "num_local_experts") -> None:
     """The config fields an engine reads beside the tensor sizes: the experts a token takes, the layers' attention
     types and the sliding window. Checked here because a conversion copies them into its output, where vLLM or
-    transformers would refuse them only at load, after the conversion's minutes to hours. Absent fields are left to
-    the engine's gpt-oss defaults (top-4; sliding and full layers alternating; a window of 128)."""
+    transformers would refuse them only at load, after the conversion's minutes to hours. Absent (or null
+    ``layer_types``) fields are left to the engine's gpt-oss defaults (top-4; sliding and full layers alternating; a
+    window of 128). ``experts_key``: the file's name for the expert count (``num_experts`` in an original/ config)."""
     for key in ("num_experts_per_tok", "experts_per_token"):  # HF's name, and the original/ config's
         k = config.get(key)
         if key in config and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= dims.experts):
-            raise MxRepackError(
-                f"{path}: {key} is {k!r}, expected an integer from 1 to num_local_experts ({dims.experts})"
-            )
+            raise MxRepackError(f"{path}: {key} is {k!r}, expected an integer from 1 to {experts_key} ({dims.experts})")
     types = config.get("layer_types")
-    if "layer_types" in config and (
-        not isinstance(types, list) or len(types) != dims.layers or any(t not in ATTENTION_TYPES for t in types)
-    ):
+    expected = f"expected a list of num_hidden_layers ({dims.layers}) entries, each " + " or ".join(
+        map(repr, ATTENTION_TYPES)
+    )
+    if types is not None and (not isinstance(types, list) or len(types) != dims.layers):
         shown = f"a list of {len(types)}" if isinstance(types, list) else repr(types)
-        raise MxRepackError(
-            f"{path}: layer_types is {shown}, expected a list of num_hidden_layers ({dims.layers}) entries, each "
-            f"{' or '.join(map(repr, ATTENTION_TYPES))}"
-        )
+        raise MxRepackError(f"{path}: layer_types is {shown}, {expected}")
+    bad = next((i for i, t in enumerate(types or ()) if t not in ATTENTION_TYPES), None)
+    if bad is not None:
+        raise MxRepackError(f"{path}: layer_types[{bad}] is {types[bad]!r}, {expected}")
     sliding = types is None or "sliding_attention" in types
     window = config.get("sliding_window")
     if (
