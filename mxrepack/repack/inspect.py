@@ -125,17 +125,19 @@ def format_report(r: dict) -> str:
     if r["manifest"]:
         lines.append(f"  made by mxrepack {r['manifest']['tool'].get('mxrepack', '?')} on {r['manifest']['created']}")
     if r["missing_shards"]:
-        missing = r["missing_shards"]
         lines.append(
-            f"  incomplete: the index lists {len(missing)} file(s) not here ({missing[0]}"
-            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-            + "); the figures above are of the files present"
+            f"  incomplete: the index lists {_some(r['missing_shards'], ' not here')}; the figures above are of the "
+            "files present"
         )
     if r["unlisted_shards"]:
-        unlisted = r["unlisted_shards"]
         lines.append(
-            f"  not in the index: {len(unlisted)} file(s) ({unlisted[0]}"
-            + (f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else "")
-            + "); a loader does not read them, and the figures above leave them out"
+            f"  not in the index: {_some(r['unlisted_shards'])}; a loader does not read them, and the figures above "
+            "leave them out"
         )
     return "\n".join(lines)
+
+
+def _some(names: list[str], after: str = "") -> str:
+    """``N file(s)<after> (first and K more)``."""
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    return f"{len(names)} file(s){after} ({names[0]}{more})"
