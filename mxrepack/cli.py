@@ -20,7 +20,7 @@ from typing import Optional
 
 import typer
 
-from mxrepack.errors import MxRepackError, read_text, require_folder
+from mxrepack.errors import MxRepackError, file_in_the_way, read_text, require_folder
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
@@ -174,7 +174,7 @@ def convert(
             activations=activations,
             allow_nonfinite=allow_nonfinite,
         )
-    from mxrepack.repack.source import load_json
+    from mxrepack.errors import load_json
     from mxrepack.serve.spec import serve_hint, serve_refusal
 
     s = result.summary()
@@ -385,9 +385,9 @@ def _check_result_path(path: Optional[Path]) -> None:
         return
     if path.is_dir():
         raise MxRepackError(f"{path}: is a folder; expected a file path for the result (e.g. {path / 'result.json'})")
-    parent = next((p for p in path.parents if p.exists()), None)  # the nearest part of it that exists
-    if parent is not None and not parent.is_dir():
-        raise MxRepackError(f"{path}: {parent} is a file, not a folder; expected a file path for the result")
+    blocking = file_in_the_way(path)
+    if blocking is not None:
+        raise MxRepackError(f"{path}: {blocking} is a file, not a folder; expected a file path for the result")
 
 
 def _write_json_file(path: Optional[Path], data: dict) -> None:
@@ -533,8 +533,8 @@ def eval_compare_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The regression gate: exit 1 when the candidate is worse than chance explains."""
+    from mxrepack.errors import load_json
     from mxrepack.eval.gpqa import compare, require_score
-    from mxrepack.repack.source import load_json
 
     results = [load_json(path, "`repack eval gpqa` result") for path in (baseline, candidate)]
     for path, r in zip((baseline, candidate), results):
@@ -558,9 +558,9 @@ def eval_report_cmd(
     logits: Optional[Path] = typer.Option(None, "--logits", help="A `repack eval logits` JSON"),
 ) -> None:
     """A readable page of the evidence: tables plus plots."""
+    from mxrepack.errors import load_json
     from mxrepack.eval.gpqa import compare, require_score
     from mxrepack.eval.report import build_report, write_report
-    from mxrepack.repack.source import load_json
 
     for path in gpqa or []:
         require_score(load_json(path, "`repack eval gpqa` result"), str(path))

@@ -6,6 +6,7 @@ expected. The CLI prints it as ``error: <message>`` and exits non-zero; anything
 keeps its traceback.
 """
 
+import json
 from pathlib import Path
 
 
@@ -34,3 +35,27 @@ def read_text(path, what: str) -> str:
         raise MxRepackError(f"{path}: cannot read it ({e.strerror or e}); expected {what}") from None
     except UnicodeDecodeError as e:
         raise MxRepackError(f"{path}: not UTF-8 text (byte {e.start}); expected {what}") from None
+
+
+def load_json(path, what: str) -> dict:
+    """The JSON object in ``path``; one line naming it (as ``what``) when it is missing, unreadable, not JSON or not an
+    object."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise MxRepackError(f"{path}: missing; expected the {what}") from None
+    except OSError as e:  # a folder of that name, no permission
+        raise MxRepackError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MxRepackError(f"{path}: the {what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise MxRepackError(f"{path}: expected a JSON object for the {what}")
+    return data
+
+
+def file_in_the_way(path) -> Path | None:
+    """The nearest existing folder above ``path`` when it is a file instead (``a/b/c`` where ``a`` is a file), else
+    None: what would stop a write there, named before the work rather than after it."""
+    nearest = next((p for p in Path(path).parents if p.exists()), None)
+    return nearest if nearest is not None and not nearest.is_dir() else None

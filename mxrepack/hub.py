@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mxrepack
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, load_json
 from mxrepack.repack.output import MANIFEST, check_manifest_digest, load_manifest
-from mxrepack.repack.source import load_json
 from mxrepack.repack.verify import verify_dir
 
 CARD = "README.md"

@@ -162,9 +162,8 @@ def build_report(
     logits: str | Path | None = None,
     gate: dict | None = None,
 ) -> dict:
-    from mxrepack.errors import MxRepackError
+    from mxrepack.errors import MxRepackError, load_json
     from mxrepack.repack.output import check_manifest_digest, load_manifest, manifest_fields_problem
-    from mxrepack.repack.source import load_json
 
     report: dict = {"model": None, "quantization_error": {}, "gpqa": [], "logits": None, "gate": gate}
     if model_dir:

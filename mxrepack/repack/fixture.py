@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from mxrepack import gptoss
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, file_in_the_way
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards
 
 _GPT_OSS_20B = dict(
@@ -187,8 +187,8 @@ def make_fixture(
     out = Path(out)
     config = fixture_config(preset, layers, **overrides)
     if not (out.exists() or out.is_symlink()):
-        blocking = next((p for p in out.parents if p.exists()), None)  # the nearest part of the path that exists
-        if blocking is not None and not blocking.is_dir():
+        blocking = file_in_the_way(out)
+        if blocking is not None:
             raise MxRepackError(f"{blocking}: is a file; expected a folder to hold the fixture {out.name}")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from mxrepack import gptoss
-from mxrepack.errors import MxRepackError
-from mxrepack.repack.output import MANIFEST, MANIFEST_KIND
+from mxrepack.errors import MxRepackError, load_json
+from mxrepack.repack.output import MANIFEST, load_manifest
 from mxrepack.repack.safetensors_io import dtype_name, read_header
-from mxrepack.repack.source import config_dims, load_json, resolve
+from mxrepack.repack.source import config_dims, resolve
 
 CONFIG_KEYS = (
     "num_hidden_layers",
@@ -36,17 +36,15 @@ def inspect_checkpoint(source: str) -> dict:
     if not files and not unlisted:
         raise MxRepackError(f"{root}: no *.safetensors files")
     config_path = root / "config.json"
-    # a folder without a config is described all the same; a config or manifest that is there but unreadable is
-    # one line naming it (load_json)
+    # a folder without a config is described all the same; a config that is there but unreadable is one line naming
+    # it (load_json)
     config = load_json(config_path, "model config (config.json)") if config_path.exists() else {}
     original = "model_type" not in config and "num_experts" in config
     if original:
         config = gptoss.hf_config_from_original(config)
     d = config_dims(config, config_path) if "num_local_experts" in config else None
     manifest_path = root / MANIFEST
-    manifest = load_json(manifest_path, "mxrepack manifest") if manifest_path.exists() else None
-    if manifest is not None and manifest.get("format") != MANIFEST_KIND:
-        raise MxRepackError(f"{manifest_path}: not an mxrepack manifest (format={manifest.get('format')!r})")
+    manifest = load_manifest(root) if manifest_path.exists() else None  # its reading and format: the owner's checks
     target = manifest.get("target") if manifest else None
     if manifest is not None and not (isinstance(target, dict) and isinstance(target.get("recipe"), dict)):
         raise MxRepackError(f"{manifest_path}: incomplete manifest: no target and recipe; re-run repack")

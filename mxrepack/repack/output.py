@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mxrepack
-from mxrepack.errors import MxRepackError, require_folder
+from mxrepack.errors import MxRepackError, load_json, require_folder
 
 if TYPE_CHECKING:
     from mxrepack.recipes import Recipe
@@ -221,27 +221,13 @@ def manifest_fields_problem(directory: str | Path, manifest: dict) -> str | None
     return None
 
 
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise MxRepackError(f"{path}: missing; expected the {what}") from None
-    except OSError as e:
-        raise MxRepackError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MxRepackError(f"{path}: the {what} is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise MxRepackError(f"{path}: expected a JSON object for the {what}")
-    return data
-
-
 def read_weight_map(directory: str | Path, missing_ok: bool = False) -> dict[str, str]:
     """The index's tensor -> shard map (``{}`` for a missing index where ``missing_ok``); one line for an index that
     is not JSON or has no ``weight_map`` of file names."""
     path = Path(directory) / INDEX
     if missing_ok and not path.is_file():
         return {}
-    weight_map = _read_json(path, "shard index").get("weight_map")
+    weight_map = load_json(path, "shard index").get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise MxRepackError(f"{path}: no weight_map of tensor -> file name")
     return weight_map
@@ -250,7 +236,7 @@ def read_weight_map(directory: str | Path, missing_ok: bool = False) -> dict[str
 def read_config(directory: str | Path) -> dict:
     """The output's ``config.json`` as written (with a padded ``intermediate_size`` where a layout pads it; the
     logical sizes are :attr:`Manifest.source_dims`)."""
-    return _read_json(Path(directory) / CONFIG, "model config")
+    return load_json(Path(directory) / CONFIG, "model config")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from mxrepack import gptoss
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, load_json
 from mxrepack.repack import output
 from mxrepack.repack.safetensors_io import TensorInfo, dtype_name, read_header, read_rows, sha256_file
 
@@ -163,21 +163,6 @@ def _hub_sha256(root: Path, rel: str) -> str | None:
         return None
     etag = etag.strip().strip('"')
     return etag if fresh and re.fullmatch(r"[0-9a-f]{64}", etag) else None
-
-
-def load_json(path: Path, what: str) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise MxRepackError(f"{path}: missing; expected the {what}") from None
-    except OSError as e:  # a folder of that name, no permission
-        raise MxRepackError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MxRepackError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise MxRepackError(f"{path}: expected a JSON object for the {what}")
-    return data
 
 
 def resolve(source: str, revision: str | None = None) -> tuple[Path, dict]:
