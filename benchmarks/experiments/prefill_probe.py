@@ -192,19 +192,19 @@ def time(
 
 
 def _lt_variants(x, y, w_bf16, nxt, nxt_b, order: str, K: int, N: int, whole) -> dict:
-    """Stop 53's lever, timed in this probe's frame: the GEMM on cuBLASLt's fastest heuristic candidate for this shape
-    (``cublaslt_algos_probe``: picked here by a short timing on one weight) in place of torch's default call.
-    ``cublas_ltbest``: the BF16 peer with it (what a BF16 model could get too); ``{order}_whole_torch`` /
-    ``{order}_whole_lt``: the whole weight dequantized, then torch's call or the picked algorithm. Written at stop 53
-    after the device time was spent: not yet run (next: ``time OUT qkv,o,lm_head 2048,8192 3
-    cublas,cublas_ltbest,wgmma_shipped,wgmma_whole_torch,wgmma_whole_lt``)."""
+    """Stop 53's lever, timed in this probe's frame: the GEMM on cuBLASLt's heuristic candidates for this shape
+    (``cublaslt_algos_probe``) in place of torch's default call. ``cublas_ltN``: the BF16 peer on the Nth candidate;
+    ``cublas_ltbest``: on the one a short event timing on one weight picks (what a BF16 model could get too);
+    ``{order}_whole_torch`` / ``{order}_whole_lt``: the whole weight dequantized, then torch's call or the picked
+    algorithm. Run at stop 54 (PERF_LOG): the pick did not hold here."""
     from cublaslt_algos_probe import Gemm, _loaded_cublaslt
     from cublaslt_algos_probe import _time as event_ms
 
     M = x.shape[0]
     gemm = Gemm(_loaded_cublaslt(), M, N, K)
-    best = min(gemm.candidates(16), key=lambda h: event_ms(lambda: gemm.run(h, x, w_bf16, y), reps=10, rounds=1))
-    return {
+    found = gemm.candidates(16)
+    best = min(found, key=lambda h: event_ms(lambda: gemm.run(h, x, w_bf16, y), reps=10, rounds=1))
+    return {f"cublas_lt{i}": lambda h=h: gemm.run(h, x, nxt_b(), y) for i, h in enumerate(found)} | {
         "cublas_ltbest": lambda: gemm.run(best, x, nxt_b(), y),
         f"{order}_whole_torch": lambda: torch.mm(x, dequant_slab(*nxt[order](), K, order, 0, N, whole).T, out=y),
         f"{order}_whole_lt": lambda: gemm.run(best, x, dequant_slab(*nxt[order](), K, order, 0, N, whole), y),
