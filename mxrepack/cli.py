@@ -155,25 +155,49 @@ def convert(
         hub_token()
     shard_bytes = _parse_size(shard_size)
     from mxrepack.progress import ProgressBar
+    from mxrepack.repack.pipeline import InterruptedAfterWriting
 
-    with ProgressBar("writing: output bytes", enabled=not as_json) as progress:
-        result = repack(
-            source,
-            target,
-            out,
-            recipe_file=str(recipe) if recipe else None,
-            revision=revision,
-            overwrite=overwrite,
-            shard_bytes=shard_bytes,
-            hash_source=not no_source_hash,
-            progress=progress,
-            dense=dense,
-            dense_layers=dense_layers,
-            scale_rule=scale_rule,
-            scale_search=scale_search,
-            activations=activations,
-            allow_nonfinite=allow_nonfinite,
-        )
+    try:
+        with ProgressBar("writing: output bytes", enabled=not as_json) as progress:
+            result = repack(
+                source,
+                target,
+                out,
+                recipe_file=str(recipe) if recipe else None,
+                revision=revision,
+                overwrite=overwrite,
+                shard_bytes=shard_bytes,
+                hash_source=not no_source_hash,
+                progress=progress,
+                dense=dense,
+                dense_layers=dense_layers,
+                scale_rule=scale_rule,
+                scale_search=scale_search,
+                activations=activations,
+                allow_nonfinite=allow_nonfinite,
+            )
+    except InterruptedAfterWriting as e:
+        raise OutputKept(
+            f"interrupted after the output was renamed into place; {e.out} is complete and verified"
+        ) from None
+    try:
+        _report_and_push(result, as_json, push_to_hub, private)
+    except KeyboardInterrupt:
+        if not push_to_hub:
+            raise OutputKept(f"interrupted while reporting; {result.out} is complete and verified") from None
+        raise OutputKept(
+            f"interrupted during the upload to {push_to_hub}; {result.out} is complete and verified "
+            f"(`repack push {result.out} --repo-id {push_to_hub}` uploads it)"
+        ) from None
+
+
+class OutputKept(Exception):
+    """An interrupt once the output was in place (verified before its rename): it stays, and the message says so
+    where the plain interrupt's says that nothing was written. Exit status 130, as for any interrupt."""
+
+
+def _report_and_push(result, as_json: bool, push_to_hub: str | None, private: bool) -> None:
+    """The finished conversion's summary (and serving hint), then the upload that --push-to-hub asked for."""
     from mxrepack.errors import load_json
     from mxrepack.serve.spec import serve_hint, serve_refusal
 
@@ -657,6 +681,10 @@ def main(argv: list[str] | None = None) -> int:
     except MxRepackError as e:
         typer.echo(f"error: {e}", err=True)
         return 1
+    except OutputKept as e:
+        typer.echo(f"error: {e}", err=True)
+        _exit_on_next_interrupt(as_program)
+        return 130
     except KeyboardInterrupt:
         typer.echo(INTERRUPTED, err=True)
         _exit_on_next_interrupt(as_program)

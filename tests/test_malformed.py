@@ -111,6 +111,32 @@ def _bad_f32_expert_bias(d):
     return f"tensor '{name}': dtype F32, expected BF16"
 
 
+def _bad_bf16_experts(d):
+    # a dequantized copy (as transformers saves gpt-oss after loading it in BF16) was "..._blocks is missing"
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(_shard(d))
+    for part in ("gate_up_proj", "down_proj"):
+        name = f"model.layers.0.mlp.experts.{part}"
+        blocks = tensors.pop(f"{name}_blocks")
+        tensors.pop(f"{name}_scales")
+        tensors[name] = torch.zeros(blocks.shape[0], blocks.shape[2] * 32, blocks.shape[1], dtype=torch.bfloat16)
+    save_file(tensors, _shard(d), metadata={"format": "pt"})
+    _index(d, lambda m: m.clear() or m.update(dict.fromkeys(tensors, _shard(d).name)))
+    return (
+        "tensor 'model.layers.0.mlp.experts.gate_up_proj' holds the experts as BF16 where gpt-oss stores them as "
+        "MXFP4 ('model.layers.0.mlp.experts.gate_up_proj_blocks' and its _scales)"
+    )
+
+
+def _bad_quantization_config(d):
+    # another quantization named over MXFP4 tensors was ignored (every target rewrites it)
+    config = json.loads((d / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (d / "config.json").write_text(json.dumps(config))
+    return "config.json: quantization_config says quant_method 'fp8', but the tensors are gpt-oss's MXFP4 experts"
+
+
 BAD = [
     _bad_overlap,
     _bad_negative_offset,
@@ -122,6 +148,8 @@ BAD = [
     _bad_shard_is_a_folder,
     _bad_config_is_a_folder,
     _bad_f32_expert_bias,
+    _bad_bf16_experts,
+    _bad_quantization_config,
 ]
 
 
@@ -323,6 +351,53 @@ def test_second_interrupt_during_cleanup_still_removes_the_temporary_folder(tiny
         repack(str(tiny), "mxfp4", tmp_path / "out")
     assert signalled and not list(tmp_path.glob(".out.*")) and not (tmp_path / "out").exists()
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+@pytest.mark.parametrize("moment", ["rename", "report", "upload"])
+def test_ctrl_c_once_the_output_is_in_place_says_it_is_complete(tiny, tmp_path, monkeypatch, capsys, moment):
+    """Ctrl-C in the moments after the final rename (or during the summary, or --push-to-hub's upload) said that
+    nothing was written to the output path, which by then held the complete, verified output."""
+    from mxrepack import hub
+    from mxrepack.cli import main
+    from mxrepack.repack import destination, pipeline
+    from mxrepack.serve import spec
+
+    def ctrl_c(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode
+        return real(*args, **kwargs)
+
+    if moment == "rename":
+        real = destination.replace_with
+        monkeypatch.setattr(pipeline, "replace_with", ctrl_c)
+    elif moment == "report":
+        real = spec.serve_hint
+        monkeypatch.setattr(spec, "serve_hint", ctrl_c)
+    else:
+        monkeypatch.setenv("HF_TOKEN", "hf_test")
+        monkeypatch.setattr(hub, "hub_token", lambda: "hf_test")
+        real = lambda plan: "https://huggingface.co/org/name"  # noqa: E731 - no network in tests
+        monkeypatch.setattr(hub, "push", ctrl_c)
+    out = tmp_path / "out"
+    argv = [str(tiny), "--target", "mxfp4", "--out", str(out)] + (["--push-to-hub", "org/name"] * (moment == "upload"))
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "nothing was written" not in err and err.startswith("error: interrupted ")
+    assert err.endswith(f"{out} is complete and verified") or "repack push" in err
+    assert main(["verify", str(out)]) == 0 and not list(tmp_path.glob(".out.*"))
+
+
+def test_temporary_folders_of_dead_runs_go_even_when_their_pid_is_reused(tiny, tmp_path):
+    """A killed run's temporary folder was kept while any process had its PID (reused, or a PID namespace's 1):
+    under the output's lock none of them is still being written."""
+    live = os.getpid()
+    for name in (f".out.mxrepack-tmp-{live}", ".out.mxrepack-old-1", ".out.mxrepack-tmp-2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model-00001-of-00002.safetensors").write_bytes(b"x" * 100)
+    theirs = [tmp_path / ".out.mxrepack-notes", tmp_path / ".outer.mxrepack-tmp-3"]
+    for d in theirs:
+        d.mkdir()
+    repack(str(tiny), "mxfp4", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.glob(".*")) == sorted(p.name for p in theirs)
 
 
 def test_ctrl_c_after_the_interrupt_was_reported_exits_quietly():

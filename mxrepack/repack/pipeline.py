@@ -2,8 +2,9 @@
 
 Output goes to a hidden sibling directory first (``.NAME.mxrepack-tmp-PID``); only a complete,
 verified result is renamed to the requested path. Interrupts and errors remove the temporary
-directory; a SIGKILL can leave it behind, and the next run removes such leftovers whose process is
-gone. The output path itself never holds a partial result.
+directory; a SIGKILL can leave it behind, and the next run to the same output removes it. The output
+path itself never holds a partial result, and an interrupt after the rename says the output is complete
+(:class:`InterruptedAfterWriting`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.destination import OutputLock, check_destination, replace_with, source_places
 from mxrepack.repack.finite import FiniteGuard
 from mxrepack.repack.memory import keep_freed_memory
-from mxrepack.repack.output import build_manifest, quantization_report, write_config, write_index, write_manifest  # noqa: F401 (quantization_report: was here)
+from mxrepack.repack.output import build_manifest, write_config, write_index, write_manifest
 from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
 from mxrepack.repack.safetensors_io import PlannedTensor, StreamingShardWriter, plan_shards, sha256_file
 from mxrepack.repack.source import Checkpoint, SourceTensor, open_checkpoint
@@ -80,21 +81,28 @@ class RepackResult:
         }
 
 
+class InterruptedAfterWriting(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM / SIGHUP) came once the verified output was already in place at ``out``: nothing is
+    undone, and the user must not be told that nothing was written."""
+
+    def __init__(self, out: Path):
+        super().__init__(str(out))
+        self.out = out
+
+
 def default_out(source: str, target: str) -> Path:
     name = Path(source.rstrip("/")).name or "model"
     return Path(f"{name}-{target}")
 
 
 def _stale_temp_dirs(out: Path) -> None:
-    """Remove temporary siblings left by runs that were killed (their process no longer exists)."""
+    """Remove the temporary and set-aside siblings (``.NAME.mxrepack-tmp-PID``, ``-old-PID``) of runs that were
+    killed. The caller holds the output's lock, which every run writing them holds to its end: whatever process its
+    PID names now (PIDs are reused, so a live one proved nothing), none of them is still being written."""
     for tmp in out.parent.glob(f".{out.name}.mxrepack-*"):
-        try:
-            pid = int(tmp.name.rsplit("-", 1)[1])
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        kind, _, pid = tmp.name[len(out.name) + len(".mxrepack-") + 1 :].partition("-")
+        if kind in ("tmp", "old") and pid.isdigit() and tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, IndexError, PermissionError):
-            pass
 
 
 def _quantized_dense_modules(recipe: Recipe, plan: list[PlanItem]) -> list[str]:
@@ -320,9 +328,10 @@ def _convert(
     chunk_bytes: int,
     hash_source: bool,
     progress: Progress | None,
+    finished: list[Path],
 ) -> tuple[dict, dict, dict]:
     """Write, verify and rename into place (the caller holds the output's lock and has checked the path);
-    returns (manifest, files, verify report)."""
+    returns (manifest, files, verify report). ``out`` is appended to ``finished`` the moment it is in place."""
     hash_futures = ck.hash_files_async() if hash_source else {}
     _stale_temp_dirs(out)
     tmp = out.parent / f".{out.name}.mxrepack-tmp-{os.getpid()}"
@@ -363,13 +372,35 @@ def _convert(
         report = verify_dir(tmp, checksums=False, source=ck, quick=True)
         if not report["ok"]:
             raise MxRepackError(f"{out}: verification of the new output failed: {report['problems'][0]}")
-        replace_with(out, tmp)
+        _rename_into_place(out, tmp, finished)
     except OSError as e:
         where = e.filename or tmp
         raise MxRepackError(f"{where}: write failed ({e.strerror or e}); is the disk full?") from None
     finally:
         _remove_held_off(tmp, previous)
     return manifest, files, report
+
+
+def _rename_into_place(out: Path, tmp: Path, finished: list[Path]) -> None:
+    """:func:`replace_with`, with Ctrl-C, SIGTERM and SIGHUP held until ``finished`` records that ``out`` is in
+    place: one that came meanwhile is raised after, when the caller can tell whether the output was written."""
+    came: list[int] = []
+    held: dict = {}
+    try:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                handler = signal.getsignal(sig)
+                if handler is None or handler is signal.SIG_IGN:  # set outside Python, or ignored: left alone
+                    continue
+                held[sig] = handler
+                signal.signal(sig, lambda signum, frame: came.append(signum))
+        replace_with(out, tmp)
+        finished.append(out)
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+    if came:
+        raise KeyboardInterrupt
 
 
 def _remove_held_off(tmp: Path, previous: dict) -> None:
@@ -439,15 +470,23 @@ def repack(
     if not out.parent.is_dir():
         what = "is not a directory" if out.parent.exists() else "does not exist"
         raise MxRepackError(f"{out.parent}: output's parent {what}")
-    with OutputLock(out):
-        if (out.exists() or out.is_symlink()) and not overwrite:  # before a Hub source is fetched
-            raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
-        ck = checkpoint or open_checkpoint(source, revision)
-        check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
-        guard = FiniteGuard(allow_nonfinite)
-        acts = load_activations(activations, {name: tuple(t.shape) for name, t in ck.tensors.items()})
-        plan = build_plan(ck, recipe, acts, guard)
-        manifest, files, report = _convert(ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress)
+    finished: list[Path] = []
+    try:
+        with OutputLock(out):
+            if (out.exists() or out.is_symlink()) and not overwrite:  # before a Hub source is fetched
+                raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
+            ck = checkpoint or open_checkpoint(source, revision)
+            check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
+            guard = FiniteGuard(allow_nonfinite)
+            acts = load_activations(activations, {name: tuple(t.shape) for name, t in ck.tensors.items()})
+            plan = build_plan(ck, recipe, acts, guard)
+            manifest, files, report = _convert(
+                ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress, finished
+            )
+    except KeyboardInterrupt:
+        if finished:
+            raise InterruptedAfterWriting(out) from None
+        raise
     layout = make_layout(recipe.expert_layout, recipe.expert_options).name
     return RepackResult(
         out,

@@ -277,11 +277,25 @@ def open_checkpoint(source: str, revision: str | None = None) -> Checkpoint:
                 raise MxRepackError(f"{root / shard}: index lists tensor '{name}' but the file does not contain it")
     ck = Checkpoint(root, layout, config, tensors, files, origin)
     validate(ck, unindexed)
+    _check_quantization_config(raw_config, root / "config.json")
     # after the tensors (a wrong layer count is named there), on the file as written (its own key names)
     check_engine_fields(
         raw_config, dims, root / "config.json", "num_local_experts" if layout == "hf" else "num_experts"
     )
     return ck
+
+
+def _check_quantization_config(config: dict, path: Path) -> None:
+    """The tensors just validated are gpt-oss's MXFP4 experts: a config that says another quantization was edited or
+    belongs to other weights (every target writes its own quantization_config, so it would not reach the output, but
+    the folder is not the checkpoint its config describes). None, or no quant_method, is the tensors' to say."""
+    qc = config.get("quantization_config")
+    method = qc.get("quant_method") if isinstance(qc, dict) else qc
+    if method is not None and method != "mxfp4":
+        raise MxRepackError(
+            f"{path}: quantization_config says quant_method {method!r}, but the tensors are gpt-oss's MXFP4 experts "
+            "(_blocks and _scales); expected 'mxfp4' or no quantization_config"
+        )
 
 
 def config_dims(config: dict, path: Path) -> gptoss.Dims:
@@ -401,6 +415,13 @@ def validate(ck: Checkpoint, unindexed: dict[str, Path] | None = None) -> None:
             raise MxRepackError(
                 f"{ck.root / 'model.safetensors.index.json'}: does not list tensor '{name}', which is in "
                 f"{unindexed[name].name}; the index is incomplete"
+            )
+        unpacked = ck.tensors.get(name.removesuffix("_blocks")) if kind == "blocks" else None
+        if t is None and unpacked is not None:  # a dequantized copy (the experts as one BF16 tensor each)
+            raise MxRepackError(
+                f"{unpacked.info.file}: tensor '{unpacked.name}' holds the experts as {dtype_name(unpacked.dtype)} "
+                f"where gpt-oss stores them as MXFP4 ('{name}' and its _scales); mxrepack converts the MXFP4 release "
+                "(openai/gpt-oss-20b, openai/gpt-oss-120b)"
             )
         if t is None:
             raise MxRepackError(f"{ck.root}: tensor '{name}' is missing (expected {kind} of shape {list(shape)})")
