@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -155,8 +156,9 @@ def convert(
         hub_token()
     shard_bytes = _parse_size(shard_size)
     from mxrepack.progress import ProgressBar
-    from mxrepack.repack.pipeline import InterruptedAfterWriting
 
+    written: list[Path] = []  # the output path, the moment the verified output is in place
+    uploading = False
     try:
         with ProgressBar("writing: output bytes", enabled=not as_json) as progress:
             result = repack(
@@ -175,20 +177,24 @@ def convert(
                 scale_search=scale_search,
                 activations=activations,
                 allow_nonfinite=allow_nonfinite,
+                finished=written,
             )
-    except InterruptedAfterWriting as e:
-        raise OutputKept(
-            f"interrupted after the output was renamed into place; {e.out} is complete and verified"
-        ) from None
-    try:
-        _report_and_push(result, as_json, push_to_hub, private)
+        _report(result, as_json)
+        if push_to_hub:
+            from mxrepack.hub import plan_push, push
+
+            uploading = True
+            url = push(plan_push(result.out, push_to_hub, private))
+            uploading = False
+            typer.echo(f"pushed {result.out} to {url}", err=as_json)
     except KeyboardInterrupt:
-        if not push_to_hub:
-            raise OutputKept(f"interrupted while reporting; {result.out} is complete and verified") from None
-        raise OutputKept(
-            f"interrupted during the upload to {push_to_hub}; {result.out} is complete and verified "
-            f"(`repack push {result.out} --repo-id {push_to_hub}` uploads it)"
-        ) from None
+        if not written:
+            raise
+        done = f"{written[0]} is complete and verified"
+        if not uploading:
+            raise OutputKept(f"interrupted after the output was written; {done}") from None
+        again = f"repack push {shlex.quote(str(written[0]))} --repo-id {push_to_hub}" + " --private" * private
+        raise OutputKept(f"interrupted during the upload to {push_to_hub}; {done} (`{again}` uploads it)") from None
 
 
 class OutputKept(Exception):
@@ -196,8 +202,8 @@ class OutputKept(Exception):
     where the plain interrupt's says that nothing was written. Exit status 130, as for any interrupt."""
 
 
-def _report_and_push(result, as_json: bool, push_to_hub: str | None, private: bool) -> None:
-    """The finished conversion's summary (and serving hint), then the upload that --push-to-hub asked for."""
+def _report(result, as_json: bool) -> None:
+    """The finished conversion's summary, its quantization error table and how to serve it."""
     from mxrepack.errors import load_json
     from mxrepack.serve.spec import serve_hint, serve_refusal
 
@@ -223,11 +229,6 @@ def _report_and_push(result, as_json: bool, push_to_hub: str | None, private: bo
         f"verified ({s['verify']['groups_compared']} groups re-derived from the source)\n" + "\n".join(s["serve"])
     )
     _emit(s, as_json, human)
-    if push_to_hub:
-        from mxrepack.hub import plan_push, push
-
-        url = push(plan_push(result.out, push_to_hub, private))
-        typer.echo(f"pushed {result.out} to {url}", err=as_json)
 
 
 @app.command("push")

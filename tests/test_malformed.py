@@ -353,7 +353,7 @@ def test_second_interrupt_during_cleanup_still_removes_the_temporary_folder(tiny
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
-@pytest.mark.parametrize("moment", ["rename", "report", "upload"])
+@pytest.mark.parametrize("moment", ["rename", "report", "upload", "private upload"])
 def test_ctrl_c_once_the_output_is_in_place_says_it_is_complete(tiny, tmp_path, monkeypatch, capsys, moment):
     """Ctrl-C in the moments after the final rename (or during the summary, or --push-to-hub's upload) said that
     nothing was written to the output path, which by then held the complete, verified output."""
@@ -373,31 +373,126 @@ def test_ctrl_c_once_the_output_is_in_place_says_it_is_complete(tiny, tmp_path, 
         real = spec.serve_hint
         monkeypatch.setattr(spec, "serve_hint", ctrl_c)
     else:
-        monkeypatch.setenv("HF_TOKEN", "hf_test")
         monkeypatch.setattr(hub, "hub_token", lambda: "hf_test")
         real = lambda plan: "https://huggingface.co/org/name"  # noqa: E731 - no network in tests
         monkeypatch.setattr(hub, "push", ctrl_c)
     out = tmp_path / "out"
-    argv = [str(tiny), "--target", "mxfp4", "--out", str(out)] + (["--push-to-hub", "org/name"] * (moment == "upload"))
+    argv = [str(tiny), "--target", "mxfp4", "--out", str(out)]
+    argv += {"upload": ["--push-to-hub", "org/name"], "private upload": ["--push-to-hub", "org/name", "--private"]}.get(
+        moment, []
+    )
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     assert main(argv) == 130
+    assert {sig: signal.getsignal(sig) for sig in before} == before
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "nothing was written" not in err and err.startswith("error: interrupted ")
-    assert err.endswith(f"{out} is complete and verified") or "repack push" in err
+    if "upload" in moment:  # how to send it again, as private as asked
+        again = f"`repack push {out} --repo-id org/name" + " --private" * (moment == "private upload") + "`"
+        assert err.endswith(f"{out} is complete and verified ({again} uploads it)"), err
+    else:
+        assert err.endswith(f"{out} is complete and verified"), err
     assert main(["verify", str(out)]) == 0 and not list(tmp_path.glob(".out.*"))
 
 
-def test_temporary_folders_of_dead_runs_go_even_when_their_pid_is_reused(tiny, tmp_path):
+def test_leftovers_of_killed_runs_go_even_when_their_pid_is_reused(tiny, tmp_path):
     """A killed run's temporary folder was kept while any process had its PID (reused, or a PID namespace's 1):
-    under the output's lock none of them is still being written."""
+    under the output's lock none of them is still being written. Only this output's: `a?` is no pattern."""
     live = os.getpid()
     for name in (f".out.mxrepack-tmp-{live}", ".out.mxrepack-old-1", ".out.mxrepack-tmp-2"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model-00001-of-00002.safetensors").write_bytes(b"x" * 100)
-    theirs = [tmp_path / ".out.mxrepack-notes", tmp_path / ".outer.mxrepack-tmp-3"]
+    (tmp_path / "out").mkdir()  # the old output's place is taken: the set-aside one is garbage
+    theirs = [tmp_path / ".out.mxrepack-notes", tmp_path / ".outer.mxrepack-tmp-3", tmp_path / ".a_.mxrepack-tmp-4"]
     for d in theirs:
         d.mkdir()
-    repack(str(tiny), "mxfp4", tmp_path / "out")
+    with pytest.raises(MxRepackError, match="output already exists"):
+        repack(str(tiny), "mxfp4", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.glob(".*")) == sorted(p.name for p in theirs)
+    repack(str(tiny), "mxfp4", tmp_path / "a?")
+    assert (tmp_path / ".a_.mxrepack-tmp-4").is_dir()
+
+
+def test_an_output_set_aside_by_a_killed_run_is_put_back(tiny, tmp_path):
+    """Killed between the two renames of an --overwrite (the old output set aside, the new not yet in place): the
+    old output was deleted by the next run, even one without --overwrite."""
+    out = tmp_path / "out"
+    repack(str(tiny), "mxfp4", out)
+    os.rename(out, tmp_path / f".out.mxrepack-old-{os.getpid()}")
+    with pytest.raises(MxRepackError, match="output already exists"):
+        repack(str(tiny), "bf16", out)
+    assert (out / "mxrepack.json").is_file() and not list(tmp_path.glob(".out.*"))
+
+
+def test_a_failed_second_rename_puts_the_old_output_back(tmp_path, monkeypatch):
+    from mxrepack.repack import destination
+
+    out, tmp = tmp_path / "out", tmp_path / ".out.new"
+    out.mkdir()
+    (out / "old").write_text("old")
+    tmp.mkdir()
+    real = os.rename
+
+    def failing(src, dst):
+        if Path(src) == tmp:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(destination.os, "rename", failing)
+    with pytest.raises(OSError):
+        destination.replace_with(out, tmp)
+    assert (out / "old").read_text() == "old" and tmp.is_dir() and sorted(tmp_path.iterdir()) == [tmp, out]
+
+
+def _sigint_soon():
+    os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode
+
+
+def test_interrupt_guard_modes_and_restoration():
+    """Raise, defer (delivered as the block ends), drop; the handlers back as they were; a deferred signal at the end
+    goes to the handler it would have met outside."""
+    from mxrepack.repack.interrupts import InterruptGuard
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with pytest.raises(KeyboardInterrupt), InterruptGuard():
+        os.kill(os.getpid(), signal.SIGTERM)  # unwinds like Ctrl-C
+        [None for _ in range(1000)]
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    steps = []
+    with pytest.raises(KeyboardInterrupt), InterruptGuard() as guard:
+        with guard.deferred():
+            _sigint_soon()
+            [None for _ in range(1000)]
+            steps.append("rest of the block ran")
+        steps.append("not reached")
+    assert steps == ["rest of the block ran"]
+    with InterruptGuard() as guard, guard.dropping():
+        _sigint_soon()
+        [None for _ in range(1000)]
+        steps.append("dropped")
+    assert steps[-1] == "dropped" and {sig: signal.getsignal(sig) for sig in before} == before
+    with pytest.raises(KeyboardInterrupt):
+        with InterruptGuard() as guard:
+            guard.mode = "defer"
+            _sigint_soon()
+            [None for _ in range(1000)]
+        [None for _ in range(1000)]  # delivered to Python's own handler after the restoration
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_interrupt_guard_leaves_ignored_and_default_handlers(monkeypatch):
+    from mxrepack.repack.interrupts import InterruptGuard
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C kills, as the user set it
+        with InterruptGuard():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+            assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def test_ctrl_c_after_the_interrupt_was_reported_exits_quietly():

@@ -181,12 +181,16 @@ def _changed_since_written(out: Path, manifest: dict) -> str | None:
 
 def replace_with(out: Path, tmp: Path) -> None:
     """Move the finished ``tmp`` to ``out``, replacing an mxrepack output there (already checked by
-    :func:`check_destination` under the lock): the old one is renamed aside first, so ``out`` always
-    holds a complete output, then removed."""
+    :func:`check_destination` under the lock): the old one is renamed aside first, then removed, so ``out``
+    holds a complete output but for the instant between the two renames, and the old one again if the second fails."""
     if out.exists() or out.is_symlink():
         old = out.parent / f".{out.name}.mxrepack-old-{os.getpid()}"
         os.rename(out, old)
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except BaseException:  # the old output back where it was (a kill here leaves it to the next run's leftovers)
+            os.rename(old, out)
+            raise
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, out)

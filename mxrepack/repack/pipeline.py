@@ -2,9 +2,8 @@
 
 Output goes to a hidden sibling directory first (``.NAME.mxrepack-tmp-PID``); only a complete,
 verified result is renamed to the requested path. Interrupts and errors remove the temporary
-directory; a SIGKILL can leave it behind, and the next run to the same output removes it. The output
-path itself never holds a partial result, and an interrupt after the rename says the output is complete
-(:class:`InterruptedAfterWriting`).
+directory (:mod:`mxrepack.repack.interrupts`); a SIGKILL can leave it behind, and the next run to the same
+output removes it. The output path itself never holds a partial result.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +29,7 @@ from mxrepack.quant.dense import load_activations
 from mxrepack.recipes import Recipe, load_recipe
 from mxrepack.repack.destination import OutputLock, check_destination, replace_with, source_places
 from mxrepack.repack.finite import FiniteGuard
+from mxrepack.repack.interrupts import InterruptGuard
 from mxrepack.repack.memory import keep_freed_memory
 from mxrepack.repack.output import build_manifest, write_config, write_index, write_manifest
 from mxrepack.repack.plan import PlanItem, build_plan, expert_dims, rows_per_chunk
@@ -81,28 +79,28 @@ class RepackResult:
         }
 
 
-class InterruptedAfterWriting(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM / SIGHUP) came once the verified output was already in place at ``out``: nothing is
-    undone, and the user must not be told that nothing was written."""
-
-    def __init__(self, out: Path):
-        super().__init__(str(out))
-        self.out = out
-
-
 def default_out(source: str, target: str) -> Path:
     name = Path(source.rstrip("/")).name or "model"
     return Path(f"{name}-{target}")
 
 
-def _stale_temp_dirs(out: Path) -> None:
-    """Remove the temporary and set-aside siblings (``.NAME.mxrepack-tmp-PID``, ``-old-PID``) of runs that were
-    killed. The caller holds the output's lock, which every run writing them holds to its end: whatever process its
-    PID names now (PIDs are reused, so a live one proved nothing), none of them is still being written."""
-    for tmp in out.parent.glob(f".{out.name}.mxrepack-*"):
-        kind, _, pid = tmp.name[len(out.name) + len(".mxrepack-") + 1 :].partition("-")
-        if kind in ("tmp", "old") and pid.isdigit() and tmp.is_dir() and not tmp.is_symlink():
-            shutil.rmtree(tmp, ignore_errors=True)
+def _leftovers(out: Path) -> None:
+    """What runs that were killed (SIGKILL, a power cut) left beside ``out``: their temporary folders
+    (``.NAME.mxrepack-tmp-PID``) are removed, and an output they had set aside to replace (``-old-PID``) is put back
+    where ``out`` is missing (killed between :func:`replace_with`'s two renames: it is the user's), else removed. The
+    caller holds the output's lock, which every run writing these holds to its end: whatever process a PID names now
+    (PIDs are reused, so a live one proved nothing), none of them is still being written."""
+    prefix = f".{out.name}.mxrepack-"
+    found: dict[str, list[Path]] = {"tmp": [], "old": []}
+    for entry in out.parent.iterdir():
+        kind, _, pid = entry.name[len(prefix) :].partition("-") if entry.name.startswith(prefix) else ("", "", "")
+        if kind in found and pid.isdigit() and entry.is_dir() and not entry.is_symlink():
+            found[kind].append(entry)
+    old = sorted(found["old"], key=lambda p: p.stat().st_mtime_ns)
+    if old and not (out.exists() or out.is_symlink()):
+        os.rename(old.pop(), out)
+    for entry in found["tmp"] + old:
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _quantized_dense_modules(recipe: Recipe, plan: list[PlanItem]) -> list[str]:
@@ -333,105 +331,44 @@ def _convert(
     """Write, verify and rename into place (the caller holds the output's lock and has checked the path);
     returns (manifest, files, verify report). ``out`` is appended to ``finished`` the moment it is in place."""
     hash_futures = ck.hash_files_async() if hash_source else {}
-    _stale_temp_dirs(out)
     tmp = out.parent / f".{out.name}.mxrepack-tmp-{os.getpid()}"
-    # SIGTERM and SIGHUP (a closed terminal) unwind like Ctrl-C so the finally below removes the temporary directory;
-    # one the user set to be ignored stays so (`nohup repack ...` is how a long conversion outlives its terminal)
-    previous = {
-        sig: handler
-        for sig in (signal.SIGTERM, signal.SIGHUP)
-        # ignored (nohup), or set outside Python (None: it could not be put back): left as it is
-        if (handler := signal.getsignal(sig)) is not signal.SIG_IGN and handler is not None
-    }
-    try:
-        for sig in previous:
-            signal.signal(sig, signal.default_int_handler)
-    except ValueError:  # not in the main thread
-        previous = {}
-    try:  # the folder is made inside: an interrupt right after it is made still removes it
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+    with InterruptGuard() as guard:
+        try:  # the folder is made inside: an interrupt right after it is made still removes it
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+            except OSError as e:
+                raise MxRepackError(f"{out.parent}: cannot write the output here ({e.strerror or e})") from None
+            weight_map, files = _write_weights(tmp, plan, shard_bytes, chunk_bytes, progress)
+            total_size = sum(i.nbytes for i in plan)
+            write_index(tmp, weight_map, total_size)
+            write_config(tmp, output_config(ck, recipe, plan))
+            for side in ck.side_files:
+                shutil.copyfile(side, tmp / side.name)
+            source_hashes = {name: f.result() for name, f in hash_futures.items()}
+            manifest = build_manifest(ck, recipe, plan, weight_map, source_hashes)
+            for path in sorted(tmp.iterdir()):
+                if path.name not in files:
+                    files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+            manifest["files"] = dict(sorted(files.items()))
+            manifest = write_manifest(tmp, manifest)  # sealed with its own sha256: an edit fails verify
+
+            # Checksums were computed from the bytes as written; the source comparison proves the layout.
+            report = verify_dir(tmp, checksums=False, source=ck, quick=True)
+            if not report["ok"]:
+                raise MxRepackError(f"{out}: verification of the new output failed: {report['problems'][0]}")
+            with guard.deferred():  # an interrupt now is raised once `finished` says whether the output is in place
+                replace_with(out, tmp)
+                finished.append(out)
         except OSError as e:
-            raise MxRepackError(f"{out.parent}: cannot write the output here ({e.strerror or e})") from None
-        weight_map, files = _write_weights(tmp, plan, shard_bytes, chunk_bytes, progress)
-        total_size = sum(i.nbytes for i in plan)
-        write_index(tmp, weight_map, total_size)
-        write_config(tmp, output_config(ck, recipe, plan))
-        for side in ck.side_files:
-            shutil.copyfile(side, tmp / side.name)
-        source_hashes = {name: f.result() for name, f in hash_futures.items()}
-        manifest = build_manifest(ck, recipe, plan, weight_map, source_hashes)
-        for path in sorted(tmp.iterdir()):
-            if path.name not in files:
-                files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
-        manifest["files"] = dict(sorted(files.items()))
-        manifest = write_manifest(tmp, manifest)  # sealed with its own sha256: an edit fails verify
-
-        # Checksums were computed from the bytes as written; the source comparison proves the layout.
-        report = verify_dir(tmp, checksums=False, source=ck, quick=True)
-        if not report["ok"]:
-            raise MxRepackError(f"{out}: verification of the new output failed: {report['problems'][0]}")
-        _rename_into_place(out, tmp, finished)
-    except OSError as e:
-        where = e.filename or tmp
-        raise MxRepackError(f"{where}: write failed ({e.strerror or e}); is the disk full?") from None
-    finally:
-        _remove_held_off(tmp, previous)
-    return manifest, files, report
-
-
-def _rename_into_place(out: Path, tmp: Path, finished: list[Path]) -> None:
-    """:func:`replace_with`, with Ctrl-C, SIGTERM and SIGHUP held until ``finished`` records that ``out`` is in
-    place: one that came meanwhile is raised after, when the caller can tell whether the output was written."""
-    came: list[int] = []
-    held: dict = {}
-    try:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                handler = signal.getsignal(sig)
-                if handler is None or handler is signal.SIG_IGN:  # set outside Python, or ignored: left alone
-                    continue
-                held[sig] = handler
-                signal.signal(sig, lambda signum, frame: came.append(signum))
-        replace_with(out, tmp)
-        finished.append(out)
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-    if came:
-        raise KeyboardInterrupt
-
-
-def _remove_held_off(tmp: Path, previous: dict) -> None:
-    """Remove the temporary directory with Ctrl-C, SIGTERM and SIGHUP held off, then put back the handlers the
-    conversion replaced (``previous``). A second Ctrl-C (pressed again because the first seemed slow) used to
-    interrupt the removal itself and leave gigabytes of a half-written output beside the path until the next run;
-    a signal that comes meanwhile is dropped: the conversion is already being undone (or has finished)."""
-    if threading.current_thread() is not threading.main_thread():  # signals go to the main thread's handlers
-        shutil.rmtree(tmp, ignore_errors=True)
-        return
-    held: dict = {}
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            handler = signal.getsignal(sig)
-            if handler is None or handler is signal.SIG_IGN:  # set outside Python, or ignored: left alone
-                continue
-            signal.signal(sig, _drop_signal)  # a Ctrl-C pending from before may be raised here: still removed below
-            held[sig] = previous.get(sig, handler)
-    finally:
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
+            where = e.filename or tmp
+            raise MxRepackError(f"{where}: write failed ({e.strerror or e}); is the disk full?") from None
         finally:
-            for sig, handler in held.items():
-                signal.signal(sig, handler)
-            for sig, handler in previous.items():  # ones skipped above
-                if sig not in held:
-                    signal.signal(sig, handler)
-
-
-def _drop_signal(signum, frame) -> None:
-    pass
+            try:  # undoing an interrupted conversion runs to its end; after the rename nothing is dropped
+                guard.mode = "defer" if finished else "drop"
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return manifest, files, report
 
 
 def repack(
@@ -453,13 +390,16 @@ def repack(
     scale_search: bool | None = None,
     activations: str | Path | None = None,
     allow_nonfinite: bool = False,
+    finished: list[Path] | None = None,
 ) -> RepackResult:
     """Convert ``source`` for ``target`` (or ``recipe_file``) into ``out``; see the module docstring.
 
     ``dense``/``dense_layers``/``scale_rule``/``scale_search`` override the recipe's dense section;
     ``activations`` is a safetensors file of recorded layer inputs for the error report. NaN/Inf in a float
     tensor stored without quantizing (router, norms, biases, BF16 dense) is an error unless ``allow_nonfinite``:
-    then each such tensor is a warning in the result and an entry in the manifest's ``nonfinite``."""
+    then each such tensor is a warning in the result and an entry in the manifest's ``nonfinite``. ``finished``: a
+    list of the caller's that the output path is appended to the moment the verified output is in place (with
+    interrupts held), so that a caller interrupted at any point after it can say the output is complete."""
     started = time.perf_counter()
     keep_freed_memory()
     if shard_bytes <= 0:
@@ -470,23 +410,19 @@ def repack(
     if not out.parent.is_dir():
         what = "is not a directory" if out.parent.exists() else "does not exist"
         raise MxRepackError(f"{out.parent}: output's parent {what}")
-    finished: list[Path] = []
-    try:
-        with OutputLock(out):
-            if (out.exists() or out.is_symlink()) and not overwrite:  # before a Hub source is fetched
-                raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
-            ck = checkpoint or open_checkpoint(source, revision)
-            check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
-            guard = FiniteGuard(allow_nonfinite)
-            acts = load_activations(activations, {name: tuple(t.shape) for name, t in ck.tensors.items()})
-            plan = build_plan(ck, recipe, acts, guard)
-            manifest, files, report = _convert(
-                ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress, finished
-            )
-    except KeyboardInterrupt:
-        if finished:
-            raise InterruptedAfterWriting(out) from None
-        raise
+    finished = [] if finished is None else finished
+    with OutputLock(out):
+        _leftovers(out)
+        if (out.exists() or out.is_symlink()) and not overwrite:  # before a Hub source is fetched
+            raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
+        ck = checkpoint or open_checkpoint(source, revision)
+        check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
+        guard = FiniteGuard(allow_nonfinite)
+        acts = load_activations(activations, {name: tuple(t.shape) for name, t in ck.tensors.items()})
+        plan = build_plan(ck, recipe, acts, guard)
+        manifest, files, report = _convert(
+            ck, recipe, plan, out, shard_bytes, chunk_bytes, hash_source, progress, finished
+        )
     layout = make_layout(recipe.expert_layout, recipe.expert_options).name
     return RepackResult(
         out,

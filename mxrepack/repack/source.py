@@ -290,11 +290,13 @@ def _check_quantization_config(config: dict, path: Path) -> None:
     belongs to other weights (every target writes its own quantization_config, so it would not reach the output, but
     the folder is not the checkpoint its config describes). None, or no quant_method, is the tensors' to say."""
     qc = config.get("quantization_config")
-    method = qc.get("quant_method") if isinstance(qc, dict) else qc
+    if qc is not None and not isinstance(qc, dict):
+        raise MxRepackError(f"{path}: quantization_config is {qc!r}; expected an object with quant_method 'mxfp4'")
+    method = (qc or {}).get("quant_method")
     if method is not None and method != "mxfp4":
         raise MxRepackError(
             f"{path}: quantization_config says quant_method {method!r}, but the tensors are gpt-oss's MXFP4 experts "
-            "(_blocks and _scales); expected 'mxfp4' or no quantization_config"
+            "(blocks and scales); expected 'mxfp4' or no quantization_config"
         )
 
 
