@@ -193,7 +193,9 @@ def convert(
         done = f"{written[0]} is complete and verified"
         if not uploading:
             raise OutputKept(f"interrupted after the output was written; {done}") from None
-        again = f"repack push {shlex.quote(str(written[0]))} --repo-id {push_to_hub}" + " --private" * private
+        again = (
+            f"repack push {shlex.quote(str(written[0]))} --repo-id {shlex.quote(push_to_hub)}" + " --private" * private
+        )
         raise OutputKept(f"interrupted during the upload to {push_to_hub}; {done} (`{again}` uploads it)") from None
 
 

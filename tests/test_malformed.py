@@ -418,7 +418,7 @@ def test_an_output_set_aside_by_a_killed_run_is_put_back(tiny, tmp_path):
     out = tmp_path / "out"
     repack(str(tiny), "mxfp4", out)
     os.rename(out, tmp_path / f".out.mxrepack-old-{os.getpid()}")
-    with pytest.raises(MxRepackError, match="output already exists"):
+    with pytest.raises(MxRepackError, match=re.escape("output already exists (put back from .out.mxrepack-old-")):
         repack(str(tiny), "bf16", out)
     assert (out / "mxrepack.json").is_file() and not list(tmp_path.glob(".out.*"))
 
@@ -443,6 +443,49 @@ def test_a_failed_second_rename_puts_the_old_output_back(tmp_path, monkeypatch):
     assert (out / "old").read_text() == "old" and tmp.is_dir() and sorted(tmp_path.iterdir()) == [tmp, out]
 
 
+def test_ctrl_c_while_a_failed_conversion_cleans_up_is_not_lost(tiny, tmp_path, monkeypatch):
+    """A Ctrl-C during the cleanup of a conversion that failed (not one that was interrupted) was dropped: a batch
+    of conversions went on to its end."""
+    import shutil
+
+    from mxrepack.repack import pipeline
+
+    real_rmtree = shutil.rmtree
+
+    def failed_verify(*args, **kwargs):
+        return {"ok": False, "problems": ["a test's failure"]}
+
+    def rmtree_with_ctrl_c(path, *args, **kwargs):
+        if Path(path).is_dir():  # the cleanup's removal, not the one before the folder is made
+            _sigint_soon()
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "verify_dir", failed_verify)
+    monkeypatch.setattr(pipeline.shutil, "rmtree", rmtree_with_ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as e:
+        repack(str(tiny), "mxfp4", tmp_path / "out")
+    assert "a test's failure" in str(e.value.__context__) and not list(tmp_path.glob(".out*"))
+
+
+def test_an_interrupted_lock_is_not_kept(tmp_path, monkeypatch):
+    """Ctrl-C after the lock was taken and before it was handed over kept its file open: the process itself was then
+    refused as "another repack is writing this output"."""
+    from mxrepack.repack import destination
+
+    out = tmp_path / "out"
+    real_write = os.write
+
+    def interrupted(fd, data):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(destination.os, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        destination.OutputLock(out).__enter__()
+    monkeypatch.setattr(destination.os, "write", real_write)
+    with destination.OutputLock(out):
+        pass
+
+
 def _sigint_soon():
     os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode
 
@@ -465,11 +508,22 @@ def test_interrupt_guard_modes_and_restoration():
             steps.append("rest of the block ran")
         steps.append("not reached")
     assert steps == ["rest of the block ran"]
-    with InterruptGuard() as guard, guard.dropping():
+    with InterruptGuard() as guard:
+        guard.mode = "drop"
         _sigint_soon()
         [None for _ in range(1000)]
         steps.append("dropped")
     assert steps[-1] == "dropped" and {sig: signal.getsignal(sig) for sig in before} == before
+    calls = []
+    try:  # a user's own handler is called, not replaced by an unwinding
+        signal.signal(signal.SIGTERM, lambda *_: calls.append("theirs"))
+        with InterruptGuard():
+            os.kill(os.getpid(), signal.SIGTERM)
+            [None for _ in range(1000)]
+            steps.append("went on")
+    finally:
+        signal.signal(signal.SIGTERM, before[signal.SIGTERM])
+    assert calls == ["theirs"] and steps[-1] == "went on"
     with pytest.raises(KeyboardInterrupt):
         with InterruptGuard() as guard:
             guard.mode = "defer"

@@ -41,34 +41,42 @@ class OutputLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "OutputLock":
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                raise MxRepackError(f"{self.out.parent}: cannot write the output here ({e.strerror or e})") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                os.close(fd)
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    holder = _read_pid(self.path)
-                    who = f" (process {holder})" if holder else ""
+        fd = None
+        try:  # an interrupt part way closes the file: an open descriptor would hold the lock for the process's life
+            while True:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                except OSError as e:
                     raise MxRepackError(
-                        f"{self.out}: another repack is writing this output{who}; wait for it to "
-                        "finish or choose another --out"
+                        f"{self.out.parent}: cannot write the output here ({e.strerror or e})"
                     ) from None
-                raise MxRepackError(f"{self.path}: cannot lock the output ({e.strerror or e})") from None
-            # The holder before us may have removed the file between our open and our lock: then we hold a
-            # lock on an unlinked file that nobody else can see, and must take the one at the path instead.
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as e:
+                    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        holder = _read_pid(self.path)
+                        who = f" (process {holder})" if holder else ""
+                        raise MxRepackError(
+                            f"{self.out}: another repack is writing this output{who}; wait for it to "
+                            "finish or choose another --out"
+                        ) from None
+                    raise MxRepackError(f"{self.path}: cannot lock the output ({e.strerror or e})") from None
+                # The holder before us may have removed the file between our open and our lock: then we hold a
+                # lock on an unlinked file that nobody else can see, and must take the one at the path instead.
+                try:
+                    same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    break
+                fd, stale = None, fd
+                os.close(stale)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
         self._fd = fd
         return self
 
@@ -191,6 +199,9 @@ def replace_with(out: Path, tmp: Path) -> None:
         except BaseException:  # the old output back where it was (a kill here leaves it to the next run's leftovers)
             os.rename(old, out)
             raise
-        shutil.rmtree(old, ignore_errors=True)
+        # removed under the temporary name, free again: a kill during the removal (seconds for a whole model) leaves a
+        # folder the next run removes, never a part of an output that it would take for one set aside and put back
+        os.rename(old, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
     else:
         os.rename(tmp, out)

@@ -1,17 +1,20 @@
-"""Ctrl-C, SIGTERM and SIGHUP during a conversion: one handler per signal for its whole length, in one of three modes.
+"""Ctrl-C, SIGTERM and SIGHUP during a conversion: one handler per signal for its whole length, in one of three modes
+(:attr:`InterruptGuard.mode`).
 
-* ``raise``: the signal unwinds the conversion as Ctrl-C does (``KeyboardInterrupt``), so that its temporary folder
-  is removed. SIGTERM and SIGHUP too (a closed terminal), unless the user set them to be ignored (``nohup repack``
-  is how a long conversion outlives its terminal). SIGINT keeps its own Python handler's behaviour.
+* ``raise``: the signal goes to the handler the user had, where that is a Python function (Ctrl-C's raises
+  ``KeyboardInterrupt``), and where it was the default action, it unwinds the conversion as Ctrl-C does, so that its
+  temporary folder is removed (SIGTERM, and SIGHUP: a closed terminal). A signal the user set to be ignored stays so
+  (``nohup repack`` is how a long conversion outlives its terminal), and so does Ctrl-C's default action, a kill.
+  Once a signal unwinds the conversion the mode is ``drop``.
 * ``defer``: the signal is recorded and delivered when the mode ends: the final rename and the record that it
   happened are one step, so an interrupt is never told "nothing was written" about a finished output.
 * ``drop``: the removal of an interrupted conversion's temporary folder runs to its end (a second Ctrl-C, pressed
   because the first seemed slow, left gigabytes beside the output).
 
-Putting the user's handlers back is itself deferred, SIGINT's last, and a signal that came meanwhile is then
-delivered to the handler it would have met outside the conversion: one installation, one restoration, so that no
-interleaving leaves a handler of ours in place. Off the main thread nothing is installed (signals go to the main
-thread's handlers), and every mode is a no-op.
+The handlers are installed SIGINT first and put back SIGINT last, while the mode holds any signal (deferred ones are
+then delivered to the handlers they would have met outside the conversion): until SIGINT is ours no other is, and
+after it is the user's again no other is ours. Off the main thread nothing is installed (signals go to the main
+thread's handlers) and the modes do nothing.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # SIGINT last: restored last
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # installed in this order, put back in the reverse
 
 
 class InterruptGuard:
-    """Install with ``with InterruptGuard() as guard:``; switch modes with :meth:`deferred` and :meth:`dropping`."""
+    """``with InterruptGuard() as guard:`` around a conversion; :meth:`deferred` around its rename."""
 
     def __init__(self) -> None:
         self.mode = "raise"
@@ -45,6 +48,7 @@ class InterruptGuard:
                 self._previous[sig] = handler
                 signal.signal(sig, self._handle)
         except BaseException:  # a Ctrl-C pending from before, raised part way: undo what was installed
+            self.mode = "drop"
             self._restore()
             raise
         return self
@@ -57,37 +61,31 @@ class InterruptGuard:
             self.came.append(signum)
         elif self.mode == "raise":
             previous = self._previous.get(signum)
-            if signum == signal.SIGINT and callable(previous):
+            self.mode = "drop"  # if it unwinds the conversion, nothing interrupts the unwinding
+            if callable(previous):
                 previous(signum, frame)  # default_int_handler raises KeyboardInterrupt; a user's own does its own
             else:
                 raise KeyboardInterrupt
+            self.mode = "raise"  # the user's handler returned: the conversion goes on
 
     @contextmanager
     def deferred(self) -> Iterator[None]:
-        """Signals held for the block, then raised (the first as its ``raise`` mode would) when it ends."""
+        """Signals held for the block, then handed to the ``raise`` mode in turn (the first that raises ends it)."""
         before, self.mode = self.mode, "defer"
         try:
             yield
         finally:
             self.mode = before
-        if self.came and before == "raise":
-            signum, self.came = self.came[0], []
-            self._handle(signum, None)
-
-    @contextmanager
-    def dropping(self) -> Iterator[None]:
-        """Signals ignored for the block (the conversion is already being undone)."""
-        before, self.mode = self.mode, "drop"
-        try:
-            yield
-        finally:
-            self.mode = before
+        if before == "raise":
+            while self.came and self.mode == "raise":
+                self._handle(self.came.pop(0), None)
 
     def _restore(self) -> None:
-        self.mode = "defer" if self.mode != "drop" else "drop"
-        for sig, handler in self._previous.items():  # SIGINT last (SIGNALS' order)
-            signal.signal(sig, handler)
-        self._previous = {}
+        if self.mode != "drop":
+            self.mode = "defer"  # no handler of ours raises while the others are put back
+        for sig in reversed(SIGNALS):
+            if sig in self._previous:
+                signal.signal(sig, self._previous.pop(sig))
         came, self.came = self.came, []
-        for signum in came[:1]:  # to the handler it would have met outside the conversion
+        for signum in came:  # to the handlers they would have met outside the conversion
             signal.raise_signal(signum)

@@ -84,23 +84,34 @@ def default_out(source: str, target: str) -> Path:
     return Path(f"{name}-{target}")
 
 
-def _leftovers(out: Path) -> None:
+def _leftovers(out: Path) -> str:
     """What runs that were killed (SIGKILL, a power cut) left beside ``out``: their temporary folders
-    (``.NAME.mxrepack-tmp-PID``) are removed, and an output they had set aside to replace (``-old-PID``) is put back
-    where ``out`` is missing (killed between :func:`replace_with`'s two renames: it is the user's), else removed. The
-    caller holds the output's lock, which every run writing these holds to its end: whatever process a PID names now
-    (PIDs are reused, so a live one proved nothing), none of them is still being written."""
+    (``.NAME.mxrepack-tmp-PID``) are removed, and an output one had set aside to replace (``-old-PID``: killed between
+    :func:`replace_with`'s two renames) is put back where ``out`` is missing: it is the user's. The caller holds the
+    output's lock, which every run writing these holds to its end: whatever process a PID names now (PIDs are reused,
+    so a live one proved nothing), none of them is still being written. Returns a note for the user ("" if none)."""
     prefix = f".{out.name}.mxrepack-"
     found: dict[str, list[Path]] = {"tmp": [], "old": []}
-    for entry in out.parent.iterdir():
-        kind, _, pid = entry.name[len(prefix) :].partition("-") if entry.name.startswith(prefix) else ("", "", "")
-        if kind in found and pid.isdigit() and entry.is_dir() and not entry.is_symlink():
-            found[kind].append(entry)
+    try:
+        for entry in out.parent.iterdir():
+            kind, _, pid = entry.name[len(prefix) :].partition("-") if entry.name.startswith(prefix) else ("", "", "")
+            if kind in found and pid.isdigit() and entry.is_dir() and not entry.is_symlink():
+                found[kind].append(entry)
+    except OSError:  # an unlistable folder: nothing of ours is found in it
+        return ""
+    note = ""
     old = sorted(found["old"], key=lambda p: p.stat().st_mtime_ns)
     if old and not (out.exists() or out.is_symlink()):
-        os.rename(old.pop(), out)
+        try:
+            os.rename(old[-1], out)
+        except OSError as e:
+            raise MxRepackError(
+                f"{old[-1]}: cannot put this set-aside output back at {out} ({e.strerror or e})"
+            ) from None
+        note = f" (put back from {old.pop().name}, where a run killed while replacing it had set it aside)"
     for entry in found["tmp"] + old:
         shutil.rmtree(entry, ignore_errors=True)
+    return note
 
 
 def _quantized_dense_modules(recipe: Recipe, plan: list[PlanItem]) -> list[str]:
@@ -364,8 +375,9 @@ def _convert(
             where = e.filename or tmp
             raise MxRepackError(f"{where}: write failed ({e.strerror or e}); is the disk full?") from None
         finally:
-            try:  # undoing an interrupted conversion runs to its end; after the rename nothing is dropped
-                guard.mode = "defer" if finished else "drop"
+            try:  # an interrupt's unwinding drops further signals (the guard's "drop"); any other ending defers them
+                if guard.mode != "drop":
+                    guard.mode = "defer"
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return manifest, files, report
@@ -412,9 +424,9 @@ def repack(
         raise MxRepackError(f"{out.parent}: output's parent {what}")
     finished = [] if finished is None else finished
     with OutputLock(out):
-        _leftovers(out)
+        put_back = _leftovers(out)
         if (out.exists() or out.is_symlink()) and not overwrite:  # before a Hub source is fetched
-            raise MxRepackError(f"{out}: output already exists; pass --overwrite to replace it")
+            raise MxRepackError(f"{out}: output already exists{put_back}; pass --overwrite to replace it")
         ck = checkpoint or open_checkpoint(source, revision)
         check_destination(out, source_places(ck.root, [*ck.files, *ck.side_files]), overwrite)
         guard = FiniteGuard(allow_nonfinite)
