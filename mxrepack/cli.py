@@ -436,9 +436,11 @@ def eval_logits_cmd(
 ) -> None:
     """KL divergence, top-1 agreement, perplexity delta and a first-token check, candidate vs reference."""
     from mxrepack.eval.logits import compare_logits
+    from mxrepack.eval.results import check_result_location
     from mxrepack.progress import ProgressBar
 
     _check_result_path(output)
+    check_result_location(output)
     with ProgressBar("eval logits", enabled=not as_json, unit="count") as progress:
         r = compare_logits(reference, candidate, text, ctx, max_tokens, progress=progress)
     _write_json_file(output, r)
@@ -486,16 +488,26 @@ def eval_gpqa_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result (without samples) as JSON"),
 ) -> None:
     """GPQA-style multiple choice with gpt_oss.evals' sampling, prompt and grading."""
-    from mxrepack.eval.gpqa import LocalBackend, OpenAIChatBackend, allowed_errors, run_gpqa
+    from mxrepack.eval.gpqa import LocalBackend, OpenAIChatBackend, allowed_errors, check_options, run_gpqa
+    from mxrepack.eval.gpqa_format import build_samples, read_rows
+    from mxrepack.eval.results import check_result_location
     from mxrepack.progress import ProgressBar
 
     allowed_errors(max_errors, 1)  # a malformed value fails before a model is loaded
+    check_options(concurrency, temperature, max_tokens, timeout, retries)
     _check_result_path(output)
+    check_result_location(output)
 
     if (local is None) == (base_url is None):
         raise MxRepackError("pass exactly one of --base-url URL (with --model) or --local PATH")
     if local is not None:
-        backend = LocalBackend(local, temperature or 0.0, max_tokens)
+        if reasoning_effort:  # it was dropped, and the result looked like one at that effort
+            raise MxRepackError(
+                f"--reasoning-effort {reasoning_effort}: for --base-url servers; --local renders the checkpoint's "
+                "chat template without it"
+            )
+        require_folder(local)  # before the data is chosen by what it holds
+        backend = None  # loaded once the data and the flags are known to be good
         default_data = local / "tasks" / "test.csv"
     else:
         if not model:
@@ -523,6 +535,14 @@ def eval_gpqa_cmd(
                 "not GPQA; pass --data gpqa_diamond.csv to score GPQA",
                 err=True,
             )
+    questionable: list[str] = []
+    build_samples(read_rows(data, questionable), n_repeats, num_examples)  # before a model loads or a request
+    for warning in questionable:
+        typer.echo(f"warning: {warning}", err=True)
+    if backend is None:
+        backend = LocalBackend(local, temperature or 0.0, max_tokens)
+    else:
+        backend.check_reachable()
     with ProgressBar("eval gpqa: requests", enabled=not as_json, unit="count") as progress:
         r = run_gpqa(backend, data, n_repeats, num_examples, concurrency, progress, max_errors)
     _write_json_file(output, r)
@@ -587,8 +607,11 @@ def eval_report_cmd(
     """A readable page of the evidence: tables plus plots."""
     from mxrepack.errors import load_json
     from mxrepack.eval.gpqa import compare, require_score
-    from mxrepack.eval.report import build_report, write_report
+    from mxrepack.eval.report import build_report, check_report_folder, write_report
 
+    if not (model_dir or gpqa or logits):  # it wrote a page with a heading and nothing under it
+        raise MxRepackError("nothing to report: pass --model DIR, --gpqa RESULT or --logits RESULT")
+    check_report_folder(out)  # before the inputs are read and the gate is run
     for path in gpqa or []:
         require_score(load_json(path, "`repack eval gpqa` result"), str(path))
     gate = None
@@ -640,14 +663,25 @@ def eval_record_cmd(
 ) -> None:
     """Record every Linear's input on a text, for `repack ... --activations` error reports."""
     from mxrepack.eval.local import LocalChatModel
+    from mxrepack.eval.results import check_result_location
 
+    if max_tokens < 1:  # 0 was an IndexError traceback; -1 silently dropped the text's last token
+        raise MxRepackError(f"--max-tokens {max_tokens}: expected 1 or more")
     require_folder(path)  # named as the checkpoint it is, not as a missing text in it
     _check_result_path(out)
+    check_result_location(out)  # in the checkpoint it reads, its tensors were read as the model's
+    if text is not None and text.is_dir():
+        raise MxRepackError(f"{text}: is a folder; expected a text file (--text)")
     text = text or path / "tasks" / "text.txt"
     if not text.is_file():  # before the model loads
         raise MxRepackError(f"{text}: no such text file; pass --text FILE")
+    raw = read_text(text, "a text to run (--text)")
+    if not raw:  # before the model loads
+        raise MxRepackError(f"{text}: empty; expected a text to run (--text)")
     m = LocalChatModel(path)
-    ids = m.tokenizer.encode(read_text(text, "a text to run (--text)"), add_special_tokens=False).ids[:max_tokens]
+    ids = m.tokenizer.encode(raw, add_special_tokens=False).ids[:max_tokens]
+    if not ids:  # a text the tokenizer makes no token of: an IndexError traceback in the runner
+        raise MxRepackError(f"{text}: no tokens; expected a text to run (--text)")
     import torch
     from safetensors.torch import save_file
 

@@ -157,6 +157,14 @@ def _eval_entries(paths: list[Path]) -> list[dict]:
             from mxrepack.eval.gpqa import require_score
 
             require_score(r, str(p))  # a run whose requests failed is no score to publish
+            data = r.get("data")
+            # the card names the questions, the repeats and the samples: one without them was a KeyError traceback
+            if not (isinstance(data, dict) and isinstance(data.get("path"), str)) or not all(
+                isinstance(r.get(k), int) for k in ("n_repeats", "n_samples")
+            ):
+                raise MxRepackError(
+                    f"{p}: no data.path, n_repeats or n_samples; expected the file `repack eval gpqa -o` wrote"
+                )
             out.append(
                 {
                     "name": f"GPQA-style ({Path(r['data']['path']).name}, {r['n_repeats']} repeats)",
@@ -168,6 +176,9 @@ def _eval_entries(paths: list[Path]) -> list[dict]:
                 }
             )
         elif r.get("eval") == "logits":
+            from mxrepack.eval.results import require_logits
+
+            require_logits(r, str(p), ("kl.mean", "same_top", "tokens", "text"))  # what the card shows
             out.append(
                 {
                     "name": "KL divergence to the source (mean)",
@@ -399,6 +410,13 @@ def plan_push(
     directory = Path(directory)
     if "/" not in repo_id or repo_id.count("/") != 1:
         raise MxRepackError(f"--repo-id {repo_id!r}: expected ORG/NAME")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:  # a dry run passed 'me/' or 'me/x y', which the Hub then refused after the verification
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        reason = str(e).rsplit(": '", 1)[0].rstrip(".")
+        raise MxRepackError(f"--repo-id {repo_id!r}: expected ORG/NAME as the Hub takes it ({reason})") from None
     manifest = load_manifest(directory)  # refuses a directory without a manifest
     problem, old = check_manifest_digest(directory, manifest)  # the card is rendered from this very content
     if problem or old:

@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -88,6 +89,7 @@ class OpenAIChatBackend:
         retries: int = 5,
         backoff: float = 1.0,
     ):
+        self.base_url = _check_base_url(base_url)
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.api_key = model, api_key
         self.temperature, self.max_tokens, self.reasoning_effort = temperature, max_tokens, reasoning_effort
@@ -140,6 +142,61 @@ class OpenAIChatBackend:
                 time.sleep(self.backoff * 2**attempt)
         raise RequestFailed(f"{self.url}: no answer after {self.retries + 1} attempts (last: {last})")
 
+    def check_reachable(self) -> None:
+        """Refuse, before the run, a server that nothing answers for: each request waited out its retries (31 s
+        with the defaults) and the run ended as "4 of 4 requests failed", with a result file of no answers. Only
+        a connection is tried (no request, so no key or model is needed); through a proxy nothing is tried."""
+        parts = urllib.parse.urlsplit(self.url)
+        if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname):
+            return
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=min(self.timeout, 10)).close()
+        except OSError as e:
+            reason = e.strerror or str(e) or type(e).__name__
+            raise MxRepackError(
+                f"--base-url {self.base_url}: nothing answers at {parts.hostname}:{port} ({reason}); start the "
+                "server or check the URL"
+            ) from None
+
+
+def _check_base_url(base_url: str) -> str:
+    """An http(s) URL with a host: an empty one or one without its scheme was a ValueError traceback or
+    "unknown url type" for every request."""
+    try:
+        parts = urllib.parse.urlsplit(base_url)
+        _ = parts.port  # a port that is no number raises only when read
+    except ValueError as e:
+        raise MxRepackError(f"--base-url {base_url!r}: {e}; expected a URL like http://localhost:8000/v1") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise MxRepackError(
+            f"--base-url {base_url!r}: expected an http:// or https:// URL like http://localhost:8000/v1"
+        )
+    return base_url
+
+
+def check_options(
+    concurrency: int = 1,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    timeout: float | None = None,
+    retries: int | None = None,
+) -> None:
+    """One line for a flag out of range, before a model loads or a request is sent: --concurrency 0 ran as 1
+    and was recorded as 0, --max-tokens 0 meant the default and a negative one empty answers graded wrong,
+    --retries -1 sent nothing, --timeout 0 failed every connection, a negative or NaN temperature failed every
+    request at the server."""
+    if concurrency < 1:
+        raise MxRepackError(f"--concurrency {concurrency}: expected 1 or more")
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise MxRepackError(f"--temperature {temperature}: expected 0 (greedy) or more")
+    if max_tokens is not None and max_tokens < 1:
+        raise MxRepackError(f"--max-tokens {max_tokens}: expected 1 or more")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise MxRepackError(f"--timeout {timeout}: expected a number of seconds above 0")
+    if retries is not None and retries < 0:
+        raise MxRepackError(f"--retries {retries}: expected 0 or more")
+
 
 def http_client_errors() -> type:
     import http.client
@@ -183,6 +240,8 @@ def allowed_errors(max_errors: str | int, requests: int) -> int:
         raise MxRepackError(f"--max-errors {text!r}: expected a count (3) or a percentage of the requests (5%)")
     if m[2] is not None:
         return int(m[2])
+    if float(m[1]) > 100:
+        raise MxRepackError(f"--max-errors {text!r}: expected a percentage of the requests up to 100%")
     return math.floor(requests * float(m[1]) / 100 + 1e-9)  # 5% of 200 is 10, not 9 by a rounding
 
 
@@ -196,7 +255,9 @@ def run_gpqa(
     max_errors: str | int = DEFAULT_MAX_ERRORS,
 ) -> dict:
     data = Path(data)
-    samples = build_samples(read_rows(data), n_repeats, num_examples)
+    check_options(concurrency)
+    rows, digest = read_rows(data), _sha256(data)  # before the run: the file may change during it
+    samples = build_samples(rows, n_repeats, num_examples)
     allowed = allowed_errors(max_errors, len(samples))
     started = time.perf_counter()
     done = errors = 0
@@ -228,7 +289,7 @@ def run_gpqa(
                 progress(done, len(samples))
         return record
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = [r for r in pool.map(ask, samples) if r is not None]
     elapsed = time.perf_counter() - started
     failed = [r for r in results if r["error"] is not None]
@@ -253,10 +314,13 @@ def run_gpqa(
         "n_repeats": n_repeats,
         "data": {
             "path": str(data),
-            "sha256": _sha256(data),
-            "rows": len(read_rows(data)),
+            "sha256": digest,
+            "rows": len(rows),
             "num_examples": num_examples,
         },
+        # how the answers were drawn: `eval compare` refuses two runs that differ here (None: the default of the
+        # server, or of the local runner)
+        "sampling": {k: getattr(backend, k, None) for k in ("temperature", "max_tokens", "reasoning_effort")},
         "backend": backend.name,
         # the weights a local run read (the manifest's digest): `repack push --eval` checks it is the output's
         "weights": getattr(backend, "weights", None),
@@ -268,20 +332,32 @@ def run_gpqa(
 
 
 def require_score(r: dict, name: str) -> None:
-    """Refuse a result that is not a usable score: no score/stderr, or more failed requests than its run allowed."""
+    """Refuse a result that is not a usable score: another command's result, no score/stderr, a score or stderr
+    that is no number in range, or more failed requests than its run allowed."""
+    if r.get("eval", "gpqa") != "gpqa":  # a logits result was "has no score/stderr"
+        raise MxRepackError(f"{name}: a `repack eval {r['eval']}` result; expected `repack eval gpqa` output")
     if "score" not in r or "stderr" not in r:
         raise MxRepackError(f"{name} has no score/stderr; expected `repack eval gpqa` output")
     if r.get("too_many_errors") or r["score"] is None:
+        if not r.get("errors"):  # nothing failed and nothing was answered: "0 of 0 requests failed"
+            raise MxRepackError(f"{name}: no answered samples; not a score to gate on")
         raise MxRepackError(
             f"{name}: {r.get('errors')} of {r.get('n_requests')} requests failed (more than its "
             f"--max-errors allowed: {r.get('max_errors')}); not a score to gate on "
             f"(first: {r.get('first_error')})"
         )
+    for key, top in (("score", 1), ("stderr", math.inf)):  # a string was a traceback; NaN failed the gate
+        v = r[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= top:
+            expected = "a number from 0 to 1" if top == 1 else "a number 0 or more"
+            raise MxRepackError(f"{name}: {key} {v!r}; expected {expected}, as `repack eval gpqa` writes")
 
 
 def same_questions(base: dict, cand: dict, names: tuple[str, str] = ("baseline JSON", "candidate JSON")) -> None:
-    """Refuse two results scored on different questions: another question file (its sha256), or another
-    ``--num-examples`` subset of it. What a result does not record (written before it did) is not checked."""
+    """Refuse two results scored on different questions: another question file (its sha256), another
+    ``--num-examples`` subset of it, or another ``--n-repeats``; or drawn another way (temperature, max tokens,
+    reasoning effort: a baseline at low effort passed a candidate at high). What a result does not record (written
+    before it did) is not checked."""
     b, c = base.get("data") or {}, cand.get("data") or {}
 
     def scored(d: dict) -> str:
@@ -292,6 +368,22 @@ def same_questions(base: dict, cand: dict, names: tuple[str, str] = ("baseline J
         if key in b and key in c and b[key] != c[key]:
             raise MxRepackError(
                 f"{names[1]}: scored {scored(c)}, where {names[0]} scored {scored(b)}; expected the same {what}"
+            )
+    if "n_repeats" in base and "n_repeats" in cand and base["n_repeats"] != cand["n_repeats"]:
+        raise MxRepackError(
+            f"{names[1]}: --n-repeats {cand['n_repeats']}, where {names[0]} has {base['n_repeats']}; "
+            "expected the same --n-repeats"
+        )
+    bs, cs = base.get("sampling") or {}, cand.get("sampling") or {}
+    for key in ("temperature", "max_tokens", "reasoning_effort"):
+        if key in bs and key in cs and bs[key] != cs[key]:
+            flag = "--" + key.replace("_", "-")
+
+            def said(v):
+                return f"no {flag}" if v is None else f"{flag} {v}"
+
+            raise MxRepackError(
+                f"{names[1]}: {said(cs[key])}, where {names[0]} has {said(bs[key])}; expected the same {flag}"
             )
 
 
@@ -309,6 +401,8 @@ def compare(
     ``names``: how the message calls the two results, their files where the CLI has them)."""
     if tolerance < 0 or z < 0:  # a negative margin would fail a candidate that scored higher
         raise MxRepackError(f"--tolerance {tolerance} / z {z}: expected 0 or more")
+    if not (math.isfinite(tolerance) and math.isfinite(z)):  # NaN failed every candidate; inf passed every one
+        raise MxRepackError(f"--tolerance {tolerance} / z {z}: expected finite numbers")
     for name, r in zip(names, (base, cand)):
         require_score(r, name)
     same_questions(base, cand, names)

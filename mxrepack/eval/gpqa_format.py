@@ -42,36 +42,75 @@ class Sample:
     choices: tuple[str, ...]
 
 
-def read_rows(path: str | Path) -> list[dict]:
+def read_rows(path: str | Path, warnings: list[str] | None = None) -> list[dict]:
+    """The CSV's rows; one line naming the file and line for a row that is not a question with four answers.
+    ``warnings`` gets rows that are scored but questionable: a row repeated, a correct answer also among the
+    incorrect ones (graded by its first position, as gpt_oss.evals does)."""
     path = Path(path)
+    expected = "expected a CSV in the gpqa_diamond.csv format"
+    rows, lines = [], []
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        # utf-8-sig: a spreadsheet's byte order mark would otherwise be part of the first column's name
+        with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if reader.fieldnames is None:
+                raise MxRepackError(f"{path}: empty; {expected}")
+            missing = [c for c in COLUMNS if c not in reader.fieldnames]
             if missing:
                 raise MxRepackError(
                     f"{path}: missing column(s) {', '.join(missing)}; expected the gpqa_diamond.csv columns"
                 )
-            rows = [dict(r) for r in reader]
+            for r in reader:
+                _check_row(path, reader.line_num, len(reader.fieldnames), r)
+                rows.append(dict(r))
+                lines.append(reader.line_num)
     except FileNotFoundError:
-        raise MxRepackError(f"{path}: file does not exist; expected a CSV in the gpqa_diamond.csv format") from None
+        raise MxRepackError(f"{path}: file does not exist; {expected}") from None
     except OSError as e:  # a folder, no permission
-        raise MxRepackError(
-            f"{path}: cannot read it ({e.strerror or e}); expected a CSV in the gpqa_diamond.csv format"
-        ) from None
+        raise MxRepackError(f"{path}: cannot read it ({e.strerror or e}); {expected}") from None
     except UnicodeDecodeError as e:
-        raise MxRepackError(
-            f"{path}: not UTF-8 text (byte {e.start}); expected a CSV in the gpqa_diamond.csv format"
-        ) from None
+        raise MxRepackError(f"{path}: not UTF-8 text (byte {e.start}); {expected}") from None
     except csv.Error as e:
         raise MxRepackError(f"{path}: not a readable CSV ({e}); expected the gpqa_diamond.csv format") from None
     if not rows:
         raise MxRepackError(f"{path}: no rows")
+    if warnings is not None:
+        seen: dict[tuple, int] = {}
+        for line, r in zip(lines, rows):
+            key = tuple(r[c] for c in COLUMNS)  # only a row as a whole: the tiny task asks a question twice
+            if key in seen:
+                warnings.append(f"{path}: line {line} repeats line {seen[key]}; both are scored")
+            seen.setdefault(key, line)
+            if r["Correct Answer"] in (r[c] for c in COLUMNS[2:]):
+                warnings.append(
+                    f"{path}: line {line}: the correct answer is also an incorrect one; only its first option "
+                    "is graded correct"
+                )
     return rows
+
+
+def _check_row(path: Path, line: int, width: int, r: dict) -> None:
+    """A short row read its missing cells as None (the prompt said "None"); a long one (an unquoted comma) had
+    its cells shifted."""
+    extra = [v for v in r.get(None) or [] if v.strip()]
+    if extra or any(r[c] is None for c in COLUMNS):
+        fields = width + len(r.get(None) or []) - sum(v is None for v in r.values())
+        cells = f"{fields} field{'s' * (fields != 1)}"
+        raise MxRepackError(
+            f"{path}: line {line} has {cells} where the header has {width}; expected one cell per column (quote "
+            "a cell that holds a comma)"
+        )
+    empty = next((c for c in COLUMNS if not r[c].strip()), None)
+    if empty is not None:
+        raise MxRepackError(f"{path}: line {line}: '{empty}' is empty; expected a question and four answers")
 
 
 def build_samples(rows: list[dict], n_repeats: int = 1, num_examples: int | None = None) -> list[Sample]:
     """The samples gpt_oss.evals' GPQAEval draws: same rng, same order, same permutations."""
+    if n_repeats < 1:  # 0 asked nothing and the run failed as "0 of 0 requests failed"
+        raise MxRepackError(f"--n-repeats {n_repeats}: expected 1 or more")
+    if num_examples is not None and not 1 <= num_examples <= len(rows):  # 0 was all rows; more, a traceback
+        raise MxRepackError(f"--num-examples {num_examples}: expected 1 to {len(rows)} (the rows of the CSV)")
     rng = random.Random(0)
     picked = list(enumerate(rows))
     if num_examples:

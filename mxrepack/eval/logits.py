@@ -52,13 +52,17 @@ def compare_logits(
         raise MxRepackError(f"--ctx {ctx} / --max-tokens {max_tokens}: expected at least 1 and 2 tokens")
     require_folder(ref)  # named as the checkpoint it is, not as a missing text in it
     text_path = Path(text) if text else Path(ref) / "tasks" / "text.txt"
+    if text and text_path.is_dir():
+        raise MxRepackError(f"{text_path}: is a folder; expected a text file (--text)")
     if not text_path.is_file():  # before two models load: only the bundled tiny model carries a text
         raise MxRepackError(f"{text_path}: no token set; pass --text FILE")
+    raw = read_text(text_path, "a text to score (--text)")
+    if not raw.strip():  # blank lines scored a few newlines and said "first token ok" over no prompt
+        raise MxRepackError(f"{text_path}: empty or only whitespace; expected a text to score (--text)")
     ref_model, cand_model = LocalChatModel(ref), LocalChatModel(cand)
     sizes = (ref_model.runner.d.vocab, cand_model.runner.d.vocab)
     if sizes[0] != sizes[1]:  # logits of two models' vocabularies do not compare
         raise MxRepackError(f"{cand}: vocabulary of {sizes[1]} tokens, where the reference {ref} has {sizes[0]}")
-    raw = read_text(text_path, "a text to score (--text)")
     ids = ref_model.tokenizer.encode(raw, add_special_tokens=False).ids[:max_tokens]
     if len(ids) < 2:
         raise MxRepackError(f"{text_path}: fewer than 2 tokens")

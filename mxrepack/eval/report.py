@@ -179,20 +179,25 @@ def build_report(
             "tool": manifest.get("tool") or {},
         }
         report["quantization_error"] = manifest.get("quantization_error", {})
+    from mxrepack.eval.gpqa import require_score
+    from mxrepack.eval.results import require_logits
+
     for path in gpqa:
         r = load_json(Path(path), "`repack eval gpqa` result")
+        require_score(r, str(path))
         report["gpqa"].append(
             {
                 "file": str(path),
                 "label": Path(path).stem,
                 "score": r["score"],
                 "stderr": r["stderr"],
-                "n_samples": r["n_samples"],
+                "n_samples": r.get("n_samples"),
                 "backend": r.get("backend"),
             }
         )
     if logits:
         r = load_json(Path(logits), "`repack eval logits` result")
+        require_logits(r, str(logits))
         report["logits"] = {
             k: r[k]
             for k in (
@@ -350,25 +355,58 @@ def _markdown_to_html(md: str, images: dict[str, str]) -> str:
     return "\n".join(out)
 
 
-def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
-    """Write the report's JSON, Markdown, HTML and plots into ``out_dir`` (a previous report's files there are
-    replaced). Refuses a checkpoint folder: files added to a model or an mxrepack output would travel with it
-    (`repack verify` and `push` refuse an output holding files its manifest does not list)."""
+REPORT_FILES = ("report.json", "report.md", "report.html")
+
+
+def check_report_folder(out_dir: str | Path) -> None:
+    """Refuse, before any work, a report folder that cannot take the report: a file, a path under a file, a
+    checkpoint folder or one inside it (files added to a model or an mxrepack output would travel with it: `repack
+    verify` and `push` refuse an output holding files its manifest does not list), or a folder holding a
+    report.json/.md/.html or report_*.svg that no `repack eval report` wrote (it was overwritten)."""
+    from mxrepack.errors import file_in_the_way
+
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise MxRepackError(f"{out}: is a file; expected a folder for the report (--out)")
+    blocking = file_in_the_way(out)
+    if blocking is not None:
+        raise MxRepackError(f"{out}: {blocking} is a file, not a folder; expected a folder for the report (--out)")
     for folder in (out, *out.absolute().parents):  # the folder or one above it (out/report inside an output)
         held = [name for name in ("mxrepack.json", "config.json") if (folder / name).is_file()]
-        if held or (folder.is_dir() and next(folder.glob("*.safetensors"), None)):
+        # safetensors files only in the folder itself: one above holding recorded activations is no checkpoint
+        if held or (folder == out and out.is_dir() and next(out.glob("*.safetensors"), None)):
             what = held[0] if held else "safetensors files"
             where = "holds" if folder == out else f"is inside {folder}, which holds"
             raise MxRepackError(f"{out}: {where} {what} (a checkpoint); write the report elsewhere")
-    out.mkdir(parents=True, exist_ok=True)
+    if not out.is_dir() or _is_report(out / "report.json"):
+        return
+    theirs = [out / n for n in REPORT_FILES if (out / n).exists()] + sorted(out.glob("report_*.svg"))
+    if theirs:
+        raise MxRepackError(
+            f"{out}: holds {theirs[0].name}, which no `repack eval report` wrote; write the report to another folder"
+        )
+
+
+def _is_report(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"model", "quantization_error", "gpqa", "logits", "gate"} <= set(data)
+
+
+def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
+    """Write the report's JSON, Markdown, HTML and plots into ``out_dir`` (a previous report's files there are
+    replaced; :func:`check_report_folder` says what is refused). Everything is rendered before the first file is
+    written, and each file is renamed into place: a failure leaves no half-written report."""
+    import os
+    import shutil
+
+    out = Path(out_dir)
+    check_report_folder(out)
     plots = _plots(report)
     names = {k: f"report_{k}.svg" for k in plots}
-    for k, svg in plots.items():
-        (out / names[k]).write_text(svg)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     md = _markdown(report, names)
-    (out / "report.md").write_text(md)
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>mxrepack report</title><style>"
         "body{font-family:sans-serif;max-width:960px;margin:2em auto;line-height:1.4}"
@@ -377,5 +415,28 @@ def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
         + _markdown_to_html(md, {names[k]: svg for k, svg in plots.items()})
         + "\n</body></html>\n"
     )
-    (out / "report.html").write_text(page)
+    # report.json first: it marks the folder as a report's, whose files a later report may replace
+    files = {"report.json": json.dumps(report, indent=2) + "\n", "report.md": md, "report.html": page}
+    files |= {names[k]: svg for k, svg in plots.items()}
+    fresh = not out.exists()  # a new folder is made beside it and renamed into place whole
+    folder = out.parent / f".{out.name}.tmp-{os.getpid()}" if fresh else out
+    made = False  # only a folder this call made is removed after a failure
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(exist_ok=not fresh)
+        made = fresh
+        for name, text in files.items():
+            tmp = folder / f".{name}.tmp-{os.getpid()}"
+            try:
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, folder / name)
+            finally:
+                tmp.unlink(missing_ok=True)
+        if fresh:
+            os.rename(folder, out)
+    except OSError as e:
+        raise MxRepackError(f"{out}: cannot write the report ({e.strerror or e})") from None
+    finally:
+        if made and folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
     return {"json": out / "report.json", "markdown": out / "report.md", "html": out / "report.html"}
