@@ -148,11 +148,10 @@ def convert(
         raise MxRepackError("no target: pass --target NAME (see `repack targets`) or --recipe FILE")
     if target is not None and recipe is not None:
         raise MxRepackError(f"--target {target} and --recipe {recipe}: pass one (the recipe file names its own target)")
-    if push_to_hub is not None and push_to_hub.count("/") != 1:
-        raise MxRepackError(f"--push-to-hub {push_to_hub!r}: expected ORG/NAME")
     if push_to_hub is not None:  # before the conversion, not after it (a 65 GB one takes minutes)
-        from mxrepack.hub import hub_token
+        from mxrepack.hub import check_repo_id, hub_token
 
+        check_repo_id(push_to_hub, "--push-to-hub")
         hub_token()
     shard_bytes = _parse_size(shard_size)
     from mxrepack.progress import ProgressBar

@@ -392,6 +392,20 @@ def render_card(manifest: dict, repo_id: str, eval_paths: list[Path] = (), refus
     return str(card)
 
 
+def check_repo_id(repo_id: str, flag: str = "--repo-id") -> None:
+    """A repo id the Hub takes (ORG/NAME by its rules), or one line naming ``flag``: a dry run passed 'me/' or
+    'me/x y', which the Hub then refused after the whole output was verified (or converted)."""
+    if "/" not in repo_id or repo_id.count("/") != 1:
+        raise MxRepackError(f"{flag} {repo_id!r}: expected ORG/NAME")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        reason = str(e).rsplit(": '", 1)[0].rstrip(".")
+        raise MxRepackError(f"{flag} {repo_id!r}: expected ORG/NAME as the Hub takes it ({reason})") from None
+
+
 def plan_push(
     directory: str | Path,
     repo_id: str,
@@ -408,15 +422,7 @@ def plan_push(
     (``README.md``, rendered offline from the manifest and the ``eval_paths`` results: ``repack eval gpqa``/``logits``
     JSON). ``repo_id`` is ``ORG/NAME``; ``revision`` a branch (created by :func:`push` if missing)."""
     directory = Path(directory)
-    if "/" not in repo_id or repo_id.count("/") != 1:
-        raise MxRepackError(f"--repo-id {repo_id!r}: expected ORG/NAME")
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:  # a dry run passed 'me/' or 'me/x y', which the Hub then refused after the verification
-        validate_repo_id(repo_id)
-    except HFValidationError as e:
-        reason = str(e).rsplit(": '", 1)[0].rstrip(".")
-        raise MxRepackError(f"--repo-id {repo_id!r}: expected ORG/NAME as the Hub takes it ({reason})") from None
+    check_repo_id(repo_id)
     manifest = load_manifest(directory)  # refuses a directory without a manifest
     problem, old = check_manifest_digest(directory, manifest)  # the card is rendered from this very content
     if problem or old:

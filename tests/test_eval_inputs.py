@@ -395,6 +395,13 @@ def test_push_dry_run_refuses_a_repo_id_the_hub_refuses(repo_id, reason, refused
     assert message.startswith(f"--repo-id {repo_id!r}: expected ORG/NAME as the Hub takes it ({reason}")
 
 
+def test_push_to_hub_refuses_a_repo_id_the_hub_refuses_before_converting(tiny, tmp_path, refused):
+    """The conversion ran first (minutes for a whole model), then the upload failed on the repo id."""
+    out = tmp_path / "out"
+    message = refused([tiny, "--target", "mxfp4", "--out", out, "--push-to-hub", "me/x y"])
+    assert message.startswith("--push-to-hub 'me/x y': expected ORG/NAME as the Hub takes it") and not out.exists()
+
+
 @pytest.mark.parametrize(
     "result, message",
     [  # each was a KeyError or TypeError traceback
