@@ -21,7 +21,7 @@ from typing import Optional
 
 import typer
 
-from mxrepack.errors import MxRepackError, file_in_the_way, read_text, require_folder
+from mxrepack.errors import MxRepackError, read_text, require_folder
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
@@ -385,42 +385,6 @@ def kernels_check_cmd(
         typer.echo(f"ok: {len(records)} builds")
 
 
-def _write_atomic(path: Path, write) -> None:
-    """``write(tmp)`` to a hidden sibling, then rename over ``path``: never a half-written result file."""
-    import os
-
-    _check_result_path(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(tmp)
-        os.replace(tmp, path)
-    except OSError as e:  # named as the path the user gave, not the hidden file beside it
-        raise MxRepackError(f"{path}: cannot write the result ({e.strerror or e})") from None
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:  # its folder could not be made: there is nothing to remove
-            pass
-
-
-def _check_result_path(path: Optional[Path]) -> None:
-    """Refuse, before the work, a result file path that names a folder: the result was computed (minutes for an
-    eval) and then lost with a traceback at the rename."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise MxRepackError(f"{path}: is a folder; expected a file path for the result (e.g. {path / 'result.json'})")
-    blocking = file_in_the_way(path)
-    if blocking is not None:
-        raise MxRepackError(f"{path}: {blocking} is a file, not a folder; expected a file path for the result")
-
-
-def _write_json_file(path: Optional[Path], data: dict) -> None:
-    if path is not None:
-        _write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
-
-
 @eval_app.command("logits")
 def eval_logits_cmd(
     reference: Path = typer.Argument(..., help="Reference checkpoint (source or mxrepack output)"),
@@ -435,14 +399,13 @@ def eval_logits_cmd(
 ) -> None:
     """KL divergence, top-1 agreement, perplexity delta and a first-token check, candidate vs reference."""
     from mxrepack.eval.logits import compare_logits
-    from mxrepack.eval.results import check_result_location
+    from mxrepack.eval.results import check_result_path, write_json
     from mxrepack.progress import ProgressBar
 
-    _check_result_path(output)
-    check_result_location(output)
+    check_result_path(output)
     with ProgressBar("eval logits", enabled=not as_json, unit="count") as progress:
         r = compare_logits(reference, candidate, text, ctx, max_tokens, progress=progress)
-    _write_json_file(output, r)
+    write_json(output, r)
     kl, ft = r["kl"], r["first_token"]
     human = (
         f"{r['tokens']} tokens: KL mean {kl['mean']:.3g} median {kl['median']:.3g} p99 {kl['p99']:.3g} "
@@ -489,13 +452,12 @@ def eval_gpqa_cmd(
     """GPQA-style multiple choice with gpt_oss.evals' sampling, prompt and grading."""
     from mxrepack.eval.gpqa import LocalBackend, OpenAIChatBackend, allowed_errors, check_options, run_gpqa
     from mxrepack.eval.gpqa_format import build_samples, read_rows
-    from mxrepack.eval.results import check_result_location
+    from mxrepack.eval.results import check_result_path, write_json
     from mxrepack.progress import ProgressBar
 
     allowed_errors(max_errors, 1)  # a malformed value fails before a model is loaded
     check_options(concurrency, temperature, max_tokens, timeout, retries)
-    _check_result_path(output)
-    check_result_location(output)
+    check_result_path(output)
 
     if (local is None) == (base_url is None):
         raise MxRepackError("pass exactly one of --base-url URL (with --model) or --local PATH")
@@ -544,7 +506,7 @@ def eval_gpqa_cmd(
         backend.check_reachable()
     with ProgressBar("eval gpqa: requests", enabled=not as_json, unit="count") as progress:
         r = run_gpqa(backend, data, n_repeats, num_examples, concurrency, progress, max_errors)
-    _write_json_file(output, r)
+    write_json(output, r)
     summary = {k: v for k, v in r.items() if k != "samples"}
     wrote = f"; wrote {output}" if output else ""
     if r["too_many_errors"]:  # no score line: a score over a few answers must not pass for the run's
@@ -662,13 +624,12 @@ def eval_record_cmd(
 ) -> None:
     """Record every Linear's input on a text, for `repack ... --activations` error reports."""
     from mxrepack.eval.local import LocalChatModel
-    from mxrepack.eval.results import check_result_location
+    from mxrepack.eval.results import check_result_path, write_atomic
 
     if max_tokens < 1:  # 0 was an IndexError traceback; -1 silently dropped the text's last token
         raise MxRepackError(f"--max-tokens {max_tokens}: expected 1 or more")
     require_folder(path)  # named as the checkpoint it is, not as a missing text in it
-    _check_result_path(out)
-    check_result_location(out)  # in the checkpoint it reads, its tensors were read as the model's
+    check_result_path(out)  # beside the checkpoint it reads, its tensors were read as the model's
     if text is not None and text.is_dir():
         raise MxRepackError(f"{text}: is a folder; expected a text file (--text)")
     text = text or path / "tasks" / "text.txt"
@@ -687,7 +648,7 @@ def eval_record_cmd(
     hidden: dict = {}
     m.runner.forward(torch.tensor(ids), hidden=hidden)
     tensors = {k: torch.cat(v).to(torch.bfloat16).contiguous() for k, v in hidden.items()}
-    _write_atomic(out, lambda tmp: save_file(tensors, str(tmp)))
+    write_atomic(out, lambda tmp: save_file(tensors, str(tmp)))
     typer.echo(f"wrote {out}: {len(hidden)} layers x {len(ids)} tokens")
 
 

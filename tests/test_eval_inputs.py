@@ -11,6 +11,7 @@ import pytest
 from mxrepack.cli import main
 from mxrepack.errors import MxRepackError
 from mxrepack.eval.bundled import bundled_model
+from mxrepack.eval.results import write_json
 
 HEADER = "Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\n"
 
@@ -361,16 +362,22 @@ def test_results_are_not_written_into_a_checkpoint(refused, no_model, tiny, tmp_
     before = sorted(p.name for p in model.iterdir())
     acts = model / "acts.safetensors"
     assert refused(["eval", "record-activations", model, acts]) == (
-        f"{acts}: beside {model / 'config.json'} (a checkpoint); write the result elsewhere"
+        f"{acts}: inside the checkpoint {model.resolve()} (its config.json); write the result elsewhere"
     )
+    project = tmp_path / "project"  # another tool's config.json: no checkpoint
+    project.mkdir()
+    (project / "config.json").write_text('{"lint": true}')
+    write_json(project / "r.json", {})
     assert sorted(p.name for p in model.iterdir()) == before
     out = repack(str(tiny), "mxfp4", tmp_path / "out").out
     for result in (out / "gpqa.json", out / "evals" / "gpqa.json"):
         message = refused(["eval", "gpqa", "--local", model, "-o", result])
-        assert message.startswith(f"{result}: inside the mxrepack output {out} (`repack verify` and `push` refuse")
+        assert message == f"{result}: inside the mxrepack output {out.resolve()}; write the result elsewhere"
         message = refused(["eval", "logits", model, model, "-o", result])
-        assert message.startswith(f"{result}: inside the mxrepack output {out}")
+        assert message.startswith(f"{result}: inside the mxrepack output {out.resolve()}")
     assert not (out / "evals").exists()
+    (out.parent / "elsewhere").mkdir()
+    write_json(out / ".." / "elsewhere" / "r.json", {})  # '..' resolved: not inside the output
 
 
 @pytest.fixture(scope="module")

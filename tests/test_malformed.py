@@ -642,13 +642,13 @@ def test_a_conversion_off_the_main_thread_returns(tiny, tmp_path):
 
 
 def test_result_path_under_a_file_is_refused_before_the_work(tmp_path):
-    from mxrepack.cli import _check_result_path, _write_json_file
+    from mxrepack.eval.results import check_result_path, write_json
 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(MxRepackError, match="afile is a file, not a folder; expected a file path for the result"):
-        _check_result_path(tmp_path / "afile" / "sub" / "r.json")
+        check_result_path(tmp_path / "afile" / "sub" / "r.json")
     with pytest.raises(MxRepackError, match="is a file, not a folder"):
-        _write_json_file(tmp_path / "afile" / "r.json", {})
+        write_json(tmp_path / "afile" / "r.json", {})
 
 
 def test_original_config_fields_are_named_as_that_file_names_them(tiny_original, copy_of, tmp_path):
@@ -672,11 +672,11 @@ def test_null_layer_types_is_the_default(tiny, copy_of, tmp_path):
 
 
 def test_a_failed_result_write_names_the_path_given(tmp_path):
-    from mxrepack.cli import _write_atomic
+    from mxrepack.eval.results import write_atomic
 
     def no_space(tmp):
         raise OSError(28, "No space left on device", str(tmp))
 
     with pytest.raises(MxRepackError, match=re.escape(f"{tmp_path / 'r.json'}: cannot write the result (No space")):
-        _write_atomic(tmp_path / "r.json", no_space)
+        write_atomic(tmp_path / "r.json", no_space)
     assert list(tmp_path.iterdir()) == []

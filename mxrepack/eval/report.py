@@ -364,6 +364,7 @@ def check_report_folder(out_dir: str | Path) -> None:
     verify` and `push` refuse an output holding files its manifest does not list), or a folder holding a
     report.json/.md/.html or report_*.svg that no `repack eval report` wrote (it was overwritten)."""
     from mxrepack.errors import file_in_the_way
+    from mxrepack.eval.results import inside_checkpoint
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -371,13 +372,9 @@ def check_report_folder(out_dir: str | Path) -> None:
     blocking = file_in_the_way(out)
     if blocking is not None:
         raise MxRepackError(f"{out}: {blocking} is a file, not a folder; expected a folder for the report (--out)")
-    for folder in (out, *out.absolute().parents):  # the folder or one above it (out/report inside an output)
-        held = [name for name in ("mxrepack.json", "config.json") if (folder / name).is_file()]
-        # safetensors files only in the folder itself: one above holding recorded activations is no checkpoint
-        if held or (folder == out and out.is_dir() and next(out.glob("*.safetensors"), None)):
-            what = held[0] if held else "safetensors files"
-            where = "holds" if folder == out else f"is inside {folder}, which holds"
-            raise MxRepackError(f"{out}: {where} {what} (a checkpoint); write the report elsewhere")
+    where = inside_checkpoint(out / "report.json")  # the folder itself, or one above it (out/report in an output)
+    if where:
+        raise MxRepackError(f"{out}: {where}; write the report elsewhere")
     if not out.is_dir() or _is_report(out / "report.json"):
         return
     theirs = [out / n for n in REPORT_FILES if (out / n).exists()] + sorted(out.glob("report_*.svg"))

@@ -2,26 +2,74 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, file_in_the_way
 
 
-def check_result_location(path: Path | None) -> None:
-    """Refuse a result file (``-o``, recorded activations) inside an mxrepack output, where `repack verify` and
-    `push` then refuse the output for a file its manifest does not list, or beside a checkpoint's config.json,
-    where it travels with the model (and a .safetensors one is read as its weights)."""
+def inside_checkpoint(path: Path, own_safetensors: bool = True) -> str | None:
+    """Why ``path`` (a result file, or a report folder) lies in a checkpoint, or None: a folder from its own up that
+    holds an mxrepack manifest (`repack verify` and `push` refuse an output holding files its manifest does not list)
+    or a model's config.json (one naming a ``model_type`` or ``architectures``: the file travels with the model), or
+    with ``own_safetensors``, its own folder holding .safetensors files (a .safetensors result is read as the model's
+    tensors). Another tool's config.json, in a project folder or in ``~``, is no checkpoint."""
+    path = Path(path).resolve()
+    for folder in path.parents:
+        if (folder / "mxrepack.json").is_file():
+            return f"inside the mxrepack output {folder}"
+        if _model_config(folder / "config.json"):
+            return f"inside the checkpoint {folder} (its config.json)"
+        if own_safetensors and folder == path.parent and next(folder.glob("*.safetensors"), None) is not None:
+            return f"beside the safetensors files of {folder}"
+    return None
+
+
+def _model_config(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and ("model_type" in data or "architectures" in data)
+
+
+def check_result_path(path: Path | None) -> None:
+    """Refuse, before the work, a result file path that cannot take the result: a folder, a path under a file (the
+    result was computed, minutes for an eval, and then lost with a traceback at the rename), or a place in a
+    checkpoint (:func:`inside_checkpoint`)."""
     if path is None:
         return
-    for folder in Path(path).absolute().parents:
-        if (folder / "mxrepack.json").is_file():
-            raise MxRepackError(
-                f"{path}: inside the mxrepack output {folder} (`repack verify` and `push` refuse files its manifest "
-                "does not list); write the result elsewhere"
-            )
-    folder = Path(path).absolute().parent
-    if (folder / "config.json").is_file():
-        raise MxRepackError(f"{path}: beside {folder / 'config.json'} (a checkpoint); write the result elsewhere")
+    if path.is_dir():
+        raise MxRepackError(f"{path}: is a folder; expected a file path for the result (e.g. {path / 'result.json'})")
+    blocking = file_in_the_way(path)
+    if blocking is not None:
+        raise MxRepackError(f"{path}: {blocking} is a file, not a folder; expected a file path for the result")
+    where = inside_checkpoint(path)
+    if where:
+        raise MxRepackError(f"{path}: {where}; write the result elsewhere")
+
+
+def write_atomic(path: Path, write) -> None:
+    """``write(tmp)`` to a hidden sibling, then rename over ``path``: never a half-written result file."""
+    check_result_path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as e:  # named as the path the user gave, not the hidden file beside it
+        raise MxRepackError(f"{path}: cannot write the result ({e.strerror or e})") from None
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # its folder could not be made: there is nothing to remove
+            pass
+
+
+def write_json(path: Path | None, data: dict) -> None:
+    if path is not None:
+        write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
 
 
 # What `eval report` and `push --eval` read of an `eval logits` result, and each value's kind.
