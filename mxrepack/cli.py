@@ -567,7 +567,7 @@ def eval_report_cmd(
 ) -> None:
     """A readable page of the evidence: tables plus plots."""
     from mxrepack.errors import load_json
-    from mxrepack.eval.gpqa import compare, require_score
+    from mxrepack.eval.gpqa import comparable, compare, require_score
     from mxrepack.eval.report import build_report, check_report_folder, write_report
 
     if not (model_dir or gpqa or logits):  # it wrote a page with a heading and nothing under it
@@ -576,12 +576,14 @@ def eval_report_cmd(
     for path in gpqa or []:
         require_score(load_json(path, "`repack eval gpqa` result"), str(path))
     gate = None
-    if gpqa and len(gpqa) >= 2:
-        gate = compare(  # first against last, refused as `eval compare` refuses them when their questions differ
-            load_json(gpqa[0], "`repack eval gpqa` result"),
-            load_json(gpqa[-1], "`repack eval gpqa` result"),
-            names=(str(gpqa[0]), str(gpqa[-1])),
-        )
+    if gpqa and len(gpqa) >= 2:  # first against last
+        first, last = (load_json(p, "`repack eval gpqa` result") for p in (gpqa[0], gpqa[-1]))
+        try:  # runs no gate compares (other questions, or drawn another way) still go on the page side by side
+            comparable(first, last, (str(gpqa[0]), str(gpqa[-1])))
+        except MxRepackError as e:
+            typer.echo(f"warning: no gate in the report: {e}", err=True)
+        else:
+            gate = compare(first, last, names=(str(gpqa[0]), str(gpqa[-1])))
     paths = write_report(build_report(model_dir, gpqa or [], logits, gate), out)
     typer.echo(f"wrote {paths['markdown']} and {paths['html']}")
 

@@ -159,11 +159,14 @@ def _eval_entries(paths: list[Path]) -> list[dict]:
             require_score(r, str(p))  # a run whose requests failed is no score to publish
             data = r.get("data")
             # the card names the questions, the repeats and the samples: one without them was a KeyError traceback
-            if not (isinstance(data, dict) and isinstance(data.get("path"), str)) or not all(
-                isinstance(r.get(k), int) for k in ("n_repeats", "n_samples")
-            ):
+            found = {
+                "data.path": isinstance(data, dict) and isinstance(data.get("path"), str),
+                **{k: isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in ("n_repeats", "n_samples")},
+            }
+            missing = next((k for k, ok in found.items() if not ok), None)
+            if missing:
                 raise MxRepackError(
-                    f"{p}: no data.path, n_repeats or n_samples; expected the file `repack eval gpqa -o` wrote"
+                    f"{p}: no {missing} (or not of its kind); expected the file `repack eval gpqa -o` wrote"
                 )
             out.append(
                 {

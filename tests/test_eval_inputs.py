@@ -76,8 +76,8 @@ def _closed_port() -> int:
         (["--num-examples", "10"], "--num-examples 10: expected 1 to 3"),  # a ValueError traceback
         (["--num-examples", "-1"], "--num-examples -1: expected 1 to 3"),
         (["--num-examples", "2", "--n-repeats", "2"], "--num-examples needs --n-repeats 1"),  # was after the load
-        (["--temperature", "-1"], "--temperature -1.0: expected 0 (greedy) or more"),
-        (["--temperature", "nan"], "--temperature nan: expected 0 (greedy) or more"),
+        (["--temperature", "-1"], "--temperature -1.0: expected a finite number, 0 (greedy) or more"),
+        (["--temperature", "nan"], "--temperature nan: expected a finite number, 0 (greedy) or more"),
         (["--timeout", "0"], "--timeout 0.0: expected a number of seconds above 0"),
         (["--retries", "-1"], "--retries -1: expected 0 or more"),  # sent nothing: "no answer after 0 attempts"
         # ignored by the local backend: the result passed for one at that effort
@@ -102,6 +102,8 @@ def test_gpqa_flags_out_of_range_are_refused_before_the_model_loads(
         (HEADER + "q,a,b,c,d,e\n", "q.csv: line 2 has 6 fields where the header has 5"),  # an unquoted comma
         (HEADER + 'q1,a,b,c,d\n"q,a,b,c,d\n', "q.csv: line 3 has 1 field where the header has 5"),  # open quote
         (HEADER + "q1,a,b,c,d\nq2,,b,c,d\n", "q.csv: line 3: 'Correct Answer' is empty; expected a question and"),
+        # named by the line the row starts on, not the last of its quoted cell's lines
+        (HEADER + '"q1\nmore\nlines",a,b,c\nq2,a,b,c,d\n', "q.csv: line 2 has 4 fields where the header has 5"),
         (HEADER, "q.csv: no rows"),
     ],
 )
@@ -134,7 +136,7 @@ def test_questionable_gpqa_rows_are_scored_with_a_warning(csv_file, tmp_path, ca
     err = capsys.readouterr().err.splitlines()
     assert err == [f"warning: {w}" for w in warnings]
     r = json.loads(out.read_text())  # how the answers were drawn, for the gate
-    assert r["sampling"] == {"temperature": 0.0, "max_tokens": None, "reasoning_effort": None}
+    assert r["sampling"] == {"temperature": 0.0, "max_tokens": 64, "reasoning_effort": None}  # the runner's limit
     assert r["data"]["rows"] == 4 and len(r["data"]["sha256"]) == 64
 
 
@@ -181,7 +183,8 @@ def _gpqa(path, **fields):
         ({"score": math.nan}, "score nan; expected a number from 0 to 1"),  # was "FAILED: candidate nan"
         ({"score": True}, "score True; expected a number from 0 to 1"),
         ({"score": 1.5}, "score 1.5; expected a number from 0 to 1"),
-        ({"stderr": -0.1}, "stderr -0.1; expected a number 0 or more"),
+        ({"stderr": -0.1}, "stderr -0.1; expected a number from 0 to 1"),
+        ({"stderr": math.inf}, "stderr inf; expected a number from 0 to 1"),  # passed every candidate
         ({"eval": "logits"}, "a `repack eval logits` result; expected `repack eval gpqa` output"),
         ({"score": None, "n_requests": 0, "errors": 0}, "no answered samples; not a score to gate on"),
     ],
@@ -194,16 +197,17 @@ def test_compare_refuses_a_result_that_is_no_score(fields, message, refused, tmp
 @pytest.mark.parametrize(
     "fields, message",
     [
-        # the same questions asked another number of times, or answered another way: a baseline at low
-        # reasoning effort passed a candidate at high
-        ({"n_repeats": 8}, "--n-repeats 8, where {b} has 1; expected the same --n-repeats"),
+        # the same questions answered another way: a greedy baseline against a sampled candidate, or one at low
+        # reasoning effort against one at high
         (
             {"sampling": {"temperature": 0.0, "max_tokens": None, "reasoning_effort": None}},
-            "--temperature 0.0, where {b} has --temperature 1.0; expected the same --temperature",
+            "ran with --temperature 0.0, where {b} ran with --temperature 1.0; expected the same --temperature "
+            "(--local's default is 0 (greedy), --base-url's 1.0): run both the same way",
         ),
         (
             {"sampling": {"temperature": 1.0, "max_tokens": None, "reasoning_effort": "high"}},
-            "--reasoning-effort high, where {b} has no --reasoning-effort; expected the same --reasoning-effort",
+            "ran with --reasoning-effort high, where {b} ran with no --reasoning-effort; expected the same "
+            "--reasoning-effort (--local has none, --base-url's default is the server's): run both the same way",
         ),
     ],
 )
@@ -214,7 +218,19 @@ def test_compare_refuses_runs_drawn_another_way(fields, message, refused, tmp_pa
     assert refused(["eval", "compare", base, cand]) == f"{cand}: " + message.format(b=base)
     old = _gpqa(tmp_path / "old.json")  # written before results recorded how they were drawn: not checked
     assert main(["eval", "compare", str(base), str(old)]) == 0
+    more = _gpqa(tmp_path / "more.json", sampling=sampling, n_repeats=8)  # more repeats: a smaller stderr, no more
+    assert main(["eval", "compare", str(base), str(more)]) == 0
     capsys.readouterr()
+
+
+def test_a_report_of_runs_no_gate_compares_has_no_gate(refused, tmp_path, capsys):
+    """A greedy run beside a sampled one refused the whole page; it is written, without the gate, and says why."""
+    sampling = {"temperature": 1.0, "max_tokens": None, "reasoning_effort": None}
+    base = _gpqa(tmp_path / "b.json", sampling=sampling)
+    cand = _gpqa(tmp_path / "c.json", sampling=sampling | {"temperature": 0.0})
+    assert main(["eval", "report", "--out", str(tmp_path / "rep"), "--gpqa", str(base), "--gpqa", str(cand)]) == 0
+    assert "warning: no gate in the report: " in capsys.readouterr().err
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["gate"] is None
 
 
 @pytest.mark.parametrize(
@@ -414,7 +430,7 @@ def test_push_to_hub_refuses_a_repo_id_the_hub_refuses_before_converting(tiny, t
     [  # each was a KeyError or TypeError traceback
         (
             {"eval": "gpqa", "score": 0.5, "stderr": 0.1},
-            "no data.path, n_repeats or n_samples; expected the file `repack eval gpqa -o` wrote",
+            "no data.path (or not of its kind); expected the file `repack eval gpqa -o` wrote",
         ),
         ({"eval": "logits"}, "no kl.mean; expected `repack eval logits` output"),
         (

@@ -189,7 +189,7 @@ def check_options(
     if concurrency < 1:
         raise MxRepackError(f"--concurrency {concurrency}: expected 1 or more")
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
-        raise MxRepackError(f"--temperature {temperature}: expected 0 (greedy) or more")
+        raise MxRepackError(f"--temperature {temperature}: expected a finite number, 0 (greedy) or more")
     if max_tokens is not None and max_tokens < 1:
         raise MxRepackError(f"--max-tokens {max_tokens}: expected 1 or more")
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
@@ -218,7 +218,8 @@ class LocalBackend:
         from mxrepack.eval.local import LocalChatModel
 
         self.model = model or LocalChatModel(path, **runner_kwargs)
-        self.temperature, self.max_tokens = temperature, max_tokens
+        # the limit it runs with, recorded as such: None and the runner's default are one setting to `eval compare`
+        self.temperature, self.max_tokens = temperature, max_tokens or self.model.max_new_tokens
         self.name = f"local {self.model.path}"
         from mxrepack.serve.spec import weights_identity
 
@@ -346,18 +347,26 @@ def require_score(r: dict, name: str) -> None:
             f"--max-errors allowed: {r.get('max_errors')}); not a score to gate on "
             f"(first: {r.get('first_error')})"
         )
-    for key, top in (("score", 1), ("stderr", math.inf)):  # a string was a traceback; NaN failed the gate
+    for key in ("score", "stderr"):  # a string was a traceback; NaN failed the gate, an infinite stderr passed it
         v = r[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= top:
-            expected = "a number from 0 to 1" if top == 1 else "a number 0 or more"
-            raise MxRepackError(f"{name}: {key} {v!r}; expected {expected}, as `repack eval gpqa` writes")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise MxRepackError(f"{name}: {key} {v!r}; expected a number from 0 to 1, as `repack eval gpqa` writes")
 
 
-def same_questions(base: dict, cand: dict, names: tuple[str, str] = ("baseline JSON", "candidate JSON")) -> None:
-    """Refuse two results scored on different questions: another question file (its sha256), another
-    ``--num-examples`` subset of it, or another ``--n-repeats``; or drawn another way (temperature, max tokens,
-    reasoning effort: a baseline at low effort passed a candidate at high). What a result does not record (written
-    before it did) is not checked."""
+# What a backend runs with when the flag is not given, for the message that names a difference.
+SAMPLING_DEFAULTS = {
+    "temperature": "--local's default is 0 (greedy), --base-url's 1.0",
+    "max_tokens": "--local's default is the runner's 64, --base-url's the server's",
+    "reasoning_effort": "--local has none, --base-url's default is the server's",
+}
+
+
+def comparable(base: dict, cand: dict, names: tuple[str, str] = ("baseline JSON", "candidate JSON")) -> None:
+    """Refuse two results that no gate can compare: scored on other questions (another question file, by its sha256,
+    or another ``--num-examples`` subset of it), or drawn another way (temperature, max tokens, reasoning effort: a
+    greedy baseline against a sampled candidate, or one at low effort against one at high, differ by more than their
+    weights). Another ``--n-repeats`` is no difference: each run's stderr says how precise it is. What a result does
+    not record (written before it did) is not checked."""
     b, c = base.get("data") or {}, cand.get("data") or {}
 
     def scored(d: dict) -> str:
@@ -369,21 +378,14 @@ def same_questions(base: dict, cand: dict, names: tuple[str, str] = ("baseline J
             raise MxRepackError(
                 f"{names[1]}: scored {scored(c)}, where {names[0]} scored {scored(b)}; expected the same {what}"
             )
-    if "n_repeats" in base and "n_repeats" in cand and base["n_repeats"] != cand["n_repeats"]:
-        raise MxRepackError(
-            f"{names[1]}: --n-repeats {cand['n_repeats']}, where {names[0]} has {base['n_repeats']}; "
-            "expected the same --n-repeats"
-        )
     bs, cs = base.get("sampling") or {}, cand.get("sampling") or {}
-    for key in ("temperature", "max_tokens", "reasoning_effort"):
+    for key, defaults in SAMPLING_DEFAULTS.items():
         if key in bs and key in cs and bs[key] != cs[key]:
             flag = "--" + key.replace("_", "-")
-
-            def said(v):
-                return f"no {flag}" if v is None else f"{flag} {v}"
-
+            said = {v: f"no {flag}" if v is None else f"{flag} {v}" for v in (bs[key], cs[key])}
             raise MxRepackError(
-                f"{names[1]}: {said(cs[key])}, where {names[0]} has {said(bs[key])}; expected the same {flag}"
+                f"{names[1]}: ran with {said[cs[key]]}, where {names[0]} ran with {said[bs[key]]}; expected the "
+                f"same {flag} ({defaults}): run both the same way"
             )
 
 
@@ -397,15 +399,15 @@ def compare(
     """The regression gate: the candidate fails when its score is below the baseline's by more than
     ``tolerance + z * sqrt(stderr_base**2 + stderr_cand**2)``, i.e. by more than chance explains (a
     one-sided test at ~97.5% with z = 1.96) plus an optional absolute tolerance (vLLM CI uses 0.05
-    alone). A better candidate always passes. Two runs over different questions are refused (:func:`same_questions`;
+    alone). A better candidate always passes. Two runs that cannot be compared are refused (:func:`comparable`;
     ``names``: how the message calls the two results, their files where the CLI has them)."""
     if tolerance < 0 or z < 0:  # a negative margin would fail a candidate that scored higher
-        raise MxRepackError(f"--tolerance {tolerance} / z {z}: expected 0 or more")
+        raise MxRepackError(f"--tolerance {tolerance} / --z {z}: expected 0 or more")
     if not (math.isfinite(tolerance) and math.isfinite(z)):  # NaN failed every candidate; inf passed every one
-        raise MxRepackError(f"--tolerance {tolerance} / z {z}: expected finite numbers")
+        raise MxRepackError(f"--tolerance {tolerance} / --z {z}: expected finite numbers")
     for name, r in zip(names, (base, cand)):
         require_score(r, name)
-    same_questions(base, cand, names)
+    comparable(base, cand, names)
     se = math.sqrt(base["stderr"] ** 2 + cand["stderr"] ** 2)
     drop = base["score"] - cand["score"]
     allowed = tolerance + z * se

@@ -60,10 +60,12 @@ def read_rows(path: str | Path, warnings: list[str] | None = None) -> list[dict]
                 raise MxRepackError(
                     f"{path}: missing column(s) {', '.join(missing)}; expected the gpqa_diamond.csv columns"
                 )
-            for r in reader:
-                _check_row(path, reader.line_num, len(reader.fieldnames), r)
+            end = reader.line_num
+            for r in reader:  # named by the line it starts on: a quoted cell may span lines (gpqa_diamond's do)
+                start, end = end + 1, reader.line_num
+                _check_row(path, start, len(reader.fieldnames), r)
                 rows.append(dict(r))
-                lines.append(reader.line_num)
+                lines.append(start)
     except FileNotFoundError:
         raise MxRepackError(f"{path}: file does not exist; {expected}") from None
     except OSError as e:  # a folder, no permission
