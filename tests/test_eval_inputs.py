@@ -168,6 +168,9 @@ def test_gpqa_with_nothing_listening_says_so_at_once(refused, csv_file, tmp_path
     assert message.startswith(f"--base-url {url}: nothing answers at 127.0.0.1:{port} (")
     assert message.endswith("start the server or check the URL")
     assert time.monotonic() - started < 5 and not out.exists()
+    url = "http://no-such-host.invalid:8000/v1"  # a name that does not resolve is said to be one
+    message = refused(["eval", "gpqa", "--base-url", url, "--model", "m", "--data", data, "-o", out])
+    assert message.startswith(f"--base-url {url}: no such host no-such-host.invalid (")
 
 
 def _gpqa(path, **fields):

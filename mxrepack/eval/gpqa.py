@@ -150,13 +150,18 @@ class OpenAIChatBackend:
         if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname):
             return
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal, as in a URL
         try:
             socket.create_connection((parts.hostname, port), timeout=min(self.timeout, 10)).close()
+        except socket.gaierror as e:
+            raise MxRepackError(
+                f"--base-url {self.base_url}: no such host {parts.hostname} ({e.strerror or e}); check the URL"
+            ) from None
         except OSError as e:
             reason = e.strerror or str(e) or type(e).__name__
             raise MxRepackError(
-                f"--base-url {self.base_url}: nothing answers at {parts.hostname}:{port} ({reason}); start the "
-                "server or check the URL"
+                f"--base-url {self.base_url}: nothing answers at {host}:{port} ({reason}); start the server or check "
+                "the URL"
             ) from None
 
 
