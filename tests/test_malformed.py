@@ -509,10 +509,16 @@ def test_interrupt_guard_modes_and_restoration():
         steps.append("not reached")
     assert steps == ["rest of the block ran"]
     with InterruptGuard() as guard:
-        guard.mode = "drop"
-        _sigint_soon()
-        [None for _ in range(1000)]
-        steps.append("dropped")
+        try:
+            raise KeyboardInterrupt  # an unwinding under way: what it drops
+        except KeyboardInterrupt:
+            guard.mode = "drop"
+            _sigint_soon()
+            [None for _ in range(1000)]
+            steps.append("dropped")
+        with pytest.raises(KeyboardInterrupt):  # none under way (one swallowed in a finalizer): acted on again
+            _sigint_soon()
+            [None for _ in range(1000)]
     assert steps[-1] == "dropped" and {sig: signal.getsignal(sig) for sig in before} == before
     calls = []
     try:  # a user's own handler is called, not replaced by an unwinding
@@ -531,6 +537,60 @@ def test_interrupt_guard_modes_and_restoration():
             [None for _ in range(1000)]
         [None for _ in range(1000)]  # delivered to Python's own handler after the restoration
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_interrupt_guard_against_the_users_own_handlers():
+    """A deferred SIGTERM whose action is the default unwinds rather than killing the process with no word; a signal
+    that comes while the user's own handler runs is acted on after it (it was dropped); a handler of the user's that
+    raises at the restoration still leaves every handler put back."""
+    from mxrepack.repack.interrupts import InterruptGuard
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with pytest.raises(KeyboardInterrupt), InterruptGuard() as guard:
+            guard.mode = "defer"
+            os.kill(os.getpid(), signal.SIGTERM)
+            [None for _ in range(1000)]
+        log = []
+
+        def theirs(signum, frame):
+            log.append(signum)
+            _sigint_soon()  # a Ctrl-C while their handler runs
+            [None for _ in range(1000)]
+
+        signal.signal(signal.SIGTERM, theirs)
+        with pytest.raises(KeyboardInterrupt), InterruptGuard():
+            os.kill(os.getpid(), signal.SIGTERM)
+            [None for _ in range(1000)]
+        assert log == [signal.SIGTERM]
+
+        def leaving(signum, frame):
+            raise SystemExit(143)
+
+        signal.signal(signal.SIGTERM, leaving)
+        with pytest.raises(SystemExit), InterruptGuard() as guard:
+            guard.mode = "defer"
+            os.kill(os.getpid(), signal.SIGTERM)
+            [None for _ in range(1000)]
+        assert signal.getsignal(signal.SIGTERM) is leaving
+        assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_a_lock_left_without_its_exit_is_released_with_it(tmp_path):
+    """An interrupt before OutputLock.__exit__ ran kept the lock for the process's life: a later conversion to the
+    same output in that process was refused as another repack's."""
+    import gc
+
+    from mxrepack.repack.destination import OutputLock
+
+    OutputLock(tmp_path / "out").__enter__()  # never exited
+    gc.collect()
+    with OutputLock(tmp_path / "out"):
+        pass
 
 
 def test_interrupt_guard_leaves_ignored_and_default_handlers(monkeypatch):

@@ -81,11 +81,17 @@ class OutputLock:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
             try:
                 os.unlink(self.path)  # while still held: a waiting process re-checks the inode (above)
             except OSError:
                 pass
+            finally:
+                os.close(fd)
+
+    def __del__(self) -> None:  # an interrupt before __exit__ ran: the lock must not outlive the conversion
+        if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 

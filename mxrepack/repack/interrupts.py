@@ -11,15 +11,18 @@
 * ``drop``: the removal of an interrupted conversion's temporary folder runs to its end (a second Ctrl-C, pressed
   because the first seemed slow, left gigabytes beside the output).
 
-The handlers are installed SIGINT first and put back SIGINT last, while the mode holds any signal (deferred ones are
-then delivered to the handlers they would have met outside the conversion): until SIGINT is ours no other is, and
-after it is the user's again no other is ours. Off the main thread nothing is installed (signals go to the main
-thread's handlers) and the modes do nothing.
+A user's own handler runs with further signals held, and ``drop`` lasts only while an exception is under way (one
+swallowed in a finalizer does not leave later signals dropped). The handlers are installed SIGINT first and put back
+every one of them even if a handler of the user's raises meanwhile; the deferred ones are then acted on as outside
+the conversion, except that a default action (SIGTERM's kill, with no word and the lock file left) unwinds instead,
+as during the conversion. Off the main thread nothing is installed (signals go to the main thread's handlers) and
+the modes do nothing.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -33,7 +36,8 @@ class InterruptGuard:
     def __init__(self) -> None:
         self.mode = "raise"
         self.came: list[int] = []
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, object] = {}  # the handlers to put back (emptied as they are)
+        self._original: dict[int, object] = {}  # the same, kept: what a signal meets outside the conversion
 
     def __enter__(self) -> "InterruptGuard":
         if threading.current_thread() is not threading.main_thread():
@@ -45,7 +49,7 @@ class InterruptGuard:
                     continue
                 if sig == signal.SIGINT and not callable(handler):  # SIG_DFL: Ctrl-C kills, as the user set it
                     continue
-                self._previous[sig] = handler
+                self._previous[sig] = self._original[sig] = handler
                 signal.signal(sig, self._handle)
         except BaseException:  # a Ctrl-C pending from before, raised part way: undo what was installed
             self.mode = "drop"
@@ -57,35 +61,70 @@ class InterruptGuard:
         self._restore()
 
     def _handle(self, signum: int, frame) -> None:
+        if self.mode == "drop" and sys.exc_info()[1] is None:  # an unwinding swallowed (in a finalizer): not one now
+            self.mode = "raise"
         if self.mode == "defer":
             self.came.append(signum)
         elif self.mode == "raise":
-            previous = self._previous.get(signum)
-            self.mode = "drop"  # if it unwinds the conversion, nothing interrupts the unwinding
-            if callable(previous):
-                previous(signum, frame)  # default_int_handler raises KeyboardInterrupt; a user's own does its own
-            else:
-                raise KeyboardInterrupt
-            self.mode = "raise"  # the user's handler returned: the conversion goes on
+            self._act(signum, frame)
+
+    def _act(self, signum: int, frame) -> None:
+        """What the ``raise`` mode does with a signal: the user's own handler, run with further signals held (one
+        that came while it ran is then acted on, as it would have been outside), or an unwinding."""
+        previous = self._original.get(signum)
+        if not callable(previous):  # the default action: unwind, and let nothing interrupt the unwinding
+            self.mode = "drop"
+            raise KeyboardInterrupt
+        self.mode = "defer"
+        try:
+            previous(signum, frame)  # default_int_handler raises KeyboardInterrupt; a user's own does its own
+        except BaseException:
+            self.mode = "drop"
+            raise
+        self.mode = "raise"
+        while self.came and self.mode == "raise":
+            self._act(self.came.pop(0), None)
 
     @contextmanager
     def deferred(self) -> Iterator[None]:
-        """Signals held for the block, then handed to the ``raise`` mode in turn (the first that raises ends it)."""
+        """Signals held for the block, then acted on in turn as the ``raise`` mode would (the first that raises
+        ends it)."""
         before, self.mode = self.mode, "defer"
         try:
             yield
         finally:
             self.mode = before
-        if before == "raise":
-            while self.came and self.mode == "raise":
-                self._handle(self.came.pop(0), None)
+        while self.came and self.mode == "raise":
+            self._act(self.came.pop(0), None)
 
     def _restore(self) -> None:
+        """The user's handlers back, all of them: one of theirs, already back, can run (and raise) between two of
+        these calls (blocking the signals would not stop that: another thread takes the signal for the process), so
+        a raise is kept and the rest still put back. Then the signals that came while the mode held them are acted
+        on as outside the conversion, except that one whose action is the default (SIGTERM's: a kill with no word)
+        unwinds instead, as it did during the conversion, unless an unwinding is under way. The first exception of
+        all this is raised at the end."""
         if self.mode != "drop":
-            self.mode = "defer"  # no handler of ours raises while the others are put back
-        for sig in reversed(SIGNALS):
-            if sig in self._previous:
-                signal.signal(sig, self._previous.pop(sig))
+            self.mode = "defer"
+        raised: list[BaseException] = []
+        while self._previous:
+            try:
+                for sig in reversed(SIGNALS):
+                    if sig in self._previous:
+                        if signal.getsignal(sig) is not self._previous[sig]:  # a retry sets each one once
+                            signal.signal(sig, self._previous[sig])
+                        del self._previous[sig]
+            except BaseException as e:
+                raised.append(e)
         came, self.came = self.came, []
-        for signum in came:  # to the handlers they would have met outside the conversion
-            signal.raise_signal(signum)
+        for signum in came:
+            try:
+                previous = self._original.get(signum)
+                if callable(previous):
+                    previous(signum, None)
+                elif self.mode != "drop":
+                    raise KeyboardInterrupt
+            except BaseException as e:  # the others still get theirs
+                raised.append(e)
+        if raised:
+            raise raised[0]

@@ -109,7 +109,13 @@ def _leftovers(out: Path) -> str:
                 f"{old[-1]}: cannot put this set-aside output back at {out} ({e.strerror or e})"
             ) from None
         note = f" (put back from {old.pop().name}, where a run killed while replacing it had set it aside)"
-    for entry in found["tmp"] + old:
+    scratch = out.parent / f"{prefix}tmp-{os.getpid()}"
+    for entry in found["tmp"] + old:  # under a temporary name: one stopped part way is no output to put back
+        try:
+            os.rename(entry, scratch)
+            entry = scratch
+        except OSError:
+            pass
         shutil.rmtree(entry, ignore_errors=True)
     return note
 
