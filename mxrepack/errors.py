@@ -7,7 +7,9 @@ keeps its traceback.
 """
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 class MxRepackError(Exception):
@@ -25,16 +27,24 @@ def require_folder(path) -> None:
         raise MxRepackError(f"{path}: {'not a folder' if Path(path).exists() else 'path does not exist'}")
 
 
-def read_text(path, what: str) -> str:
-    """The UTF-8 text of ``path``; one line naming it when it is missing, a folder, unreadable or not text."""
+@contextmanager
+def reading(path, what: str) -> Iterator[None]:
+    """Around the reading of text file ``path``: one line naming it when it is missing, a folder, unreadable or not
+    UTF-8 text, which ``what`` (the kind of file expected) completes."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        yield
     except FileNotFoundError:
         raise MxRepackError(f"{path}: file does not exist; expected {what}") from None
-    except OSError as e:
+    except OSError as e:  # a folder, no permission
         raise MxRepackError(f"{path}: cannot read it ({e.strerror or e}); expected {what}") from None
     except UnicodeDecodeError as e:
         raise MxRepackError(f"{path}: not UTF-8 text (byte {e.start}); expected {what}") from None
+
+
+def read_text(path, what: str) -> str:
+    """The UTF-8 text of ``path`` (:func:`reading`'s errors)."""
+    with reading(path, what):
+        return Path(path).read_text(encoding="utf-8")
 
 
 def load_json(path, what: str) -> dict:

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxrepack.errors import MxRepackError
+from mxrepack.errors import MxRepackError, reading
 
 COLUMNS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 INSTRUCTION = "Express your final answer as the corresponding option 'A', 'B', 'C', or 'D'."
@@ -47,11 +47,13 @@ def read_rows(path: str | Path, warnings: list[str] | None = None) -> list[dict]
     ``warnings`` gets rows that are scored but questionable: a row repeated, a correct answer also among the
     incorrect ones (graded by its first position, as gpt_oss.evals does)."""
     path = Path(path)
-    expected = "expected a CSV in the gpqa_diamond.csv format"
+    what = "a CSV in the gpqa_diamond.csv format"
+    expected = f"expected {what}"
     rows, lines = [], []
     try:
+        # read as parsed (newline="": a quoted cell keeps its line ends), so reading()'s errors wrap the parse;
         # utf-8-sig: a spreadsheet's byte order mark would otherwise be part of the first column's name
-        with open(path, newline="", encoding="utf-8-sig") as f:
+        with reading(path, what), open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             if reader.fieldnames is None:
                 raise MxRepackError(f"{path}: empty; {expected}")
@@ -66,12 +68,6 @@ def read_rows(path: str | Path, warnings: list[str] | None = None) -> list[dict]
                 _check_row(path, start, len(reader.fieldnames), r)
                 rows.append(dict(r))
                 lines.append(start)
-    except FileNotFoundError:
-        raise MxRepackError(f"{path}: file does not exist; {expected}") from None
-    except OSError as e:  # a folder, no permission
-        raise MxRepackError(f"{path}: cannot read it ({e.strerror or e}); {expected}") from None
-    except UnicodeDecodeError as e:
-        raise MxRepackError(f"{path}: not UTF-8 text (byte {e.start}); {expected}") from None
     except csv.Error as e:
         raise MxRepackError(f"{path}: not a readable CSV ({e}); expected the gpqa_diamond.csv format") from None
     if not rows:

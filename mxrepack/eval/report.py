@@ -385,11 +385,9 @@ def check_report_folder(out_dir: str | Path) -> None:
 
 
 def _is_report(path: Path) -> bool:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and {"model", "quantization_error", "gpqa", "logits", "gate"} <= set(data)
+    from mxrepack.eval.results import json_keys
+
+    return {"model", "quantization_error", "gpqa", "logits", "gate"} <= json_keys(path)
 
 
 def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:

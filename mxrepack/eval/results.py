@@ -26,12 +26,18 @@ def inside_checkpoint(path: Path, own_safetensors: bool = True) -> str | None:
     return None
 
 
-def _model_config(path: Path) -> bool:
+def json_keys(path: Path) -> set[str]:
+    """The keys of the JSON object in ``path``; none where there is no such file or it holds no object (a file
+    looked at to tell what a folder is, never one the user asked to read)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and ("model_type" in data or "architectures" in data)
+        return set()
+    return set(data) if isinstance(data, dict) else set()
+
+
+def _model_config(path: Path) -> bool:
+    return bool(json_keys(path) & {"model_type", "architectures"})
 
 
 def check_result_path(path: Path | None) -> None:

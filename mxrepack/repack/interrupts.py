@@ -36,8 +36,7 @@ class InterruptGuard:
     def __init__(self) -> None:
         self.mode = "raise"
         self.came: list[int] = []
-        self._previous: dict[int, object] = {}  # the handlers to put back (emptied as they are)
-        self._original: dict[int, object] = {}  # the same, kept: what a signal meets outside the conversion
+        self._original: dict[int, object] = {}  # the handlers replaced: what a signal meets outside the conversion
 
     def __enter__(self) -> "InterruptGuard":
         if threading.current_thread() is not threading.main_thread():
@@ -49,7 +48,7 @@ class InterruptGuard:
                     continue
                 if sig == signal.SIGINT and not callable(handler):  # SIG_DFL: Ctrl-C kills, as the user set it
                     continue
-                self._previous[sig] = self._original[sig] = handler
+                self._original[sig] = handler
                 signal.signal(sig, self._handle)
         except BaseException:  # a Ctrl-C pending from before, raised part way: undo what was installed
             self.mode = "drop"
@@ -82,6 +81,10 @@ class InterruptGuard:
             self.mode = "drop"
             raise
         self.mode = "raise"
+        self._act_on_held()
+
+    def _act_on_held(self) -> None:
+        """The signals held meanwhile, in turn, as the ``raise`` mode acts on them (the first that raises ends it)."""
         while self.came and self.mode == "raise":
             self._act(self.came.pop(0), None)
 
@@ -94,8 +97,7 @@ class InterruptGuard:
             yield
         finally:
             self.mode = before
-        while self.came and self.mode == "raise":
-            self._act(self.came.pop(0), None)
+        self._act_on_held()
 
     def _restore(self) -> None:
         """The user's handlers back, all of them: one of theirs, already back, can run (and raise) between two of
@@ -107,13 +109,14 @@ class InterruptGuard:
         if self.mode != "drop":
             self.mode = "defer"
         raised: list[BaseException] = []
-        while self._previous:
+        todo = dict(self._original)
+        while todo:
             try:
                 for sig in reversed(SIGNALS):
-                    if sig in self._previous:
-                        if signal.getsignal(sig) is not self._previous[sig]:  # a retry sets each one once
-                            signal.signal(sig, self._previous[sig])
-                        del self._previous[sig]
+                    if sig in todo:
+                        if signal.getsignal(sig) is not todo[sig]:  # a retry sets each one once
+                            signal.signal(sig, todo[sig])
+                        del todo[sig]
             except BaseException as e:
                 raised.append(e)
         came, self.came = self.came, []
