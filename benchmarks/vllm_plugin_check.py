@@ -23,7 +23,11 @@ docs/SERVING.md "Proof"). One run:
    |logprob difference| over the tokens both list;
 4. ``_convert``: for every expert layout, the tensors the plugin hands to vLLM's kernel (the stored bytes, retyped as
    the plugin does) against vLLM's own ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` of the same source layer,
-   run here (the Blackwell-only backends' kernels cannot run on Hopper; their conversions can).
+   run here (the Blackwell-only backends' kernels cannot run on Hopper; their conversions can); with ``--cases ''``
+   (``--convert``) the conversions alone.
+
+Each engine process is killed after ``--engine-timeout`` seconds (900), its case then an error row. On a GB10:
+``benchmarks/gb10_check.sh`` runs the sm121 targets' cases and this machine's conversions.
 """
 
 from __future__ import annotations
@@ -80,6 +84,15 @@ RECIPES = {
         "dense": {"format": "mxfp4", "layers": ["qkv", "o", "lm_head"], "scale_rule": "ocp"},
         "config": {"quantization_config": "mxrepack"},
     },
+    # the sm121 target's experts (laid out for vLLM's FLASHINFER_CUTLASS_MXFP4_MXFP8 MoE backend) with BF16 dense
+    # layers: its MoE alone, against stock vLLM's own load-time conversion of the source for that backend
+    "sm121-experts": {
+        "name": "sm121-experts",
+        "description": "the sm121 target's experts (flashinfer-cutlass) with BF16 dense layers",
+        "experts": {"layout": "flashinfer-cutlass"},
+        "dense": {"format": "bf16"},
+        "config": {"quantization_config": "mxrepack"},
+    },
     "ct-experts": {
         "name": "ct-experts",
         "description": "the compressed-tensors target's experts, BF16 attention",
@@ -117,6 +130,13 @@ _SLEEP = "_sleep"
 # an offline Hugging Face cache under the work folder (``_hub_cache``). Not an LLM argument
 _HUB = "_hub"
 _DENSE_TRITON = {DENSE_KERNEL_ENV: "mxrepack"}
+# vLLM's moe_backend value for its FLASHINFER_CUTLASS_MXFP4_MXFP8 backend (FlashInfer's CUTLASS fused MoE, MXFP4
+# weights x MXFP8 activations), 0.26 and 0.33 alike (oracle/mxfp4.py, map_mxfp4_backend). Plain "flashinfer_cutlass"
+# maps to both activation variants and select_mxfp4_moe_backend keeps the BF16-activation one alone when nothing asks
+# for an activation (_filter_by_activation), which FlashInferExperts runs on sm_90 only. The "_afp8" name is not in
+# the MoEBackend literal (config/kernel.py): `--moe-backend` refuses it, LLM(moe_backend=...) passes it through.
+# FlashInferExperts takes MXFP4 x MXFP8 on compute capability 10.0 and newer: refused on a Hopper
+_FLASHINFER_CUTLASS_MXFP8 = "flashinfer_cutlass_afp8"
 _MMA_V2 = {"DISABLE_MMA_V3": "1"}  # Triton builds mma.sync on a Hopper, as on sm_12x (the mma2 order needs it there)
 # name: (target or recipe, LLM keyword arguments, baseline case, what is expected)
 CASES = {
@@ -188,6 +208,31 @@ CASES = {
         "stock vLLM, Marlin MoE, compiled + CUDA graphs (the baseline)",
     ),
     "strided-graphs": ("strided", _GRAPHS, "source-marlin-graphs", "within the kernels' bound, compiled + graphs"),
+    # the sm121 target's MoE backend (benchmarks/gb10_check.sh: GB10, compute capability 12.1): stock vLLM on it, the
+    # sm121 experts through the plugin against that, then the sm121 target against its experts alone. On a GPU below
+    # compute capability 10.0 each is an error row (vLLM refuses the backend; the plugin refuses the stored layout)
+    "source-flashinfer-cutlass-mxfp8-graphs": (
+        "source",
+        {"moe_backend": _FLASHINFER_CUTLASS_MXFP8, **_GRAPHS},
+        None,
+        "stock vLLM, FlashInfer CUTLASS MXFP4 x MXFP8 MoE, compiled + CUDA graphs (the baseline of the sm121 target's "
+        "experts; compute capability 10.0 or newer)",
+    ),
+    "sm121-experts-graphs": (
+        "sm121-experts",
+        _GRAPHS,
+        "source-flashinfer-cutlass-mxfp8-graphs",
+        "bit-identical (the stock conversion's expert bytes, dtypes and padding on the same FlashInfer kernel), "
+        "compiled + graphs; FlashInfer's start-up autotuning picks each engine's CUTLASS tactics by timing, so a "
+        "difference within MXFP8 rounding could be another tactic rather than other bytes",
+    ),
+    "sm121-graphs": (
+        "sm121",
+        _GRAPHS,
+        "sm121-experts-graphs",
+        "the same experts with MXFP4 q/k/v/o/lm_head on vLLM's Marlin linear against BF16: MXFP4 q/k/v/o/lm_head "
+        "error alone, compiled + graphs",
+    ),
     "strided-wgmma-graphs": (
         "sm90-strided",
         _GRAPHS,
@@ -1081,15 +1126,29 @@ def _host_state() -> dict:
     return {"cpus": len(cpus), "affinity": cpu_text(cpus), "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
 
 
-def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int = 900) -> None:
-    p = subprocess.run(
-        [sys.executable, __file__, *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+# seconds an engine process (or the conversion check) may run before it is killed (--engine-timeout)
+ENGINE_TIMEOUT_S = 900
+
+
+def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int | None = None) -> str | None:
+    """This script's ``args`` in a process of its own, its output written to ``log``. Returns None, or why it left no
+    record: killed at ``timeout`` seconds (``ENGINE_TIMEOUT_S`` unless given), so that one engine that hangs or
+    compiles for too long (a first FlashInfer JIT build) is that case's error row, not the end of the run."""
+    timeout = timeout or ENGINE_TIMEOUT_S
+    try:
+        p = subprocess.run(
+            [sys.executable, __file__, *args],
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:  # its output so far (bytes on some Pythons, text=True or not)
+        parts = [x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr)]
+        log.write_text("".join(parts) + f"\n== killed after {timeout} s (--engine-timeout)\n")
+        return f"no record (killed after {timeout} s: --engine-timeout)"
     log.write_text(p.stdout + p.stderr)
+    return None
 
 
 def _bf16_dense_twin(quantized: Path, twin: Path) -> None:
@@ -1163,6 +1222,7 @@ def _model(name: str, work: Path, src: Path, ct_site: str | None = None) -> Path
 
 
 def main() -> None:
+    global ENGINE_TIMEOUT_S  # --engine-timeout, read by _subprocess
     if len(sys.argv) > 1 and sys.argv[1] == "_engine":
         _engine(*sys.argv[2:5])
         return
@@ -1228,8 +1288,22 @@ def main() -> None:
         "CPU time (decode_cpu_ms_per_step_batch<N>) counts the host's work only (with the default spin it also "
         "counts the waits: stops 49-51)",
     )
+    ap.add_argument(
+        "--engine-timeout",
+        type=int,
+        default=ENGINE_TIMEOUT_S,
+        help="seconds each engine process (and --convert's) may run before it is killed and its case recorded as an "
+        "error; longer for a machine whose first engine compiles FlashInfer's kernels",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    ENGINE_TIMEOUT_S = args.engine_timeout
+    # every name checked before anything is built: a typo is one line, not a KeyError after an hour of engines; an
+    # empty list runs no case (with --convert: the conversions alone)
+    names = [n for n in args.cases.split(",") if n]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(unknown)}: see CASES in {Path(__file__).name}")
     from mxrepack.repack.fixture import make_fixture
 
     work = Path(args.work)
@@ -1240,10 +1314,8 @@ def main() -> None:
         make_fixture(src, preset="20b", layers=args.layers, num_local_experts=args.experts)
         print(f"fixture: {time.perf_counter() - t:.1f} s", flush=True)
     if args.prebuild:
-        names = [CASES[c][0] for c in args.cases.split(",")] + (
-            ["sm80", "sm90", "sm100", "sm121"] if args.convert else []
-        )
-        for name in dict.fromkeys(names):
+        checkpoints = [CASES[c][0] for c in names] + (["sm80", "sm90", "sm100", "sm121"] if args.convert else [])
+        for name in dict.fromkeys(checkpoints):
             if name != "source":
                 try:
                     _model(name, work, src, args.ct_site)
@@ -1265,7 +1337,6 @@ def main() -> None:
         results["device"] = torch.cuda.get_device_name()
     except Exception:  # noqa: BLE001
         pass
-    names = args.cases.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     cpus = None
     if args.pin_cpus:
@@ -1298,7 +1369,7 @@ def main() -> None:
         out = work / f"case-{name}.json"
         out.unlink(missing_ok=True)
         t = time.perf_counter()
-        _subprocess(
+        ended = _subprocess(
             [
                 "_engine",
                 hub["repo"] if hub else str(model),
@@ -1308,7 +1379,7 @@ def main() -> None:
             work / f"case-{name}.log",
             _engine_env(name, work, args.own_compile_cache, cpus, args.blocking_sync),
         )
-        rec = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
+        rec = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": ended or "no record (crashed)"}
         if hub is not None:  # which identity the engine recorded: the folder's (offline, vLLM 0.26) or the commit's
             found = rec.get("weights_identity")
             hub["identity_is"] = {hub["folder_identity"]: "folder", f"hub:{hub['commit']}": "hub"}.get(found, "other")
@@ -1410,8 +1481,10 @@ def _repeat(name: str, work: Path, cases: dict, batches: list[int], env: dict) -
     out = work / f"case-{name}-again.json"
     out.unlink(missing_ok=True)
     log = work / f"case-{name}-again.log"
-    _subprocess(["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1] | {_BATCHES: batches})], log, env)
-    again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "no record (crashed)"}
+    ended = _subprocess(
+        ["_engine", str(rec["model"]), str(out), json.dumps(CASES[name][1] | {_BATCHES: batches})], log, env
+    )
+    again = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": ended or "no record (crashed)"}
     runs = rec.setdefault("rounds", [_round(rec)])
     if again.get("ok"):  # and its outputs against the first round's: two starts of one engine, same checkpoint
         sync = {"cuda_sync": again["cuda_sync"]} if "cuda_sync" in again else {}  # --blocking-sync's, each round's

@@ -39,6 +39,121 @@ def test_every_case_names_a_checkpoint_and_a_known_baseline():
         ), name
 
 
+def test_every_check_recipe_is_a_valid_recipe_and_no_target_of_that_name(tmp_path):
+    # the check writes each as a recipe file (_model): one that repack refuses costs a device call
+    import yaml
+
+    from mxrepack.recipes import load_recipe
+
+    check = _check_module()
+    for name, data in check.RECIPES.items():
+        f = tmp_path / f"{name}.yaml"
+        f.write_text(yaml.safe_dump(data))
+        assert load_recipe(path=f).name == name
+        assert name not in builtin_names(), f"recipe {name} would shadow the built-in target"
+
+
+def test_the_sm121_cases_compare_its_experts_then_its_dense_layers():
+    """sm121-experts-graphs is the sm121 target's experts with BF16 dense layers (so against stock vLLM's FlashInfer
+    CUTLASS MXFP4 x MXFP8 backend on the source only the experts can differ), and sm121-graphs the target itself
+    against it (only the dense layers differ): all three in the same mode."""
+    from mxrepack.recipes import load_recipe
+
+    check = _check_module()
+    sm121, experts = load_recipe("sm121").data, check.RECIPES["sm121-experts"]
+    assert experts["experts"] == sm121["experts"] and experts["config"] == sm121["config"]
+    assert experts["dense"] == {"format": "bf16"} and sm121["dense"]["format"] == "mxfp4"
+    stock = check.CASES["source-flashinfer-cutlass-mxfp8-graphs"]
+    assert stock[0] == "source" and stock[1]["moe_backend"] == "flashinfer_cutlass_afp8" and stock[2] is None
+    assert check.CASES["sm121-experts-graphs"][:3] == (
+        "sm121-experts",
+        check._GRAPHS,
+        "source-flashinfer-cutlass-mxfp8-graphs",
+    )
+    assert check.CASES["sm121-graphs"][:3] == ("sm121", check._GRAPHS, "sm121-experts-graphs")
+    mode = {k: v for k, v in stock[1].items() if k != "moe_backend"}
+    assert mode == check._GRAPHS  # stock Marlin's graphs mode, the MoE backend aside
+    # and each plugin case is also compared with stock vLLM's Marlin in that mode
+    assert check.stock_case("sm121-experts-graphs") == check.stock_case("sm121-graphs") == "source-marlin-graphs"
+
+
+def _gb10_cases() -> list[str]:
+    """The plugin check's cases benchmarks/gb10_check.sh runs: its PLUGIN_CASES array, one name a line."""
+    text = (ROOT / "benchmarks" / "gb10_check.sh").read_text()
+    block = text.split("PLUGIN_CASES=(", 1)[1].split("\n)", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def test_gb10_check_runs_known_cases_each_after_its_baseline():
+    check = _check_module()
+    cases = _gb10_cases()
+    assert len(cases) == len(set(cases)) >= 6 and all(" " not in c for c in cases), cases
+    assert not set(cases) - set(check.CASES), f"not cases of vllm_plugin_check.py: {set(cases) - set(check.CASES)}"
+    for wanted in (
+        "source-marlin-graphs",
+        "source-flashinfer-cutlass-mxfp8-graphs",
+        "sm121-experts-graphs",
+        "sm121-graphs",
+        "strided-mma2-graphs",
+        "dense-mma2-graphs",
+    ):
+        assert wanted in cases, wanted
+    # a case run for its own comparison has its baseline run before it (the comparison is made when the case ends); a
+    # case there only as another's baseline (marlin-dense-graphs, for dense-mma2-graphs) may leave out its own
+    baselines = {check.CASES[c][2] for c in cases}
+    for i, name in enumerate(cases):
+        baseline = check.CASES[name][2]
+        if baseline is not None and name not in baselines:
+            assert baseline in cases[:i], f"{name} runs before its baseline {baseline}"
+        stock = check.stock_case(name)
+        assert stock is None or stock in cases[:i], f"{name}: stock vLLM's {stock} does not run before it"
+
+
+def test_gb10_check_passes_flags_the_scripts_take():
+    # the flags gb10_check.sh gives each program, against each one's source (a typo costs a GB10 owner's afternoon)
+    import re
+
+    text = (ROOT / "benchmarks" / "gb10_check.sh").read_text().replace("\\\n", " ")  # continued lines joined
+    programs = {
+        r"benchmarks/vllm_plugin_check\.py": ROOT / "benchmarks" / "vllm_plugin_check.py",
+        r"benchmarks/peers\.py": ROOT / "benchmarks" / "peers.py",
+        r"mxrepack\.cli kernels check": ROOT / "mxrepack" / "cli.py",
+    }
+    for program, source in programs.items():
+        calls = re.findall(program + r" [^\n]*", text)
+        flags = {f for call in calls for f in re.findall(r"(--[a-z][a-z-]*)", call)}
+        assert calls and flags, program
+        missing = {f for f in flags if f'"{f}"' not in source.read_text()}
+        assert not missing, f"{source.name} takes no {', '.join(sorted(missing))}"
+
+
+def test_an_engine_past_its_time_limit_is_its_cases_error_not_the_runs_end(tmp_path, monkeypatch):
+    # a GB10's first engine may compile FlashInfer's kernels for a long time: killed at --engine-timeout, its case
+    # gets an error row (the reason _subprocess returns) and the log keeps what it printed, where it used to raise
+    check = _check_module()
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\nprint('compiling', flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setattr(check, "__file__", str(slow))
+    log = tmp_path / "case.log"
+    assert check._subprocess([], log, timeout=2) == "no record (killed after 2 s: --engine-timeout)"
+    assert log.read_text().startswith("compiling") and "killed after 2 s" in log.read_text()
+    quick = tmp_path / "quick.py"
+    quick.write_text("print('ok')\n")
+    monkeypatch.setattr(check, "__file__", str(quick))
+    assert check._subprocess([], log) is None and log.read_text() == "ok\n"
+
+
+def test_unknown_cases_are_refused_before_anything_is_built(tmp_path, monkeypatch, capsys):
+    check = _check_module()
+    work = tmp_path / "work"
+    monkeypatch.setattr(
+        sys, "argv", ["vllm_plugin_check.py", "--work", str(work), "--cases", "sm121-graphs,sm121-graph"]
+    )
+    with pytest.raises(SystemExit):
+        check.main()
+    assert "unknown case(s) sm121-graph" in capsys.readouterr().err and not work.exists()
+
+
 def test_each_case_is_also_compared_with_stock_vllm_in_its_mode():
     check = _check_module()
     assert check.stock_case("strided") == "source-marlin"
