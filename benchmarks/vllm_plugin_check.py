@@ -1135,20 +1135,38 @@ def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: in
     record: killed at ``timeout`` seconds (``ENGINE_TIMEOUT_S`` unless given), so that one engine that hangs or
     compiles for too long (a first FlashInfer JIT build) is that case's error row, not the end of the run."""
     timeout = timeout or ENGINE_TIMEOUT_S
-    try:
-        p = subprocess.run(
-            [sys.executable, __file__, *args],
-            env={**os.environ, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as e:  # its output so far (bytes on some Pythons, text=True or not)
-        parts = [x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr)]
-        log.write_text("".join(parts) + f"\n== killed after {timeout} s (--engine-timeout)\n")
-        return f"no record (killed after {timeout} s: --engine-timeout)"
-    log.write_text(p.stdout + p.stderr)
+    # a session of its own, so that a kill reaches the engine's own children too (Inductor's compile workers, a
+    # FlashInfer JIT build): left running they would hold the GPU's memory for the next case
+    with subprocess.Popen(
+        [sys.executable, __file__, *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_session(p)
+            out, err = p.communicate()
+            log.write_text(out + err + f"\n== killed after {timeout} s (--engine-timeout)\n")
+            return f"no record (killed after {timeout} s: --engine-timeout)"
+        except BaseException:  # a Ctrl-C reaches this script only (the engine is in its own session): stop it too
+            _kill_session(p)
+            raise
+    log.write_text(out + err)
     return None
+
+
+def _kill_session(p: subprocess.Popen) -> None:
+    """SIGKILL to every process of ``p``'s session (``p`` leads it: ``start_new_session``)."""
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
 
 
 def _bf16_dense_twin(quantized: Path, twin: Path) -> None:

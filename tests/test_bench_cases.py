@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,11 +133,28 @@ def test_an_engine_past_its_time_limit_is_its_cases_error_not_the_runs_end(tmp_p
     # gets an error row (the reason _subprocess returns) and the log keeps what it printed, where it used to raise
     check = _check_module()
     slow = tmp_path / "slow.py"
-    slow.write_text("import time\nprint('compiling', flush=True)\ntime.sleep(60)\n")
+    child = tmp_path / "child.pid"  # the engine's own child (a compile worker): killed with it, not left running
+    slow.write_text(
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(child)!r}, 'w').write(str(c.pid))\n"
+        "print('compiling', flush=True)\ntime.sleep(60)\n"
+    )
     monkeypatch.setattr(check, "__file__", str(slow))
     log = tmp_path / "case.log"
     assert check._subprocess([], log, timeout=2) == "no record (killed after 2 s: --engine-timeout)"
     assert log.read_text().startswith("compiling") and "killed after 2 s" in log.read_text()
+    pid = int(child.read_text())
+    for _ in range(50):  # the kill is delivered at once; reaping by init can lag
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):  # a zombie: dead, not yet reaped
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the engine's child {pid} outlived the kill")
     quick = tmp_path / "quick.py"
     quick.write_text("print('ok')\n")
     monkeypatch.setattr(check, "__file__", str(quick))

@@ -1,9 +1,12 @@
 """``flashinfer-cutlass``: FlashInfer's CUTLASS fused MoE with MXFP4 weights, as vLLM 0.33.0 prepares them for its
 ``FLASHINFER_CUTLASS_MXFP4_MXFP8`` backend (MXFP4 weights x MXFP8 activations, expert biases supported).
 
-On compute capability 12.x (RTX 50xx, RTX PRO 6000, GB10) this is vLLM's opt-in fast path for gpt-oss; its
-default there is Marlin (the ``marlin`` layout). Byte-equal to ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``
-for that backend (golden ``flashinfer_cutlass_sm12x.safetensors``, section ``ficutlass_mxfp8``):
+On compute capability 12.x (RTX 50xx, RTX PRO 6000, GB10) this is vLLM's opt-in fast path for gpt-oss, reached in
+stock vLLM 0.26 / 0.33 only through the Python API (``moe_backend="flashinfer_cutlass_afp8"``; the CLI's
+``--moe-backend`` has no value for it); its default there is Marlin (the ``marlin`` layout). The mxrepack plugin
+serves these bytes on that backend because the checkpoint names it. Byte-equal to
+``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format`` for that backend (golden ``flashinfer_cutlass_sm12x.safetensors``,
+section ``ficutlass_mxfp8``):
 
 * hidden and intermediate zero-padded to a multiple of 128 (gpt-oss 2880 -> 2944), as vLLM pads this backend's
   parameters before loading into them;
