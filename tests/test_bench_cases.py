@@ -147,10 +147,10 @@ def test_an_engine_past_its_time_limit_is_its_cases_error_not_the_runs_end(tmp_p
     pid = int(child.read_text())
     for _ in range(50):  # the kill is delivered at once; reaping by init can lag
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+        except FileNotFoundError:  # gone and reaped
             break
-        if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):  # a zombie: dead, not yet reaped
+        if state == "Z":  # a zombie: dead, not yet reaped
             break
         time.sleep(0.1)
     else:
