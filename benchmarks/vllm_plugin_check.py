@@ -1131,42 +1131,45 @@ ENGINE_TIMEOUT_S = 900
 
 
 def _subprocess(args: list[str], log: Path, env: dict | None = None, timeout: int | None = None) -> str | None:
-    """This script's ``args`` in a process of its own, its output written to ``log``. Returns None, or why it left no
-    record: killed at ``timeout`` seconds (``ENGINE_TIMEOUT_S`` unless given), so that one engine that hangs or
-    compiles for too long (a first FlashInfer JIT build) is that case's error row, not the end of the run."""
+    """This script's ``args`` in a process of its own, its output written to ``log`` as it comes. Returns None, or why
+    it left no record: killed at ``timeout`` seconds (``ENGINE_TIMEOUT_S`` unless given), so that one engine that hangs
+    or compiles for too long (a first FlashInfer JIT build) is that case's error row, not the end of the run."""
     timeout = timeout or ENGINE_TIMEOUT_S
     # a session of its own, so that a kill reaches the engine's own children too (Inductor's compile workers, a
-    # FlashInfer JIT build): left running they would hold the GPU's memory for the next case
-    with subprocess.Popen(
-        [sys.executable, __file__, *args],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    ) as p:
+    # FlashInfer JIT build): left running they would hold the GPU's memory for the next case. Its output goes to the
+    # log file itself, not through pipes this process reads: a child left holding a pipe cannot keep a case waiting,
+    # and the log is there whatever becomes of this process
+    with open(log, "w") as out:
+        p = subprocess.Popen(
+            [sys.executable, __file__, *args],
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            out, err = p.communicate(timeout=timeout)
+            p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_session(p)
-            out, err = p.communicate()
-            log.write_text(out + err + f"\n== killed after {timeout} s (--engine-timeout)\n")
+            out.write(f"\n== killed after {timeout} s (--engine-timeout)\n")
             return f"no record (killed after {timeout} s: --engine-timeout)"
-        except BaseException:  # a Ctrl-C reaches this script only (the engine is in its own session): stop it too
+        except BaseException:  # a Ctrl-C or hang-up reaches this script only (the engine is in its own session)
             _kill_session(p)
             raise
-    log.write_text(out + err)
+        _kill_session(p)  # whatever of the engine's session outlived it
     return None
 
 
 def _kill_session(p: subprocess.Popen) -> None:
-    """SIGKILL to every process of ``p``'s session (``p`` leads it: ``start_new_session``)."""
+    """SIGKILL to every process of ``p``'s session (``p`` leads it: ``start_new_session``), then ``p`` reaped; not
+    waiting for the others, one stuck in the driver could not be waited for."""
     import signal
 
     try:
         os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:  # already gone
+    except ProcessLookupError:  # the whole session already gone
         pass
+    p.wait()
 
 
 def _bf16_dense_twin(quantized: Path, twin: Path) -> None:
@@ -1237,6 +1240,19 @@ def _model(name: str, work: Path, src: Path, ct_site: str | None = None) -> Path
         )
         print(f"repack {name}: {time.perf_counter() - t:.1f} s", flush=True)
     return model
+
+
+def _hang_up_as_interrupt() -> None:
+    """SIGHUP (a dropped SSH session) and SIGTERM end this script as a Ctrl-C does, through ``_subprocess``'s clean-up:
+    their default action would kill it at once, leaving the engine of the case under way (in a session of its own)
+    holding the GPU."""
+    import signal
+
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, interrupt)
 
 
 def main() -> None:
@@ -1316,6 +1332,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     ENGINE_TIMEOUT_S = args.engine_timeout
+    _hang_up_as_interrupt()
     # every name checked before anything is built: a typo is one line, not a KeyError after an hour of engines; an
     # empty list runs no case (with --convert: the conversions alone)
     names = [n for n in args.cases.split(",") if n]
@@ -1453,7 +1470,10 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(_summary(results), indent=1))
     if args.convert:
         for target in ("sm80", "sm90", "sm100", "sm121"):
-            _model(target, work, src)
+            try:  # one that does not repack is that target's error in the conversions (its folder missing)
+                _model(target, work, src)
+            except Exception as e:  # noqa: BLE001
+                print(f"{target}: repack failed: {e}", flush=True)
         out = work / "convert.json"
         _subprocess(["_convert", str(work), str(out)], work / "convert.log")
         results["conversions"] = (

@@ -128,37 +128,46 @@ def test_gb10_check_passes_flags_the_scripts_take():
         assert not missing, f"{source.name} takes no {', '.join(sorted(missing))}"
 
 
-def test_an_engine_past_its_time_limit_is_its_cases_error_not_the_runs_end(tmp_path, monkeypatch):
-    # a GB10's first engine may compile FlashInfer's kernels for a long time: killed at --engine-timeout, its case
-    # gets an error row (the reason _subprocess returns) and the log keeps what it printed, where it used to raise
-    check = _check_module()
-    slow = tmp_path / "slow.py"
-    child = tmp_path / "child.pid"  # the engine's own child (a compile worker): killed with it, not left running
-    slow.write_text(
+def _engine_script(path: Path, child_pid: Path, then: str) -> Path:
+    """A stand-in engine: starts a child of its own (a compile worker) that would sleep for a minute, writes the
+    child's pid, prints, then runs ``then``."""
+    path.write_text(
         "import subprocess, sys, time\n"
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        f"open({str(child)!r}, 'w').write(str(c.pid))\n"
-        "print('compiling', flush=True)\ntime.sleep(60)\n"
+        f"open({str(child_pid)!r}, 'w').write(str(c.pid))\n"
+        f"print('compiling', flush=True)\n{then}\n"
     )
-    monkeypatch.setattr(check, "__file__", str(slow))
+    return path
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` is dead (a zombie not yet reaped counts) within five seconds."""
+    for _ in range(50):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] == "Z":
+                return True
+        except FileNotFoundError:  # gone and reaped
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_an_engine_past_its_time_limit_is_its_cases_error_not_the_runs_end(tmp_path, monkeypatch):
+    # a GB10's first engine may compile FlashInfer's kernels for a long time: killed at --engine-timeout, its case
+    # gets an error row (the reason _subprocess returns) and the log keeps what it printed, where it used to raise;
+    # the engine's own children die with it (left running, they would hold the GPU for the next case)
+    check = _check_module()
+    child = tmp_path / "child.pid"
+    monkeypatch.setattr(check, "__file__", str(_engine_script(tmp_path / "slow.py", child, "time.sleep(60)")))
     log = tmp_path / "case.log"
     assert check._subprocess([], log, timeout=2) == "no record (killed after 2 s: --engine-timeout)"
     assert log.read_text().startswith("compiling") and "killed after 2 s" in log.read_text()
-    pid = int(child.read_text())
-    for _ in range(50):  # the kill is delivered at once; reaping by init can lag
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-        except FileNotFoundError:  # gone and reaped
-            break
-        if state == "Z":  # a zombie: dead, not yet reaped
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"the engine's child {pid} outlived the kill")
-    quick = tmp_path / "quick.py"
-    quick.write_text("print('ok')\n")
-    monkeypatch.setattr(check, "__file__", str(quick))
-    assert check._subprocess([], log) is None and log.read_text() == "ok\n"
+    assert _gone(int(child.read_text())), "the engine's child outlived the kill"
+    # an engine that ends by itself: its record, and nothing of its session left running either
+    monkeypatch.setattr(check, "__file__", str(_engine_script(tmp_path / "quick.py", child, "print('ok')")))
+    start = time.monotonic()
+    assert check._subprocess([], log, timeout=30) is None and log.read_text() == "compiling\nok\n"
+    assert time.monotonic() - start < 20 and _gone(int(child.read_text())), "a child left by the engine kept running"
 
 
 def test_unknown_cases_are_refused_before_anything_is_built(tmp_path, monkeypatch, capsys):
