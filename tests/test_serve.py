@@ -195,6 +195,33 @@ def test_expert_options_the_layout_does_not_take_are_refused(outputs):
         ServeSpec.from_config(config)
 
 
+def test_flashinfer_experts_refused_for_missing_kernels_say_how_to_install_them():
+    # vLLM refuses FlashInfer's MoE without its kernels as "kernel does not support current device NVIDIA GB10": the
+    # plugin's refusal adds that the kernels are what is missing, and how to get them
+    from mxrepack.serve.spec import EXPERT_BACKENDS, missing_kernels_hint
+
+    cutlass, trtllm, marlin = (EXPERT_BACKENDS[n] for n in ("flashinfer-cutlass", "trtllm", "marlin"))
+    asked = []
+
+    def absent(name):
+        asked.append(name)
+        return False
+
+    hint = missing_kernels_hint(cutlass, 12, absent)  # a GB10
+    assert asked == ["has_flashinfer_cutlass_fused_moe"] and "pip install flashinfer-cubin" in hint
+    assert "vllm download-kernels" in hint and "\n" not in hint
+    assert "has_flashinfer_trtllm_fused_moe() is false" in missing_kernels_hint(trtllm, 10, absent)
+    assert missing_kernels_hint(cutlass, 12, lambda name: True) == ""  # installed: vLLM's own reason stands alone
+    # not FlashInfer's backend, or a GPU that would not run it with the kernels either (a Hopper): nothing asked
+    assert missing_kernels_hint(marlin, 12, absent) == missing_kernels_hint(cutlass, 9, absent) == ""
+    assert missing_kernels_hint(trtllm, 12, absent) == "" and len(asked) == 2
+
+    def older_vllm(name):
+        raise AttributeError(name)
+
+    assert missing_kernels_hint(cutlass, 12, older_vllm) == ""
+
+
 def test_a_moe_backend_request_for_another_backend_is_one_line(outputs):
     from mxrepack.serve.spec import check_moe_backend_request
 

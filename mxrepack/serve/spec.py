@@ -42,6 +42,11 @@ class ExpertBackend:
     ran_here: bool  # whether this MoE kernel has run on a GPU in mxrepack's checks (RUN_HERE: where, and how)
     # layout options whose value the plugin assumes when it serves these bytes (others lay out bytes it would misread)
     served_options: tuple[tuple[str, object], ...] = ()
+    # the function of vLLM's ``vllm.utils.flashinfer`` (0.26 and 0.33) that says whether the FlashInfer kernels this
+    # backend runs are installed, and the compute capability majors where vLLM runs them: there, without the kernels,
+    # vLLM's own reason names the GPU (:func:`missing_kernels_hint`)
+    kernels_present: str | None = None
+    kernels_run_on: tuple[int, ...] = ()
 
 
 EXPERT_BACKENDS: dict[str, ExpertBackend] = {
@@ -58,7 +63,13 @@ EXPERT_BACKENDS: dict[str, ExpertBackend] = {
             (("value", "hopper"), ("scale", "hopper"), ("num_warps", 8)),
         ),
         ExpertBackend(
-            "trtllm", "FLASHINFER_TRTLLM_MXFP4_BF16", "FlashInfer TRT-LLM-gen MXFP4 MoE", "sm100 (B200/GB200)", False
+            "trtllm",
+            "FLASHINFER_TRTLLM_MXFP4_BF16",
+            "FlashInfer TRT-LLM-gen MXFP4 MoE",
+            "sm100 (B200/GB200)",
+            False,
+            kernels_present="has_flashinfer_trtllm_fused_moe",
+            kernels_run_on=(10,),
         ),
         ExpertBackend(
             "flashinfer-cutlass",
@@ -66,6 +77,8 @@ EXPERT_BACKENDS: dict[str, ExpertBackend] = {
             "FlashInfer CUTLASS fused MoE, MXFP4 weights x MXFP8 activations",
             "sm100, sm120, sm121",
             False,
+            kernels_present="has_flashinfer_cutlass_fused_moe",
+            kernels_run_on=(10, 12),  # FlashInferExperts: MXFP4 x MXFP8 from 10.0, sm_100 and sm_120 families
         ),
         ExpertBackend(
             "strided",
@@ -465,6 +478,24 @@ def check_moe_backend_request(requested: str | None, candidates: Iterable[str] |
         f"--moe-backend {requested} cannot serve this checkpoint: its experts are laid out for "
         f"{spec.backend.kernel} (target {spec.target}); leave the MoE backend at auto (it follows the stored layout), "
         "or repack with a target for that backend (`repack targets`)"
+    )
+
+
+def missing_kernels_hint(backend: ExpertBackend, major: int, present) -> str:
+    """What to add to vLLM's reason for refusing ``backend`` on a GPU of compute capability ``major`` when that GPU runs
+    it but its FlashInfer kernels are not installed (``present``: vLLM's ``vllm.utils.flashinfer`` function of that
+    name, called), else "". Without them vLLM says its kernel "does not support current device" and names the GPU, a
+    GB10 included, where the kernels are what is missing; on another GPU (a Hopper) the GPU is the reason."""
+    if backend.kernels_present is None or major not in backend.kernels_run_on:
+        return ""
+    try:
+        if present(backend.kernels_present):
+            return ""
+    except Exception:  # noqa: BLE001 - a vLLM without that function: vLLM's own reason stands alone
+        return ""
+    return (
+        f" (vLLM finds no FlashInfer kernels for it: {backend.kernels_present}() is false; install them with "
+        "`pip install flashinfer-cubin` or `vllm download-kernels`, or put nvcc and ninja on PATH for FlashInfer's JIT)"
     )
 
 

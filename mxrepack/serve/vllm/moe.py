@@ -30,6 +30,7 @@ from mxrepack.serve.spec import (
     check_kernel_device,
     check_moe_activation,
     check_moe_backend_request,
+    missing_kernels_hint,
     order_advice,
 )
 
@@ -67,9 +68,13 @@ def _pinned_backend(spec: ServeSpec, moe):
         if ok:
             return backend, cls
         reasons.append(f"{cls.__name__}: {reason}")
+    from vllm.utils import flashinfer
+
+    major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
+    hint = missing_kernels_hint(spec.backend, major, lambda name: getattr(flashinfer, name)())
     raise MxRepackError(
         f"this checkpoint's experts are laid out for vLLM's {backend.name} backend (target "
-        f"{spec.target}; {spec.backend.gpus}), which cannot run here: {'; '.join(reasons)}"
+        f"{spec.target}; {spec.backend.gpus}), which cannot run here: {'; '.join(reasons)}{hint}"
     )
 
 
