@@ -23,6 +23,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
 from vllm.model_executor.utils import set_weight_attrs
+from vllm.utils import flashinfer as vllm_flashinfer
 
 from mxrepack.errors import MxRepackError
 from mxrepack.serve.spec import (
@@ -68,10 +69,8 @@ def _pinned_backend(spec: ServeSpec, moe):
         if ok:
             return backend, cls
         reasons.append(f"{cls.__name__}: {reason}")
-    from vllm.utils import flashinfer
-
     major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
-    hint = missing_kernels_hint(spec.backend, major, lambda name: getattr(flashinfer, name)())
+    hint = missing_kernels_hint(spec.backend, major, lambda name: getattr(vllm_flashinfer, name)())
     raise MxRepackError(
         f"this checkpoint's experts are laid out for vLLM's {backend.name} backend (target "
         f"{spec.target}; {spec.backend.gpus}), which cannot run here: {'; '.join(reasons)}{hint}"
