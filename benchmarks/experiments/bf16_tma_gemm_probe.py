@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dense_chunk_probe import SHAPES  # noqa: E402
 from dense_chunk_probe import meta as probe_meta  # noqa: E402
 
+from mxrepack.kernels.gemv_mxfp4 import sm_count  # noqa: E402
+
 
 @triton.jit
 def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
@@ -102,16 +104,12 @@ CANDIDATES = [
 ]
 
 
-def sm_count() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
-
-
 def gemm(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, cand: tuple) -> torch.Tensor:
     _, bm, bn, bk, warps, stages, persistent, ws = cand
     M, K = x.shape
     N = w.shape[0]
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    programs = min(sm_count(), tiles) if persistent else tiles
+    programs = min(sm_count(x.device), tiles) if persistent else tiles
     _gemm_tma_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]),
         TensorDescriptor.from_tensor(w, [bn, bk]),
@@ -132,7 +130,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, cand: tuple) -> torc
     return y
 
 
-def _working(x, w, y, want) -> dict:
+def _working(x, w, y, want) -> tuple[dict, dict]:
     """Candidates that build and run here -> their relative error against torch's output; the others' errors."""
     ok, failed = {}, {}
     for cand in CANDIDATES:
@@ -160,7 +158,7 @@ def check() -> None:
 
 
 def time(out: str | None = None, shapes: str = "qkv,o,lm_head", sizes: str = "2048,8192", repeats: str = "5") -> None:
-    from common import bench_decode, rand_mx, rotating
+    from common import interleaved_ms, rand_mx, rotating
     from dense_chunk_probe import chunk_pack
 
     from mxrepack.kernels.dequant_mxfp4 import dequantize_chunks, linear_dequant_gemm
@@ -182,14 +180,11 @@ def time(out: str | None = None, shapes: str = "qkv,o,lm_head", sizes: str = "20
             for cand in CANDIDATES:
                 if cand[0] in err:
                     fns[cand[0]] = lambda c=cand: gemm(x, nxt(), y, c)
-            times = {k: [] for k in fns}
-            for _ in range(int(repeats)):  # interleaved rounds: drift hits every variant alike
-                for key, fn in fns.items():
-                    times[key].append(bench_decode(fn, rep=50))
+            times = interleaved_ms(fns, int(repeats))
             ms = {k: round(statistics.median(t), 5) for k, t in times.items()}
+            best = sorted((t, k) for k, t in ms.items() if k != "cublas")
             # the prefill as it would run: the whole W dequantized from the wgmma order, then the GEMM; beside the
             # shipped dequantize + cuBLAS, both on MXFP4 weights rotating, and cuBLAS again in the same rounds
-            fastest = sorted((t, k) for k, t in ms.items() if k != "cublas")[:2]
             nxt_mx = rotating(lambda: chunk_pack(*rand_mx(N, K), "wgmma"), N * K // 2 + N * K // 32)
             whole = torch.empty(-(-N // 16) * 16, K, dtype=torch.bfloat16, device="cuda")
             fused = {
@@ -199,12 +194,9 @@ def time(out: str | None = None, shapes: str = "qkv,o,lm_head", sizes: str = "20
                 f"wgmma_dequant_{k}": lambda c=by_name[k]: gemm(
                     x, dequantize_chunks(*nxt_mx(), K, "wgmma", whole)[:N], y, c
                 )
-                for _, k in fastest
+                for _, k in best[:2]
             }
-            ftimes = {k: [] for k in fused}
-            for _ in range(int(repeats)):
-                for key, fn in fused.items():
-                    ftimes[key].append(bench_decode(fn, rep=50))
+            ftimes = interleaved_ms(fused, int(repeats))
             fms = {k: round(statistics.median(t), 5) for k, t in ftimes.items()}
             base = ms["cublas"]
             flops = 2 * M * N * K
@@ -212,7 +204,6 @@ def time(out: str | None = None, shapes: str = "qkv,o,lm_head", sizes: str = "20
             rec |= {"prefill_ms": fms, "prefill_all_ms": ftimes}
             rec["tflops"] = {k: round(flops / (t * 1e-3) / 1e12, 1) for k, t in ms.items()}
             rows.append(rec)
-            best = sorted((t, k) for k, t in ms.items() if k != "cublas")
             print(
                 f"{name} M={M}: cublas {base:.4f} ms ({rec['tflops']['cublas']} TFLOP/s); best "
                 + ", ".join(f"{k} {t:.4f} ({base / t:.3f}, err {err[k]:.1e})" for t, k in best[:5]),
@@ -229,7 +220,10 @@ def time(out: str | None = None, shapes: str = "qkv,o,lm_head", sizes: str = "20
 
 
 def meta() -> dict:
-    return probe_meta() | {"script": "benchmarks/experiments/bf16_tma_gemm_probe.py", "sm_count": sm_count()}
+    return probe_meta() | {
+        "script": "benchmarks/experiments/bf16_tma_gemm_probe.py",
+        "sm_count": sm_count(torch.device("cuda")),
+    }
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def time(
     only: str = "",
 ) -> None:
     """``only``: comma-separated variant names to time (default all)."""
-    from common import bench_decode, deq, rand_mx, rotating
+    from common import deq, interleaved_ms, rand_mx, rotating
 
     order = "mma2" if mma_v3_disabled() else "wgmma"
     side, side_hi = torch.cuda.Stream(), torch.cuda.Stream(priority=-1)
@@ -170,10 +170,7 @@ def time(
                 fn()
                 torch.cuda.synchronize()
                 rec["err"][key] = float((y.float() - ref).norm() / ref.norm())
-            times = {key: [] for key in fns}
-            for _ in range(int(repeats)):  # interleaved rounds: drift hits every variant alike
-                for key, fn in fns.items():
-                    times[key].append(bench_decode(fn, rep=50))
+            times = interleaved_ms(fns, int(repeats))
             rec["ms"] = {key: round(statistics.median(t), 5) for key, t in times.items()}
             rec["all_ms"] = times
             base = rec["ms"]["cublas"]

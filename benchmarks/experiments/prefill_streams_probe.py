@@ -64,7 +64,7 @@ def on_streams(streams: list, slabs: list, work) -> None:
 
 
 def time(out: str | None = None, shapes: str = "qkv,o", sizes: str = "2048,8192", repeats: str = "5") -> None:
-    from common import bench_decode, deq, rand_mx, rotating
+    from common import deq, interleaved_ms, rand_mx, rotating
 
     order = "mma2" if mma_v3_disabled() else "wgmma"
     streams = [torch.cuda.Stream() for _ in range(3)]
@@ -73,6 +73,7 @@ def time(out: str | None = None, shapes: str = "qkv,o", sizes: str = "2048,8192"
         N, K = SHAPES[name]
         w, s = rand_mx(N, K)
         wf = deq(w, s)
+        w_bf16 = wf.to(torch.bfloat16)
         packed = chunk_pack(w, s, order)
         nxt = rotating(lambda: chunk_pack(*rand_mx(N, K), order), N * K // 2 + N * K // 32)
         nxt_b = rotating(lambda: torch.randn(N, K, device="cuda").to(torch.bfloat16), N * K * 2)
@@ -101,13 +102,13 @@ def time(out: str | None = None, shapes: str = "qkv,o", sizes: str = "2048,8192"
                 "cublas": lambda: torch.mm(x, nxt_b().T, out=y),
                 f"{order}_shipped": lambda: linear_dequant_gemm(x, *nxt(), None, y, order=order),
             }
-            checks = {"cublas": lambda: torch.mm(x, wf.to(torch.bfloat16).T, out=y)}
+            checks = {"cublas": lambda: torch.mm(x, w_bf16.T, out=y)}
             checks[f"{order}_shipped"] = lambda: linear_dequant_gemm(x, *packed, None, y, order=order)
             for split in SPLITS:
                 slabs = bounds(N, split)
                 fns[f"cublas_{split}"] = lambda sl=slabs: bf16_slabs(sl)
                 fns[f"{order}_{split}"] = lambda sl=slabs: mx_slabs(sl)
-                checks[f"cublas_{split}"] = lambda sl=slabs: bf16_slabs(sl, wf.to(torch.bfloat16))
+                checks[f"cublas_{split}"] = lambda sl=slabs: bf16_slabs(sl, w_bf16)
                 checks[f"{order}_{split}"] = lambda sl=slabs: mx_slabs(sl, packed)
             err = {}
             for key, fn in checks.items():
@@ -115,10 +116,7 @@ def time(out: str | None = None, shapes: str = "qkv,o", sizes: str = "2048,8192"
                 fn()
                 torch.cuda.synchronize()
                 err[key] = float((y.float() - ref).norm() / ref.norm())
-            times = {key: [] for key in fns}
-            for _ in range(int(repeats)):  # interleaved rounds: drift hits every variant alike
-                for key, fn in fns.items():
-                    times[key].append(bench_decode(fn, rep=50))
+            times = interleaved_ms(fns, int(repeats))
             ms = {key: round(statistics.median(t), 5) for key, t in times.items()}
             base = ms["cublas"]
             rows.append(
