@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -481,7 +481,7 @@ def check_moe_backend_request(requested: str | None, candidates: Iterable[str] |
     )
 
 
-def missing_kernels_hint(backend: ExpertBackend, major: int, present) -> str:
+def missing_kernels_hint(backend: ExpertBackend, major: int, present: Callable[[str], bool]) -> str:
     """What to add to vLLM's reason for refusing ``backend`` on a GPU of compute capability ``major`` when that GPU runs
     it but its FlashInfer kernels are not installed (``present``: vLLM's ``vllm.utils.flashinfer`` function of that
     name, called), else "". Without them vLLM says its kernel "does not support current device" and names the GPU, a
